@@ -1,0 +1,43 @@
+# Sailplane. `make run` starts hyper on examples/; `make test` runs every test.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin
+SERVICES := config-ingest endpoint-watcher xds-server ca webhook agent hyper
+MODULES := proto shared $(addprefix services/,$(SERVICES)) e2e tools
+PROTOC_GEN_GO := $(shell $(GO) env GOPATH)/bin/protoc-gen-go
+
+.PHONY: build run test test-unit test-e2e bench proto tidy fmt vet clean
+
+build:
+	@mkdir -p $(BIN)
+	@for s in $(SERVICES); do $(GO) build -o $(BIN)/$$s ./services/$$s/cmd || exit 1; done
+	$(GO) build -o $(BIN)/sailplanectl ./tools/sailplanectl
+
+run: build
+	cd examples && ../$(BIN)/hyper
+
+# Unit tests of every module, then the end-to-end tests (which build the binaries they start).
+test: test-unit test-e2e
+
+test-unit:
+	$(GO) test -count=1 $(addprefix ./,$(addsuffix /...,$(filter-out e2e,$(MODULES))))
+
+test-e2e: build
+	SAILPLANE_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./e2e/...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 5x ./shared/bus/...
+
+# Regenerates proto/**/*.pb.go. Needs protoc (Debian: protobuf-compiler) and protoc-gen-go.
+proto:
+	@test -x $(PROTOC_GEN_GO) || $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	cd proto && protoc --plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=. --go_opt=module=sailplane.dev/proto $$(find . -name '*.proto')
+
+vet:
+	$(GO) vet $(addprefix ./,$(addsuffix /...,$(MODULES)))
+
+fmt:
+	gofmt -l -w .
+
+clean:
+	rm -rf $(BIN)
