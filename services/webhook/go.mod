@@ -2,24 +2,11 @@ module sailplane.dev/services/webhook
 
 go 1.26.0
 
-require sailplane.dev/proto v0.0.0
-
-require sailplane.dev/shared v0.0.0
+require github.com/spf13/cobra v1.10.2
 
 require (
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
-	github.com/spf13/cobra v1.10.2 // indirect
 	github.com/spf13/pflag v1.0.9 // indirect
-	go.uber.org/goleak v1.3.0 // indirect
-	go.yaml.in/yaml/v2 v2.4.2 // indirect
-	golang.org/x/net v0.60.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
-	golang.org/x/text v0.42.0 // indirect
-	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
-	google.golang.org/grpc v1.85.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
-	istio.io/api v1.31.1 // indirect
-	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
 replace sailplane.dev/proto => ../../proto
