@@ -1,0 +1,194 @@
+// Package framework starts Sailplane's binaries and the real peers they talk to (gRPC backends,
+// gRPC xDS clients) for end-to-end tests.
+package framework
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Binary returns the path of a Sailplane binary: from $SAILPLANE_BIN (what `make test-e2e` sets
+// after `make build`), else built once per test process into a temporary folder.
+func Binary(t testing.TB, name string) string {
+	t.Helper()
+	if dir := os.Getenv("SAILPLANE_BIN"); dir != "" {
+		p := filepath.Join(dir, name)
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("SAILPLANE_BIN=%s: %v (run `make build`)", dir, err)
+		}
+		return p
+	}
+	return buildOnce(t, name)
+}
+
+var (
+	buildMu  sync.Mutex
+	buildDir string
+	built    = map[string]string{}
+)
+
+func buildOnce(t testing.TB, name string) string {
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if p, ok := built[name]; ok {
+		return p
+	}
+	if buildDir == "" {
+		d, err := os.MkdirTemp("", "sailplane-e2e-bin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		buildDir = d
+	}
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	pkg := "./services/" + name + "/cmd"
+	if name == "sailplanectl" {
+		pkg = "./tools/sailplanectl"
+	}
+	out := filepath.Join(buildDir, name)
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+	}
+	built[name] = out
+	return out
+}
+
+// Process is a started binary whose output is kept in a log file and shown if the test fails.
+type Process struct {
+	Name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+	err  error
+}
+
+// Start runs a binary in dir with args; it is stopped (SIGTERM, then SIGKILL) when the test ends.
+func Start(t testing.TB, dir, bin string, args ...string) *Process {
+	t.Helper()
+	name := filepath.Base(bin)
+	logFile := filepath.Join(t.TempDir(), name+".log")
+	f, err := os.Create(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		t.Fatalf("start %s: %v", name, err)
+	}
+	p := &Process{Name: name, cmd: cmd, log: logFile, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			t.Logf("---- %s %s log ----\n%s", name, strings.Join(args, " "), p.Log())
+		}
+	})
+	return p
+}
+
+// Stop terminates the process gracefully, killing it if it does not exit within 10 s.
+func (p *Process) Stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// Kill stops the process at once, as a crash would.
+func (p *Process) Kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// Exited reports whether the process has ended, and how.
+func (p *Process) Exited() (bool, error) {
+	select {
+	case <-p.done:
+		return true, p.err
+	default:
+		return false, nil
+	}
+}
+
+// Log returns what the process printed so far.
+func (p *Process) Log() string {
+	b, _ := os.ReadFile(p.log)
+	return string(b)
+}
+
+// FreeAddr returns a 127.0.0.1 address with a port that was free a moment ago, for binaries
+// that must be told their listen address up front.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Eventually calls cond until it returns nil or the deadline passes, then fails with its last error.
+func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("condition not met within %v: %v", timeout, err)
+		case <-tick.C:
+		}
+	}
+}
+
+// WriteFile writes content to dir/rel, creating folders; it replaces the file atomically so a
+// watcher never reads half a file.
+func WriteFile(t testing.TB, dir, rel, content string) {
+	t.Helper()
+	p := filepath.Join(dir, rel)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		t.Fatal(err)
+	}
+}
