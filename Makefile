@@ -14,6 +14,9 @@ build:
 	$(GO) build -o $(BIN)/sailplanectl ./tools/sailplanectl
 
 run: build
+	@echo "xDS: 127.0.0.1:15010  bus: 127.0.0.1:15051  config: examples/etc/sailplane/"
+	@echo "gRPC client: $(BIN)/sailplanectl bootstrap grpc --namespace demo > /tmp/bootstrap.json &&"
+	@echo "             GRPC_XDS_BOOTSTRAP=/tmp/bootstrap.json <client> xds:///echo.demo.svc.cluster.local:7070"
 	cd examples && ../$(BIN)/hyper
 
 # Unit tests of every module, then the end-to-end tests (which build the binaries they start).

@@ -1,0 +1,62 @@
+// Command config-ingest reads Istio config (from files, for now), validates it, and publishes it
+// on its bus for endpoint-watcher, xds-server and any MCP-over-xDS consumer such as istiod.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/cli"
+	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/grpcserver"
+
+	configingest "sailplane.dev/services/config-ingest"
+)
+
+func main() {
+	var (
+		logOpts    cli.LogOptions
+		meshFile   string
+		configDirs []string
+		busListen  string
+	)
+	cmd := &cobra.Command{
+		Use:           "config-ingest",
+		Short:         "Read, validate and publish Istio config on the bus",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := logOpts.Logger()
+			if err != nil {
+				return err
+			}
+			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
+			ingest, err := configingest.New(
+				configingest.Config{MeshFile: meshFile, ConfigDirs: configDirs},
+				configingest.Deps{Logger: log.With("component", "config-ingest"), Publisher: store})
+			if err != nil {
+				return err
+			}
+			gs := grpcserver.New(log)
+			bus.NewServer(store, bus.WithServerLogger(log.With("component", "bus-server"))).Register(gs)
+
+			var m component.Manager
+			m.Add("config-ingest", ingest)
+			m.Add("bus-server", &grpcserver.Server{Addr: busListen, GRPC: gs, Logger: log.With("component", "bus-server")})
+			ctx, stop := cli.SignalContext()
+			defer stop()
+			return m.Run(ctx)
+		},
+	}
+	logOpts.AddFlags(cmd.Flags())
+	cmd.Flags().StringVar(&meshFile, "mesh-config", "etc/sailplane/mesh.yaml", "mesh config file (Istio meshConfig format)")
+	cmd.Flags().StringSliceVar(&configDirs, "config-dir", nil, "config folders to read, overriding the mesh config's fs:// configSources")
+	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the config bus (MCP over xDS)")
+	if err := cmd.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "config-ingest:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,88 @@
+// Command hyper is the whole Sailplane control plane in one process, like istiod: config-ingest,
+// endpoint-watcher and xds-server linked together over an in-process bus (no serialization).
+// Run with no flags from a folder holding etc/sailplane/mesh.yaml and etc/sailplane/conf/.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/cli"
+	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/grpcserver"
+
+	configingest "sailplane.dev/services/config-ingest"
+	endpointwatcher "sailplane.dev/services/endpoint-watcher"
+	xdsserver "sailplane.dev/services/xds-server"
+)
+
+func main() {
+	var (
+		logOpts    cli.LogOptions
+		meshFile   string
+		configDirs []string
+		xdsListen  string
+		busListen  string
+		clusterID  string
+	)
+	cmd := &cobra.Command{
+		Use:           "hyper",
+		Short:         "The whole Sailplane control plane in one process",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := logOpts.Logger()
+			if err != nil {
+				return err
+			}
+			// One store carries config and registry: their types never overlap, and external
+			// MCP consumers then find everything on one bus address.
+			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
+			local := bus.Local(store)
+
+			ingest, err := configingest.New(
+				configingest.Config{MeshFile: meshFile, ConfigDirs: configDirs},
+				configingest.Deps{Logger: log.With("component", "config-ingest"), Publisher: store})
+			if err != nil {
+				return err
+			}
+			watcher, err := endpointwatcher.New(
+				endpointwatcher.Config{ClusterID: clusterID},
+				endpointwatcher.Deps{Logger: log.With("component", "endpoint-watcher"), Config: local, Publisher: store})
+			if err != nil {
+				return err
+			}
+			xds, err := xdsserver.New(xdsserver.Config{Listen: xdsListen},
+				xdsserver.Deps{Logger: log.With("component", "xds-server"), Config: local, Registry: local})
+			if err != nil {
+				return err
+			}
+			gs := grpcserver.New(log)
+			bus.NewServer(store, bus.WithServerLogger(log.With("component", "bus-server"))).Register(gs)
+
+			var m component.Manager
+			m.Add("config-ingest", ingest)
+			m.Add("endpoint-watcher", watcher)
+			m.Add("xds-server", xds)
+			if busListen != "" {
+				m.Add("bus-server", &grpcserver.Server{Addr: busListen, GRPC: gs, Logger: log.With("component", "bus-server")})
+			}
+			ctx, stop := cli.SignalContext()
+			defer stop()
+			return m.Run(ctx)
+		},
+	}
+	logOpts.AddFlags(cmd.Flags())
+	cmd.Flags().StringVar(&meshFile, "mesh-config", "etc/sailplane/mesh.yaml", "mesh config file (Istio meshConfig format)")
+	cmd.Flags().StringSliceVar(&configDirs, "config-dir", nil, "config folders to read, overriding the mesh config's fs:// configSources")
+	cmd.Flags().StringVar(&xdsListen, "xds-listen", "127.0.0.1:15010", "address serving ADS (plaintext)")
+	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the bus to external MCP consumers; empty to disable")
+	cmd.Flags().StringVar(&clusterID, "cluster-id", "Kubernetes", "cluster ID stamped on discovered endpoints")
+	if err := cmd.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "hyper:", err)
+		os.Exit(1)
+	}
+}
