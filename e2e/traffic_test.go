@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,30 +15,36 @@ import (
 const echoTarget = "xds:///echo.demo.svc.cluster.local:7070"
 
 // topology starts Sailplane serving the config under workdir/etc/sailplane and returns the
-// address of its xDS server.
+// address of its xDS server and the process that reads the config files.
 type topology struct {
 	name  string
-	start func(t *testing.T, workdir string) (xdsAddr string)
+	start func(t *testing.T, workdir string) (xdsAddr string, ingest *framework.Process)
 }
 
 var topologies = []topology{
-	{"hyper", func(t *testing.T, dir string) string {
+	{"hyper", func(t *testing.T, dir string) (string, *framework.Process) {
 		xds := framework.FreeAddr(t)
-		framework.Start(t, dir, framework.Binary(t, "hyper"),
+		hyper := framework.Start(t, dir, framework.Binary(t, "hyper"),
 			"--xds-listen", xds, "--bus-listen", framework.FreeAddr(t))
-		return xds
+		return xds, hyper
 	}},
-	{"microservices", func(t *testing.T, dir string) string {
+	{"microservices", func(t *testing.T, dir string) (string, *framework.Process) {
 		mesh := filepath.Join(dir, "etc/sailplane/mesh.yaml")
 		configBus, registryBus, xds := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
 		// Started in reverse dependency order on purpose: consumers must retry until their peers are up.
-		framework.Start(t, dir, framework.Binary(t, "xds-server"),
+		xdsServer := framework.Start(t, dir, framework.Binary(t, "xds-server"),
 			"--mesh-config", mesh, "--config-bus", configBus, "--registry-bus", registryBus, "--xds-listen", xds)
 		framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"),
 			"--mesh-config", mesh, "--config-bus", configBus, "--bus-listen", registryBus)
-		framework.Start(t, dir, framework.Binary(t, "config-ingest"),
+		framework.Eventually(t, 30*time.Second, func() error {
+			if !strings.Contains(xdsServer.Log(), "retrying") {
+				return fmt.Errorf("xds-server has not reported retrying its unreachable config bus")
+			}
+			return nil
+		})
+		ingest := framework.Start(t, dir, framework.Binary(t, "config-ingest"),
 			"--mesh-config", mesh, "--bus-listen", configBus)
-		return xds
+		return xds, ingest
 	}},
 }
 
@@ -103,7 +110,8 @@ func TestTrafficManagement(t *testing.T) {
 			framework.WriteFile(t, dir, "etc/sailplane/conf/echo/service.yaml", serviceYAML(v1, v2))
 			framework.WriteFile(t, dir, "etc/sailplane/conf/echo/traffic.yaml", trafficYAML(80, 20))
 
-			client := framework.XDSClient(t, topo.start(t, dir), echoTarget)
+			xdsAddr, ingest := topo.start(t, dir)
+			client := framework.XDSClient(t, xdsAddr, echoTarget)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			framework.Eventually(t, time.Minute, func() error {
@@ -133,6 +141,18 @@ func TestTrafficManagement(t *testing.T) {
 				})
 				if counts := countBackends(ctx, t, client, 500); counts["v2"] != 500 {
 					t.Fatalf("after 0/100, want all 500 RPCs on v2, got %v", counts)
+				}
+			})
+			t.Run("broken file keeps what was served", func(t *testing.T) {
+				framework.WriteFile(t, dir, "etc/sailplane/conf/echo/traffic.yaml", "kind: VirtualService\nspec: [unclosed\n")
+				framework.Eventually(t, 30*time.Second, func() error {
+					if !strings.Contains(ingest.Log(), "traffic.yaml") {
+						return fmt.Errorf("the broken file is not reported in the log")
+					}
+					return nil
+				})
+				if counts := countBackends(ctx, t, client, 200); counts["v2"] != 200 {
+					t.Fatalf("after a broken file, want the last good config (all on v2), got %v", counts)
 				}
 			})
 		})

@@ -1,0 +1,41 @@
+package e2e
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"sailplane.dev/e2e/framework"
+)
+
+// TestHyperNoFlags runs ./hyper with no flags from a folder holding etc/sailplane/, as a person
+// trying Sailplane would, and expects it to serve that config on the default port.
+func TestHyperNoFlags(t *testing.T) {
+	const defaultXDS = "127.0.0.1:15010"
+	for _, addr := range []string{defaultXDS, "127.0.0.1:15051"} {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatalf("hyper's default port %s is taken by another process: %v", addr, err)
+		}
+		l.Close()
+	}
+	v1 := framework.StartEcho(t, "v1", "127.0.0.1:0")
+	v2 := framework.StartEcho(t, "v2", "127.0.0.1:0")
+	dir := t.TempDir()
+	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", meshYAML)
+	framework.WriteFile(t, dir, "etc/sailplane/conf/service.yaml", serviceYAML(v1, v2))
+	framework.WriteFile(t, dir, "etc/sailplane/conf/traffic.yaml", trafficYAML(0, 100))
+	framework.Start(t, dir, framework.Binary(t, "hyper"))
+
+	client := framework.XDSClient(t, defaultXDS, echoTarget)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	framework.Eventually(t, time.Minute, func() error {
+		_, err := framework.Call(ctx, client)
+		return err
+	})
+	if counts := countBackends(ctx, t, client, 50); counts["v2"] != 50 {
+		t.Fatalf("want all 50 RPCs on v2, got %v", counts)
+	}
+}
