@@ -1,0 +1,300 @@
+package bus
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	// Link every bus kind's Go package so anypb.UnmarshalNew can resolve their bodies.
+	_ "sailplane.dev/shared/schema"
+)
+
+// maxMessageSize bounds one gRPC message: a full state of tens of thousands of resources fits.
+const maxMessageSize = 64 << 20
+
+// DialOption configures a gRPC consumer.
+type DialOption func(*dialConfig)
+
+type dialConfig struct {
+	log                        *slog.Logger
+	nodeID                     string
+	creds                      credentials.TransportCredentials
+	backoffInitial, backoffMax time.Duration
+	grpcOpts                   []grpc.DialOption
+}
+
+// WithDialLogger sets the consumer's logger.
+func WithDialLogger(l *slog.Logger) DialOption {
+	return func(c *dialConfig) {
+		if l != nil {
+			c.log = l
+		}
+	}
+}
+
+// WithNodeID sets the node.id the consumer presents; producers name it in their Rejections.
+func WithNodeID(id string) DialOption { return func(c *dialConfig) { c.nodeID = id } }
+
+// WithTransportCredentials sets the connection's credentials (default: insecure).
+func WithTransportCredentials(tc credentials.TransportCredentials) DialOption {
+	return func(c *dialConfig) { c.creds = tc }
+}
+
+// WithBackoff sets the reconnection backoff bounds (default 100ms to 30s).
+func WithBackoff(initial, maxDelay time.Duration) DialOption {
+	return func(c *dialConfig) { c.backoffInitial, c.backoffMax = initial, maxDelay }
+}
+
+// WithGRPCDialOptions adds options to the gRPC client connection (interceptors, per-RPC
+// credentials, ...).
+func WithGRPCDialOptions(opts ...grpc.DialOption) DialOption {
+	return func(c *dialConfig) { c.grpcOpts = append(c.grpcOpts, opts...) }
+}
+
+func newDialConfig(opts []DialOption) *dialConfig {
+	c := &dialConfig{
+		log:            slog.New(slog.DiscardHandler),
+		creds:          insecure.NewCredentials(),
+		backoffInitial: 100 * time.Millisecond,
+		backoffMax:     30 * time.Second,
+	}
+	if h, err := os.Hostname(); err == nil {
+		c.nodeID = h
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.backoffInitial <= 0 {
+		c.backoffInitial = 100 * time.Millisecond
+	}
+	c.backoffMax = max(c.backoffMax, c.backoffInitial)
+	return c
+}
+
+func (c *dialConfig) node() *corev3.Node {
+	return &corev3.Node{
+		Id: c.nodeID,
+		Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+			"GENERATOR": structpb.NewStringValue("api"),
+		}},
+	}
+}
+
+// run keeps sessions going until ctx is done: each session is one stream; when it fails the
+// consumer waits (exponential backoff with jitter, reset once a session received something)
+// and starts another on the same connection.
+func (c *dialConfig) run(ctx context.Context, target string, session func(context.Context, *grpc.ClientConn) (progress bool, err error)) error {
+	opts := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(c.creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageSize), grpc.MaxCallSendMsgSize(maxMessageSize)),
+		// Keep gRPC's own reconnection as eager as ours, so a restarted peer is found quickly.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: c.backoffInitial, Multiplier: 1.6, Jitter: 0.2, MaxDelay: c.backoffMax},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+	}, c.grpcOpts...)
+	conn, err := grpc.NewClient(target, opts...)
+	if err != nil {
+		return fmt.Errorf("bus: dialing %q: %w", target, err)
+	}
+	defer conn.Close()
+
+	delay := c.backoffInitial
+	for {
+		progress, err := session(ctx, conn)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if progress {
+			delay = c.backoffInitial
+		}
+		wait := delay/2 + rand.N(delay/2+1)
+		c.log.Warn(fmt.Sprintf("bus: peer unreachable, retrying in %s", wait.Round(time.Millisecond)),
+			"target", target, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		delay = min(delay*2, c.backoffMax)
+	}
+}
+
+// consumerState is a gRPC consumer's side of a subscription, kept across sessions: its mirror
+// of each type and whether Synced was called.
+type consumerState struct {
+	h      Handler
+	log    *slog.Logger
+	order  []string                 // canonical type URLs, as subscribed
+	views  map[string]*consumerView // by canonical type URL
+	seen   map[string]bool          // types whose first response was processed
+	synced bool
+}
+
+func newConsumerState(typeURLs []string, h Handler, log *slog.Logger) *consumerState {
+	cs := &consumerState{h: h, log: log, views: map[string]*consumerView{}, seen: map[string]bool{}}
+	for _, t := range typeURLs {
+		typ := canonicalType(t)
+		if _, dup := cs.views[typ]; !dup {
+			cs.views[typ] = newConsumerView(t)
+			cs.order = append(cs.order, typ)
+		}
+	}
+	return cs
+}
+
+// process applies one response's change (or its decoding error) and returns the error to NACK
+// with, if any. rejectAll lists every (name, version) of the response, to remember as rejected
+// when the response could not be decoded.
+func (cs *consumerState) process(typ string, c Change, decodeErr error, rejectAll map[string]string) error {
+	v := cs.views[typ]
+	first := !cs.seen[typ]
+	cs.seen[typ] = true
+	var err error
+	switch {
+	case decodeErr != nil:
+		err = decodeErr
+		maps.Copy(v.rejected, rejectAll)
+	case first || len(c.Updated) > 0 || len(c.Removed) > 0:
+		slices.SortFunc(c.Updated, func(a, b *Resource) int { return strings.Compare(a.Name, b.Name) })
+		slices.Sort(c.Removed)
+		if err = cs.h.Apply(c); err == nil {
+			v.accepted(c)
+		} else {
+			v.rejectedChange("", c, err)
+		}
+	}
+	if err != nil {
+		cs.log.Warn("bus: rejecting update", "type", v.wireURL, "err", err)
+	}
+	if !cs.synced && len(cs.seen) == len(cs.order) {
+		cs.synced = true
+		cs.h.Synced()
+	}
+	return err
+}
+
+func nackStatus(err error) *status.Status {
+	if err == nil {
+		return nil
+	}
+	return &status.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
+}
+
+// Dial returns a gRPC consumer of the bus at target using delta ADS: one stream carries every
+// subscribed type, and a reconnecting consumer receives only what changed.
+func Dial(target string, opts ...DialOption) Source {
+	return &deltaClient{target: target, cfg: newDialConfig(opts)}
+}
+
+type deltaClient struct {
+	target string
+	cfg    *dialConfig
+}
+
+var _ Source = (*deltaClient)(nil)
+
+func (dc *deltaClient) Subscribe(ctx context.Context, typeURLs []string, h Handler) error {
+	cs := newConsumerState(typeURLs, h, dc.cfg.log)
+	if len(cs.order) == 0 {
+		h.Synced()
+		<-ctx.Done()
+		return nil
+	}
+	return dc.cfg.run(ctx, dc.target, func(ctx context.Context, conn *grpc.ClientConn) (bool, error) {
+		return dc.session(ctx, conn, cs)
+	})
+}
+
+func (dc *deltaClient) session(ctx context.Context, conn *grpc.ClientConn, cs *consumerState) (bool, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		return false, err
+	}
+	for i, typ := range cs.order {
+		v := cs.views[typ]
+		req := &discoveryv3.DeltaDiscoveryRequest{
+			TypeUrl:                 v.wireURL,
+			ResourceNamesSubscribe:  []string{"*"},
+			InitialResourceVersions: maps.Clone(v.have),
+		}
+		if i == 0 {
+			req.Node = dc.cfg.node()
+		}
+		if err := stream.Send(req); err != nil {
+			return false, err
+		}
+	}
+	progress := false
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return progress, err
+		}
+		progress = true
+		typ := canonicalType(resp.GetTypeUrl())
+		ack := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}
+		if v := cs.views[typ]; v != nil {
+			c, all, decodeErr := decodeDelta(v, resp)
+			ack.ErrorDetail = nackStatus(cs.process(typ, c, decodeErr, all))
+		}
+		if err := stream.Send(ack); err != nil {
+			return progress, err
+		}
+	}
+}
+
+// decodeDelta turns a delta response into the change that is news to the consumer.
+func decodeDelta(v *consumerView, resp *discoveryv3.DeltaDiscoveryResponse) (Change, map[string]string, error) {
+	c := Change{TypeURL: v.wireURL}
+	var firstErr error
+	for _, dr := range resp.GetResources() {
+		if !v.wants(dr.GetName(), dr.GetVersion()) {
+			continue
+		}
+		r, err := decodeMCP(dr.GetResource())
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		if r.Version == "" {
+			r.Version = dr.GetVersion()
+		}
+		c.Updated = append(c.Updated, r)
+	}
+	for _, n := range resp.GetRemovedResources() {
+		if _, ok := v.have[n]; ok {
+			c.Removed = append(c.Removed, n)
+		}
+	}
+	if firstErr == nil {
+		return c, nil, nil
+	}
+	all := map[string]string{}
+	for _, dr := range resp.GetResources() {
+		all[dr.GetName()] = dr.GetVersion()
+	}
+	return c, all, firstErr
+}

@@ -1,0 +1,78 @@
+package bus
+
+import (
+	"context"
+	"log/slog"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+)
+
+// ServerOption configures a Server.
+type ServerOption func(*Server)
+
+// WithServerLogger sets the Server's logger.
+func WithServerLogger(l *slog.Logger) ServerOption {
+	return func(s *Server) {
+		if l != nil {
+			s.log = l
+		}
+	}
+}
+
+// Server serves a Store over gRPC as envoy.service.discovery.v3.AggregatedDiscoveryService, both
+// delta and state of the world, resources encoded as istio.mcp.v1alpha1.Resource.
+type Server struct {
+	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
+	store *Store
+	log   *slog.Logger
+}
+
+var _ discoveryv3.AggregatedDiscoveryServiceServer = (*Server)(nil)
+
+// NewServer returns a Server for s.
+func NewServer(s *Store, opts ...ServerOption) *Server {
+	srv := &Server{store: s, log: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		o(srv)
+	}
+	return srv
+}
+
+// Register registers the Server's ADS service on gs.
+func (srv *Server) Register(gs *grpc.Server) {
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, srv)
+}
+
+// receive reads a stream's requests on its own goroutine, so the sending side can wait on
+// requests and store changes at once. It ends when the stream does.
+func receive[T any](ctx context.Context, recv func() (*T, error)) <-chan recvResult[T] {
+	ch := make(chan recvResult[T])
+	go func() {
+		for {
+			req, err := recv()
+			select {
+			case ch <- recvResult[T]{req, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return ch
+}
+
+type recvResult[T any] struct {
+	req *T
+	err error
+}
+
+// nonces hands out a stream's response nonces.
+type nonces uint64
+
+func (n *nonces) next() uint64 {
+	*n++
+	return uint64(*n)
+}

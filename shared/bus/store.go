@@ -1,0 +1,381 @@
+package bus
+
+import (
+	"hash/fnv"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"sailplane.dev/shared/schema"
+)
+
+// StoreOption configures a Store.
+type StoreOption func(*Store)
+
+// WithLogger sets the Store's logger.
+func WithLogger(l *slog.Logger) StoreOption {
+	return func(s *Store) {
+		if l != nil {
+			s.log = l
+		}
+	}
+}
+
+// Rejection is a consumer's NACK of one version of one resource.
+type Rejection struct {
+	Consumer string
+	TypeURL  string
+	Name     string
+	Version  string
+	Err      string
+	At       time.Time
+}
+
+// maxRejections bounds the rejection history: a consumer NACKing in a loop must not grow memory.
+const maxRejections = 1024
+
+// Store holds a producer's resources and fans changes out to subscribers. It is safe for
+// concurrent use. Publishing hands a Resource over to the Store: callers must not modify it
+// afterwards. When a Resource's Version is empty the Store stores a copy with the Version filled
+// in from a hash of its content, so the caller's struct is never modified.
+type Store struct {
+	log *slog.Logger
+
+	mu       sync.RWMutex
+	kinds    map[string]*kindState            // by canonical type URL
+	watchers map[string]map[*watcher]struct{} // by canonical type URL
+
+	rejMu      sync.Mutex
+	rejections []Rejection
+}
+
+var _ Publisher = (*Store)(nil)
+
+// kindState is the state of one type.
+type kindState struct {
+	entries map[string]*entry
+	// version counts the changes of this type; state-of-the-world responses carry it.
+	version uint64
+}
+
+// entry is one stored version of a resource, with its wire encoding computed at most once and
+// shared by every gRPC consumer.
+type entry struct {
+	res *Resource
+	enc encoding
+}
+
+// NewStore returns an empty Store.
+func NewStore(opts ...StoreOption) *Store {
+	s := &Store{
+		log:      slog.New(slog.DiscardHandler),
+		kinds:    map[string]*kindState{},
+		watchers: map[string]map[*watcher]struct{}{},
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// canonicalType maps the legacy spellings of a known kind's type URL to the one the Store keys
+// by, so producers and consumers may use either.
+func canonicalType(typeURL string) string {
+	if k, ok := schema.ByTypeURL(typeURL); ok {
+		return k.TypeURL
+	}
+	return typeURL
+}
+
+// Upsert adds or replaces resources of one type. A resource whose version equals the stored
+// one is ignored.
+func (s *Store) Upsert(typeURL string, resources ...*Resource) {
+	typ := canonicalType(typeURL)
+	prepared := prepare(resources)
+	if len(prepared) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ks := s.kind(typ)
+	var changed []string
+	for _, r := range prepared {
+		if old, ok := ks.entries[r.Name]; ok && old.res.Version == r.Version {
+			continue
+		}
+		ks.entries[r.Name] = &entry{res: r}
+		changed = append(changed, r.Name)
+	}
+	s.changedLocked(typ, ks, changed)
+}
+
+// Delete removes resources of one type by name; unknown names are ignored.
+func (s *Store) Delete(typeURL string, names ...string) {
+	typ := canonicalType(typeURL)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ks := s.kinds[typ]
+	if ks == nil {
+		return
+	}
+	var changed []string
+	for _, n := range names {
+		if _, ok := ks.entries[n]; ok {
+			delete(ks.entries, n)
+			changed = append(changed, n)
+		}
+	}
+	s.changedLocked(typ, ks, changed)
+}
+
+// Replace sets the whole state of one type: what is not in resources is deleted.
+func (s *Store) Replace(typeURL string, resources []*Resource) {
+	typ := canonicalType(typeURL)
+	prepared := prepare(resources)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ks := s.kind(typ)
+	keep := make(map[string]struct{}, len(prepared))
+	var changed []string
+	for _, r := range prepared {
+		keep[r.Name] = struct{}{}
+		if old, ok := ks.entries[r.Name]; ok && old.res.Version == r.Version {
+			continue
+		}
+		ks.entries[r.Name] = &entry{res: r}
+		changed = append(changed, r.Name)
+	}
+	for n := range ks.entries {
+		if _, ok := keep[n]; !ok {
+			delete(ks.entries, n)
+			changed = append(changed, n)
+		}
+	}
+	s.changedLocked(typ, ks, changed)
+}
+
+// Get returns the stored resource, which the caller must not modify.
+func (s *Store) Get(typeURL, name string) (*Resource, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	ks := s.kinds[canonicalType(typeURL)]
+	if ks == nil {
+		return nil, false
+	}
+	e, ok := ks.entries[name]
+	if !ok {
+		return nil, false
+	}
+	return e.res, true
+}
+
+// List returns the stored resources of one type sorted by name; the caller must not modify them.
+func (s *Store) List(typeURL string) []*Resource {
+	entries, _ := s.snapshot(canonicalType(typeURL))
+	out := make([]*Resource, len(entries))
+	for i, e := range entries {
+		out[i] = e.res
+	}
+	return out
+}
+
+// Rejections returns the NACKs consumers sent, oldest first (the most recent 1024).
+func (s *Store) Rejections() []Rejection {
+	s.rejMu.Lock()
+	defer s.rejMu.Unlock()
+	return slices.Clone(s.rejections)
+}
+
+func (s *Store) reject(r Rejection) {
+	if r.At.IsZero() {
+		r.At = time.Now()
+	}
+	s.log.Warn("bus: consumer rejected resource", "consumer", r.Consumer, "type", r.TypeURL,
+		"name", r.Name, "version", r.Version, "err", r.Err)
+	s.rejMu.Lock()
+	defer s.rejMu.Unlock()
+	if len(s.rejections) >= maxRejections {
+		s.rejections = slices.Delete(s.rejections, 0, len(s.rejections)-maxRejections+1)
+	}
+	s.rejections = append(s.rejections, r)
+}
+
+func (s *Store) kind(typ string) *kindState {
+	ks := s.kinds[typ]
+	if ks == nil {
+		ks = &kindState{entries: map[string]*entry{}}
+		s.kinds[typ] = ks
+	}
+	return ks
+}
+
+// changedLocked bumps the type's version and marks the names dirty for every watcher of the
+// type. Marking never blocks, so a slow consumer cannot stall the producer.
+func (s *Store) changedLocked(typ string, ks *kindState, names []string) {
+	if len(names) == 0 {
+		return
+	}
+	ks.version++
+	for w := range s.watchers[typ] {
+		w.mark(typ, names)
+	}
+}
+
+// snapshot returns the entries of a type sorted by name and the type's version.
+func (s *Store) snapshot(typ string) ([]*entry, uint64) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.snapshotLocked(typ)
+}
+
+func (s *Store) snapshotLocked(typ string) ([]*entry, uint64) {
+	ks := s.kinds[typ]
+	if ks == nil {
+		return nil, 0
+	}
+	out := slices.Collect(maps.Values(ks.entries))
+	slices.SortFunc(out, func(a, b *entry) int {
+		switch {
+		case a.res.Name < b.res.Name:
+			return -1
+		case a.res.Name > b.res.Name:
+			return 1
+		}
+		return 0
+	})
+	return out, ks.version
+}
+
+// lookup returns the current entries for names; names that do not exist are returned in
+// missing.
+func (s *Store) lookup(typ string, names map[string]struct{}) (found []*entry, missing []string) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	ks := s.kinds[typ]
+	for n := range names {
+		var e *entry
+		if ks != nil {
+			e = ks.entries[n]
+		}
+		if e == nil {
+			missing = append(missing, n)
+		} else {
+			found = append(found, e)
+		}
+	}
+	return found, missing
+}
+
+// watch registers w for changes of typ and returns the type's current state, atomically, so no
+// change is lost between the snapshot and the first notification.
+func (s *Store) watch(w *watcher, typ string) ([]*entry, uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ws := s.watchers[typ]
+	if ws == nil {
+		ws = map[*watcher]struct{}{}
+		s.watchers[typ] = ws
+	}
+	ws[w] = struct{}{}
+	return s.snapshotLocked(typ)
+}
+
+// unwatch stops notifications of the given types to w.
+func (s *Store) unwatch(w *watcher, types ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, typ := range types {
+		if ws := s.watchers[typ]; ws != nil {
+			delete(ws, w)
+			if len(ws) == 0 {
+				delete(s.watchers, typ)
+			}
+		}
+	}
+}
+
+// watcher is one subscriber's pending work: the names changed per type since it last looked,
+// and a 1-buffered channel signalling that there is some. The subscriber reads the current state
+// of dirty names, so bursts of changes coalesce and the latest state wins.
+type watcher struct {
+	notify chan struct{}
+	mu     sync.Mutex
+	dirty  map[string]map[string]struct{}
+}
+
+func newWatcher() *watcher {
+	return &watcher{notify: make(chan struct{}, 1), dirty: map[string]map[string]struct{}{}}
+}
+
+func (w *watcher) mark(typ string, names []string) {
+	w.mu.Lock()
+	d := w.dirty[typ]
+	if d == nil {
+		d = make(map[string]struct{}, len(names))
+		w.dirty[typ] = d
+	}
+	for _, n := range names {
+		d[n] = struct{}{}
+	}
+	w.mu.Unlock()
+	select {
+	case w.notify <- struct{}{}:
+	default:
+	}
+}
+
+// take returns and clears the dirty names.
+func (w *watcher) take() map[string]map[string]struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	d := w.dirty
+	w.dirty = map[string]map[string]struct{}{}
+	return d
+}
+
+// prepare drops nil resources and fills empty versions, on copies.
+func prepare(resources []*Resource) []*Resource {
+	out := make([]*Resource, 0, len(resources))
+	for _, r := range resources {
+		if r == nil {
+			continue
+		}
+		if r.Version == "" {
+			c := *r
+			c.Version = ContentVersion(r)
+			r = &c
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// ContentVersion is the version the Store gives a resource published without one: an FNV-64a
+// hash of its body (deterministic protobuf encoding), labels and annotations.
+func ContentVersion(r *Resource) string {
+	h := fnv.New64a()
+	if r.Body != nil {
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r.Body)
+		if err == nil {
+			h.Write([]byte(r.Body.ProtoReflect().Descriptor().FullName()))
+			h.Write([]byte{0})
+			h.Write(b)
+		}
+	}
+	writeMap := func(tag byte, m map[string]string) {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			h.Write([]byte{tag})
+			h.Write([]byte(k))
+			h.Write([]byte{0})
+			h.Write([]byte(m[k]))
+		}
+	}
+	writeMap(1, r.Labels)
+	writeMap(2, r.Annotations)
+	return strconv.FormatUint(h.Sum64(), 16)
+}
