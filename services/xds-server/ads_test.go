@@ -1,0 +1,221 @@
+package xdsserver
+
+import (
+	"context"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"sailplane.dev/services/xds-server/internal/fakebus"
+	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/schema"
+)
+
+const (
+	echoListener = "echo.demo.svc.cluster.local:7070"
+	echoCluster  = "outbound|7070||echo.demo.svc.cluster.local"
+)
+
+func adsClient(t *testing.T, addr net.Addr) discoverygrpc.AggregatedDiscoveryServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return discoverygrpc.NewAggregatedDiscoveryServiceClient(conn)
+}
+
+func testNode(id string) *corev3.Node {
+	md, _ := structpb.NewStruct(map[string]any{"GENERATOR": "grpc"})
+	return &corev3.Node{Id: id, Metadata: md}
+}
+
+func streamContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestDeltaADS(t *testing.T) {
+	src := fakebus.New(changes(t, registry(10001, 10002))...)
+	srv := startServer(t, src)
+	stream, err := adsClient(t, srv.Addr()).DeltaAggregatedResources(streamContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv := func(typeURL string) *discoverygrpc.DeltaDiscoveryResponse {
+		t.Helper()
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetTypeUrl() != typeURL {
+			t.Fatalf("got %s, want %s", resp.GetTypeUrl(), typeURL)
+		}
+		// ACK, as a client must before the server sends this type again.
+		if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: resp.GetNonce()}); err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+
+	t.Run("listener by name", func(t *testing.T) {
+		if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{
+			Node: testNode("delta-client"), TypeUrl: resource.ListenerType, ResourceNamesSubscribe: []string{echoListener},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		resp := recv(resource.ListenerType)
+		if len(resp.GetResources()) != 1 || resp.GetResources()[0].GetName() != echoListener {
+			t.Fatalf("resources = %v", resp.GetResources())
+		}
+		var l listenerv3.Listener
+		if err := resp.GetResources()[0].GetResource().UnmarshalTo(&l); err != nil {
+			t.Fatal(err)
+		}
+		if l.GetApiListener() == nil {
+			t.Fatal("listener has no API listener")
+		}
+	})
+
+	t.Run("clusters wildcard", func(t *testing.T) {
+		if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: resource.ClusterType}); err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, r := range recv(resource.ClusterType).GetResources() {
+			names = append(names, r.GetName())
+		}
+		slices.Sort(names)
+		want := []string{"outbound|7070|v1|echo.demo.svc.cluster.local", "outbound|7070|v2|echo.demo.svc.cluster.local", echoCluster}
+		if !slices.Equal(names, want) {
+			t.Fatalf("clusters = %v, want %v", names, want)
+		}
+	})
+
+	t.Run("endpoint update", func(t *testing.T) {
+		if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{
+			TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{echoCluster},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if n := countEndpoints(t, recv(resource.EndpointType)); n != 2 {
+			t.Fatalf("%d endpoints, want 2", n)
+		}
+		src.Push(bus.Change{TypeURL: schema.Endpoints.TypeURL, Removed: []string{"demo/" + echoHost}})
+		if n := countEndpoints(t, recv(resource.EndpointType)); n != 0 {
+			t.Fatalf("%d endpoints after removal, want 0", n)
+		}
+	})
+}
+
+func countEndpoints(t *testing.T, resp *discoverygrpc.DeltaDiscoveryResponse) int {
+	t.Helper()
+	if len(resp.GetResources()) != 1 {
+		t.Fatalf("got %d resources, want 1", len(resp.GetResources()))
+	}
+	var cla endpointv3.ClusterLoadAssignment
+	if err := resp.GetResources()[0].GetResource().UnmarshalTo(&cla); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range cla.GetEndpoints() {
+		n += len(l.GetLbEndpoints())
+	}
+	return n
+}
+
+// gatedSource holds subscriptions back until open is closed, like a bus that is slow to sync.
+type gatedSource struct {
+	bus.Source
+	open chan struct{}
+}
+
+func (g gatedSource) Subscribe(ctx context.Context, typeURLs []string, h bus.Handler) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-g.open:
+	}
+	return g.Source.Subscribe(ctx, typeURLs, h)
+}
+
+// A client that connects before the sources synced is answered with the first full snapshot.
+func TestClientBeforeSync(t *testing.T) {
+	gate := gatedSource{Source: fakebus.New(changes(t, registry(10001, 10002))...), open: make(chan struct{})}
+	srv, err := New(Config{}, Deps{Logger: testLogger(t), Config: fakebus.New(), Registry: gate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ctx, lis) }()
+	defer func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Error(err)
+		}
+	}()
+
+	stream, err := adsClient(t, lis.Addr()).StreamAggregatedResources(streamContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&discoverygrpc.DiscoveryRequest{
+		Node: testNode("early-client"), TypeUrl: resource.ListenerType, ResourceNames: []string{echoListener},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return srv.nodes["early-client"] > 0
+	})
+	select {
+	case <-srv.Ready():
+		t.Fatal("ready before the registry synced")
+	default:
+	}
+	close(gate.open)
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetResources()) != 1 {
+		t.Fatalf("got %d listeners, want 1", len(resp.GetResources()))
+	}
+	select {
+	case <-srv.Ready():
+	case <-time.After(waitFor):
+		t.Fatal("not ready")
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(waitFor)
+	for !cond() {
+		select {
+		case <-deadline:
+			t.Fatal("condition not met in time")
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,225 @@
+// Package grpcgen translates the mesh model into the xDS resources proxyless gRPC clients
+// (gRPC's xDS resolver) consume, named the way istiod names them so clients move between the
+// two unchanged.
+package grpcgen
+
+import (
+	"cmp"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	networking "istio.io/api/networking/v1alpha3"
+
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/xds-server/internal/model"
+)
+
+// RouterFilterName is the name of the terminal HTTP filter, as istiod writes it.
+const RouterFilterName = "envoy.filters.http.router"
+
+// Resources are the generated xDS resources, each list sorted by name.
+type Resources struct {
+	Listeners []*listenerv3.Listener
+	Routes    []*routev3.RouteConfiguration
+	Clusters  []*clusterv3.Cluster
+	Endpoints []*endpointv3.ClusterLoadAssignment
+}
+
+// ClusterName is istiod's outbound cluster name: "outbound|<port>|<subset>|<host>".
+func ClusterName(port uint32, subset, host string) string {
+	return "outbound|" + strconv.FormatUint(uint64(port), 10) + "|" + subset + "|" + host
+}
+
+// ListenerName is the API listener name a client dialing xds:///<host>:<port> asks for.
+func ListenerName(host string, port uint32) string {
+	return host + ":" + strconv.FormatUint(uint64(port), 10)
+}
+
+// Generate translates a snapshot. It never fails: config gRPC cannot use is skipped and
+// logged at debug level, so one bad resource cannot take the whole mesh down.
+func Generate(snap *model.Snapshot, log *slog.Logger) *Resources {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	g := &generator{snap: snap, log: log, vsByHost: map[string]*model.Config[*networking.VirtualService]{},
+		drByHost: map[string]*model.Config[*networking.DestinationRule]{}}
+	out := &Resources{}
+	for _, host := range snap.Hostnames() {
+		svc := snap.Services[host]
+		vs := g.virtualService(host)
+		dr := g.destinationRule(host)
+		seen := map[uint32]bool{}
+		for _, port := range svc.Spec.GetPorts() {
+			// Resource names are per port number; a repeated number would collide.
+			if port.GetNumber() == 0 || seen[port.GetNumber()] {
+				continue
+			}
+			seen[port.GetNumber()] = true
+			l, err := g.listener(host, port.GetNumber())
+			if err != nil {
+				// Only invalid UTF-8 in a hostname gets here; the service cannot be named anyway.
+				g.log.Debug("skipping service port", "host", host, "port", port.GetNumber(), "err", err)
+				continue
+			}
+			out.Listeners = append(out.Listeners, l)
+			out.Routes = append(out.Routes, g.routeConfig(svc, port, vs))
+			for _, c := range g.clusters(svc, port, dr) {
+				out.Clusters = append(out.Clusters, c.cluster)
+				out.Endpoints = append(out.Endpoints, g.loadAssignment(c.cluster.GetName(), svc, port, c.subset))
+			}
+		}
+	}
+	slices.SortFunc(out.Listeners, func(a, b *listenerv3.Listener) int { return strings.Compare(a.GetName(), b.GetName()) })
+	slices.SortFunc(out.Routes, func(a, b *routev3.RouteConfiguration) int { return strings.Compare(a.GetName(), b.GetName()) })
+	slices.SortFunc(out.Clusters, func(a, b *clusterv3.Cluster) int { return strings.Compare(a.GetName(), b.GetName()) })
+	slices.SortFunc(out.Endpoints, func(a, b *endpointv3.ClusterLoadAssignment) int {
+		return strings.Compare(a.GetClusterName(), b.GetClusterName())
+	})
+	return out
+}
+
+type generator struct {
+	snap     *model.Snapshot
+	log      *slog.Logger
+	vsByHost map[string]*model.Config[*networking.VirtualService]
+	drByHost map[string]*model.Config[*networking.DestinationRule]
+}
+
+// appliesToMesh reports whether a VirtualService's gateways include sidecars/proxyless clients.
+func appliesToMesh(gateways []string) bool {
+	return len(gateways) == 0 || slices.Contains(gateways, "mesh")
+}
+
+// virtualService finds the VirtualService bound to host: an exact host match wins over a
+// wildcard, then the oldest.
+func (g *generator) virtualService(host string) *model.Config[*networking.VirtualService] {
+	if vs, ok := g.vsByHost[host]; ok {
+		return vs
+	}
+	var wildcard *model.Config[*networking.VirtualService]
+	for i := range g.snap.VirtualServices {
+		vs := &g.snap.VirtualServices[i]
+		if !appliesToMesh(vs.Spec.GetGateways()) {
+			continue
+		}
+		for _, h := range vs.Spec.GetHosts() {
+			rh := model.ResolveHost(h, vs.Namespace)
+			if rh == host {
+				g.vsByHost[host] = vs
+				return vs
+			}
+			if wildcard == nil && model.HostMatches(rh, host) {
+				wildcard = vs
+			}
+		}
+	}
+	g.vsByHost[host] = wildcard
+	return wildcard
+}
+
+func (g *generator) destinationRule(host string) *model.Config[*networking.DestinationRule] {
+	if dr, ok := g.drByHost[host]; ok {
+		return dr
+	}
+	var wildcard *model.Config[*networking.DestinationRule]
+	for i := range g.snap.DestinationRules {
+		dr := &g.snap.DestinationRules[i]
+		rh := model.ResolveHost(dr.Spec.GetHost(), dr.Namespace)
+		if rh == host {
+			g.drByHost[host] = dr
+			return dr
+		}
+		if wildcard == nil && model.HostMatches(rh, host) {
+			wildcard = dr
+		}
+	}
+	g.drByHost[host] = wildcard
+	return wildcard
+}
+
+func (g *generator) listener(host string, port uint32) (*listenerv3.Listener, error) {
+	routeName := ClusterName(port, "", host)
+	router, err := marshalAny(&routerv3.Router{})
+	if err != nil {
+		return nil, err
+	}
+	hcm := &hcmv3.HttpConnectionManager{
+		StatPrefix: routeName,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
+			ConfigSource:    adsConfigSource(),
+			RouteConfigName: routeName,
+		}},
+		HttpFilters: []*hcmv3.HttpFilter{{
+			Name:       RouterFilterName,
+			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: router},
+		}},
+	}
+	api, err := marshalAny(hcm)
+	if err != nil {
+		return nil, err
+	}
+	return &listenerv3.Listener{
+		Name:        ListenerName(host, port),
+		ApiListener: &listenerv3.ApiListener{ApiListener: api},
+	}, nil
+}
+
+func adsConfigSource() *corev3.ConfigSource {
+	return &corev3.ConfigSource{
+		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+		ResourceApiVersion:    corev3.ApiVersion_V3,
+	}
+}
+
+// domains are the names a client may dial the service by: the FQDN and, for Kubernetes
+// services, the short forms, each bare and with the port.
+func domains(svc *discoveryv1.Service, port uint32) []string {
+	host := svc.GetHostname()
+	names := []string{host}
+	if ns := svc.GetNamespace(); ns != "" {
+		if name, ok := strings.CutSuffix(host, "."+ns+".svc."+model.DomainSuffix); ok && !strings.Contains(name, ".") {
+			names = append(names, name+"."+ns+".svc", name+"."+ns, name)
+		}
+	}
+	p := ":" + strconv.FormatUint(uint64(port), 10)
+	out := make([]string, 0, 2*len(names))
+	for _, n := range names {
+		out = append(out, n, n+p)
+	}
+	return out
+}
+
+// sortedKeys returns the keys of m in order, so generated output is stable.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func compareLocality(a, b *discoveryv1.Locality) int {
+	return cmp.Or(strings.Compare(a.GetRegion(), b.GetRegion()), strings.Compare(a.GetZone(), b.GetZone()),
+		strings.Compare(a.GetSubZone(), b.GetSubZone()))
+}
+
+func marshalAny(m proto.Message) (*anypb.Any, error) {
+	a, err := anypb.New(m)
+	if err != nil {
+		return nil, fmt.Errorf("packing %T: %w", m, err)
+	}
+	return a, nil
+}

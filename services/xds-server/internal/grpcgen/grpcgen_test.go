@@ -1,0 +1,180 @@
+package grpcgen
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"sigs.k8s.io/yaml"
+
+	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/testinput"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(bytes.TrimRight(p, "\n")))
+	return len(p), nil
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func cases(t *testing.T) []string {
+	t.Helper()
+	dirs, err := filepath.Glob("testdata/*/input.yaml")
+	if err != nil || len(dirs) == 0 {
+		t.Fatalf("no golden cases: %v", err)
+	}
+	for i, d := range dirs {
+		dirs[i] = filepath.Dir(d)
+	}
+	return dirs
+}
+
+func generate(t *testing.T, dir string) *Resources {
+	t.Helper()
+	items, err := testinput.ReadFile(filepath.Join(dir, "input.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := model.NewStore()
+	h := store.Handler(nil)
+	for _, c := range testinput.Changes(items) {
+		if err := h.Apply(c); err != nil {
+			t.Fatalf("apply %s: %v", c.TypeURL, err)
+		}
+	}
+	return Generate(store.Snapshot(), testLogger(t))
+}
+
+func all(r *Resources) []proto.Message {
+	var out []proto.Message
+	for _, l := range r.Listeners {
+		out = append(out, l)
+	}
+	for _, x := range r.Routes {
+		out = append(out, x)
+	}
+	for _, c := range r.Clusters {
+		out = append(out, c)
+	}
+	for _, e := range r.Endpoints {
+		out = append(out, e)
+	}
+	return out
+}
+
+// render prints the resources as YAML, grouped by type; protojson's output is not stable byte
+// for byte, so it goes through a generic value that the YAML encoder prints in key order.
+func render(t *testing.T, r *Resources) []byte {
+	t.Helper()
+	group := func(msgs ...proto.Message) []json.RawMessage {
+		out := []json.RawMessage{}
+		for _, m := range msgs {
+			b, err := protojson.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, b)
+		}
+		return out
+	}
+	var ls, rs, cs, es []proto.Message
+	for _, x := range r.Listeners {
+		ls = append(ls, x)
+	}
+	for _, x := range r.Routes {
+		rs = append(rs, x)
+	}
+	for _, x := range r.Clusters {
+		cs = append(cs, x)
+	}
+	for _, x := range r.Endpoints {
+		es = append(es, x)
+	}
+	doc, err := json.Marshal(map[string][]json.RawMessage{
+		"listeners": group(ls...), "routes": group(rs...), "clusters": group(cs...), "endpoints": group(es...),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := yaml.JSONToYAML(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return y
+}
+
+func TestGolden(t *testing.T) {
+	for _, dir := range cases(t) {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			got := render(t, generate(t, dir))
+			path := filepath.Join(dir, "golden.yaml")
+			if os.Getenv("UPDATE_GOLDEN") != "" {
+				if err := os.WriteFile(path, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run with UPDATE_GOLDEN=1 to create it)", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("%s differs from the generated resources (UPDATE_GOLDEN=1 refreshes it); got:\n%s", path, got)
+			}
+		})
+	}
+}
+
+// TestValidate checks every generated resource of every case against Envoy's constraints.
+func TestValidate(t *testing.T) {
+	for _, dir := range cases(t) {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			res := all(generate(t, dir))
+			if len(res) == 0 {
+				t.Fatal("no resources generated")
+			}
+			for _, m := range res {
+				v, ok := m.(interface{ ValidateAll() error })
+				if !ok {
+					t.Fatalf("%T has no ValidateAll", m)
+				}
+				if err := v.ValidateAll(); err != nil {
+					t.Errorf("%T invalid: %v", m, err)
+				}
+			}
+		})
+	}
+}
+
+// TestDeterministic guards the golden files and the snapshot versions, both of which rely on
+// the same input producing byte-identical output.
+func TestDeterministic(t *testing.T) {
+	for _, dir := range cases(t) {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			a, b := all(generate(t, dir)), all(generate(t, dir))
+			if len(a) != len(b) {
+				t.Fatalf("%d vs %d resources", len(a), len(b))
+			}
+			for i := range a {
+				ma, _ := proto.MarshalOptions{Deterministic: true}.Marshal(a[i])
+				mb, _ := proto.MarshalOptions{Deterministic: true}.Marshal(b[i])
+				if !bytes.Equal(ma, mb) {
+					t.Errorf("resource %d differs between runs", i)
+				}
+			}
+		})
+	}
+}
