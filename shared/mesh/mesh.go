@@ -1,0 +1,170 @@
+// Package mesh reads the mesh-wide configuration (Istio's MeshConfig) from a YAML file in the
+// format of the "mesh" key of Istio's "istio" ConfigMap, on top of Istio's defaults, and watches
+// it for changes.
+package mesh
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+	networking "istio.io/api/networking/v1alpha3"
+	"sigs.k8s.io/yaml"
+
+	"sailplane.dev/shared/config"
+)
+
+// Default returns the mesh config Istio uses when the mesh file sets nothing.
+func Default() *meshv1alpha1.MeshConfig {
+	return &meshv1alpha1.MeshConfig{
+		RootNamespace:          "istio-system",
+		TrustDomain:            "cluster.local",
+		EnableAutoMtls:         wrapperspb.Bool(true),
+		EnableTracing:          true,
+		EnablePrometheusMerge:  wrapperspb.Bool(true),
+		AccessLogFile:          "",
+		AccessLogEncoding:      meshv1alpha1.MeshConfig_TEXT,
+		ConnectTimeout:         durationpb.New(10e9),
+		DnsRefreshRate:         durationpb.New(60e9),
+		ProxyListenPort:        15001,
+		ProxyInboundListenPort: 15006,
+		IngressClass:           "istio",
+		IngressService:         "istio-ingressgateway",
+		IngressControllerMode:  meshv1alpha1.MeshConfig_STRICT,
+		OutboundTrafficPolicy: &meshv1alpha1.MeshConfig_OutboundTrafficPolicy{
+			Mode: meshv1alpha1.MeshConfig_OutboundTrafficPolicy_ALLOW_ANY,
+		},
+		InboundTrafficPolicy: &meshv1alpha1.MeshConfig_InboundTrafficPolicy{
+			Mode: meshv1alpha1.MeshConfig_InboundTrafficPolicy_PASSTHROUGH,
+		},
+		LocalityLbSetting:              &networking.LocalityLoadBalancerSetting{Enabled: wrapperspb.Bool(true)},
+		DefaultServiceExportTo:         []string{"*"},
+		DefaultVirtualServiceExportTo:  []string{"*"},
+		DefaultDestinationRuleExportTo: []string{"*"},
+		DefaultConfig: &meshv1alpha1.ProxyConfig{
+			ConfigPath:               "./etc/istio/proxy",
+			BinaryPath:               "/usr/local/bin/envoy",
+			DiscoveryAddress:         "istiod.istio-system.svc:15012",
+			DrainDuration:            durationpb.New(45e9),
+			TerminationDrainDuration: durationpb.New(5e9),
+			ProxyAdminPort:           15000,
+			StatusPort:               15020,
+			StatNameLength:           189,
+			ControlPlaneAuthPolicy:   meshv1alpha1.AuthenticationPolicy_MUTUAL_TLS,
+		},
+	}
+}
+
+// Load reads the mesh file at path over Default(). Fields the file sets replace the defaults;
+// nested objects (defaultConfig, outboundTrafficPolicy, ...) are merged field by field, lists
+// are replaced. Unknown fields are errors. Errors are *config.Error naming the file and field.
+func Load(path string) (*meshv1alpha1.MeshConfig, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("mesh config: %w", err)
+	}
+	m, err := Parse(data)
+	if err != nil {
+		var ce *config.Error
+		if errors.As(err, &ce) {
+			ce.File = path
+			return nil, ce
+		}
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return m, nil
+}
+
+// Parse is Load for the file's content.
+func Parse(data []byte) (*meshv1alpha1.MeshConfig, error) {
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return nil, &config.Error{Err: fmt.Errorf("%w: %v", config.ErrMalformed, err)}
+	}
+	out := Default()
+	if t := bytes.TrimSpace(js); len(t) == 0 || string(t) == "null" {
+		return out, nil
+	}
+	user, err := config.NormalizeJSON(js, out, "")
+	if err != nil {
+		return nil, err
+	}
+	var overlay map[string]any
+	if err := json.Unmarshal(user, &overlay); err != nil {
+		return nil, &config.Error{Err: fmt.Errorf("%w: the mesh config must be a mapping", config.ErrMalformed)}
+	}
+	defJS, err := protojson.Marshal(out)
+	if err != nil {
+		return nil, err
+	}
+	var base map[string]any
+	if err := json.Unmarshal(defJS, &base); err != nil {
+		return nil, err
+	}
+	merged, err := json.Marshal(merge(base, overlay))
+	if err != nil {
+		return nil, err
+	}
+	if err := config.UnmarshalJSON(merged, out, ""); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// merge lays overlay over base: objects merge key by key, anything else replaces. Both use
+// protojson's field names (NormalizeJSON made sure of it).
+func merge(base, overlay map[string]any) map[string]any {
+	for k, ov := range overlay {
+		if om, ok := ov.(map[string]any); ok {
+			if bm, ok := base[k].(map[string]any); ok {
+				base[k] = merge(bm, om)
+				continue
+			}
+		}
+		base[k] = ov
+	}
+	return base
+}
+
+// UnsupportedSourcesError lists config sources that are not local folders.
+type UnsupportedSourcesError struct {
+	Addresses []string
+}
+
+func (e *UnsupportedSourcesError) Error() string {
+	return fmt.Sprintf("config sources %s: only fs:// is supported yet (k8s:// and xds:// are not supported yet)", strings.Join(e.Addresses, ", "))
+}
+
+// ConfigSourceDirs returns the local folders named by m.configSources with the fs:// scheme:
+// "fs:///abs/dir" is absolute, "fs://rel/dir" is relative to baseDir (the mesh file's folder).
+// Sources with other schemes (k8s://, xds://) are listed in an *UnsupportedSourcesError,
+// returned together with the folders, which are still usable.
+func ConfigSourceDirs(m *meshv1alpha1.MeshConfig, baseDir string) ([]string, error) {
+	var dirs, unsupported []string
+	for _, s := range m.GetConfigSources() {
+		rest, ok := strings.CutPrefix(s.GetAddress(), "fs://")
+		if !ok {
+			unsupported = append(unsupported, s.GetAddress())
+			continue
+		}
+		if rest == "" {
+			rest = "."
+		}
+		if !filepath.IsAbs(rest) {
+			rest = filepath.Join(baseDir, rest)
+		}
+		dirs = append(dirs, filepath.Clean(rest))
+	}
+	if len(unsupported) > 0 {
+		return dirs, &UnsupportedSourcesError{Addresses: unsupported}
+	}
+	return dirs, nil
+}

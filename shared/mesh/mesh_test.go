@@ -1,0 +1,265 @@
+package mesh
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+
+	"sailplane.dev/shared/config"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+var _ io.Writer = testWriter{}
+
+func TestDefault(t *testing.T) {
+	m := Default()
+	if m.RootNamespace != "istio-system" || m.TrustDomain != "cluster.local" ||
+		m.DefaultConfig.DiscoveryAddress != "istiod.istio-system.svc:15012" || !m.EnableAutoMtls.GetValue() ||
+		m.OutboundTrafficPolicy.Mode != meshv1alpha1.MeshConfig_OutboundTrafficPolicy_ALLOW_ANY ||
+		m.ConnectTimeout.AsDuration() != 10*time.Second || m.DnsRefreshRate.AsDuration() != time.Minute ||
+		m.IngressClass != "istio" || m.IngressService != "istio-ingressgateway" || m.AccessLogFile != "" {
+		t.Fatalf("Default() = %v", m)
+	}
+}
+
+func write(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, yaml string
+		check      func(*meshv1alpha1.MeshConfig) bool
+	}{
+		{"empty", "", func(m *meshv1alpha1.MeshConfig) bool { return m.RootNamespace == "istio-system" }},
+		{"comment only", "# nothing\n", func(m *meshv1alpha1.MeshConfig) bool { return m.TrustDomain == "cluster.local" }},
+		{"overrides", "rootNamespace: sailplane\ntrust_domain: example.org\naccessLogFile: /dev/stdout\nconnectTimeout: 500ms\nenableAutoMtls: false\n",
+			func(m *meshv1alpha1.MeshConfig) bool {
+				return m.RootNamespace == "sailplane" && m.TrustDomain == "example.org" && m.AccessLogFile == "/dev/stdout" &&
+					m.ConnectTimeout.AsDuration() == 500*time.Millisecond && m.EnableAutoMtls != nil && !m.EnableAutoMtls.Value &&
+					m.IngressClass == "istio"
+			}},
+		{"nested merge", "defaultConfig:\n  proxyMetadata: {ISTIO_META_DNS_CAPTURE: \"true\"}\n  drainDuration: 10s\noutboundTrafficPolicy: {mode: REGISTRY_ONLY}\n",
+			func(m *meshv1alpha1.MeshConfig) bool {
+				return m.DefaultConfig.DiscoveryAddress == "istiod.istio-system.svc:15012" &&
+					m.DefaultConfig.ProxyMetadata["ISTIO_META_DNS_CAPTURE"] == "true" &&
+					m.DefaultConfig.DrainDuration.AsDuration() == 10*time.Second &&
+					m.OutboundTrafficPolicy.Mode == meshv1alpha1.MeshConfig_OutboundTrafficPolicy_REGISTRY_ONLY
+			}},
+		{"lists replace", "defaultServiceExportTo: [.]\nconfigSources:\n- address: fs:///etc/config\n",
+			func(m *meshv1alpha1.MeshConfig) bool {
+				return len(m.DefaultServiceExportTo) == 1 && m.DefaultServiceExportTo[0] == "." && m.ConfigSources[0].Address == "fs:///etc/config"
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, tc.name+".yaml")
+			write(t, p, tc.yaml)
+			m, err := Load(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.check(m) {
+				t.Fatalf("unexpected config: %v", m)
+			}
+		})
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ name, yaml, field, text string }{
+		{"unknown", "rootNamespace: a\ndefaultConfig:\n  discoveryAdress: x\n", "defaultConfig.discoveryAdress", "unknown field"},
+		{"enum", "outboundTrafficPolicy: {mode: ALLOW}\n", "outboundTrafficPolicy.mode", "unknown value"},
+		{"duration", "connectTimeout: soon\n", "connectTimeout", "invalid duration"},
+		{"malformed", "rootNamespace: [\n", "", "malformed"},
+		{"not a map", "- a\n", "", "expected an object"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, tc.name+".yaml")
+			write(t, p, tc.yaml)
+			_, err := Load(p)
+			var ce *config.Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("got %T %v", err, err)
+			}
+			if ce.File != p || ce.Field != tc.field || !strings.Contains(err.Error(), tc.text) || !strings.HasPrefix(err.Error(), p+": ") {
+				t.Fatalf("got %q (field %q)", err, ce.Field)
+			}
+		})
+	}
+	if _, err := Load(filepath.Join(dir, "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("missing file: %v", err)
+	}
+}
+
+func TestConfigSourceDirs(t *testing.T) {
+	m := &meshv1alpha1.MeshConfig{ConfigSources: []*meshv1alpha1.ConfigSource{
+		{Address: "fs:///etc/sailplane/config"},
+		{Address: "fs://conf/extra"},
+		{Address: "k8s://"},
+		{Address: "xds://istiod:15010"},
+	}}
+	dirs, err := ConfigSourceDirs(m, "/base")
+	if len(dirs) != 2 || dirs[0] != "/etc/sailplane/config" || dirs[1] != "/base/conf/extra" {
+		t.Fatalf("dirs = %v", dirs)
+	}
+	var ue *UnsupportedSourcesError
+	if !errors.As(err, &ue) || len(ue.Addresses) != 2 || !strings.Contains(err.Error(), "not supported yet") {
+		t.Fatalf("err = %v", err)
+	}
+	if dirs, err := ConfigSourceDirs(Default(), "/base"); err != nil || len(dirs) != 0 {
+		t.Fatalf("default: %v %v", dirs, err)
+	}
+}
+
+// eventually waits for cond, failing the test after a deadline.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
+	}
+}
+
+func TestWatcher(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "mesh.yaml")
+	write(t, p, "rootNamespace: one\n")
+
+	var mu sync.Mutex
+	var got []string
+	w := NewWatcher(p, func(m *meshv1alpha1.MeshConfig) {
+		mu.Lock()
+		got = append(got, m.RootNamespace)
+		mu.Unlock()
+	}, WithLogger(testLogger(t)), WithDebounce(20*time.Millisecond))
+	last := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(got) == 0 {
+			return ""
+		}
+		return got[len(got)-1]
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	eventually(t, "initial config", func() bool { return last() == "one" })
+
+	// In-place write.
+	write(t, p, "rootNamespace: two\n")
+	eventually(t, "in-place write", func() bool { return last() == "two" })
+
+	// Editor-style: write a temp file and rename it over the original.
+	tmp := filepath.Join(dir, ".mesh.yaml.swp")
+	write(t, tmp, "rootNamespace: three\n")
+	if err := os.Rename(tmp, p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "rename write", func() bool { return last() == "three" })
+
+	// A broken file keeps the last good config; the next good one is picked up.
+	write(t, p, "rootNamespace: [broken\n")
+	write(t, filepath.Join(dir, "marker"), "x") // an unrelated event after the broken write
+	write(t, p, "rootNamespace: four\n")
+	eventually(t, "recovery", func() bool { return last() == "four" })
+	mu.Lock()
+	for _, ns := range got {
+		if ns != "one" && ns != "two" && ns != "three" && ns != "four" {
+			t.Errorf("callback got %q", ns)
+		}
+	}
+	mu.Unlock()
+	if w.Current().RootNamespace != "four" {
+		t.Fatalf("current = %v", w.Current())
+	}
+}
+
+func TestWatcherKeepsLastGood(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "mesh.yaml")
+	write(t, p, "rootNamespace: good\n")
+	calls := make(chan string, 10)
+	reloadErrs := make(chan error, 10)
+	w := NewWatcher(p, func(m *meshv1alpha1.MeshConfig) { calls <- m.RootNamespace }, WithLogger(testLogger(t)),
+		WithDebounce(10*time.Millisecond), WithReloadErrors(func(err error) { reloadErrs <- err }))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	if ns := <-calls; ns != "good" {
+		t.Fatalf("first = %q", ns)
+	}
+	write(t, p, "rootNamespace: {bad: map}\n")
+	for err := range reloadErrs {
+		if err != nil {
+			if !strings.Contains(err.Error(), "rootNamespace") {
+				t.Fatalf("reload error %v does not name the field", err)
+			}
+			break
+		}
+	}
+	if w.Current().RootNamespace != "good" {
+		t.Fatal("bad file replaced the config")
+	}
+	// A valid but identical write must not call back, a different one must.
+	write(t, p, "rootNamespace: good\n")
+	write(t, p, "rootNamespace: better\n")
+	if ns := <-calls; ns != "better" {
+		t.Fatalf("second = %q", ns)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if w.Current().RootNamespace != "better" {
+		t.Fatal(w.Current())
+	}
+}
+
+func TestWatcherInitialError(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "mesh.yaml")
+	write(t, p, "nope: 1\n")
+	err := NewWatcher(p, func(*meshv1alpha1.MeshConfig) { t.Error("called") }).Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), `unknown field "nope"`) {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -1,0 +1,123 @@
+package mesh
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"google.golang.org/protobuf/proto"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+)
+
+// Watcher reloads a mesh file when it changes and hands each new config to a callback.
+type Watcher struct {
+	path     string
+	onChange func(*meshv1alpha1.MeshConfig)
+	logger   *slog.Logger
+	debounce time.Duration
+	onError  func(error)
+
+	mu      sync.Mutex
+	current *meshv1alpha1.MeshConfig
+}
+
+// WatcherOption configures a Watcher.
+type WatcherOption func(*Watcher)
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) WatcherOption { return func(w *Watcher) { w.logger = l } }
+
+// WithDebounce sets how long the file must stay quiet before it is reloaded (default 100ms):
+// editors and ConfigMap updates write in several steps.
+func WithDebounce(d time.Duration) WatcherOption { return func(w *Watcher) { w.debounce = d } }
+
+// WithReloadErrors sets a function called after every reload with its error, nil when the
+// reload succeeded, so a caller can show the mesh file's current problem.
+func WithReloadErrors(f func(error)) WatcherOption { return func(w *Watcher) { w.onError = f } }
+
+// NewWatcher returns a Watcher of the mesh file at path. onChange is called from Run's goroutine
+// with the first config, then with every config that differs from the previous one; it must not
+// modify it.
+func NewWatcher(path string, onChange func(*meshv1alpha1.MeshConfig), opts ...WatcherOption) *Watcher {
+	w := &Watcher{path: path, onChange: onChange, logger: slog.Default(), debounce: 100 * time.Millisecond, onError: func(error) {}}
+	for _, o := range opts {
+		o(w)
+	}
+	return w
+}
+
+// Current returns the last good config, nil before Run loaded one.
+func (w *Watcher) Current() *meshv1alpha1.MeshConfig {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.current
+}
+
+// Run loads the file (failing if it cannot), calls onChange, then watches the file until ctx is
+// done. A reload that fails is logged and the last good config stays current.
+func (w *Watcher) Run(ctx context.Context) error {
+	fw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("mesh watcher: %w", err)
+	}
+	defer fw.Close()
+	// Watch the folder, not the file: editors replace files by renaming a new one over them and
+	// Kubernetes swaps a ConfigMap's "..data" symlink, both of which end a watch on the file.
+	if err := fw.Add(filepath.Dir(w.path)); err != nil {
+		return fmt.Errorf("mesh watcher: %w", err)
+	}
+	first, err := Load(w.path)
+	if err != nil {
+		return err
+	}
+	w.set(first)
+	w.onChange(first)
+
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-fw.Events:
+			if !ok {
+				return nil
+			}
+			w.logger.Debug("mesh file event", "event", ev.String())
+			timer.Reset(w.debounce)
+		case err, ok := <-fw.Errors:
+			if !ok {
+				return nil
+			}
+			w.logger.Warn("mesh file watch error", "error", err)
+		case <-timer.C:
+			w.reload()
+		}
+	}
+}
+
+func (w *Watcher) reload() {
+	m, err := Load(w.path)
+	w.onError(err)
+	if err != nil {
+		w.logger.Error("mesh config not reloaded, keeping the previous one", "file", w.path, "error", err)
+		return
+	}
+	if proto.Equal(m, w.Current()) {
+		return
+	}
+	w.logger.Info("mesh config reloaded", "file", w.path)
+	w.set(m)
+	w.onChange(m)
+}
+
+func (w *Watcher) set(m *meshv1alpha1.MeshConfig) {
+	w.mu.Lock()
+	w.current = m
+	w.mu.Unlock()
+}
