@@ -6,7 +6,6 @@ package configingest
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -74,6 +73,15 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	return &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, ready: make(chan struct{})}, nil
 }
 
+// PublishedTypes are the bus types config-ingest publishes: every Istio config kind and MeshConfig.
+func PublishedTypes() []string {
+	types := []string{schema.MeshConfig.TypeURL}
+	for _, k := range schema.IstioConfig {
+		types = append(types, k.TypeURL)
+	}
+	return types
+}
+
 // Ready is closed once the first full state of every kind (and the mesh config) was published.
 func (s *Service) Ready() <-chan struct{} { return s.ready }
 
@@ -130,7 +138,7 @@ func (s *Service) Run(ctx context.Context) error {
 			if err == nil {
 				return nil
 			}
-			return fmt.Errorf("config-ingest: %w", err)
+			return err
 		case <-ctx.Done():
 			return nil
 		}
@@ -141,7 +149,7 @@ func (s *Service) Run(ctx context.Context) error {
 
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
-		return fmt.Errorf("config-ingest: %w", err)
+		return err
 	}
 	defer fw.Close()
 	watched := map[string]bool{}
@@ -167,7 +175,7 @@ func (s *Service) Run(ctx context.Context) error {
 			return nil
 		case err := <-watchErr:
 			if err != nil {
-				return fmt.Errorf("config-ingest: %w", err)
+				return err
 			}
 			return nil
 		case m := <-meshCh:

@@ -76,6 +76,11 @@ func New(cfg Config, deps Deps) (*Watcher, error) {
 	}, nil
 }
 
+// PublishedTypes are the bus types the watcher publishes: the service registry.
+func PublishedTypes() []string {
+	return []string{schema.Service.TypeURL, schema.Endpoints.TypeURL}
+}
+
 // Ready is closed once the first full state of ServiceEntries and WorkloadEntries was published.
 func (w *Watcher) Ready() <-chan struct{} { return w.ready }
 

@@ -99,7 +99,10 @@ func (l *localSource) Subscribe(ctx context.Context, typeURLs []string, h Handle
 		if ctx.Err() != nil {
 			return nil
 		}
-		entries, _ := l.store.watch(w, typ)
+		entries, _, err := l.store.watch(ctx, w, typ)
+		if err != nil {
+			return nil // ctx ended while the producer was still loading
+		}
 		l.deliver(h, views[typ], entries, nil, true)
 	}
 	if ctx.Err() != nil {

@@ -166,7 +166,10 @@ func (ds *deltaStream) subscribe(req *discoveryv3.DeltaDiscoveryRequest, typ str
 		}
 	}
 	ds.types[typ] = dt
-	entries, _ := ds.srv.store.watch(ds.w, typ)
+	entries, _, err := ds.srv.store.watch(ds.stream.Context(), ds.w, typ)
+	if err != nil {
+		return err
+	}
 	if !dt.wildcard {
 		entries = slices.DeleteFunc(entries, func(e *entry) bool { return !dt.subscribed(e.res.Name) })
 	}

@@ -115,7 +115,10 @@ func (ss *sotwStream) handle(req *discoveryv3.DiscoveryRequest) error {
 	if st == nil {
 		st = &sotwType{canonical: typ, wireURL: req.GetTypeUrl(), names: names, acked: map[string]string{}}
 		ss.types[typ] = st
-		entries, version := ss.srv.store.watch(ss.w, typ)
+		entries, version, err := ss.srv.store.watch(ss.stream.Context(), ss.w, typ)
+		if err != nil {
+			return err
+		}
 		return ss.send(st, entries, version)
 	}
 	nonce := req.GetResponseNonce()

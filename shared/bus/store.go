@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"context"
 	"hash/fnv"
 	"log/slog"
 	"maps"
@@ -52,6 +53,10 @@ type Store struct {
 
 	rejMu      sync.Mutex
 	rejections []Rejection
+
+	// holds gates consumers' first view of a type until its producer's initial state is whole.
+	holdMu sync.Mutex
+	holds  map[string][]<-chan struct{} // by canonical type URL
 }
 
 var _ Publisher = (*Store)(nil)
@@ -271,9 +276,43 @@ func (s *Store) lookup(typ string, names map[string]struct{}) (found []*entry, m
 	return found, missing
 }
 
-// watch registers w for changes of typ and returns the type's current state, atomically, so no
-// change is lost between the snapshot and the first notification.
-func (s *Store) watch(w *watcher, typ string) ([]*entry, uint64) {
+// SyncAfter holds every consumer's first view of the given types until ready is closed. A
+// producer that fills the Store after consumers may already be subscribed calls it first, so no
+// consumer reaches "synced" on an empty or partial state. Types never held are served at once.
+func (s *Store) SyncAfter(ready <-chan struct{}, typeURLs ...string) {
+	s.holdMu.Lock()
+	defer s.holdMu.Unlock()
+	if s.holds == nil {
+		s.holds = map[string][]<-chan struct{}{}
+	}
+	for _, t := range typeURLs {
+		typ := canonicalType(t)
+		s.holds[typ] = append(s.holds[typ], ready)
+	}
+}
+
+// waitSynced blocks until every producer holding typ is ready, or ctx ends.
+func (s *Store) waitSynced(ctx context.Context, typ string) error {
+	s.holdMu.Lock()
+	holds := slices.Clone(s.holds[typ])
+	s.holdMu.Unlock()
+	for _, ready := range holds {
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// watch waits until typ may be served (SyncAfter), then registers w for changes of typ and
+// returns the type's current state, atomically, so no change is lost between the snapshot and
+// the first notification.
+func (s *Store) watch(ctx context.Context, w *watcher, typ string) ([]*entry, uint64, error) {
+	if err := s.waitSynced(ctx, typ); err != nil {
+		return nil, 0, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ws := s.watchers[typ]
@@ -282,7 +321,8 @@ func (s *Store) watch(w *watcher, typ string) ([]*entry, uint64) {
 		s.watchers[typ] = ws
 	}
 	ws[w] = struct{}{}
-	return s.snapshotLocked(typ)
+	entries, version := s.snapshotLocked(typ)
+	return entries, version, nil
 }
 
 // unwatch stops notifications of the given types to w.

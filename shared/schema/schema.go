@@ -6,10 +6,10 @@ package schema
 import (
 	"strings"
 
+	"google.golang.org/protobuf/proto"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 	security "istio.io/api/security/v1beta1"
-	"google.golang.org/protobuf/proto"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 )

@@ -40,6 +40,7 @@ func main() {
 			if err != nil {
 				return err
 			}
+			store.SyncAfter(ingest.Ready(), configingest.PublishedTypes()...)
 			gs := grpcserver.New(log)
 			bus.NewServer(store, bus.WithServerLogger(log.With("component", "bus-server"))).Register(gs)
 
@@ -56,7 +57,7 @@ func main() {
 	cmd.Flags().StringSliceVar(&configDirs, "config-dir", nil, "config folders to read, overriding the mesh config's fs:// configSources")
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the config bus (MCP over xDS)")
 	if err := cmd.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "config-ingest:", err)
+		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
 }

@@ -45,6 +45,7 @@ func main() {
 			if err != nil {
 				return err
 			}
+			store.SyncAfter(watcher.Ready(), endpointwatcher.PublishedTypes()...)
 			gs := grpcserver.New(log)
 			bus.NewServer(store, bus.WithServerLogger(log.With("component", "bus-server"))).Register(gs)
 
@@ -62,7 +63,7 @@ func main() {
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15052", "address serving the registry bus (MCP over xDS)")
 	cmd.Flags().StringVar(&clusterID, "cluster-id", "Kubernetes", "cluster ID stamped on discovered endpoints")
 	if err := cmd.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "endpoint-watcher:", err)
+		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
 }

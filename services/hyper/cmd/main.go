@@ -60,6 +60,9 @@ func main() {
 			if err != nil {
 				return err
 			}
+			// Consumers (in-process and external) see each producer's state only once it is whole.
+			store.SyncAfter(ingest.Ready(), configingest.PublishedTypes()...)
+			store.SyncAfter(watcher.Ready(), endpointwatcher.PublishedTypes()...)
 			gs := grpcserver.New(log)
 			bus.NewServer(store, bus.WithServerLogger(log.With("component", "bus-server"))).Register(gs)
 
@@ -82,7 +85,7 @@ func main() {
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the bus to external MCP consumers; empty to disable")
 	cmd.Flags().StringVar(&clusterID, "cluster-id", "Kubernetes", "cluster ID stamped on discovered endpoints")
 	if err := cmd.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "hyper:", err)
+		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
 }

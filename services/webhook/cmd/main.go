@@ -22,7 +22,7 @@ func main() {
 		},
 	}
 	if err := cmd.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "webhook:", err)
+		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
 }

@@ -54,7 +54,7 @@ func main() {
 	cmd.Flags().StringVar(&registryBus, "registry-bus", "127.0.0.1:15052", "endpoint-watcher's bus address")
 	cmd.Flags().StringVar(&xdsListen, "xds-listen", "127.0.0.1:15010", "address serving ADS (plaintext)")
 	if err := cmd.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "xds-server:", err)
+		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
 }

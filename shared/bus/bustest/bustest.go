@@ -43,6 +43,7 @@ func Run(t *testing.T, newTransport func(t *testing.T, s *bus.Store) bus.Source)
 	t.Run("initial_sync", func(t *testing.T) { testInitialSync(t, newTransport) })
 	t.Run("updates_and_deletions", func(t *testing.T) { testUpdates(t, newTransport) })
 	t.Run("replace", func(t *testing.T) { testReplace(t, newTransport) })
+	t.Run("sync_after_producer_ready", func(t *testing.T) { testSyncAfter(t, newTransport) })
 	t.Run("reconnect", func(t *testing.T) { testReconnect(t, newTransport) })
 	t.Run("nack", func(t *testing.T) { testNACK(t, newTransport) })
 	t.Run("stuck_consumer", func(t *testing.T) { testStuckConsumer(t, newTransport) })
@@ -65,6 +66,30 @@ func testInitialSync(t *testing.T, newTransport func(*testing.T, *bus.Store) bus
 	}
 	if n := h.SyncedCount(); n != 1 {
 		t.Errorf("Synced called %d times", n)
+	}
+}
+
+// testSyncAfter: a consumer subscribed while its producer is still loading must not see a
+// partial state as "synced".
+func testSyncAfter(t *testing.T, newTransport func(*testing.T, *bus.Store) bus.Source) {
+	s := bus.NewStore()
+	ready := make(chan struct{})
+	s.SyncAfter(ready, vsType)
+	publish(s, 0, 50, 10, "a")
+	src := newTransport(t, s)
+	h := NewRecorder()
+	// DestinationRules are not held, so seeing them proves the consumer is subscribed and
+	// would have had the (partial) VirtualServices too if the hold did not work.
+	Subscribe(t, src, []string{drType, vsType}, h)
+	WaitFor(t, "DestinationRules delivered", func() bool { return h.SawType(drType) })
+	publish(s, 50, 100, 0, "a")
+	if n := h.SyncedCount(); n != 0 || h.SawType(vsType) {
+		t.Fatalf("VirtualServices delivered before their producer was ready")
+	}
+	close(ready)
+	WaitFor(t, "synced", func() bool { return h.SyncedCount() == 1 })
+	if got := h.SizeAtSynced(); got != 110 {
+		t.Errorf("resources applied before Synced = %d, want 110", got)
 	}
 }
 
