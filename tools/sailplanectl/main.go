@@ -10,6 +10,13 @@ import (
 )
 
 func main() {
+	if err := rootCmd().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "sailplanectl:", err)
+		os.Exit(1)
+	}
+}
+
+func rootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "sailplanectl",
 		Short:         "Work with a Sailplane control plane",
@@ -17,8 +24,5 @@ func main() {
 		SilenceErrors: true,
 	}
 	root.AddCommand(bootstrapCmd(), busCmd())
-	if err := root.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "sailplanectl:", err)
-		os.Exit(1)
-	}
+	return root
 }

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	networking "istio.io/api/networking/v1alpha3"
+
+	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/schema"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := rootCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+func TestBootstrapGRPC(t *testing.T) {
+	out, err := run(t, "bootstrap", "grpc", "--xds-address", "127.0.0.1:1234", "--namespace", "demo", "--pod", "web-1", "--ip", "10.1.2.3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b grpcBootstrap
+	if err := json.Unmarshal([]byte(out), &b); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if got := b.XDSServers[0].ServerURI; got != "127.0.0.1:1234" {
+		t.Errorf("server_uri = %q", got)
+	}
+	if want := "sidecar~10.1.2.3~web-1.demo~demo.svc.cluster.local"; b.Node.ID != want {
+		t.Errorf("node.id = %q, want %q", b.Node.ID, want)
+	}
+	if b.Node.Metadata["GENERATOR"] != "grpc" || b.Node.Locality == nil {
+		t.Errorf("node = %+v: want GENERATOR=grpc and a locality", b.Node)
+	}
+}
+
+func TestBusGet(t *testing.T) {
+	store := bus.NewStore()
+	store.Upsert(schema.VirtualService.TypeURL,
+		&bus.Resource{Name: "demo/b", Body: &networking.VirtualService{Hosts: []string{"b"}}},
+		&bus.Resource{Name: "demo/a", Body: &networking.VirtualService{Hosts: []string{"a"}}})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	bus.NewServer(store).Register(gs)
+	go func() { _ = gs.Serve(lis) }()
+	defer gs.Stop()
+
+	out, err := run(t, "bus", "get", "--bus", lis.Addr().String(), "--body", "VirtualService", "Gateway")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"# networking.istio.io/v1/VirtualService: 2\ndemo/a\t",
+		`{"hosts":["a"]}`,
+		"# networking.istio.io/v1/Gateway: 0\n",
+	} {
+		// protojson varies its spacing on purpose, so the body is compared without spaces.
+		if !strings.Contains(out, want) && !strings.Contains(strings.ReplaceAll(out, " ", ""), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Index(out, "demo/a") > strings.Index(out, "demo/b") {
+		t.Errorf("resources not sorted by name:\n%s", out)
+	}
+}
