@@ -33,9 +33,9 @@ var topologies = []topology{
 		configBus, registryBus, xds := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
 		// Started in reverse dependency order on purpose: consumers must retry until their peers are up.
 		xdsServer := framework.Start(t, dir, framework.Binary(t, "xds-server"),
-			"--mesh-config", mesh, "--config-bus", configBus, "--registry-bus", registryBus, "--xds-listen", xds)
+			"--config-bus", configBus, "--registry-bus", registryBus, "--xds-listen", xds)
 		framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"),
-			"--mesh-config", mesh, "--config-bus", configBus, "--bus-listen", registryBus)
+			"--config-bus", configBus, "--bus-listen", registryBus)
 		framework.Eventually(t, 30*time.Second, func() error {
 			if !strings.Contains(xdsServer.Log(), "retrying") {
 				return fmt.Errorf("xds-server has not reported retrying its unreachable config bus")

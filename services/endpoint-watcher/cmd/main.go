@@ -19,7 +19,6 @@ import (
 func main() {
 	var (
 		logOpts   cli.LogOptions
-		meshFile  string
 		configBus string
 		busListen string
 		clusterID string
@@ -58,7 +57,6 @@ func main() {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
-	cmd.Flags().StringVar(&meshFile, "mesh-config", "etc/sailplane/mesh.yaml", "mesh config file (Istio meshConfig format); not read yet")
 	cmd.Flags().StringVar(&configBus, "config-bus", "127.0.0.1:15051", "config-ingest's bus address")
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15052", "address serving the registry bus (MCP over xDS)")
 	cmd.Flags().StringVar(&clusterID, "cluster-id", "Kubernetes", "cluster ID stamped on discovered endpoints")

@@ -18,7 +18,6 @@ import (
 func main() {
 	var (
 		logOpts     cli.LogOptions
-		meshFile    string
 		configBus   string
 		registryBus string
 		xdsListen   string
@@ -49,7 +48,6 @@ func main() {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
-	cmd.Flags().StringVar(&meshFile, "mesh-config", "etc/sailplane/mesh.yaml", "mesh config file (Istio meshConfig format); not read yet")
 	cmd.Flags().StringVar(&configBus, "config-bus", "127.0.0.1:15051", "config-ingest's bus address")
 	cmd.Flags().StringVar(&registryBus, "registry-bus", "127.0.0.1:15052", "endpoint-watcher's bus address")
 	cmd.Flags().StringVar(&xdsListen, "xds-listen", "127.0.0.1:15010", "address serving ADS (plaintext)")
