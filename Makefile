@@ -30,6 +30,7 @@ test-e2e: build
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 5x ./shared/bus/...
+	$(GO) test -run '^$$' -bench . -benchmem ./services/endpoint-watcher/...
 
 # Regenerates proto/**/*.pb.go. Needs protoc (Debian: protobuf-compiler) and protoc-gen-go.
 proto:
