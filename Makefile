@@ -6,7 +6,7 @@ SERVICES := config-ingest endpoint-watcher xds-server ca webhook agent hyper
 MODULES := proto shared $(addprefix services/,$(SERVICES)) e2e tools
 PROTOC_GEN_GO := $(shell $(GO) env GOPATH)/bin/protoc-gen-go
 
-.PHONY: build run test test-unit test-e2e bench proto tidy fmt vet clean
+.PHONY: build run run-kube testenv test test-unit test-e2e bench proto tidy fmt vet clean
 
 build:
 	@mkdir -p $(BIN)
@@ -19,14 +19,23 @@ run: build
 	@echo "             GRPC_XDS_BOOTSTRAP=/tmp/bootstrap.json <client> xds:///echo.demo.svc.cluster.local:7070"
 	cd examples && ../$(BIN)/hyper
 
+# Builds (once) and caches etcd, kube-apiserver and consul outside the repo, under
+# $${SAILPLANE_CACHE:-~/.cache/sailplane}; tests start them on 127.0.0.1.
+testenv:
+	$(GO) run ./tools/cmd/testenv build
+
+# A real API server (with Istio's CRDs) and Consul on 127.0.0.1 to try Sailplane by hand.
+run-kube: testenv
+	$(GO) run ./tools/cmd/testenv up
+
 # Unit tests of every module, then the end-to-end tests (which build the binaries they start).
-test: test-unit test-e2e
+test: testenv test-unit test-e2e
 
 test-unit:
-	$(GO) test -count=1 $(addprefix ./,$(addsuffix /...,$(filter-out e2e,$(MODULES))))
+	$(GO) test -count=1 -timeout 30m $(addprefix ./,$(addsuffix /...,$(filter-out e2e,$(MODULES))))
 
 test-e2e: build
-	SAILPLANE_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./e2e/...
+	SAILPLANE_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m ./e2e/...
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 5x ./shared/bus/...

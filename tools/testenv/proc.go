@@ -1,0 +1,232 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Option configures StartKube and StartConsul.
+type Option func(*options)
+
+type options struct {
+	log          *slog.Logger
+	istioCRDs    bool
+	startTimeout time.Duration
+}
+
+func buildOptions(opts []Option) options {
+	o := options{
+		log:       slog.New(slog.DiscardHandler),
+		istioCRDs: true,
+		// Generous: the machine is shared and a cold kube-apiserver takes a
+		// while to install its built-in resources.
+		startTimeout: 2 * time.Minute,
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// WithLogger routes progress messages (and build progress) to log.
+func WithLogger(log *slog.Logger) Option {
+	return func(o *options) {
+		if log != nil {
+			o.log = log
+		}
+	}
+}
+
+// WithoutIstioCRDs skips installing Istio's CRDs into the API server.
+func WithoutIstioCRDs() Option { return func(o *options) { o.istioCRDs = false } }
+
+// WithStartTimeout bounds how long a component may take to become ready
+// (default 2 minutes). The build of a missing binary is not included.
+func WithStartTimeout(d time.Duration) Option { return func(o *options) { o.startTimeout = d } }
+
+// StartError is returned when a process does not become ready.
+type StartError struct {
+	Component string
+	Logs      string
+	Err       error
+}
+
+func (e *StartError) Error() string {
+	return fmt.Sprintf("testenv: starting %s: %v\n--- logs ---\n%s", e.Component, e.Err, e.Logs)
+}
+
+func (e *StartError) Unwrap() error { return e.Err }
+
+// proc is one child process whose output goes to a log file.
+type proc struct {
+	name    string
+	logPath string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	err     error // set before done is closed
+}
+
+func startProc(name, logPath, bin string, args ...string) (*proc, error) {
+	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("testenv: %s log: %w", name, err)
+	}
+	fmt.Fprintf(lf, "### %s %s\n", bin, strings.Join(args, " "))
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout = lf
+	cmd.Stderr = lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		// Nothing may outlive the test binary, even when it is killed.
+		Pdeathsig: syscall.SIGKILL,
+		Setpgid:   true,
+	}
+	if err := cmd.Start(); err != nil {
+		lf.Close()
+		return nil, fmt.Errorf("testenv: start %s: %w", name, err)
+	}
+	p := &proc{name: name, logPath: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		lf.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// exited reports whether the process has ended, with its error.
+func (p *proc) exited() (bool, error) {
+	select {
+	case <-p.done:
+		if p.err == nil {
+			return true, errors.New("exited")
+		}
+		return true, p.err
+	default:
+		return false, nil
+	}
+}
+
+// stop asks the process to end (SIGTERM) and kills it after grace.
+func (p *proc) stop(grace time.Duration) {
+	if p == nil {
+		return
+	}
+	if done, _ := p.exited(); done {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// tailFile returns the last max bytes of a file.
+func tailFile(path string, max int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Sprintf("(%v)\n", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Sprintf("(%v)\n", err)
+	}
+	off := int64(0)
+	if fi.Size() > max {
+		off = fi.Size() - max
+	}
+	buf := make([]byte, fi.Size()-off)
+	n, _ := f.ReadAt(buf, off)
+	return string(buf[:n])
+}
+
+func logsOf(paths ...string) string {
+	var b strings.Builder
+	for _, p := range paths {
+		fmt.Fprintf(&b, "===== %s =====\n", filepath.Base(p))
+		b.WriteString(tailFile(p, 64<<10))
+	}
+	return b.String()
+}
+
+// freePorts reserves n distinct loopback ports. They are released before
+// the child binds them, so another process could take one in between; all
+// are held until the last is picked so they are at least distinct.
+func freePorts(n int) ([]int, error) {
+	ls := make([]net.Listener, 0, n)
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("testenv: free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// waitFor polls check until it returns nil, the process exits, or ctx ends.
+func waitFor(ctx context.Context, p *proc, check func(ctx context.Context) error) error {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	var last error
+	for {
+		if last = check(ctx); last == nil {
+			return nil
+		}
+		if done, err := p.exited(); done {
+			return fmt.Errorf("process ended: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last check: %v)", ctx.Err(), last)
+		case <-t.C:
+		}
+	}
+}
+
+// httpGet fetches url and returns the body when the status is 200.
+func httpGet(ctx context.Context, c *http.Client, url string, hdr http.Header) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s: %s", url, resp.Status, body)
+	}
+	return body, nil
+}
