@@ -3,7 +3,9 @@ package endpointwatcher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -17,7 +19,20 @@ import (
 	"sailplane.dev/shared/schema"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared.kube != nil {
+		shared.kube.Stop()
+	}
+	if code == 0 {
+		// klog starts its flush daemon in init (client-go imports klog): process-global.
+		if err := goleak.Find(goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 const timeout = 10 * time.Second
 
@@ -149,7 +164,12 @@ spec: {hosts: [bad.vm.example], ports: [{number: 80}]}
 // start runs a Watcher on src until the test ends, checking that Run returns nil on cancel.
 func start(t *testing.T, src bus.Source, rec bus.Publisher) *Watcher {
 	t.Helper()
-	w, err := New(Config{}, Deps{Logger: testLogger(t), Config: src, Publisher: rec})
+	return startWith(t, Config{}, src, rec)
+}
+
+func startWith(t *testing.T, cfg Config, src bus.Source, rec bus.Publisher) *Watcher {
+	t.Helper()
+	w, err := New(cfg, Deps{Logger: testLogger(t), Config: src, Publisher: rec})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,10 @@
-// Command endpoint-watcher turns where workloads run (ServiceEntry and WorkloadEntry, for now)
-// into the service registry, published on its bus for xds-server.
+// Command endpoint-watcher turns where workloads run (ServiceEntry and WorkloadEntry, and
+// Kubernetes when a cluster is found) into the service registry, published on its bus for
+// xds-server.
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -12,6 +14,7 @@ import (
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/grpcserver"
+	"sailplane.dev/shared/kube"
 
 	endpointwatcher "sailplane.dev/services/endpoint-watcher"
 )
@@ -22,6 +25,12 @@ func main() {
 		configBus string
 		busListen string
 		clusterID string
+		kubecfg   string
+		kubeMode  string
+		namespace string
+		domain    string
+		consulURL string
+		consulDC  string
 	)
 	cmd := &cobra.Command{
 		Use:           "endpoint-watcher",
@@ -33,9 +42,30 @@ func main() {
 			if err != nil {
 				return err
 			}
+			cfg := endpointwatcher.Config{ClusterID: clusterID, Namespace: namespace, ClusterDomain: domain}
+			switch kubeMode {
+			case "auto", "on":
+				found, err := kube.Discover(kubecfg)
+				switch {
+				case err == nil:
+					cfg.Kube = found.Config
+					log.Info("Kubernetes discovery on", "cluster", found.Source)
+				case errors.Is(err, kube.ErrNoCluster) && kubeMode == "auto":
+					log.Info("no Kubernetes cluster found; Kubernetes discovery off")
+				default:
+					return err
+				}
+			case "off":
+			default:
+				return fmt.Errorf("--kubernetes: want auto, on or off, got %q", kubeMode)
+			}
+			if consulURL != "" {
+				// The ACL token comes from CONSUL_HTTP_TOKEN only, never a flag: flags show in ps.
+				cfg.Consul = &endpointwatcher.ConsulConfig{Address: consulURL, Datacenter: consulDC}
+			}
 			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
 			watcher, err := endpointwatcher.New(
-				endpointwatcher.Config{ClusterID: clusterID},
+				cfg,
 				endpointwatcher.Deps{
 					Logger:    log.With("component", "endpoint-watcher"),
 					Config:    bus.Dial(configBus, bus.WithDialLogger(log.With("component", "config-bus"))),
@@ -60,6 +90,13 @@ func main() {
 	cmd.Flags().StringVar(&configBus, "config-bus", "127.0.0.1:15051", "config-ingest's bus address")
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15052", "address serving the registry bus (MCP over xDS)")
 	cmd.Flags().StringVar(&clusterID, "cluster-id", "Kubernetes", "cluster ID stamped on discovered endpoints")
+	cmd.Flags().StringVar(&kubeMode, "kubernetes", "auto",
+		"Kubernetes discovery: auto (when --kubeconfig, in-cluster config, $KUBECONFIG or ~/.kube/config is found), on, off")
+	cmd.Flags().StringVar(&kubecfg, "kubeconfig", "", "kubeconfig of the primary cluster (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
+	cmd.Flags().StringVar(&namespace, "namespace", endpointwatcher.DefaultNamespace, "control plane namespace, holding remote-cluster Secrets")
+	cmd.Flags().StringVar(&consulURL, "consul", "", "Consul HTTP address to discover services from (empty: no Consul); token from CONSUL_HTTP_TOKEN")
+	cmd.Flags().StringVar(&consulDC, "consul-datacenter", "", "Consul datacenter (default: the agent's)")
+	cmd.Flags().StringVar(&domain, "cluster-domain", endpointwatcher.DefaultClusterDomain, "Kubernetes cluster domain of Service hostnames")
 	if err := cmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -234,4 +235,34 @@ func RenderYAML(state map[string]map[string]*bus.Resource, typeURLs ...string) (
 		return nil, err
 	}
 	return yaml.JSONToYAML(js)
+}
+
+// WaitForState waits until cond holds for the current state (by type URL, then name), failing
+// t after timeout. cond runs with the Recorder locked: it must not call the Recorder.
+func (r *Recorder) WaitForState(t testing.TB, timeout time.Duration, cond func(state map[string]map[string]*bus.Resource) bool) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		r.mu.Lock()
+		ok := cond(r.state)
+		ch := r.changed
+		r.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline.C:
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			var dump strings.Builder
+			for typeURL, rs := range r.state {
+				for name, res := range rs {
+					fmt.Fprintf(&dump, "%s %s: %v\n", typeURL, name, res.Body)
+				}
+			}
+			t.Fatalf("state condition not met after %v; state:\n%s", timeout, dump.String())
+		}
+	}
 }

@@ -40,6 +40,8 @@ type Index struct {
 	ses map[string]*serviceEntry
 	// WorkloadEntries by namespace, then name: selectors only look in their own namespace.
 	wes map[string]map[string]*workloadEntry
+	// Workloads of other registries (Pods) by namespace, then "clusterID/name".
+	pods map[string]map[string]*workloadEntry
 	// Per namespace, the SEs that select WorkloadEntries: a WE change only looks at these.
 	selectors map[string]map[string]*serviceEntry
 	// SEs declaring each host.
@@ -56,6 +58,7 @@ func NewIndex(clusterID string) *Index {
 		clusterID: clusterID,
 		ses:       map[string]*serviceEntry{},
 		wes:       map[string]map[string]*workloadEntry{},
+		pods:      map[string]map[string]*workloadEntry{},
 		selectors: map[string]map[string]*serviceEntry{},
 		hosts:     map[hostKey]map[string]*serviceEntry{},
 		dirty:     map[hostKey]struct{}{},
@@ -296,9 +299,19 @@ func (x *Index) endpointSources(se *serviceEntry, host string) []*endpointSource
 			}
 		}
 		slices.SortFunc(wes, func(a, b *workloadEntry) int { return cmp.Compare(a.name, b.name) })
-		out := make([]*endpointSource, len(wes))
-		for i, we := range wes {
-			out[i] = we.ep
+		// Selected Pods come after WorkloadEntries, by cluster then name.
+		var pods []*workloadEntry
+		for _, p := range x.pods[se.namespace] {
+			if se.selects(p) {
+				pods = append(pods, p)
+			}
+		}
+		slices.SortFunc(pods, func(a, b *workloadEntry) int {
+			return cmp.Or(cmp.Compare(a.ep.clusterID, b.ep.clusterID), cmp.Compare(a.name, b.name))
+		})
+		out := make([]*endpointSource, 0, len(wes)+len(pods))
+		for _, we := range append(wes, pods...) {
+			out = append(out, we.ep)
 		}
 		return out
 	}

@@ -4,6 +4,7 @@
 package serviceentry
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -84,6 +85,9 @@ type endpointSource struct {
 	weight         uint32
 	serviceAccount string
 	workload       string
+	// clusterID overrides the index's cluster ID for workloads of other registries (Pods).
+	clusterID string
+	health    discoveryv1.Health
 }
 
 // workloadEntry is a validated WorkloadEntry as the index keeps it.
@@ -319,8 +323,8 @@ func bind(ep *endpointSource, se *serviceEntry, clusterID string) *discoveryv1.E
 		Labels:         maps.Clone(ep.labels),
 		ServiceAccount: ep.serviceAccount,
 		Weight:         ep.weight,
-		Health:         discoveryv1.Health_HEALTHY,
-		ClusterId:      clusterID,
+		Health:         ep.health,
+		ClusterId:      cmp.Or(ep.clusterID, clusterID),
 		Network:        ep.network,
 		Workload:       ep.workload,
 	}

@@ -1,0 +1,156 @@
+package consul
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+)
+
+// TestWatchIndexHandling drives watch with scripted answers to check the blocking-query rules
+// Consul documents: deliver only when the index changes, reset to 0 when it goes backwards,
+// never wait on index 0 after an answer, and resync from 0 after an error.
+func TestWatchIndexHandling(t *testing.T) {
+	type answer struct {
+		index uint64
+		err   error
+		value string
+	}
+	script := []answer{
+		{index: 10, value: "first"},
+		{index: 10, value: "timeout, unchanged"},
+		{index: 12, value: "changed"},
+		{index: 5, value: "went backwards"},
+		{index: 0, value: "zero index"},
+		{err: errors.New("connection refused")},
+		{index: 12, value: "after error"},
+	}
+	logs := &logCapture{t: t}
+	s := &Source{
+		cfg: Config{Backoff: Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond}, WaitTime: time.Second, MinWait: -1},
+		log: slog.New(slog.NewTextHandler(logs, nil)),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var (
+		mu        sync.Mutex
+		waitIdx   []uint64
+		delivered []string
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		watch(ctx, s, "test", false, func(q *api.QueryOptions) (string, *api.QueryMeta, error) {
+			mu.Lock()
+			n := len(waitIdx)
+			waitIdx = append(waitIdx, q.WaitIndex)
+			mu.Unlock()
+			if n >= len(script) {
+				<-q.Context().Done()
+				return "", nil, q.Context().Err()
+			}
+			a := script[n]
+			if a.err != nil {
+				return "", nil, a.err
+			}
+			return a.value, &api.QueryMeta{LastIndex: a.index}, nil
+		}, func(v string) bool {
+			mu.Lock()
+			delivered = append(delivered, v)
+			mu.Unlock()
+			return true
+		})
+	}()
+	eventually(t, "the script is consumed", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(waitIdx) > len(script)
+	})
+	cancel()
+	<-done
+
+	wantIdx := []uint64{0, 10, 10, 12, 0, 1, 0, 12}
+	wantDelivered := []string{"first", "changed", "went backwards", "after error"}
+	if !slices.Equal(waitIdx, wantIdx) {
+		t.Errorf("wait indexes = %v, want %v", waitIdx, wantIdx)
+	}
+	if !slices.Equal(delivered, wantDelivered) {
+		t.Errorf("delivered = %q, want %q", delivered, wantDelivered)
+	}
+	if !logs.contains("level=WARN", "consul query failed", "connection refused") {
+		t.Errorf("the failure was not logged at WARN:\n%s", logs.String())
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	b := Backoff{Initial: 100 * time.Millisecond, Max: time.Second}
+	for _, tc := range []struct {
+		failures int
+		max      time.Duration
+	}{{1, 100 * time.Millisecond}, {2, 200 * time.Millisecond}, {4, 800 * time.Millisecond}, {5, time.Second}, {50, time.Second}} {
+		for range 20 {
+			if d := backoff(b, tc.failures); d < tc.max/2 || d >= tc.max {
+				t.Fatalf("backoff(%d) = %s, want in [%s, %s)", tc.failures, d, tc.max/2, tc.max)
+			}
+		}
+	}
+}
+
+func TestRedact(t *testing.T) {
+	err := redact(errors.New(`Get "http://x/?token=s3cr3t": refused (s3cr3t)`), "s3cr3t")
+	if got, want := err.Error(), `Get "http://x/?token=[redacted]": refused ([redacted])`; got != want {
+		t.Errorf("redact = %q, want %q", got, want)
+	}
+	if errors.Unwrap(err) != nil {
+		t.Error("a redacted error must not unwrap to the original text")
+	}
+	plain := errors.New("refused")
+	if redact(plain, "s3cr3t") != plain || redact(plain, "") != plain {
+		t.Error("errors without the token must be returned as they are")
+	}
+}
+
+func TestNewConfig(t *testing.T) {
+	pub := newRecorder()
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		pub  *recorder
+	}{
+		{name: "nil publisher", cfg: Config{}},
+		{name: "backoff max below initial", cfg: Config{Backoff: Backoff{Initial: time.Second, Max: time.Millisecond}}, pub: pub},
+		{name: "wait time too long", cfg: Config{WaitTime: time.Hour}, pub: pub},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var err error
+			if tc.pub == nil {
+				_, err = New(tc.cfg, nil, nil) // a typed nil would not be a nil interface
+			} else {
+				_, err = New(tc.cfg, tc.pub, nil)
+			}
+			if !errors.Is(err, ErrConfig) {
+				t.Fatalf("New = %v, want an ErrConfig", err)
+			}
+		})
+	}
+}
+
+func TestRunOnce(t *testing.T) {
+	s, err := New(Config{Address: "127.0.0.1:1"}, newRecorder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Run(ctx); err != nil {
+		t.Fatalf("Run with a done context = %v, want nil", err)
+	}
+	if err := s.Run(context.Background()); !errors.Is(err, ErrAlreadyRun) {
+		t.Fatalf("second Run = %v, want ErrAlreadyRun", err)
+	}
+}

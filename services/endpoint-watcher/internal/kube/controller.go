@@ -1,0 +1,706 @@
+package kube
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/endpoint-watcher/internal/serviceentry"
+	"sailplane.dev/shared/bus"
+	sharedkube "sailplane.dev/shared/kube"
+	"sailplane.dev/shared/schema"
+)
+
+// Defaults of Config.
+const (
+	DefaultNamespace         = "istio-system"
+	DefaultRemoteSyncTimeout = 30 * time.Second
+)
+
+// ErrMissingDependency is returned by New when a required dependency is nil.
+var ErrMissingDependency = errors.New("kube: missing dependency")
+
+// Config configures the Controller.
+type Config struct {
+	// ClusterID of the primary cluster (required).
+	ClusterID string
+	// ClusterDomain of hostnames, DefaultClusterLocal when empty.
+	ClusterDomain string
+	// Namespace holding remote-cluster Secrets, DefaultNamespace when empty.
+	Namespace string
+	// RemoteSyncTimeout bounds how long Ready waits for the remote clusters known at start.
+	RemoteSyncTimeout time.Duration
+}
+
+// WorkloadEntrySelector finds the WorkloadEntries a Service's selector selects.
+type WorkloadEntrySelector interface {
+	SelectWorkloadEntries(namespace string, selector map[string]string) []serviceentry.Workload
+}
+
+// WorkloadSink receives every Pod, so that ServiceEntry workloadSelectors can select them.
+type WorkloadSink interface {
+	SetWorkload(serviceentry.Workload)
+	DeleteWorkload(clusterID, namespace, name string)
+}
+
+var (
+	_ WorkloadEntrySelector = (*serviceentry.Index)(nil)
+	_ WorkloadSink          = (*serviceentry.Index)(nil)
+)
+
+// Deps are the Controller's collaborators.
+type Deps struct {
+	Logger *slog.Logger
+	// Kube is the primary cluster. Required.
+	Kube *rest.Config
+	// Publisher receives Service and Endpoints resources. Required.
+	Publisher bus.Publisher
+	// WorkloadEntries and Workloads connect to the ServiceEntry registry; optional.
+	WorkloadEntries WorkloadEntrySelector
+	Workloads       WorkloadSink
+}
+
+// svcKey is a Kubernetes Service: the unit merged across clusters.
+type svcKey struct{ namespace, name string }
+
+// Controller watches the primary cluster and the remote clusters its Secrets register, and
+// publishes one Service and one Endpoints per Kubernetes Service hostname, merged across
+// clusters. Only what changed is published: one EndpointSlice change upserts one Endpoints.
+type Controller struct {
+	cfg   Config
+	log   *slog.Logger
+	rest  *rest.Config
+	pub   bus.Publisher
+	wes   WorkloadEntrySelector
+	sink  WorkloadSink
+	ready chan struct{}
+
+	mu       sync.Mutex
+	ctx      context.Context // Run's; remote clusters run under it
+	closing  bool
+	primary  *cluster
+	clusters map[string]*cluster            // by cluster ID, the primary included
+	bySecret map[string]map[string]*cluster // remote clusters by Secret, then ID
+	synced   bool                           // the first full state was published
+	dirty    map[svcKey]struct{}
+	// Last published content per Service.
+	services  map[svcKey]*discoveryv1.Service
+	endpoints map[svcKey]*discoveryv1.Endpoints
+}
+
+// New checks its arguments; nothing runs before Run.
+func New(cfg Config, deps Deps) (*Controller, error) {
+	switch {
+	case deps.Kube == nil:
+		return nil, fmt.Errorf("%w: Kube", ErrMissingDependency)
+	case deps.Publisher == nil:
+		return nil, fmt.Errorf("%w: Publisher", ErrMissingDependency)
+	case cfg.ClusterID == "":
+		return nil, fmt.Errorf("%w: ClusterID", ErrMissingDependency)
+	}
+	cfg.ClusterDomain = cmp.Or(cfg.ClusterDomain, DefaultClusterLocal)
+	cfg.Namespace = cmp.Or(cfg.Namespace, DefaultNamespace)
+	cfg.RemoteSyncTimeout = cmp.Or(cfg.RemoteSyncTimeout, DefaultRemoteSyncTimeout)
+	log := deps.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Controller{
+		cfg: cfg, log: log, rest: deps.Kube, pub: deps.Publisher,
+		wes: deps.WorkloadEntries, sink: deps.Workloads,
+		ready:     make(chan struct{}),
+		clusters:  map[string]*cluster{},
+		bySecret:  map[string]map[string]*cluster{},
+		dirty:     map[svcKey]struct{}{},
+		services:  map[svcKey]*discoveryv1.Service{},
+		endpoints: map[svcKey]*discoveryv1.Endpoints{},
+	}, nil
+}
+
+// Ready is closed once the first full state of the primary cluster, and of the remote
+// clusters registered at start (bounded by RemoteSyncTimeout), was published.
+func (c *Controller) Ready() <-chan struct{} { return c.ready }
+
+// Run watches until ctx is done and returns nil then; it fails only if the primary cluster's
+// clients cannot be built.
+func (c *Controller) Run(ctx context.Context) error {
+	primary, err := newCluster(c.cfg.ClusterID, c.rest)
+	if err != nil {
+		return err
+	}
+	if err := primary.handlers(c); err != nil {
+		return err
+	}
+	sf := informers.NewSharedInformerFactoryWithOptions(primary.client, 0,
+		informers.WithNamespace(c.cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelMultiCluster + "=true" }))
+	secrets := sf.Core().V1().Secrets().Informer()
+	secReg, err := secrets.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { c.onSecret(o, false) },
+		UpdateFunc: func(_, n any) { c.onSecret(n, false) },
+		DeleteFunc: func(o any) { c.onSecret(untomb(o), true) },
+	})
+	if err != nil {
+		return err
+	}
+
+	c.mu.Lock()
+	c.ctx, c.primary = ctx, primary
+	c.clusters[primary.id] = primary
+	primary.start(ctx, c.clusterSynced)
+	c.mu.Unlock()
+	sf.Start(ctx.Done())
+	defer c.shutdown(sf)
+
+	if !cache.WaitForCacheSync(ctx.Done(), secReg.HasSynced) {
+		return nil
+	}
+	select {
+	case <-primary.syncedCh:
+	case <-ctx.Done():
+		return nil
+	}
+	c.mu.Lock()
+	var remotes []*cluster
+	for _, cl := range c.clusters {
+		if cl != primary {
+			remotes = append(remotes, cl)
+		}
+	}
+	c.mu.Unlock()
+	timeout := time.NewTimer(c.cfg.RemoteSyncTimeout)
+	defer timeout.Stop()
+wait:
+	for _, cl := range remotes {
+		select {
+		case <-cl.syncedCh:
+		case <-timeout.C:
+			c.log.Warn("remote clusters not synced in time; going on without them", "timeout", c.cfg.RemoteSyncTimeout)
+			break wait
+		case <-ctx.Done():
+			return nil
+		}
+	}
+
+	c.mu.Lock()
+	c.synced = true
+	for _, cl := range c.clusters {
+		if cl.synced {
+			c.markCluster(cl)
+		}
+	}
+	c.flush()
+	c.mu.Unlock()
+	close(c.ready)
+	c.log.Info("published initial Kubernetes registry", "clusters", len(remotes)+1)
+	<-ctx.Done()
+	return nil
+}
+
+// shutdown stops the Secret informer first, so that no remote cluster starts any more, then
+// every cluster.
+func (c *Controller) shutdown(sf informers.SharedInformerFactory) {
+	sf.Shutdown()
+	c.mu.Lock()
+	c.closing = true
+	all := slices.Collect(maps.Values(c.clusters))
+	c.mu.Unlock()
+	for _, cl := range all {
+		cl.stop()
+	}
+}
+
+// clusterSynced runs once per cluster when its caches are synced.
+func (c *Controller) clusterSynced(cl *cluster) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cl.synced = true
+	if c.clusters[cl.id] != cl || !c.synced {
+		return
+	}
+	c.log.Info("cluster synced", "cluster", cl.id)
+	c.markCluster(cl)
+	c.flush()
+}
+
+// WorkloadEntriesChanged tells the controller that WorkloadEntries of these namespaces
+// changed, so that Services selecting them are recomputed.
+func (c *Controller) WorkloadEntriesChanged(namespaces ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.synced {
+		return
+	}
+	for _, cl := range c.clusters {
+		if !cl.synced {
+			continue
+		}
+		for _, ns := range namespaces {
+			svcs, _ := cl.services.Services(ns).List(labels.Everything())
+			for _, s := range svcs {
+				if len(s.Spec.Selector) > 0 {
+					c.dirty[svcKey{s.Namespace, s.Name}] = struct{}{}
+				}
+			}
+		}
+	}
+	c.flush()
+}
+
+// markCluster marks every Service of cl; c.mu held.
+func (c *Controller) markCluster(cl *cluster) {
+	svcs, _ := cl.services.List(labels.Everything())
+	for _, s := range svcs {
+		c.dirty[svcKey{s.Namespace, s.Name}] = struct{}{}
+	}
+}
+
+// markAndFlush marks keys and publishes, once the first full state is out and cl is synced
+// (until then, the cluster's sync marks all its Services at once).
+func (c *Controller) markAndFlush(cl *cluster, keys ...svcKey) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.synced || !cl.synced {
+		return
+	}
+	for _, k := range keys {
+		c.dirty[k] = struct{}{}
+	}
+	c.flush()
+}
+
+func (c *Controller) onService(cl *cluster, old, cur any) {
+	var keys []svcKey
+	for _, o := range []any{old, cur} {
+		if s, ok := o.(*corev1.Service); ok {
+			keys = append(keys, svcKey{s.Namespace, s.Name})
+		}
+	}
+	c.markAndFlush(cl, keys...)
+}
+
+func (c *Controller) onSlice(cl *cluster, old, cur any) {
+	var keys []svcKey
+	for _, o := range []any{old, cur} {
+		if s, ok := o.(*discovery.EndpointSlice); ok && s.Labels[discovery.LabelServiceName] != "" {
+			keys = append(keys, svcKey{s.Namespace, s.Labels[discovery.LabelServiceName]})
+		}
+	}
+	c.markAndFlush(cl, keys...)
+}
+
+// slicesServices lists the Services of the EndpointSlices found under index keys.
+func (cl *cluster) slicesServices(index string, keys ...string) []svcKey {
+	var out []svcKey
+	for _, key := range keys {
+		objs, _ := cl.slices.ByIndex(index, key)
+		for _, o := range objs {
+			if s, ok := o.(*discovery.EndpointSlice); ok && s.Labels[discovery.LabelServiceName] != "" {
+				out = append(out, svcKey{s.Namespace, s.Labels[discovery.LabelServiceName]})
+			}
+		}
+	}
+	return out
+}
+
+func (c *Controller) onPod(cl *cluster, obj any, deleted bool) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	c.sendPod(cl, p, deleted)
+	c.markAndFlush(cl, cl.slicesServices(byPod, p.Namespace+"/"+p.Name)...)
+}
+
+// sendPod hands a Pod to the ServiceEntry registry, outside c.mu: the sink publishes itself.
+func (c *Controller) sendPod(cl *cluster, p *corev1.Pod, deleted bool) {
+	if c.sink == nil {
+		return
+	}
+	if deleted || p.Status.PodIP == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		c.sink.DeleteWorkload(cl.id, p.Namespace, p.Name)
+		return
+	}
+	w := serviceentry.Workload{
+		ClusterID: cl.id, Namespace: p.Namespace, Name: p.Name, Address: p.Status.PodIP,
+		Labels: p.Labels, ServiceAccount: p.Spec.ServiceAccountName, Network: p.Labels[LabelNetwork],
+		Health: discoveryv1.Health_UNHEALTHY,
+	}
+	if podReady(p) {
+		w.Health = discoveryv1.Health_HEALTHY
+	}
+	if p.Spec.NodeName != "" {
+		n, _ := cl.nodes.Get(p.Spec.NodeName)
+		w.Locality = nodeLocality(n)
+	}
+	c.sink.SetWorkload(w)
+}
+
+func (c *Controller) onNode(cl *cluster, old, cur any) {
+	var o, n *corev1.Node
+	o, _ = old.(*corev1.Node)
+	n, _ = cur.(*corev1.Node)
+	if o != nil && n != nil && proto.Equal(nodeLocality(o), nodeLocality(n)) {
+		return
+	}
+	name := cmp.Or(n, o).Name
+	keys := cl.slicesServices(byNode, name)
+	pods, _ := cl.podIdx.ByIndex(byNode, name)
+	for _, obj := range pods {
+		if p, ok := obj.(*corev1.Pod); ok {
+			c.sendPod(cl, p, false)
+			keys = append(keys, cl.slicesServices(byPod, p.Namespace+"/"+p.Name)...)
+		}
+	}
+	c.markAndFlush(cl, keys...)
+}
+
+// onSecret starts, restarts (kubeconfig changed) and stops the remote clusters of one Secret:
+// each data key is a cluster ID, its value a kubeconfig.
+func (c *Controller) onSecret(obj any, deleted bool) {
+	s, ok := obj.(*corev1.Secret)
+	if !ok {
+		return
+	}
+	key := s.Namespace + "/" + s.Name
+	want := map[string][]byte{}
+	if !deleted {
+		for id, kc := range s.Data {
+			if id == c.cfg.ClusterID {
+				c.log.Warn("ignoring remote cluster with the primary's ID", "secret", key, "cluster", id)
+				continue
+			}
+			want[id] = kc
+		}
+	}
+
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		return
+	}
+	var stop []*cluster
+	start := map[string][]byte{}
+	for id, cl := range c.bySecret[key] {
+		if kc, ok := want[id]; !ok || hash(kc) != cl.hash {
+			stop = append(stop, cl)
+		}
+	}
+	for id, kc := range want {
+		cur := c.clusters[id]
+		if cur != nil && cur.secret == key && cur.hash == hash(kc) {
+			continue
+		}
+		if cur != nil && cur.secret != key {
+			c.log.Warn("remote cluster moved to another Secret", "cluster", id, "from", cur.secret, "to", key)
+			stop = append(stop, cur)
+		}
+		start[id] = kc
+	}
+	for _, cl := range stop {
+		c.removeCluster(cl)
+	}
+	c.mu.Unlock()
+
+	for _, cl := range stop {
+		c.log.Info("stopping remote cluster", "cluster", cl.id, "secret", cl.secret)
+		cl.stop()
+		c.forgetPods(cl)
+	}
+	for id, kc := range start {
+		if err := c.addCluster(key, id, kc); err != nil {
+			c.log.Error("cannot start remote cluster", "secret", key, "cluster", id, "err", err)
+		}
+	}
+}
+
+func hash(b []byte) string {
+	h := sha256.Sum256(b)
+	return string(h[:])
+}
+
+// removeCluster forgets cl and republishes what it contributed to; c.mu held.
+func (c *Controller) removeCluster(cl *cluster) {
+	if c.clusters[cl.id] == cl {
+		delete(c.clusters, cl.id)
+	}
+	delete(c.bySecret[cl.secret], cl.id)
+	if len(c.bySecret[cl.secret]) == 0 {
+		delete(c.bySecret, cl.secret)
+	}
+	if c.synced && cl.synced {
+		c.markCluster(cl)
+		c.flush()
+	}
+}
+
+// forgetPods removes a stopped cluster's Pods from the ServiceEntry registry.
+func (c *Controller) forgetPods(cl *cluster) {
+	if c.sink == nil {
+		return
+	}
+	pods, _ := cl.pods.List(labels.Everything())
+	for _, p := range pods {
+		c.sink.DeleteWorkload(cl.id, p.Namespace, p.Name)
+	}
+}
+
+func (c *Controller) addCluster(secret, id string, kubeconfig []byte) error {
+	cfg, err := sharedkube.FromKubeconfig(kubeconfig)
+	if err != nil {
+		return err
+	}
+	cl, err := newCluster(id, cfg)
+	if err != nil {
+		return err
+	}
+	cl.secret, cl.hash = secret, hash(kubeconfig)
+	if err := cl.handlers(c); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing {
+		return nil
+	}
+	c.clusters[id] = cl
+	if c.bySecret[secret] == nil {
+		c.bySecret[secret] = map[string]*cluster{}
+	}
+	c.bySecret[secret][id] = cl
+	// Started under c.mu so that shutdown, which takes it first, sees every started cluster.
+	cl.start(c.ctx, c.clusterSynced)
+	c.log.Info("starting remote cluster", "cluster", id, "secret", secret, "host", cfg.Host)
+	return nil
+}
+
+// orderedClusters lists the synced clusters, the primary first, then by ID; c.mu held.
+func (c *Controller) orderedClusters() []*cluster {
+	out := make([]*cluster, 0, len(c.clusters))
+	for _, cl := range c.clusters {
+		if cl.synced {
+			out = append(out, cl)
+		}
+	}
+	slices.SortFunc(out, func(a, b *cluster) int {
+		if a == c.primary || b == c.primary {
+			return cmp.Compare(boolInt(b == c.primary), boolInt(a == c.primary))
+		}
+		return cmp.Compare(a.id, b.id)
+	})
+	return out
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// flush recomputes the dirty Services and publishes what changed: at most one Upsert and one
+// Delete per type, Services before Endpoints; c.mu held.
+func (c *Controller) flush() {
+	if len(c.dirty) == 0 {
+		return
+	}
+	keys := slices.SortedFunc(maps.Keys(c.dirty), func(a, b svcKey) int {
+		return cmp.Or(cmp.Compare(a.namespace, b.namespace), cmp.Compare(a.name, b.name))
+	})
+	clear(c.dirty)
+	clusters := c.orderedClusters()
+	var upSvc, upEps []*bus.Resource
+	var delSvc, delEps []string
+	for _, k := range keys {
+		svc, eps := c.compute(clusters, k)
+		if svc == nil {
+			if old, ok := c.services[k]; ok {
+				delete(c.services, k)
+				delSvc = append(delSvc, schema.Name(k.namespace, old.Hostname))
+			}
+			if old, ok := c.endpoints[k]; ok {
+				delete(c.endpoints, k)
+				delEps = append(delEps, schema.Name(k.namespace, old.Hostname))
+			}
+			continue
+		}
+		name := schema.Name(k.namespace, svc.Hostname)
+		if old, ok := c.services[k]; !ok || !proto.Equal(old, svc) {
+			c.services[k] = svc
+			upSvc = append(upSvc, &bus.Resource{Name: name, Body: svc})
+		}
+		if old, ok := c.endpoints[k]; !ok || !proto.Equal(old, eps) {
+			c.endpoints[k] = eps
+			upEps = append(upEps, &bus.Resource{Name: name, Body: eps})
+		}
+	}
+	if len(upSvc) > 0 {
+		c.pub.Upsert(schema.Service.TypeURL, upSvc...)
+	}
+	if len(delSvc) > 0 {
+		c.pub.Delete(schema.Service.TypeURL, delSvc...)
+	}
+	if len(upEps) > 0 {
+		c.pub.Upsert(schema.Endpoints.TypeURL, upEps...)
+	}
+	if len(delEps) > 0 {
+		c.pub.Delete(schema.Endpoints.TypeURL, delEps...)
+	}
+}
+
+// compute merges one Service across clusters: the first cluster that has it (the primary
+// when it does) gives addresses, labels, resolution and exportTo; ports are the union by name;
+// endpoints are every cluster's, then the WorkloadEntries the first one's selector selects.
+func (c *Controller) compute(clusters []*cluster, k svcKey) (*discoveryv1.Service, *discoveryv1.Endpoints) {
+	type part struct {
+		cl  *cluster
+		svc *corev1.Service
+	}
+	var parts []part
+	for _, cl := range clusters {
+		if s, err := cl.services.Services(k.namespace).Get(k.name); err == nil {
+			parts = append(parts, part{cl, s})
+		}
+	}
+	if len(parts) == 0 {
+		return nil, nil
+	}
+	hostname := Hostname(k.name, k.namespace, c.cfg.ClusterDomain)
+	svc := convertService(parts[0].svc, hostname, parts[0].cl.id)
+	for _, p := range parts[1:] {
+		for _, port := range convertPorts(p.svc) {
+			if !slices.ContainsFunc(svc.Ports, func(q *discoveryv1.Port) bool { return q.Name == port.Name }) {
+				svc.Ports = append(svc.Ports, port)
+			}
+		}
+	}
+	eps := &discoveryv1.Endpoints{Hostname: hostname, Namespace: k.namespace}
+	for _, p := range parts {
+		eps.Endpoints = append(eps.Endpoints, clusterEndpoints(p.cl, p.svc)...)
+	}
+	if sel := parts[0].svc.Spec.Selector; c.wes != nil && len(sel) > 0 {
+		for _, w := range c.wes.SelectWorkloadEntries(k.namespace, sel) {
+			eps.Endpoints = append(eps.Endpoints, c.bindWorkloadEntry(w, svc.Ports))
+		}
+	}
+	return svc, eps
+}
+
+// bindWorkloadEntry makes the endpoint of a WorkloadEntry a Service selects; its port for each
+// service port is, as in istiod, the WE's port of that name, else the targetPort, else the port.
+func (c *Controller) bindWorkloadEntry(w serviceentry.Workload, ports []*discoveryv1.Port) *discoveryv1.Endpoint {
+	ep := &discoveryv1.Endpoint{
+		Address: w.Address, Labels: w.Labels, ServiceAccount: w.ServiceAccount, Locality: w.Locality,
+		Weight: w.Weight, Health: w.Health, ClusterId: cmp.Or(w.ClusterID, c.cfg.ClusterID),
+		Network: w.Network, Workload: w.Name, Ports: make(map[string]uint32, len(ports)),
+	}
+	for _, p := range ports {
+		ep.Ports[p.Name] = cmp.Or(w.Ports[p.Name], p.TargetPort, p.Number)
+	}
+	return ep
+}
+
+// clusterEndpoints lists one cluster's endpoints of a Service by address: from its
+// EndpointSlices, or its external name.
+func clusterEndpoints(cl *cluster, svc *corev1.Service) []*discoveryv1.Endpoint {
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		if svc.Spec.ExternalName == "" {
+			return nil
+		}
+		ep := &discoveryv1.Endpoint{Address: svc.Spec.ExternalName, ClusterId: cl.id, Ports: map[string]uint32{}}
+		for _, p := range svc.Spec.Ports {
+			ep.Ports[p.Name] = uint32(p.Port)
+		}
+		return []*discoveryv1.Endpoint{ep}
+	}
+	objs, _ := cl.slices.ByIndex(bySlicedService, svc.Namespace+"/"+svc.Name)
+	byAddr := map[string]*discoveryv1.Endpoint{}
+	for _, o := range objs {
+		s, ok := o.(*discovery.EndpointSlice)
+		if !ok {
+			continue
+		}
+		for i := range s.Endpoints {
+			e := &s.Endpoints[i]
+			for _, addr := range e.Addresses {
+				if have := byAddr[addr]; have != nil {
+					// An address in two slices (mid-migration) keeps one endpoint with every port.
+					for _, p := range s.Ports {
+						if p.Port != nil {
+							if _, ok := have.Ports[deref(p.Name)]; !ok {
+								have.Ports[deref(p.Name)] = uint32(*p.Port)
+							}
+						}
+					}
+					continue
+				}
+				byAddr[addr] = sliceEndpoint(cl, s, e, addr)
+			}
+		}
+	}
+	return slices.SortedFunc(maps.Values(byAddr), func(a, b *discoveryv1.Endpoint) int {
+		return cmp.Compare(a.Address, b.Address)
+	})
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+// sliceEndpoint makes the endpoint of one address of an EndpointSlice endpoint, completed from
+// its Pod (labels, service account, name) and the Pod's Node (locality).
+func sliceEndpoint(cl *cluster, s *discovery.EndpointSlice, e *discovery.Endpoint, addr string) *discoveryv1.Endpoint {
+	ep := &discoveryv1.Endpoint{
+		Address:   addr,
+		Ports:     make(map[string]uint32, len(s.Ports)),
+		Health:    Health(e.Conditions),
+		ClusterId: cl.id,
+	}
+	for _, p := range s.Ports {
+		if p.Port != nil {
+			ep.Ports[deref(p.Name)] = uint32(*p.Port)
+		}
+	}
+	nodeName := deref(e.NodeName)
+	if r := e.TargetRef; r != nil && r.Kind == "Pod" {
+		if pod, err := cl.pods.Pods(refNamespace(r, s.Namespace)).Get(r.Name); err == nil {
+			// Shared with the informer cache, which never modifies it; published resources
+			// are immutable too.
+			ep.Labels = pod.Labels
+			ep.ServiceAccount = pod.Spec.ServiceAccountName
+			ep.Network = pod.Labels[LabelNetwork]
+			nodeName = cmp.Or(nodeName, pod.Spec.NodeName)
+		}
+		ep.Workload = r.Name
+	}
+	if nodeName != "" {
+		if n, err := cl.nodes.Get(nodeName); err == nil {
+			ep.Locality = nodeLocality(n)
+		}
+	}
+	if ep.Locality == nil && deref(e.Zone) != "" {
+		ep.Locality = &discoveryv1.Locality{Zone: *e.Zone}
+	}
+	return ep
+}
