@@ -36,9 +36,10 @@ func adsClient(t *testing.T, addr net.Addr) discoverygrpc.AggregatedDiscoverySer
 	return discoverygrpc.NewAggregatedDiscoveryServiceClient(conn)
 }
 
-func testNode(id string) *corev3.Node {
-	md, _ := structpb.NewStruct(map[string]any{"GENERATOR": "grpc"})
-	return &corev3.Node{Id: id, Metadata: md}
+// testNode is a proxyless client of namespace demo; name is its pod name.
+func testNode(name string) *corev3.Node {
+	md, _ := structpb.NewStruct(map[string]any{"GENERATOR": "grpc", "NAMESPACE": "demo"})
+	return &corev3.Node{Id: "sidecar~127.0.0.1~" + name + ".demo~demo.svc.cluster.local", Metadata: md}
 }
 
 func streamContext(t *testing.T) context.Context {
@@ -182,9 +183,7 @@ func TestClientBeforeSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, func() bool {
-		srv.mu.Lock()
-		defer srv.mu.Unlock()
-		return srv.nodes["early-client"] > 0
+		return srv.xds.Connections() > 0
 	})
 	select {
 	case <-srv.Ready():

@@ -13,15 +13,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
-	"sailplane.dev/services/xds-server/internal/grpcgen"
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/xds"
 	"sailplane.dev/shared/bus"
 )
 
@@ -29,9 +26,24 @@ import (
 type Config struct {
 	// Listen is the ADS address; default "127.0.0.1:15010".
 	Listen string
-	// Debounce is how long the config must stay quiet before a rebuild; default 100ms. A burst
-	// of changes is never delayed by more than ten times this.
+	// Debounce is how long changes must stay quiet before they are pushed; default 100ms.
 	Debounce time.Duration
+	// DebounceMax bounds how long a steady stream of changes can hold a push back; default
+	// ten times Debounce.
+	DebounceMax time.Duration
+	// PushConcurrency bounds how many proxies are pushed at once; default 16.
+	PushConcurrency int
+	// MaxConnectionAge closes client connections after this age (±10% jitter) so that
+	// proxies spread over new replicas; 0 keeps them forever.
+	MaxConnectionAge time.Duration
+	// MaxConnectionAgeGrace is how long a connection past its age may finish its streams;
+	// default 10s.
+	MaxConnectionAgeGrace time.Duration
+	// CacheAssert makes the resource cache fail loudly when one key would hold two values.
+	// For tests: it disables sharing.
+	CacheAssert bool
+	// Clock drives the debouncer; nil is the wall clock. For tests.
+	Clock xds.Clock
 }
 
 // Deps are the server's collaborators. Config and Registry may be the same Source.
@@ -49,29 +61,24 @@ var (
 	ErrMissingDependency = errors.New("xdsserver: missing dependency")
 	ErrAlreadyStarted    = errors.New("xdsserver: already started")
 	ErrSubscription      = errors.New("xdsserver: bus subscription ended")
+	ErrInvalidConfig     = errors.New("xdsserver: invalid config")
 )
 
 // gracePeriod bounds how long shutdown waits for in-flight RPCs before closing connections.
 const gracePeriod = 5 * time.Second
 
-// Server is the xds-server. Run (or Serve) it once.
+// Server is the xds-server. Run (or Serve) it once. It keeps no state but what it derives from
+// the bus and what each connection asked for, so any replica can serve any proxy.
 type Server struct {
 	cfg   Config
 	deps  Deps
 	log   *slog.Logger
 	store *model.Store
-	cache cachev3.SnapshotCache
+	xds   *xds.Server
 
 	started atomic.Bool
 	ready   chan struct{}
 	addr    atomic.Pointer[net.Addr]
-
-	// mu orders snapshot publication against node arrivals, so that a node never ends up with
-	// an older snapshot than the current one.
-	mu      sync.Mutex
-	current *cachev3.Snapshot
-	nodes   map[string]int   // node ID -> open streams
-	streams map[int64]string // stream ID -> node ID
 }
 
 // New validates the configuration and returns a server ready to Run.
@@ -79,23 +86,29 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if deps.Config == nil || deps.Registry == nil {
 		return nil, fmt.Errorf("%w: Config and Registry sources are required", ErrMissingDependency)
 	}
-	if cfg.Debounce < 0 {
-		return nil, fmt.Errorf("xdsserver: negative debounce %v", cfg.Debounce)
+	if cfg.Debounce < 0 || cfg.DebounceMax < 0 || cfg.PushConcurrency < 0 || cfg.MaxConnectionAge < 0 || cfg.MaxConnectionAgeGrace < 0 {
+		return nil, fmt.Errorf("%w: negative duration or concurrency", ErrInvalidConfig)
 	}
 	cfg.Listen = cmp.Or(cfg.Listen, "127.0.0.1:15010")
 	cfg.Debounce = cmp.Or(cfg.Debounce, 100*time.Millisecond)
+	cfg.DebounceMax = cmp.Or(cfg.DebounceMax, 10*cfg.Debounce)
+	cfg.PushConcurrency = cmp.Or(cfg.PushConcurrency, 16)
+	cfg.MaxConnectionAgeGrace = cmp.Or(cfg.MaxConnectionAgeGrace, 10*time.Second)
 	log := deps.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{
 		cfg: cfg, deps: deps, log: log,
-		store:   model.NewStore(),
-		ready:   make(chan struct{}),
-		nodes:   map[string]int{},
-		streams: map[int64]string{},
+		store: model.NewStore(),
+		ready: make(chan struct{}),
 	}
-	s.cache = cachev3.NewSnapshotCache(false, cachev3.IDHash{}, cacheLogger{log.With("component", "snapshot-cache")})
+	s.xds = xds.NewServer(xds.Options{
+		Logger:          log.With("component", "ads"),
+		Generator:       generatorFor(log),
+		PushConcurrency: cfg.PushConcurrency,
+		CacheAssert:     cfg.CacheAssert,
+	})
 	return s, nil
 }
 
@@ -145,13 +158,21 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	subscribe("config", s.deps.Config, model.TypeURLs(model.ConfigKinds), configSynced)
 	subscribe("registry", s.deps.Registry, model.TypeURLs(model.RegistryKinds), registrySynced)
 
+	ka := keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}
+	if s.cfg.MaxConnectionAge > 0 {
+		// gRPC jitters the age by ±10% and sends GOAWAY, so the client's next connection may
+		// land on another replica; streams get the grace period to end.
+		ka.MaxConnectionAge = s.cfg.MaxConnectionAge
+		ka.MaxConnectionAgeGrace = s.cfg.MaxConnectionAgeGrace
+	}
 	gs := grpc.NewServer(
 		// gRPC clients keep ADS streams open for hours with keepalives; do not punish them.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveParams(ka),
 	)
-	// The xDS server's streams end when ctx does, which lets GracefulStop finish.
-	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(gs, serverv3.NewServer(ctx, s.cache, s.callbacks()))
+	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(gs, s.xds)
+	// The ADS streams end when the push workers stop with ctx, which lets GracefulStop finish.
+	wg.Go(func() { _ = s.xds.Run(ctx) })
 	wg.Go(func() {
 		if err := gs.Serve(lis); err != nil {
 			errc <- fmt.Errorf("xdsserver: serve: %w", err)
@@ -166,10 +187,10 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 			case <-synced:
 			}
 		}
-		s.rebuild(ctx)
+		s.push()
 		close(s.ready)
 		s.log.Info("serving xDS", "addr", addr.String())
-		model.Debounce(ctx, s.store.Changed(), s.cfg.Debounce, 10*s.cfg.Debounce, func() { s.rebuild(ctx) })
+		xds.Debounce(ctx, s.cfg.Clock, s.store.Changed(), s.cfg.Debounce, s.cfg.DebounceMax, s.push)
 	})
 
 	var err error
@@ -181,6 +202,18 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	stopGracefully(gs)
 	wg.Wait()
 	return err
+}
+
+// push hands the next snapshot and what changed to the ADS server.
+func (s *Server) push() {
+	start := time.Now()
+	snap, ch := s.store.Next()
+	if ch.Empty() {
+		return
+	}
+	s.xds.Push(snap, ch)
+	s.log.Debug("pushing", "version", snap.Version, "full", ch.Full, "configs", len(ch.Configs),
+		"endpoints", len(ch.Endpoints), "took", time.Since(start))
 }
 
 func stopGracefully(gs *grpc.Server) {
@@ -197,83 +230,4 @@ func stopGracefully(gs *grpc.Server) {
 		gs.Stop()
 		<-done
 	}
-}
-
-// rebuild translates the current bus state and hands the result to every connected node.
-func (s *Server) rebuild(ctx context.Context) {
-	start := time.Now()
-	res := grpcgen.Generate(s.store.Snapshot(), s.log.With("component", "grpcgen"))
-	snap, err := newSnapshot(res, s.log)
-	if err != nil {
-		s.log.Error("building xDS snapshot", "err", err)
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.current = snap
-	for node := range s.nodes {
-		if err := s.cache.SetSnapshot(ctx, node, snap); err != nil {
-			s.log.Warn("setting snapshot", "node", node, "err", err)
-		}
-	}
-	s.log.Debug("rebuilt xDS", "listeners", len(res.Listeners), "routes", len(res.Routes),
-		"clusters", len(res.Clusters), "endpoints", len(res.Endpoints), "nodes", len(s.nodes),
-		"took", time.Since(start))
-}
-
-func (s *Server) callbacks() serverv3.Callbacks {
-	return serverv3.CallbackFuncs{
-		StreamRequestFunc: func(id int64, req *discoverygrpc.DiscoveryRequest) error {
-			if req.GetNode() != nil {
-				s.track(id, req.GetNode().GetId(), req.GetNode().GetMetadata().GetFields()["GENERATOR"].GetStringValue())
-			}
-			return nil
-		},
-		StreamDeltaRequestFunc: func(id int64, req *discoverygrpc.DeltaDiscoveryRequest) error {
-			// Delta requests carry the node only on the first request of a stream.
-			if req.GetNode() != nil {
-				s.track(id, req.GetNode().GetId(), req.GetNode().GetMetadata().GetFields()["GENERATOR"].GetStringValue())
-			}
-			return nil
-		},
-		StreamClosedFunc:      func(id int64, _ *corev3.Node) { s.untrack(id) },
-		DeltaStreamClosedFunc: func(id int64, _ *corev3.Node) { s.untrack(id) },
-	}
-}
-
-// track gives a node the current snapshot on its first stream, before the cache answers its
-// first request, so new clients are served at once.
-func (s *Server) track(stream int64, node, generator string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.streams[stream]; ok {
-		return
-	}
-	s.streams[stream] = node
-	s.nodes[node]++
-	if s.nodes[node] > 1 {
-		return
-	}
-	s.log.Debug("node connected", "node", node, "generator", generator)
-	if s.current != nil {
-		if err := s.cache.SetSnapshot(context.Background(), node, s.current); err != nil {
-			s.log.Warn("setting snapshot", "node", node, "err", err)
-		}
-	}
-}
-
-func (s *Server) untrack(stream int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	node, ok := s.streams[stream]
-	if !ok {
-		return
-	}
-	delete(s.streams, stream)
-	if s.nodes[node]--; s.nodes[node] > 0 {
-		return
-	}
-	delete(s.nodes, node)
-	s.cache.ClearSnapshot(node)
-	s.log.Debug("node disconnected", "node", node)
 }

@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -20,7 +21,7 @@ func main() {
 		logOpts     cli.LogOptions
 		configBus   string
 		registryBus string
-		xdsListen   string
+		cfg         xdsserver.Config
 	)
 	cmd := &cobra.Command{
 		Use:           "xds-server",
@@ -32,7 +33,7 @@ func main() {
 			if err != nil {
 				return err
 			}
-			srv, err := xdsserver.New(xdsserver.Config{Listen: xdsListen}, xdsserver.Deps{
+			srv, err := xdsserver.New(cfg, xdsserver.Deps{
 				Logger:   log.With("component", "xds-server"),
 				Config:   bus.Dial(configBus, bus.WithDialLogger(log.With("component", "config-bus"))),
 				Registry: bus.Dial(registryBus, bus.WithDialLogger(log.With("component", "registry-bus"))),
@@ -50,7 +51,12 @@ func main() {
 	logOpts.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&configBus, "config-bus", "127.0.0.1:15051", "config-ingest's bus address")
 	cmd.Flags().StringVar(&registryBus, "registry-bus", "127.0.0.1:15052", "endpoint-watcher's bus address")
-	cmd.Flags().StringVar(&xdsListen, "xds-listen", "127.0.0.1:15010", "address serving ADS (plaintext)")
+	cmd.Flags().StringVar(&cfg.Listen, "xds-listen", "127.0.0.1:15010", "address serving ADS (plaintext)")
+	cmd.Flags().DurationVar(&cfg.Debounce, "debounce", 100*time.Millisecond, "quiet period before changes are pushed")
+	cmd.Flags().DurationVar(&cfg.DebounceMax, "debounce-max", time.Second, "longest a push waits for changes to settle")
+	cmd.Flags().IntVar(&cfg.PushConcurrency, "push-concurrency", 16, "proxies pushed at once")
+	cmd.Flags().DurationVar(&cfg.MaxConnectionAge, "max-connection-age", 30*time.Minute,
+		"close client connections after this age (±10%) so they spread over replicas; 0 = never")
 	if err := cmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)

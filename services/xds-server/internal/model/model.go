@@ -24,7 +24,8 @@ import (
 const DomainSuffix = "cluster.local"
 
 // ConfigKinds are the Istio config kinds the xds-server subscribes to.
-var ConfigKinds = []schema.Kind{schema.VirtualService, schema.DestinationRule, schema.MeshConfig}
+var ConfigKinds = []schema.Kind{schema.VirtualService, schema.DestinationRule, schema.Gateway, schema.Sidecar,
+	schema.MeshConfig}
 
 // RegistryKinds are the registry kinds the xds-server subscribes to.
 var RegistryKinds = []schema.Kind{schema.Service, schema.Endpoints}
@@ -53,6 +54,9 @@ type Config[T proto.Message] struct {
 type Service struct {
 	Spec      *discoveryv1.Service
 	Endpoints []*discoveryv1.Endpoint
+	// EndpointsVersion is the Snapshot.Version in which Endpoints last changed; caches of
+	// endpoint-derived output key on it.
+	EndpointsVersion uint64
 }
 
 // Snapshot is an immutable view of the mesh; nothing in it may be modified.
@@ -64,6 +68,16 @@ type Snapshot struct {
 	VirtualServices  []Config[*networking.VirtualService]
 	DestinationRules []Config[*networking.DestinationRule]
 	Mesh             *meshv1alpha1.MeshConfig
+	// Gateways and Sidecars, in the same order; only Envoy proxies use them.
+	Gateways []Config[*networking.Gateway]
+	Sidecars []Config[*networking.Sidecar]
+
+	// Version increases with every snapshot Store.Next builds (0 from Store.Snapshot);
+	// successive snapshots share unchanged parts.
+	Version uint64
+	// ConfigVersion is the Version of the last snapshot in which anything but endpoints
+	// changed: output that does not read endpoints is the same for equal ConfigVersions.
+	ConfigVersion uint64
 }
 
 // Hostnames returns the service hostnames, sorted.
@@ -82,11 +96,22 @@ type Store struct {
 	state map[string]map[string]*bus.Resource // type URL -> name -> resource
 	// changed receives a token after every applied change; capacity 1 coalesces bursts.
 	changed chan struct{}
+
+	// pending accumulates what changed since the last Next.
+	pending Change
+	current *Snapshot
+	version uint64
+	// epVersion is the Version at which each hostname's endpoints last changed.
+	epVersion map[string]uint64
 }
 
 // NewStore returns an empty store.
 func NewStore() *Store {
-	return &Store{state: map[string]map[string]*bus.Resource{}, changed: make(chan struct{}, 1)}
+	return &Store{
+		state:     map[string]map[string]*bus.Resource{},
+		changed:   make(chan struct{}, 1),
+		epVersion: map[string]uint64{},
+	}
 }
 
 // Changed signals that the state changed since the last Snapshot was taken.
@@ -131,6 +156,9 @@ func (s *Store) apply(c bus.Change) error {
 			return fmt.Errorf("%w: %s %q: body is %s, want %s", ErrRejected, kind.Kind, r.Name, got, want)
 		}
 	}
+	if len(c.Updated) == 0 && len(c.Removed) == 0 {
+		return nil
+	}
 	s.mu.Lock()
 	m := s.state[kind.TypeURL]
 	if m == nil {
@@ -138,9 +166,13 @@ func (s *Store) apply(c bus.Change) error {
 		s.state[kind.TypeURL] = m
 	}
 	for _, name := range c.Removed {
-		delete(m, name)
+		if old, ok := m[name]; ok {
+			s.pending.record(kind, old, nil)
+			delete(m, name)
+		}
 	}
 	for _, r := range c.Updated {
+		s.pending.record(kind, m[r.Name], r)
 		m[r.Name] = r
 	}
 	s.mu.Unlock()
@@ -151,11 +183,46 @@ func (s *Store) apply(c bus.Change) error {
 	return nil
 }
 
-// Snapshot builds an immutable snapshot of the current state. Resources are shared, not copied:
-// bus resources are immutable by contract.
+// Next returns the latest snapshot and what changed since the previous call. With nothing
+// pending it returns the current snapshot and an empty Change. An endpoints-only change builds
+// the next snapshot by sharing everything but the changed services.
+func (s *Store) Next() (*Snapshot, Change) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.current != nil && s.pending.Empty() {
+		return s.current, Change{}
+	}
+	ch := s.pending
+	s.pending = Change{}
+	s.version++
+	if s.current == nil {
+		ch.Full = true
+	}
+	for h := range ch.Endpoints {
+		s.epVersion[h] = s.version
+	}
+	var snap *Snapshot
+	if ch.Full {
+		snap = s.build()
+		snap.ConfigVersion = s.version
+	} else {
+		snap = s.patchEndpoints(ch.Endpoints)
+	}
+	snap.Version = s.version
+	s.current = snap
+	return snap, ch
+}
+
+// Snapshot builds an immutable snapshot of the current state without consuming pending
+// changes (for tools and tests; the server uses Next). Resources are shared, not copied: bus
+// resources are immutable by contract.
 func (s *Store) Snapshot() *Snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.build()
+}
+
+func (s *Store) build() *Snapshot {
 	snap := &Snapshot{Services: map[string]*Service{}, Mesh: &meshv1alpha1.MeshConfig{}}
 
 	// Several registries may publish one hostname in different namespaces; the first bus name
@@ -168,7 +235,7 @@ func (s *Store) Snapshot() *Snapshot {
 		if _, dup := snap.Services[svc.GetHostname()]; dup {
 			continue
 		}
-		snap.Services[svc.GetHostname()] = &Service{Spec: svc}
+		snap.Services[svc.GetHostname()] = &Service{Spec: svc, EndpointsVersion: s.epVersion[svc.GetHostname()]}
 	}
 	for _, r := range sortedResources(s.state[schema.Endpoints.TypeURL]) {
 		eps := r.Body.(*discoveryv1.Endpoints)
@@ -183,10 +250,66 @@ func (s *Store) Snapshot() *Snapshot {
 	}
 	snap.VirtualServices = configs[*networking.VirtualService](s.state[schema.VirtualService.TypeURL])
 	snap.DestinationRules = configs[*networking.DestinationRule](s.state[schema.DestinationRule.TypeURL])
+	snap.Gateways = configs[*networking.Gateway](s.state[schema.Gateway.TypeURL])
+	snap.Sidecars = configs[*networking.Sidecar](s.state[schema.Sidecar.TypeURL])
 	for _, r := range s.state[schema.MeshConfig.TypeURL] {
 		snap.Mesh = r.Body.(*meshv1alpha1.MeshConfig)
 	}
 	return snap
+}
+
+// patchEndpoints derives the next snapshot from the current one, replacing only the services
+// of hosts, with the same result build would give.
+func (s *Store) patchEndpoints(hosts map[string]struct{}) *Snapshot {
+	next := *s.current
+	next.Services = make(map[string]*Service, len(s.current.Services))
+	for h, svc := range s.current.Services {
+		next.Services[h] = svc
+	}
+	for h := range hosts {
+		old := next.Services[h]
+		if old == nil {
+			continue
+		}
+		next.Services[h] = &Service{Spec: old.Spec, Endpoints: s.endpointsOf(old.Spec), EndpointsVersion: s.epVersion[h]}
+	}
+	return &next
+}
+
+// endpointsOf finds the endpoints build would attach to svc: the first Endpoints resource by
+// bus name with the same hostname and namespace, normally named "<namespace>/<hostname>".
+func (s *Store) endpointsOf(svc *discoveryv1.Service) []*discoveryv1.Endpoint {
+	m := s.state[schema.Endpoints.TypeURL]
+	match := func(r *bus.Resource) bool {
+		eps := r.Body.(*discoveryv1.Endpoints)
+		return eps.GetHostname() == svc.GetHostname() && eps.GetNamespace() == svc.GetNamespace()
+	}
+	var found *bus.Resource
+	if r, ok := m[schema.Name(svc.GetNamespace(), svc.GetHostname())]; ok && match(r) {
+		found = r
+		// A differently named resource sorting before it would win in build; rare enough to
+		// scan for only when names are not canonical.
+		for name, o := range m {
+			if name < found.Name && match(o) {
+				found = o
+			}
+		}
+	} else {
+		for _, o := range sortedResources(m) {
+			if match(o) {
+				found = o
+				break
+			}
+		}
+	}
+	if found == nil {
+		return nil
+	}
+	eps := found.Body.(*discoveryv1.Endpoints).GetEndpoints()
+	if eps == nil {
+		eps = []*discoveryv1.Endpoint{}
+	}
+	return eps
 }
 
 func sortedResources(m map[string]*bus.Resource) []*bus.Resource {

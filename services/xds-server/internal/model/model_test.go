@@ -1,7 +1,6 @@
 package model
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -136,56 +135,91 @@ func TestSynced(t *testing.T) {
 	}
 }
 
-func TestDebounce(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	in := make(chan struct{}, 1)
-	fired := make(chan struct{}, 16)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		Debounce(ctx, in, time.Millisecond, 10*time.Millisecond, func() { fired <- struct{}{} })
-	}()
-	for range 2 {
-		for range 5 {
-			in <- struct{}{}
-		}
-		select {
-		case <-fired:
-		case <-time.After(10 * time.Second):
-			t.Fatal("debounced function not called")
+// An endpoints-only change shares every other service and reports only its hostname; a config
+// change is full and rebuilds.
+func TestNextIncremental(t *testing.T) {
+	s := NewStore()
+	h := s.Handler(nil)
+	mustApply := func(c bus.Change) {
+		t.Helper()
+		if err := h.Apply(c); err != nil {
+			t.Fatal(err)
 		}
 	}
-	cancel()
-	<-done
+	svc := func(host string, exportTo ...string) *bus.Resource {
+		return &bus.Resource{Name: "demo/" + host, Body: &discoveryv1.Service{Hostname: host, Namespace: "demo", ExportTo: exportTo}}
+	}
+	eps := func(host, addr string) *bus.Resource {
+		return &bus.Resource{Name: "demo/" + host, Body: &discoveryv1.Endpoints{Hostname: host, Namespace: "demo",
+			Endpoints: []*discoveryv1.Endpoint{{Address: addr}}}}
+	}
+	mustApply(bus.Change{TypeURL: schema.Service.TypeURL, Updated: []*bus.Resource{svc("a.com"), svc("b.com", ".")}})
+	mustApply(bus.Change{TypeURL: schema.Endpoints.TypeURL, Updated: []*bus.Resource{eps("a.com", "1.1.1.1"), eps("b.com", "2.2.2.2")}})
+	first, ch := s.Next()
+	if !ch.Full || first.Version != 1 || first.ConfigVersion != 1 {
+		t.Fatalf("first Next: full=%v version=%d/%d", ch.Full, first.Version, first.ConfigVersion)
+	}
+	if again, ch := s.Next(); again != first || !ch.Empty() {
+		t.Fatal("Next without changes built a new snapshot")
+	}
+
+	mustApply(bus.Change{TypeURL: schema.Endpoints.TypeURL, Updated: []*bus.Resource{eps("a.com", "9.9.9.9")}})
+	second, ch := s.Next()
+	if ch.Full || len(ch.Endpoints) != 1 || len(ch.Configs) != 0 {
+		t.Fatalf("endpoint change = %+v, want endpoints of a.com only", ch)
+	}
+	if _, ok := ch.Endpoints["a.com"]; !ok {
+		t.Fatalf("endpoint change = %+v, want a.com", ch)
+	}
+	if second.ConfigVersion != first.ConfigVersion || second.Version != 2 {
+		t.Fatalf("versions %d/%d", second.Version, second.ConfigVersion)
+	}
+	if second.Services["b.com"] != first.Services["b.com"] {
+		t.Fatal("unchanged service not shared")
+	}
+	a := second.Services["a.com"]
+	if a.Endpoints[0].GetAddress() != "9.9.9.9" || a.EndpointsVersion != 2 || first.Services["a.com"].Endpoints[0].GetAddress() != "1.1.1.1" {
+		t.Fatalf("a.com = %v (version %d)", a.Endpoints, a.EndpointsVersion)
+	}
+	// The incremental snapshot equals a full rebuild.
+	if full := s.Snapshot(); full.Services["a.com"].Endpoints[0] != a.Endpoints[0] || full.Services["a.com"].EndpointsVersion != 2 {
+		t.Fatal("incremental snapshot differs from a full build")
+	}
+
+	mustApply(bus.Change{TypeURL: schema.Service.TypeURL, Updated: []*bus.Resource{svc("b.com", "other")}})
+	third, ch := s.Next()
+	if !ch.Full || third.ConfigVersion != 3 {
+		t.Fatalf("service change: full=%v config version %d", ch.Full, third.ConfigVersion)
+	}
+	// b.com was visible to demo only ("."), now to "other": the change concerns both.
+	v := ch.Configs[ConfigKey{Kind: "Service", Namespace: "demo", Name: "b.com"}]
+	if v.All || !v.Sees("demo") || !v.Sees("other") || v.Sees("third") {
+		t.Fatalf("visibility = %+v", v)
+	}
 }
 
-// A steady trickle of changes, each arriving before the quiet period ends, is still rebuilt
-// once maxDelay has passed.
-func TestDebounceMaxDelay(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	in := make(chan struct{}, 1)
-	fired := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		Debounce(ctx, in, time.Hour, 20*time.Millisecond, func() { close(fired) })
-	}()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(10 * time.Second)
-	for waiting := true; waiting; {
-		select {
-		case <-fired:
-			waiting = false
-		case <-deadline:
-			t.Fatal("a steady trickle starved the rebuild")
-		case <-tick.C:
-			select {
-			case in <- struct{}{}:
-			default:
+func TestVisibility(t *testing.T) {
+	for _, tc := range []struct {
+		exportTo []string
+		sees     []string
+		hidden   []string
+	}{
+		{nil, []string{"a", "x"}, nil},
+		{[]string{"*"}, []string{"a", "x"}, nil},
+		{[]string{"."}, []string{"a"}, []string{"x"}},
+		{[]string{"~"}, nil, []string{"a", "x"}},
+		{[]string{"x", "."}, []string{"a", "x"}, []string{"y"}},
+	} {
+		v := ExportVisibility("a", tc.exportTo)
+		for _, ns := range tc.sees {
+			if !v.Sees(ns) {
+				t.Errorf("exportTo %v: %s should see it", tc.exportTo, ns)
+			}
+		}
+		for _, ns := range tc.hidden {
+			if v.Sees(ns) {
+				t.Errorf("exportTo %v: %s should not see it", tc.exportTo, ns)
 			}
 		}
 	}
-	cancel()
-	<-done
 }

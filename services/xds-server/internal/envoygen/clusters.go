@@ -1,0 +1,462 @@
+package envoygen
+
+import (
+	"math"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	networking "istio.io/api/networking/v1alpha3"
+
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/xds-server/internal/model"
+)
+
+const (
+	defaultConnectTimeout  = 10 * time.Second
+	httpProtocolOptionsKey = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+	tlsTransportSocket     = "envoy.transport_sockets.tls"
+	maxRingSize            = 8 * 1024 * 1024
+)
+
+// clusters returns every cluster the proxy needs, sorted by name.
+func (b *builder) clusters() []*clusterv3.Cluster {
+	out := []*clusterv3.Cluster{b.blackHoleCluster()}
+	if b.proxy.IsSidecar() {
+		out = append(out, b.passthroughCluster(), b.inboundPassthroughCluster())
+		for _, in := range b.inboundPorts() {
+			out = append(out, b.inboundCluster(in))
+		}
+	}
+	for _, oc := range b.outboundClusters() {
+		out = append(out, oc.cluster)
+	}
+	return sortByName(out)
+}
+
+// outboundCluster is a generated cluster with what its endpoints are built from.
+type outboundCluster struct {
+	cluster *clusterv3.Cluster
+	svc     *model.Service
+	port    *discoveryv1.Port
+	subset  *networking.Subset // nil for the whole service
+}
+
+func (b *builder) outboundClusters() []outboundCluster {
+	var out []outboundCluster
+	for _, svc := range b.services {
+		host := svc.Spec.GetHostname()
+		dr := b.destinationRule(host)
+		for _, port := range b.visiblePorts(svc) {
+			out = append(out, outboundCluster{svc: svc, port: port,
+				cluster: b.outboundCluster(svc, port, nil, dr)})
+			seen := map[string]bool{}
+			for _, ss := range specOf(dr).GetSubsets() {
+				if ss.GetName() == "" || seen[ss.GetName()] {
+					continue
+				}
+				seen[ss.GetName()] = true
+				out = append(out, outboundCluster{svc: svc, port: port, subset: ss,
+					cluster: b.outboundCluster(svc, port, ss, dr)})
+			}
+		}
+	}
+	return out
+}
+
+func (b *builder) connectTimeout() *durationpb.Duration {
+	if d := b.snap.Mesh.GetConnectTimeout(); d != nil && d.AsDuration() > 0 {
+		return d
+	}
+	return durationpb.New(defaultConnectTimeout)
+}
+
+func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, subset *networking.Subset,
+	dr *model.Config[*networking.DestinationRule]) *clusterv3.Cluster {
+	host := svc.Spec.GetHostname()
+	name := ClusterName(port.GetNumber(), subset.GetName(), host)
+	c := &clusterv3.Cluster{
+		Name:           name,
+		ConnectTimeout: b.connectTimeout(),
+		LbPolicy:       clusterv3.Cluster_LEAST_REQUEST,
+		CircuitBreakers: &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{
+			defaultThresholds()}},
+		CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{},
+	}
+	switch svc.Spec.GetResolution() {
+	case discoveryv1.Resolution_DNS, discoveryv1.Resolution_DNS_ROUND_ROBIN:
+		if svc.Spec.GetResolution() == discoveryv1.Resolution_DNS {
+			c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS}
+		} else {
+			c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_LOGICAL_DNS}
+		}
+		c.DnsLookupFamily = clusterv3.Cluster_V4_ONLY
+		c.LoadAssignment = b.dnsLoadAssignment(name, svc, port, subset)
+	case discoveryv1.Resolution_NONE:
+		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
+		c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
+	default:
+		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS}
+		c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsConfigSource(), ServiceName: name}
+	}
+	proto := portProtocol(port)
+	pol := effectivePolicy(specOf(dr), port.GetNumber(), subset)
+	log := b.log.With("cluster", name)
+	if c.LbPolicy != clusterv3.Cluster_CLUSTER_PROVIDED {
+		applyLB(c, pol.lb)
+	} else if pol.lb != nil {
+		log.Debug("load balancer settings do not apply to a service without resolution")
+	}
+	h2 := proto == protoHTTP2
+	var common *corev3.HttpProtocolOptions
+	if cp := pol.pool; cp != nil {
+		th := c.CircuitBreakers.Thresholds[0]
+		if tcp := cp.GetTcp(); tcp != nil {
+			if n := tcp.GetMaxConnections(); n > 0 {
+				th.MaxConnections = wrapperspb.UInt32(uint32(n))
+			}
+			if d := tcp.GetConnectTimeout(); d != nil && d.AsDuration() > 0 {
+				c.ConnectTimeout = d
+			}
+			if ka := tcp.GetTcpKeepalive(); ka != nil {
+				k := &corev3.TcpKeepalive{}
+				if ka.GetProbes() > 0 {
+					k.KeepaliveProbes = wrapperspb.UInt32(ka.GetProbes())
+				}
+				if t := ka.GetTime(); t != nil {
+					k.KeepaliveTime = wrapperspb.UInt32(uint32(max(t.AsDuration()/time.Second, 1)))
+				}
+				if t := ka.GetInterval(); t != nil {
+					k.KeepaliveInterval = wrapperspb.UInt32(uint32(max(t.AsDuration()/time.Second, 1)))
+				}
+				c.UpstreamConnectionOptions = &clusterv3.UpstreamConnectionOptions{TcpKeepalive: k}
+			}
+			if d := tcp.GetMaxConnectionDuration(); d != nil && d.AsDuration() > 0 {
+				common = cmpOrNew(common)
+				common.MaxConnectionDuration = d
+			}
+		}
+		if hp := cp.GetHttp(); hp != nil {
+			if n := hp.GetHttp1MaxPendingRequests(); n > 0 {
+				th.MaxPendingRequests = wrapperspb.UInt32(uint32(n))
+			}
+			if n := hp.GetHttp2MaxRequests(); n > 0 {
+				th.MaxRequests = wrapperspb.UInt32(uint32(n))
+			}
+			if n := hp.GetMaxRetries(); n > 0 {
+				th.MaxRetries = wrapperspb.UInt32(uint32(n))
+			}
+			if n := hp.GetMaxRequestsPerConnection(); n > 0 {
+				common = cmpOrNew(common)
+				common.MaxRequestsPerConnection = wrapperspb.UInt32(uint32(n))
+			}
+			if d := hp.GetIdleTimeout(); d != nil && d.AsDuration() > 0 {
+				common = cmpOrNew(common)
+				common.IdleTimeout = d
+			}
+			if hp.GetH2UpgradePolicy() == networking.ConnectionPoolSettings_HTTPSettings_UPGRADE && proto == protoHTTP {
+				h2 = true
+			}
+		}
+	}
+	if (h2 || common != nil) && proto.isHTTP() {
+		opts := &httpv3.HttpProtocolOptions{CommonHttpProtocolOptions: common}
+		if h2 {
+			opts.UpstreamProtocolOptions = &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+				ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+					ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
+						Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}}}}
+		} else {
+			opts.UpstreamProtocolOptions = &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+				ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+					ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{
+						HttpProtocolOptions: &corev3.Http1ProtocolOptions{}}}}
+		}
+		c.TypedExtensionProtocolOptions = map[string]*anyMsg{httpProtocolOptionsKey: mustAny(opts)}
+	} else if common != nil {
+		log.Debug("HTTP connection pool settings do not apply to a TCP port")
+	}
+	if od := pol.outlier; od != nil {
+		applyOutlier(c, od)
+	}
+	if t := pol.tls; t != nil {
+		if ts := b.upstreamTLS(t, host, port.GetNumber(), subset.GetName(), h2, log); ts != nil {
+			c.TransportSocket = ts
+		}
+	}
+	return c
+}
+
+func cmpOrNew(o *corev3.HttpProtocolOptions) *corev3.HttpProtocolOptions {
+	if o == nil {
+		return &corev3.HttpProtocolOptions{}
+	}
+	return o
+}
+
+// defaultThresholds lifts Envoy's low default limits the way istiod does: the mesh, not
+// Envoy's defaults, decides when to shed load.
+func defaultThresholds() *clusterv3.CircuitBreakers_Thresholds {
+	return &clusterv3.CircuitBreakers_Thresholds{
+		MaxConnections:     wrapperspb.UInt32(math.MaxUint32),
+		MaxPendingRequests: wrapperspb.UInt32(math.MaxUint32),
+		MaxRequests:        wrapperspb.UInt32(math.MaxUint32),
+		MaxRetries:         wrapperspb.UInt32(math.MaxUint32),
+		TrackRemaining:     true,
+	}
+}
+
+func applyLB(c *clusterv3.Cluster, lb *networking.LoadBalancerSettings) {
+	if lb == nil {
+		return
+	}
+	if ch := lb.GetConsistentHash(); ch != nil {
+		if mg := ch.GetMaglev(); mg != nil {
+			c.LbPolicy = clusterv3.Cluster_MAGLEV
+			if n := mg.GetTableSize(); n > 0 {
+				c.LbConfig = &clusterv3.Cluster_MaglevLbConfig_{MaglevLbConfig: &clusterv3.Cluster_MaglevLbConfig{
+					TableSize: wrapperspb.UInt64(n)}}
+			}
+			return
+		}
+		c.LbPolicy = clusterv3.Cluster_RING_HASH
+		size := ch.GetRingHash().GetMinimumRingSize()
+		if size == 0 {
+			size = ch.GetMinimumRingSize() //nolint:staticcheck // still honoured by Istio
+		}
+		if size > 0 {
+			c.LbConfig = &clusterv3.Cluster_RingHashLbConfig_{RingHashLbConfig: &clusterv3.Cluster_RingHashLbConfig{
+				MinimumRingSize: wrapperspb.UInt64(min(size, maxRingSize))}}
+		}
+		return
+	}
+	switch lb.GetSimple() {
+	case networking.LoadBalancerSettings_ROUND_ROBIN:
+		c.LbPolicy = clusterv3.Cluster_ROUND_ROBIN
+	case networking.LoadBalancerSettings_RANDOM:
+		c.LbPolicy = clusterv3.Cluster_RANDOM
+	case networking.LoadBalancerSettings_PASSTHROUGH:
+		// Istio turns PASSTHROUGH into an original-destination cluster.
+		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
+		c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
+		c.EdsClusterConfig = nil
+		c.LoadAssignment = nil
+	default:
+		c.LbPolicy = clusterv3.Cluster_LEAST_REQUEST
+	}
+}
+
+func applyOutlier(c *clusterv3.Cluster, od *networking.OutlierDetection) {
+	out := &clusterv3.OutlierDetection{
+		// Istio only ejects on the error kinds the rule names.
+		EnforcingConsecutive_5Xx:           wrapperspb.UInt32(0),
+		EnforcingConsecutiveGatewayFailure: wrapperspb.UInt32(0),
+		EnforcingSuccessRate:               wrapperspb.UInt32(0),
+	}
+	if n := od.GetConsecutive_5XxErrors(); n != nil && n.GetValue() > 0 {
+		out.Consecutive_5Xx = wrapperspb.UInt32(n.GetValue())
+		out.EnforcingConsecutive_5Xx = wrapperspb.UInt32(100)
+	}
+	if n := od.GetConsecutiveGatewayErrors(); n != nil && n.GetValue() > 0 {
+		out.ConsecutiveGatewayFailure = wrapperspb.UInt32(n.GetValue())
+		out.EnforcingConsecutiveGatewayFailure = wrapperspb.UInt32(100)
+	}
+	if n := od.GetConsecutiveLocalOriginFailures(); n != nil && n.GetValue() > 0 {
+		out.SplitExternalLocalOriginErrors = od.GetSplitExternalLocalOriginErrors()
+		out.ConsecutiveLocalOriginFailure = wrapperspb.UInt32(n.GetValue())
+		out.EnforcingConsecutiveLocalOriginFailure = wrapperspb.UInt32(100)
+	}
+	if d := od.GetInterval(); d != nil && d.AsDuration() > 0 {
+		out.Interval = d
+	}
+	if d := od.GetBaseEjectionTime(); d != nil && d.AsDuration() > 0 {
+		out.BaseEjectionTime = d
+	}
+	if p := od.GetMaxEjectionPercent(); p > 0 {
+		out.MaxEjectionPercent = wrapperspb.UInt32(uint32(min(p, 100)))
+	}
+	c.OutlierDetection = out
+	if p := od.GetMinHealthPercent(); p > 0 {
+		c.CommonLbConfig.HealthyPanicThreshold = &typev3.Percent{Value: float64(min(p, 100))}
+	}
+}
+
+// upstreamTLS builds TLS origination. Certificates always come over SDS from the agent, named
+// as Istio names them, so no key material ever travels in CDS.
+func (b *builder) upstreamTLS(t *networking.ClientTLSSettings, host string, port uint32, subset string,
+	h2 bool, log interface{ Debug(string, ...any) }) *corev3.TransportSocket {
+	ctx := &tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{}}
+	common := ctx.CommonTlsContext
+	sans := func() *tlsv3.CertificateValidationContext {
+		v := &tlsv3.CertificateValidationContext{}
+		for _, s := range t.GetSubjectAltNames() {
+			v.MatchTypedSubjectAltNames = append(v.MatchTypedSubjectAltNames, &tlsv3.SubjectAltNameMatcher{
+				SanType: tlsv3.SubjectAltNameMatcher_DNS,
+				Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}})
+		}
+		return v
+	}
+	switch t.GetMode() {
+	case networking.ClientTLSSettings_DISABLE:
+		return nil
+	case networking.ClientTLSSettings_ISTIO_MUTUAL:
+		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret("default")}
+		v := &tlsv3.CertificateValidationContext{}
+		for _, s := range t.GetSubjectAltNames() {
+			v.MatchTypedSubjectAltNames = append(v.MatchTypedSubjectAltNames, &tlsv3.SubjectAltNameMatcher{
+				SanType: tlsv3.SubjectAltNameMatcher_URI,
+				Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}})
+		}
+		common.ValidationContextType = &tlsv3.CommonTlsContext_CombinedValidationContext{
+			CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+				DefaultValidationContext:         v,
+				ValidationContextSdsSecretConfig: sdsSecret("ROOTCA"),
+			}}
+		common.AlpnProtocols = []string{"istio-peer-exchange", "istio"}
+		ctx.Sni = "outbound_." + itoa(port) + "_." + subset + "_." + host
+		if s := t.GetSni(); s != "" {
+			ctx.Sni = s
+		}
+	case networking.ClientTLSSettings_SIMPLE, networking.ClientTLSSettings_MUTUAL:
+		root := ""
+		switch {
+		case t.GetCredentialName() != "":
+			root = "kubernetes://" + t.GetCredentialName() + "-cacert"
+		case t.GetCaCertificates() != "":
+			root = "file-root:" + t.GetCaCertificates()
+		}
+		if root != "" && !t.GetInsecureSkipVerify().GetValue() {
+			common.ValidationContextType = &tlsv3.CommonTlsContext_CombinedValidationContext{
+				CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+					DefaultValidationContext:         sans(),
+					ValidationContextSdsSecretConfig: sdsSecret(root),
+				}}
+		}
+		if t.GetMode() == networking.ClientTLSSettings_MUTUAL {
+			switch {
+			case t.GetCredentialName() != "":
+				common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{
+					sdsSecret("kubernetes://" + t.GetCredentialName())}
+			case t.GetClientCertificate() != "" && t.GetPrivateKey() != "":
+				common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{
+					sdsSecret("file-cert:" + t.GetClientCertificate() + "~" + t.GetPrivateKey())}
+			default:
+				log.Debug("MUTUAL TLS without client certificate; originating simple TLS")
+			}
+		}
+		ctx.Sni = t.GetSni()
+		if ctx.Sni == "" {
+			ctx.Sni = host
+		}
+		if h2 {
+			common.AlpnProtocols = []string{"h2"}
+		}
+	default:
+		log.Debug("unknown TLS mode", "mode", t.GetMode().String())
+		return nil
+	}
+	return &corev3.TransportSocket{Name: tlsTransportSocket,
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(ctx)}}
+}
+
+// policy is a DestinationRule's traffic policy as it applies to one port of one subset.
+type policy struct {
+	lb      *networking.LoadBalancerSettings
+	pool    *networking.ConnectionPoolSettings
+	outlier *networking.OutlierDetection
+	tls     *networking.ClientTLSSettings
+}
+
+// effectivePolicy applies Istio's precedence, field by field: the subset's port settings over
+// the subset's policy over the rule's port settings over the rule's policy.
+func effectivePolicy(dr *networking.DestinationRule, port uint32, subset *networking.Subset) policy {
+	var p policy
+	merge := func(tp *networking.TrafficPolicy) {
+		if tp == nil {
+			return
+		}
+		apply := func(lb *networking.LoadBalancerSettings, cp *networking.ConnectionPoolSettings,
+			od *networking.OutlierDetection, t *networking.ClientTLSSettings) {
+			if lb != nil {
+				p.lb = lb
+			}
+			if cp != nil {
+				p.pool = cp
+			}
+			if od != nil {
+				p.outlier = od
+			}
+			if t != nil {
+				p.tls = t
+			}
+		}
+		apply(tp.GetLoadBalancer(), tp.GetConnectionPool(), tp.GetOutlierDetection(), tp.GetTls())
+		for _, pls := range tp.GetPortLevelSettings() {
+			if pls.GetPort().GetNumber() == port {
+				apply(pls.GetLoadBalancer(), pls.GetConnectionPool(), pls.GetOutlierDetection(), pls.GetTls())
+			}
+		}
+	}
+	merge(dr.GetTrafficPolicy())
+	if subset != nil {
+		merge(subset.GetTrafficPolicy())
+	}
+	return p
+}
+
+func (b *builder) blackHoleCluster() *clusterv3.Cluster {
+	return &clusterv3.Cluster{
+		Name:                 BlackHoleCluster,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
+		ConnectTimeout:       b.connectTimeout(),
+	}
+}
+
+func (b *builder) passthroughCluster() *clusterv3.Cluster {
+	return &clusterv3.Cluster{
+		Name:                 PassthroughCluster,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST},
+		ConnectTimeout:       b.connectTimeout(),
+		LbPolicy:             clusterv3.Cluster_CLUSTER_PROVIDED,
+		CircuitBreakers:      &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{defaultThresholds()}},
+	}
+}
+
+// inboundPassthroughCluster forwards inbound traffic to ports no service declares; the source
+// address 127.0.0.6 keeps it from looping back into the proxy's own capture.
+func (b *builder) inboundPassthroughCluster() *clusterv3.Cluster {
+	c := b.passthroughCluster()
+	c.Name = InboundPassthroughCluster
+	c.UpstreamBindConfig = &corev3.BindConfig{SourceAddress: socketAddress("127.0.0.6", 0).GetSocketAddress()}
+	return c
+}
+
+func (b *builder) inboundCluster(in inboundPort) *clusterv3.Cluster {
+	name := InboundClusterName(in.port)
+	c := &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
+		ConnectTimeout:       b.connectTimeout(),
+		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
+		CircuitBreakers:      &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{defaultThresholds()}},
+		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{
+			LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{
+				Endpoint: &endpointv3.Endpoint{Address: in.endpoint}}}},
+		}}},
+	}
+	if in.proto == protoHTTP2 {
+		c.TypedExtensionProtocolOptions = map[string]*anyMsg{httpProtocolOptionsKey: mustAny(&httpv3.HttpProtocolOptions{
+			UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+				ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+					ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
+						Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}}}}})}
+	}
+	return c
+}

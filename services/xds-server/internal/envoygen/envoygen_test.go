@@ -1,0 +1,255 @@
+package envoygen
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"sigs.k8s.io/yaml"
+
+	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/testinput"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(bytes.TrimRight(p, "\n")))
+	return len(p), nil
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// proxyDoc is the test-only document describing an xDS node:
+//
+//	kind: Proxy
+//	metadata: {name: <golden key>}
+//	spec: {id: sidecar~IP~pod.ns~ns.svc.cluster.local, metadata: {NAMESPACE: ns, LABELS: {...}}}
+type proxyDoc struct {
+	Kind     string `json:"kind"`
+	Metadata struct {
+		Name string `json:"name"`
+	} `json:"metadata"`
+	Spec struct {
+		ID       string         `json:"id"`
+		Metadata map[string]any `json:"metadata"`
+	} `json:"spec"`
+}
+
+type namedProxy struct {
+	name  string
+	proxy *model.Proxy
+}
+
+type testCase struct {
+	snap    *model.Snapshot
+	proxies []namedProxy
+}
+
+func cases(t *testing.T) []string {
+	t.Helper()
+	dirs, err := filepath.Glob("testdata/*/input.yaml")
+	if err != nil || len(dirs) == 0 {
+		t.Fatalf("no golden cases: %v", err)
+	}
+	for i, d := range dirs {
+		dirs[i] = filepath.Dir(d)
+	}
+	return dirs
+}
+
+// load reads a case: the Proxy documents are taken out, the rest goes through testinput.
+func load(t *testing.T, dir string) testCase {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, "input.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rest []string
+	var tc testCase
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		var pd proxyDoc
+		if err := yaml.Unmarshal([]byte(doc), &pd); err != nil {
+			t.Fatalf("%s: %v", dir, err)
+		}
+		if pd.Kind != "Proxy" {
+			rest = append(rest, doc)
+			continue
+		}
+		md, err := structpb.NewStruct(pd.Spec.Metadata)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := model.ParseProxy(&corev3.Node{Id: pd.Spec.ID, Metadata: md})
+		if err != nil {
+			t.Fatalf("%s: proxy %s: %v", dir, pd.Metadata.Name, err)
+		}
+		tc.proxies = append(tc.proxies, namedProxy{name: pd.Metadata.Name, proxy: p})
+	}
+	if len(tc.proxies) == 0 {
+		t.Fatalf("%s: no Proxy document", dir)
+	}
+	items, err := testinput.Parse([]byte(strings.Join(rest, "\n---\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := model.NewStore()
+	h := store.Handler(nil)
+	for _, c := range testinput.Changes(items) {
+		if err := h.Apply(c); err != nil {
+			t.Fatalf("apply %s: %v", c.TypeURL, err)
+		}
+	}
+	tc.snap = store.Snapshot()
+	return tc
+}
+
+func all(r *Resources) []proto.Message {
+	var out []proto.Message
+	for _, x := range r.Listeners {
+		out = append(out, x)
+	}
+	for _, x := range r.Routes {
+		out = append(out, x)
+	}
+	for _, x := range r.Clusters {
+		out = append(out, x)
+	}
+	for _, x := range r.Endpoints {
+		out = append(out, x)
+	}
+	return out
+}
+
+func generateAll(t *testing.T, tc testCase, p *model.Proxy) *Resources {
+	t.Helper()
+	res, err := New(testLogger(t)).GenerateAll(tc.snap, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// render prints each proxy's resources as YAML, grouped by type; protojson's output is not
+// stable byte for byte, so it goes through a generic value printed in key order.
+func render(t *testing.T, tc testCase) []byte {
+	t.Helper()
+	group := func(msgs []proto.Message) []json.RawMessage {
+		out := []json.RawMessage{}
+		for _, m := range msgs {
+			b, err := protojson.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, b)
+		}
+		return out
+	}
+	doc := map[string]map[string][]json.RawMessage{}
+	for _, np := range tc.proxies {
+		r := generateAll(t, tc, np.proxy)
+		doc[np.name] = map[string][]json.RawMessage{
+			"listeners": group(asMessages(r.Listeners)), "routes": group(asMessages(r.Routes)),
+			"clusters": group(asMessages(r.Clusters)), "endpoints": group(asMessages(r.Endpoints)),
+		}
+	}
+	j, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := yaml.JSONToYAML(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return y
+}
+
+func asMessages[T proto.Message](in []T) []proto.Message {
+	out := make([]proto.Message, len(in))
+	for i, m := range in {
+		out[i] = m
+	}
+	return out
+}
+
+func TestGolden(t *testing.T) {
+	for _, dir := range cases(t) {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			got := render(t, load(t, dir))
+			path := filepath.Join(dir, "golden.yaml")
+			if os.Getenv("UPDATE_GOLDEN") != "" {
+				if err := os.WriteFile(path, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run with UPDATE_GOLDEN=1 to create it)", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("%s differs from the generated resources (UPDATE_GOLDEN=1 refreshes it); got:\n%s", path, got)
+			}
+		})
+	}
+}
+
+// TestValidate checks every generated resource of every case against Envoy's constraints.
+func TestValidate(t *testing.T) {
+	for _, dir := range cases(t) {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			tc := load(t, dir)
+			for _, np := range tc.proxies {
+				res := all(generateAll(t, tc, np.proxy))
+				if len(res) == 0 {
+					t.Fatalf("%s: no resources generated", np.name)
+				}
+				for _, m := range res {
+					v, ok := m.(interface{ ValidateAll() error })
+					if !ok {
+						t.Fatalf("%T has no ValidateAll", m)
+					}
+					if err := v.ValidateAll(); err != nil {
+						t.Errorf("%s: %T invalid: %v", np.name, m, err)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestDeterministic guards the golden files and snapshot versions, which rely on the same
+// input producing byte-identical output.
+func TestDeterministic(t *testing.T) {
+	for _, dir := range cases(t) {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			tc := load(t, dir)
+			for _, np := range tc.proxies {
+				a, b := all(generateAll(t, tc, np.proxy)), all(generateAll(t, tc, np.proxy))
+				if len(a) != len(b) {
+					t.Fatalf("%d vs %d resources", len(a), len(b))
+				}
+				for i := range a {
+					ma, _ := proto.MarshalOptions{Deterministic: true}.Marshal(a[i])
+					mb, _ := proto.MarshalOptions{Deterministic: true}.Marshal(b[i])
+					if !bytes.Equal(ma, mb) {
+						t.Errorf("%s: resource %d differs between runs", np.name, i)
+					}
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,426 @@
+package envoygen
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	tlsinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
+	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	networking "istio.io/api/networking/v1alpha3"
+
+	"sailplane.dev/services/xds-server/internal/model"
+)
+
+// gatewayServer is one server of a Gateway selecting this proxy.
+type gatewayServer struct {
+	gateway string // "ns/name"
+	gwNS    string
+	gwName  string
+	server  *networking.Server
+	proto   protocol
+}
+
+// terminates reports whether the server ends TLS itself (SIMPLE, MUTUAL, ISTIO_MUTUAL); only
+// HTTPS and TLS servers do, an HTTP server's tls block carries httpsRedirect only.
+func (s gatewayServer) terminates() bool {
+	if s.proto != protoTLS {
+		return false
+	}
+	switch s.server.GetTls().GetMode() {
+	case networking.ServerTLSSettings_SIMPLE, networking.ServerTLSSettings_MUTUAL,
+		networking.ServerTLSSettings_ISTIO_MUTUAL, networking.ServerTLSSettings_OPTIONAL_MUTUAL:
+		return s.server.GetTls() != nil
+	}
+	return false
+}
+
+// passthrough reports whether the server forwards TLS untouched, routed by SNI. The check on
+// Tls itself matters: PASSTHROUGH is the enum's zero value.
+func (s gatewayServer) passthrough() bool {
+	return s.proto == protoTLS && s.server.GetTls() != nil &&
+		s.server.GetTls().GetMode() == networking.ServerTLSSettings_PASSTHROUGH
+}
+
+// httpRouteName is the RDS name of an HTTP-speaking server: one per port for plaintext, one
+// per server for TLS-terminating ones, as istiod names them.
+func (s gatewayServer) httpRouteName() string {
+	port := itoa(s.server.GetPort().GetNumber())
+	if s.terminates() {
+		return "https." + port + "." + s.server.GetPort().GetName() + "." + s.gwName + "." + s.gwNS
+	}
+	return "http." + port
+}
+
+// gatewayServers lists the servers of the Gateways whose selector matches the proxy's labels.
+func (b *builder) gatewayServers() []gatewayServer {
+	var out []gatewayServer
+	for i := range b.snap.Gateways {
+		gw := &b.snap.Gateways[i]
+		if !labelsMatch(gw.Spec.GetSelector(), b.proxy.Labels) {
+			continue
+		}
+		for _, s := range gw.Spec.GetServers() {
+			if s.GetPort().GetNumber() == 0 {
+				continue
+			}
+			out = append(out, gatewayServer{gateway: gw.Namespace + "/" + gw.Name, gwNS: gw.Namespace, gwName: gw.Name,
+				server: s, proto: parseProtocol(s.GetPort().GetProtocol(), s.GetPort().GetName())})
+		}
+	}
+	return out
+}
+
+// serverHosts splits a server's "ns/host" entries into the host parts allowed for a
+// VirtualService of namespace vsNS.
+func serverHosts(s gatewayServer, vsNS string) []string {
+	var out []string
+	for _, h := range s.server.GetHosts() {
+		ns, host, ok := strings.Cut(h, "/")
+		if !ok {
+			ns, host = "*", h
+		}
+		if ns == "." {
+			ns = s.gwNS
+		}
+		if vsNS != "" && ns != "*" && ns != vsNS {
+			continue
+		}
+		out = append(out, host)
+	}
+	return out
+}
+
+// sniNames are the server names a TLS filter chain matches; none for a "*" host.
+func sniNames(hosts []string) []string {
+	var out []string
+	for _, h := range hosts {
+		if h == "*" {
+			return nil
+		}
+		out = append(out, h)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// intersectHost returns the narrower of two hosts when one matches the other.
+func intersectHost(a, b string) (string, bool) {
+	switch {
+	case model.HostMatches(a, b):
+		return b, true
+	case model.HostMatches(b, a):
+		return a, true
+	}
+	return "", false
+}
+
+func (b *builder) gatewayListeners() []*listenerv3.Listener {
+	byPort := map[uint32][]gatewayServer{}
+	var ports []uint32
+	for _, s := range b.gatewayServers() {
+		p := s.server.GetPort().GetNumber()
+		if byPort[p] == nil {
+			ports = append(ports, p)
+		}
+		byPort[p] = append(byPort[p], s)
+	}
+	slices.Sort(ports)
+	var out []*listenerv3.Listener
+	for _, port := range ports {
+		name := wildcardIP + "_" + itoa(port)
+		l := &listenerv3.Listener{Name: name, Address: socketAddress(wildcardIP, port),
+			TrafficDirection: corev3.TrafficDirection_OUTBOUND}
+		seen := map[string]bool{}
+		addChain := func(fc *listenerv3.FilterChain) {
+			// Envoy refuses two filter chains with the same match.
+			key := strings.Join(fc.GetFilterChainMatch().GetServerNames(), ",")
+			if seen[key] {
+				b.log.Debug("skipping gateway server whose hosts another server on the port already serves",
+					"listener", name, "serverNames", key)
+				return
+			}
+			seen[key] = true
+			l.FilterChains = append(l.FilterChains, fc)
+		}
+		httpDone := false
+		for _, s := range byPort[port] {
+			log := b.log.With("gateway", s.gateway, "port", port)
+			switch {
+			case s.terminates() && strings.EqualFold(s.server.GetPort().GetProtocol(), "HTTPS"):
+				hcm := b.hcm("outbound_"+name, s.httpRouteName(), nil, true)
+				addChain(&listenerv3.FilterChain{
+					FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: sniNames(serverHosts(s, ""))},
+					Filters:          []*listenerv3.Filter{hcmFilterOf(hcm)},
+					TransportSocket:  downstreamTLS(s.server.GetTls(), true),
+				})
+			case s.proto.isHTTP():
+				if httpDone {
+					continue // plaintext servers on a port share one chain and route config
+				}
+				httpDone = true
+				addChain(&listenerv3.FilterChain{Filters: []*listenerv3.Filter{
+					hcmFilterOf(b.hcm("outbound_"+name, s.httpRouteName(), nil, true))}})
+			case s.passthrough():
+				for _, fc := range b.passthroughChains(s, port) {
+					addChain(fc)
+				}
+			case s.proto == protoTCP || s.terminates():
+				tp := b.gatewayTCPRoute(s, port)
+				if tp == nil {
+					log.Debug("no tcp route for gateway server")
+					continue
+				}
+				fc := &listenerv3.FilterChain{Filters: []*listenerv3.Filter{tcpProxyFilterOf(tp)}}
+				if s.terminates() {
+					fc.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: sniNames(serverHosts(s, ""))}
+					fc.TransportSocket = downstreamTLS(s.server.GetTls(), false)
+				}
+				addChain(fc)
+			default:
+				log.Debug("unsupported gateway server", "protocol", s.server.GetPort().GetProtocol(),
+					"tlsMode", s.server.GetTls().GetMode().String())
+			}
+		}
+		if len(l.FilterChains) == 0 {
+			continue
+		}
+		for _, fc := range l.FilterChains {
+			if len(fc.GetFilterChainMatch().GetServerNames()) > 0 || fc.TransportSocket != nil {
+				l.ListenerFilters = []*listenerv3.ListenerFilter{{Name: tlsInspectorFilter,
+					ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&tlsinspectorv3.TlsInspector{})}}}
+				break
+			}
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// boundVirtualServices are the VirtualServices attached to a gateway, oldest first.
+func (b *builder) boundVirtualServices(gateway string) []*model.Config[*networking.VirtualService] {
+	var out []*model.Config[*networking.VirtualService]
+	for i := range b.snap.VirtualServices {
+		vs := &b.snap.VirtualServices[i]
+		if slices.ContainsFunc(vs.Spec.GetGateways(), func(g string) bool { return qualifyGateway(g, vs.Namespace) == gateway }) {
+			out = append(out, vs)
+		}
+	}
+	return out
+}
+
+// passthroughChains route TLS by SNI without terminating it, from the VirtualServices' tls
+// routes: one chain per route match.
+func (b *builder) passthroughChains(s gatewayServer, port uint32) []*listenerv3.FilterChain {
+	var out []*listenerv3.FilterChain
+	for _, vs := range b.boundVirtualServices(s.gateway) {
+		hosts := serverHosts(s, vs.Namespace)
+		for _, tr := range vs.Spec.GetTls() {
+			for _, m := range tr.GetMatch() {
+				if m.GetPort() != 0 && m.GetPort() != port {
+					continue
+				}
+				if len(m.GetGateways()) > 0 && !(gatewayFilter{s.gateway: true}).accepts(m.GetGateways(), vs.Namespace) {
+					continue
+				}
+				var sni []string
+				for _, h := range m.GetSniHosts() {
+					for _, sh := range hosts {
+						if x, ok := intersectHost(sh, h); ok {
+							sni = append(sni, x)
+						}
+					}
+				}
+				if len(sni) == 0 {
+					continue
+				}
+				dests := weightedDestinations(b, tr.GetRoute(), vs.Namespace, "", port)
+				tp := tcpProxyFor(dests)
+				if tp == nil {
+					continue
+				}
+				slices.Sort(sni)
+				out = append(out, &listenerv3.FilterChain{
+					FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: slices.Compact(sni)},
+					Filters:          []*listenerv3.Filter{tcpProxyFilterOf(tp)},
+				})
+			}
+		}
+	}
+	return out
+}
+
+func (b *builder) gatewayTCPRoute(s gatewayServer, port uint32) *tcpv3.TcpProxy {
+	for _, vs := range b.boundVirtualServices(s.gateway) {
+		if len(serverHosts(s, vs.Namespace)) == 0 {
+			continue
+		}
+		for _, r := range vs.Spec.GetTcp() {
+			ok := len(r.GetMatch()) == 0
+			for _, m := range r.GetMatch() {
+				if (m.GetPort() == 0 || m.GetPort() == port) &&
+					(len(m.GetGateways()) == 0 || (gatewayFilter{s.gateway: true}).accepts(m.GetGateways(), vs.Namespace)) {
+					ok = true
+				}
+			}
+			if !ok {
+				continue
+			}
+			if tp := tcpProxyFor(weightedDestinations(b, r.GetRoute(), vs.Namespace, "", port)); tp != nil {
+				return tp
+			}
+		}
+	}
+	return nil
+}
+
+func tcpProxyFor(dests []weightedDest) *tcpv3.TcpProxy {
+	switch len(dests) {
+	case 0:
+		return nil
+	case 1:
+		return &tcpv3.TcpProxy{StatPrefix: dests[0].cluster, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: dests[0].cluster}}
+	}
+	wc := &tcpv3.TcpProxy_WeightedCluster{}
+	for _, d := range dests {
+		wc.Clusters = append(wc.Clusters, &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: d.cluster, Weight: d.weight})
+	}
+	return &tcpv3.TcpProxy{StatPrefix: dests[0].cluster, ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}}
+}
+
+// downstreamTLS terminates TLS with certificates the agent serves over SDS: Kubernetes
+// secrets as "kubernetes://<credentialName>", files as "file-cert:<cert>~<key>".
+func downstreamTLS(t *networking.ServerTLSSettings, http bool) *corev3.TransportSocket {
+	ctx := &tlsv3.DownstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{}}
+	common := ctx.CommonTlsContext
+	if http {
+		common.AlpnProtocols = []string{"h2", "http/1.1"}
+	}
+	var root string
+	switch {
+	case t.GetMode() == networking.ServerTLSSettings_ISTIO_MUTUAL:
+		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret("default")}
+		root = "ROOTCA"
+	case t.GetCredentialName() != "":
+		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret("kubernetes://" + t.GetCredentialName())}
+		root = "kubernetes://" + t.GetCredentialName() + "-cacert"
+	default:
+		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{
+			sdsSecret("file-cert:" + t.GetServerCertificate() + "~" + t.GetPrivateKey())}
+		if t.GetCaCertificates() != "" {
+			root = "file-root:" + t.GetCaCertificates()
+		}
+	}
+	if t.GetMode() != networking.ServerTLSSettings_SIMPLE && root != "" {
+		v := &tlsv3.CertificateValidationContext{}
+		for _, s := range t.GetSubjectAltNames() {
+			v.MatchTypedSubjectAltNames = append(v.MatchTypedSubjectAltNames, &tlsv3.SubjectAltNameMatcher{
+				SanType: tlsv3.SubjectAltNameMatcher_DNS,
+				Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}})
+		}
+		common.ValidationContextType = &tlsv3.CommonTlsContext_CombinedValidationContext{
+			CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+				DefaultValidationContext: v, ValidationContextSdsSecretConfig: sdsSecret(root)}}
+		ctx.RequireClientCertificate = wrapperspb.Bool(t.GetMode() != networking.ServerTLSSettings_OPTIONAL_MUTUAL)
+	}
+	if v, ok := tlsVersions[t.GetMinProtocolVersion()]; ok || t.GetMaxProtocolVersion() != 0 {
+		common.TlsParams = &tlsv3.TlsParameters{TlsMinimumProtocolVersion: v,
+			TlsMaximumProtocolVersion: tlsVersions[t.GetMaxProtocolVersion()]}
+	}
+	if cs := t.GetCipherSuites(); len(cs) > 0 {
+		common.TlsParams = cmp.Or(common.TlsParams, &tlsv3.TlsParameters{})
+		common.TlsParams.CipherSuites = cs
+	}
+	return &corev3.TransportSocket{Name: tlsTransportSocket,
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(ctx)}}
+}
+
+var tlsVersions = map[networking.ServerTLSSettings_TLSProtocol]tlsv3.TlsParameters_TlsProtocol{
+	networking.ServerTLSSettings_TLSV1_0: tlsv3.TlsParameters_TLSv1_0,
+	networking.ServerTLSSettings_TLSV1_1: tlsv3.TlsParameters_TLSv1_1,
+	networking.ServerTLSSettings_TLSV1_2: tlsv3.TlsParameters_TLSv1_2,
+	networking.ServerTLSSettings_TLSV1_3: tlsv3.TlsParameters_TLSv1_3,
+}
+
+// gatewayRoutes builds a route configuration per HTTP route name the gateway's listeners use.
+func (b *builder) gatewayRoutes() []*routev3.RouteConfiguration {
+	byName := map[string][]gatewayServer{}
+	for _, s := range b.gatewayServers() {
+		if s.passthrough() {
+			continue
+		}
+		if s.proto.isHTTP() || (s.terminates() && strings.EqualFold(s.server.GetPort().GetProtocol(), "HTTPS")) {
+			byName[s.httpRouteName()] = append(byName[s.httpRouteName()], s)
+		}
+	}
+	var out []*routev3.RouteConfiguration
+	for _, name := range sortedKeys(byName) {
+		out = append(out, b.gatewayRouteConfig(name, byName[name]))
+	}
+	return out
+}
+
+func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *routev3.RouteConfiguration {
+	rc := &routev3.RouteConfiguration{Name: name, ValidateClusters: wrapperspb.Bool(false)}
+	port := servers[0].server.GetPort().GetNumber()
+	vhosts := map[string]*routev3.VirtualHost{}
+	added := map[string]bool{}
+	for _, s := range servers {
+		redirect := s.server.GetTls().GetHttpsRedirect() && !s.terminates()
+		for _, vs := range b.boundVirtualServices(s.gateway) {
+			hosts := serverHosts(s, vs.Namespace)
+			for _, vh := range vs.Spec.GetHosts() {
+				vh = model.ResolveHost(vh, vs.Namespace)
+				for _, sh := range hosts {
+					host, ok := intersectHost(sh, vh)
+					if !ok {
+						continue
+					}
+					// A VirtualService reached through several servers or hosts adds its routes once.
+					key := host + "\x00" + vs.Namespace + "/" + vs.Name
+					if added[key] {
+						continue
+					}
+					added[key] = true
+					// Destinations without a port go to the service's only port, never the gateway's.
+					routes := b.httpRoutes(vs, "", port, gatewayFilter{s.gateway: true})
+					v := vhosts[host]
+					if v == nil {
+						// Any port for exact hosts; a wildcard host written with ":*" would need
+						// two wildcards, which Envoy does not support.
+						domains := []string{host, host + ":*"}
+						if strings.Contains(host, "*") {
+							domains = []string{host}
+						}
+						v = &routev3.VirtualHost{Name: host + ":" + itoa(port), Domains: domains,
+							IncludeRequestAttemptCount: true}
+						vhosts[host] = v
+					}
+					v.Routes = append(v.Routes, routes...)
+					if redirect {
+						v.RequireTls = routev3.VirtualHost_ALL
+					}
+				}
+			}
+		}
+	}
+	for _, h := range sortedKeys(vhosts) {
+		if len(vhosts[h].Routes) > 0 || vhosts[h].RequireTls == routev3.VirtualHost_ALL {
+			rc.VirtualHosts = append(rc.VirtualHosts, vhosts[h])
+		}
+	}
+	if len(rc.VirtualHosts) == 0 {
+		// Like istiod: a port with nothing bound answers 404 rather than resetting.
+		rc.VirtualHosts = []*routev3.VirtualHost{{Name: "blackhole:" + itoa(port), Domains: []string{"*"},
+			Routes: []*routev3.Route{{Name: "blackhole", Match: &routev3.RouteMatch{
+				PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+				Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 404}}}}}}
+	}
+	return rc
+}

@@ -1,0 +1,309 @@
+package envoygen
+
+import (
+	"cmp"
+	"slices"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
+	faultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	origdstv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/original_dst/v3"
+	tlsinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	networking "istio.io/api/networking/v1alpha3"
+)
+
+// Filter names as istiod writes them.
+const (
+	hcmFilter          = "envoy.filters.network.http_connection_manager"
+	tcpProxyFilter     = "envoy.filters.network.tcp_proxy"
+	faultFilter        = "envoy.filters.http.fault"
+	corsFilter         = "envoy.filters.http.cors"
+	routerFilter       = "envoy.filters.http.router"
+	originalDstFilter  = "envoy.filters.listener.original_dst"
+	tlsInspectorFilter = "envoy.filters.listener.tls_inspector"
+	wildcardIP         = "0.0.0.0"
+)
+
+func (b *builder) listeners() []*listenerv3.Listener {
+	if b.proxy.IsRouter() {
+		return sortByName(b.gatewayListeners())
+	}
+	out := []*listenerv3.Listener{b.virtualOutbound(), b.virtualInbound()}
+	out = append(out, b.outboundListeners()...)
+	return sortByName(out)
+}
+
+func (b *builder) outboundFallbackCluster() string {
+	if b.allowAny {
+		return PassthroughCluster
+	}
+	return BlackHoleCluster
+}
+
+// virtualOutbound receives all captured outbound traffic and hands each connection to the
+// listener of its original destination; what no listener claims goes to the fallback.
+func (b *builder) virtualOutbound() *listenerv3.Listener {
+	fallback := b.outboundFallbackCluster()
+	name := "PassthroughFilterChain"
+	if !b.allowAny {
+		name = "BlackHoleFilterChain"
+	}
+	return &listenerv3.Listener{
+		Name:             VirtualOutboundListener,
+		Address:          socketAddress(wildcardIP, VirtualOutboundPort),
+		UseOriginalDst:   wrapperspb.Bool(true),
+		TrafficDirection: corev3.TrafficDirection_OUTBOUND,
+		FilterChains: []*listenerv3.FilterChain{{
+			Name:    name,
+			Filters: []*listenerv3.Filter{tcpProxy(fallback, fallback)},
+		}},
+	}
+}
+
+// virtualInbound receives captured inbound traffic; a filter chain per workload port, and
+// passthrough for ports no service declares.
+func (b *builder) virtualInbound() *listenerv3.Listener {
+	l := &listenerv3.Listener{
+		Name:             VirtualInboundListener,
+		Address:          socketAddress(wildcardIP, VirtualInboundPort),
+		TrafficDirection: corev3.TrafficDirection_INBOUND,
+		ListenerFilters: []*listenerv3.ListenerFilter{{
+			Name:       originalDstFilter,
+			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&origdstv3.OriginalDst{})},
+		}},
+		DefaultFilterChain: &listenerv3.FilterChain{
+			Name:    "InboundPassthroughFilterChain",
+			Filters: []*listenerv3.Filter{tcpProxy(InboundPassthroughCluster, InboundPassthroughCluster)},
+		},
+	}
+	for _, in := range b.inboundPorts() {
+		cluster := InboundClusterName(in.port)
+		fc := &listenerv3.FilterChain{
+			Name:             "0.0.0.0_" + itoa(in.port),
+			FilterChainMatch: &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(in.port)},
+		}
+		if in.proto.isHTTP() {
+			rc := &routev3.RouteConfiguration{
+				Name:             cluster,
+				ValidateClusters: wrapperspb.Bool(false),
+				VirtualHosts: []*routev3.VirtualHost{{
+					Name:    "inbound|http|" + itoa(in.port),
+					Domains: []string{"*"},
+					Routes: []*routev3.Route{{
+						Name:  "default",
+						Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+						Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+							ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
+							Timeout:          durationpb.New(0),
+						}},
+					}},
+				}},
+			}
+			hcm := b.hcm("inbound_0.0.0.0_"+itoa(in.port), "", rc, false)
+			fc.Filters = []*listenerv3.Filter{hcmFilterOf(hcm)}
+		} else {
+			fc.Filters = []*listenerv3.Filter{tcpProxy("inbound_0.0.0.0_"+itoa(in.port), cluster)}
+		}
+		l.FilterChains = append(l.FilterChains, fc)
+	}
+	return l
+}
+
+// hcm builds an HTTP connection manager with istiod's filter chain: fault and CORS (inert
+// unless a route configures them) before the router.
+func (b *builder) hcm(statPrefix, rds string, inline *routev3.RouteConfiguration,
+	gateway bool) *hcmv3.HttpConnectionManager {
+	h := &hcmv3.HttpConnectionManager{
+		StatPrefix:        statPrefix,
+		UseRemoteAddress:  wrapperspb.Bool(gateway),
+		NormalizePath:     wrapperspb.Bool(true),
+		StreamIdleTimeout: durationpb.New(0),
+		UpgradeConfigs:    []*hcmv3.HttpConnectionManager_UpgradeConfig{{UpgradeType: "websocket"}},
+		HttpFilters: []*hcmv3.HttpFilter{
+			{Name: faultFilter, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&faultv3.HTTPFault{})}},
+			{Name: corsFilter, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&corsv3.Cors{})}},
+			{Name: routerFilter, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&routerv3.Router{})}},
+		},
+	}
+	if inline != nil {
+		h.RouteSpecifier = &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: inline}
+	} else {
+		h.RouteSpecifier = &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{ConfigSource: adsConfigSource(), RouteConfigName: rds}}
+	}
+	return h
+}
+
+func hcmFilterOf(h *hcmv3.HttpConnectionManager) *listenerv3.Filter {
+	return &listenerv3.Filter{Name: hcmFilter, ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(h)}}
+}
+
+func tcpProxy(statPrefix, cluster string) *listenerv3.Filter {
+	return tcpProxyFilterOf(&tcpv3.TcpProxy{StatPrefix: statPrefix,
+		ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: cluster}})
+}
+
+func tcpProxyFilterOf(t *tcpv3.TcpProxy) *listenerv3.Filter {
+	return &listenerv3.Filter{Name: tcpProxyFilter, ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(t)}}
+}
+
+// outboundListener collects what goes into one outbound listener before it is built.
+type outboundListener struct {
+	name   string
+	ip     string
+	port   uint32
+	http   bool
+	chains []tcpChain
+}
+
+type tcpChain struct {
+	host  string
+	sni   bool // match by SNI: several TLS services share a wildcard listener
+	proxy *tcpv3.TcpProxy
+}
+
+// outboundListeners: one wildcard listener per HTTP port, routed by RDS "<port>"; one per
+// service VIP and TCP port (wildcard when the service has no VIP), as istiod does. Listeners
+// do not bind: iptables sends traffic to virtualOutbound, which hands it over.
+func (b *builder) outboundListeners() []*listenerv3.Listener {
+	byName := map[string]*outboundListener{}
+	var order []*outboundListener
+	add := func(ol *outboundListener) { byName[ol.name] = ol; order = append(order, ol) }
+	// HTTP first: on a shared wildcard port, HTTP wins over TCP like in istiod.
+	for _, svc := range b.services {
+		for _, p := range b.visiblePorts(svc) {
+			if !portProtocol(p).isHTTP() {
+				continue
+			}
+			name := wildcardIP + "_" + itoa(p.GetNumber())
+			if byName[name] == nil {
+				add(&outboundListener{name: name, ip: wildcardIP, port: p.GetNumber(), http: true})
+			}
+		}
+	}
+	for _, svc := range b.services {
+		host := svc.Spec.GetHostname()
+		for _, p := range b.visiblePorts(svc) {
+			proto := portProtocol(p)
+			if proto.isHTTP() {
+				continue
+			}
+			ip := wildcardIP
+			if a := svc.Spec.GetAddresses(); len(a) > 0 && a[0] != "" {
+				ip = a[0]
+			}
+			name := ip + "_" + itoa(p.GetNumber())
+			chain := tcpChain{host: host, sni: ip == wildcardIP && proto == protoTLS,
+				proxy: b.tcpRoute(host, p.GetNumber())}
+			ol := byName[name]
+			switch {
+			case ol == nil:
+				add(&outboundListener{name: name, ip: ip, port: p.GetNumber(), chains: []tcpChain{chain}})
+			case !ol.http && chain.sni && ol.chains[0].sni:
+				ol.chains = append(ol.chains, chain)
+			default:
+				b.log.Debug("skipping conflicting outbound listener", "listener", name, "host", host)
+			}
+		}
+	}
+	var out []*listenerv3.Listener
+	for _, ol := range order {
+		l := &listenerv3.Listener{
+			Name:             ol.name,
+			Address:          socketAddress(ol.ip, ol.port),
+			BindToPort:       wrapperspb.Bool(false),
+			TrafficDirection: corev3.TrafficDirection_OUTBOUND,
+		}
+		if ol.http {
+			hcm := b.hcm("outbound_"+ol.name, itoa(ol.port), nil, false)
+			l.FilterChains = []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{hcmFilterOf(hcm)}}}
+			out = append(out, l)
+			continue
+		}
+		slices.SortStableFunc(ol.chains, func(a, b tcpChain) int { return cmp.Compare(a.host, b.host) })
+		for _, c := range ol.chains {
+			fc := &listenerv3.FilterChain{Filters: []*listenerv3.Filter{tcpProxyFilterOf(c.proxy)}}
+			if c.sni {
+				fc.Name = c.host
+				fc.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: []string{c.host}}
+			}
+			l.FilterChains = append(l.FilterChains, fc)
+		}
+		if ol.chains[0].sni {
+			l.ListenerFilters = []*listenerv3.ListenerFilter{{Name: tlsInspectorFilter,
+				ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&tlsinspectorv3.TlsInspector{})}}}
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// tcpRoute is the tcp_proxy for a TCP service port: the destinations of the first matching
+// tcp route of its VirtualService, else the service's own cluster.
+func (b *builder) tcpRoute(host string, port uint32) *tcpv3.TcpProxy {
+	def := ClusterName(port, "", host)
+	tp := &tcpv3.TcpProxy{StatPrefix: def, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: def}}
+	vs := b.virtualService(host)
+	if vs == nil {
+		return tp
+	}
+	for _, r := range vs.Spec.GetTcp() {
+		if !b.l4Matches(r.GetMatch(), port) {
+			continue
+		}
+		dests := weightedDestinations(b, r.GetRoute(), vs.Namespace, host, port)
+		switch len(dests) {
+		case 0:
+			continue
+		case 1:
+			tp.StatPrefix = dests[0].cluster
+			tp.ClusterSpecifier = &tcpv3.TcpProxy_Cluster{Cluster: dests[0].cluster}
+		default:
+			wc := &tcpv3.TcpProxy_WeightedCluster{}
+			for _, d := range dests {
+				wc.Clusters = append(wc.Clusters, &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: d.cluster, Weight: d.weight})
+			}
+			tp.ClusterSpecifier = &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}
+		}
+		return tp
+	}
+	return tp
+}
+
+// l4Matches reports whether any of a tcp route's matches (none = all) applies to this sidecar
+// and port; address and SNI conditions cannot narrow a per-service listener and are ignored.
+func (b *builder) l4Matches(ms []*networking.L4MatchAttributes, port uint32) bool {
+	if len(ms) == 0 {
+		return true
+	}
+	for _, m := range ms {
+		if m.GetPort() != 0 && m.GetPort() != port {
+			continue
+		}
+		if !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), m.GetGateways()) {
+			continue
+		}
+		return true
+	}
+	return false
+}
+
+// sourceMatches checks a match's conditions on the client: the proxy itself.
+func (b *builder) sourceMatches(labels map[string]string, ns string, gateways []string) bool {
+	if ns != "" && ns != b.proxy.Namespace {
+		return false
+	}
+	if len(labels) > 0 && !labelsMatch(labels, b.proxy.Labels) {
+		return false
+	}
+	if b.proxy.IsSidecar() && len(gateways) > 0 && !appliesToMesh(gateways) {
+		return false
+	}
+	return true
+}

@@ -1,0 +1,700 @@
+package envoygen
+
+import (
+	"cmp"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	commonfaultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/fault/v3"
+	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
+	faultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
+	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	networking "istio.io/api/networking/v1alpha3"
+
+	"sailplane.dev/services/xds-server/internal/model"
+)
+
+// defaultRetryOn is istiod's retry policy for routes whose VirtualService sets none.
+const defaultRetryOn = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
+
+func (b *builder) routes() []*routev3.RouteConfiguration {
+	if b.proxy.IsRouter() {
+		return sortByName(b.gatewayRoutes())
+	}
+	ports := map[uint32]bool{}
+	for _, svc := range b.services {
+		for _, p := range b.visiblePorts(svc) {
+			if portProtocol(p).isHTTP() {
+				ports[p.GetNumber()] = true
+			}
+		}
+	}
+	var out []*routev3.RouteConfiguration
+	for port := range ports {
+		out = append(out, b.sidecarRouteConfig(port))
+	}
+	return sortByName(out)
+}
+
+// sidecarRouteConfig is RDS "<port>": a virtual host per service with an HTTP port of that
+// number, and a catch-all per the outbound traffic policy.
+func (b *builder) sidecarRouteConfig(port uint32) *routev3.RouteConfiguration {
+	rc := &routev3.RouteConfiguration{Name: itoa(port), ValidateClusters: wrapperspb.Bool(false)}
+	taken := map[string]bool{}
+	for _, svc := range b.services {
+		for _, p := range b.visiblePorts(svc) {
+			if p.GetNumber() != port || !portProtocol(p).isHTTP() {
+				continue
+			}
+			host := svc.Spec.GetHostname()
+			var domains []string
+			for _, d := range b.domains(svc, port) {
+				// Envoy refuses a route configuration that repeats a domain.
+				if taken[d] {
+					b.log.Debug("domain already used by another virtual host", "domain", d, "host", host)
+					continue
+				}
+				taken[d] = true
+				domains = append(domains, d)
+			}
+			if len(domains) == 0 {
+				continue
+			}
+			var routes []*routev3.Route
+			if vs := b.virtualService(host); vs != nil {
+				routes = b.httpRoutes(vs, host, port, nil)
+			}
+			if len(routes) == 0 {
+				routes = []*routev3.Route{b.defaultRoute(host, port)}
+			}
+			rc.VirtualHosts = append(rc.VirtualHosts, &routev3.VirtualHost{
+				Name: host + ":" + itoa(port), Domains: domains, Routes: routes, IncludeRequestAttemptCount: true})
+		}
+	}
+	sortByName(rc.VirtualHosts)
+	rc.VirtualHosts = append(rc.VirtualHosts, b.catchAllVirtualHost())
+	return rc
+}
+
+func (b *builder) catchAllVirtualHost() *routev3.VirtualHost {
+	match := &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}}
+	if b.allowAny {
+		return &routev3.VirtualHost{Name: "allow_any", Domains: []string{"*"}, IncludeRequestAttemptCount: true,
+			Routes: []*routev3.Route{{Name: "allow_any", Match: match, Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+				ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: PassthroughCluster},
+				Timeout:          durationpb.New(0),
+			}}}}}
+	}
+	return &routev3.VirtualHost{Name: "block_all", Domains: []string{"*"}, IncludeRequestAttemptCount: true,
+		Routes: []*routev3.Route{{Name: "block_all", Match: match, Action: &routev3.Route_DirectResponse{
+			DirectResponse: &routev3.DirectResponseAction{Status: 502}}}}}
+}
+
+// domains are the names a client of the proxy may use for the service: the FQDN, the short
+// Kubernetes forms (the bare name only from the same namespace), and the VIPs, each also with
+// the port.
+func (b *builder) domains(svc *model.Service, port uint32) []string {
+	host := svc.Spec.GetHostname()
+	names := []string{host}
+	if ns := svc.Spec.GetNamespace(); ns != "" {
+		if name, ok := strings.CutSuffix(host, "."+ns+".svc."+model.DomainSuffix); ok && !strings.Contains(name, ".") {
+			names = append(names, name+"."+ns+".svc", name+"."+ns)
+			if ns == b.proxy.Namespace {
+				names = append(names, name)
+			}
+		}
+	}
+	for _, a := range svc.Spec.GetAddresses() {
+		if a != "" && a != wildcardIP {
+			names = append(names, a)
+		}
+	}
+	p := ":" + itoa(port)
+	out := make([]string, 0, 2*len(names))
+	for _, n := range names {
+		out = append(out, n, n+p)
+	}
+	return out
+}
+
+func (b *builder) defaultRoute(host string, port uint32) *routev3.Route {
+	return &routev3.Route{
+		Name:  "default",
+		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: ClusterName(port, "", host)},
+			Timeout:          durationpb.New(0),
+			RetryPolicy:      defaultRetryPolicy(),
+			HashPolicy:       b.hashPolicy(host, port, ""),
+		}},
+	}
+}
+
+// gatewayFilter says which gateway-level match conditions a route must meet: nil for the
+// mesh (sidecars), else the names ("ns/name") of the gateways being built.
+type gatewayFilter map[string]bool
+
+func (g gatewayFilter) accepts(names []string, ns string) bool {
+	if g == nil {
+		return appliesToMesh(names)
+	}
+	for _, n := range names {
+		if g[qualifyGateway(n, ns)] {
+			return true
+		}
+	}
+	return false
+}
+
+// qualifyGateway writes a VirtualService's gateway reference as "ns/name".
+func qualifyGateway(ref, ns string) string {
+	if strings.Contains(ref, "/") {
+		return ref
+	}
+	return ns + "/" + ref
+}
+
+// httpRoutes translates a VirtualService's http routes for one host and port.
+func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host string, port uint32,
+	gws gatewayFilter) []*routev3.Route {
+	var out []*routev3.Route
+	for i, hr := range vs.Spec.GetHttp() {
+		log := b.log.With("virtualService", vs.Namespace+"/"+vs.Name, "http", i, "port", port)
+		matches := hr.GetMatch()
+		if len(matches) == 0 {
+			matches = []*networking.HTTPMatchRequest{nil}
+		}
+		for _, m := range matches {
+			if m.GetPort() != 0 && m.GetPort() != port {
+				continue
+			}
+			if !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), nil) {
+				continue
+			}
+			if len(m.GetGateways()) > 0 && !gws.accepts(m.GetGateways(), vs.Namespace) {
+				continue
+			}
+			rm, reason := routeMatch(m)
+			if rm == nil {
+				// Dropping the whole match is safer than dropping one condition of it, which
+				// would widen what the route catches.
+				log.Debug("skipping unsupported match", "reason", reason)
+				continue
+			}
+			name := hr.GetName()
+			if m.GetName() != "" {
+				name = cmp.Or(name+"."+m.GetName(), m.GetName())
+			}
+			r := &routev3.Route{Name: name, Match: rm}
+			if !b.routeAction(r, hr, vs.Namespace, host, port, m, log) {
+				break
+			}
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// routeAction fills r's action and per-route settings; false when the route has nothing usable.
+func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, host string, port uint32,
+	m *networking.HTTPMatchRequest, log interface{ Debug(string, ...any) }) bool {
+	switch {
+	case hr.GetRedirect() != nil:
+		r.Action = &routev3.Route_Redirect{Redirect: redirect(hr.GetRedirect(), log)}
+	case hr.GetDirectResponse() != nil:
+		dr := hr.GetDirectResponse()
+		act := &routev3.DirectResponseAction{Status: dr.GetStatus()}
+		switch body := dr.GetBody().GetSpecifier().(type) {
+		case *networking.HTTPBody_String_:
+			act.Body = &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: body.String_}}
+		case *networking.HTTPBody_Bytes:
+			act.Body = &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: body.Bytes}}
+		}
+		r.Action = &routev3.Route_DirectResponse{DirectResponse: act}
+	case len(hr.GetRoute()) > 0:
+		act := b.forwardAction(hr, ns, host, port, log)
+		if act == nil {
+			log.Debug("skipping http route without usable destination")
+			return false
+		}
+		r.Action = &routev3.Route_Route{Route: act}
+	default:
+		log.Debug("skipping http route without destination, redirect or direct response (delegation is not supported)")
+		return false
+	}
+	if h := hr.GetHeaders(); h != nil {
+		r.RequestHeadersToAdd, r.RequestHeadersToRemove = headerOps(h.GetRequest())
+		r.ResponseHeadersToAdd, r.ResponseHeadersToRemove = headerOps(h.GetResponse())
+	}
+	filters := map[string]*anypb.Any{}
+	if f := hr.GetFault(); f != nil {
+		if hf := fault(f, log); hf != nil {
+			filters[faultFilter] = mustAny(hf)
+		}
+	}
+	if c := hr.GetCorsPolicy(); c != nil {
+		filters[corsFilter] = mustAny(corsPolicy(c))
+	}
+	if len(filters) > 0 {
+		r.TypedPerFilterConfig = filters
+	}
+	return true
+}
+
+type weightedDest struct {
+	cluster, host, subset string
+	port                  uint32
+	weight                uint32
+}
+
+// weightedDestinations resolves route destinations to clusters, merging repeats and dropping
+// zero weights from splits.
+func weightedDestinations[D interface {
+	GetDestination() *networking.Destination
+	GetWeight() int32
+}](b *builder, rds []D, ns, host string, port uint32) []weightedDest {
+	var dests []weightedDest
+	for _, d := range rds {
+		dest := d.GetDestination()
+		if dest.GetHost() == "" {
+			continue
+		}
+		h := model.ResolveHost(dest.GetHost(), ns)
+		p := b.destinationPort(dest, h, host, port)
+		name := ClusterName(p, dest.GetSubset(), h)
+		w := uint32(max(d.GetWeight(), 0))
+		if i := slices.IndexFunc(dests, func(x weightedDest) bool { return x.cluster == name }); i >= 0 {
+			dests[i].weight += w
+			continue
+		}
+		dests = append(dests, weightedDest{cluster: name, host: h, subset: dest.GetSubset(), port: p, weight: w})
+	}
+	if len(dests) > 1 {
+		nonZero := dests[:0:0]
+		for _, d := range dests {
+			if d.weight > 0 {
+				nonZero = append(nonZero, d)
+			}
+		}
+		if len(nonZero) == 0 {
+			for i := range dests {
+				dests[i].weight = 1
+			}
+		} else {
+			dests = nonZero
+		}
+	}
+	if len(dests) == 1 && dests[0].weight == 0 {
+		dests[0].weight = 100
+	}
+	return dests
+}
+
+// destinationPort: an explicit port, else the listener's port for the same host, else the
+// destination service's only port.
+func (b *builder) destinationPort(dest *networking.Destination, destHost, host string, port uint32) uint32 {
+	if n := dest.GetPort().GetNumber(); n != 0 {
+		return n
+	}
+	if destHost == host {
+		return port
+	}
+	if ds := b.snap.Services[destHost]; ds != nil && len(ds.Spec.GetPorts()) == 1 {
+		return ds.Spec.GetPorts()[0].GetNumber()
+	}
+	return port
+}
+
+func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port uint32, log interface{ Debug(string, ...any) }) *routev3.RouteAction {
+	dests := weightedDestinations(b, hr.GetRoute(), ns, host, port)
+	if len(dests) == 0 {
+		return nil
+	}
+	act := &routev3.RouteAction{Timeout: durationpb.New(0)}
+	if len(dests) == 1 {
+		act.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: dests[0].cluster}
+	} else {
+		wc := &routev3.WeightedCluster{}
+		for _, d := range dests {
+			wc.Clusters = append(wc.Clusters, &routev3.WeightedCluster_ClusterWeight{Name: d.cluster, Weight: wrapperspb.UInt32(d.weight)})
+		}
+		act.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: wc}
+	}
+	for _, rd := range hr.GetRoute() {
+		if rd.GetHeaders() != nil {
+			log.Debug("per-destination header manipulation is not supported; ignored")
+			break
+		}
+	}
+	if t := hr.GetTimeout(); t != nil {
+		act.Timeout = t
+	}
+	act.RetryPolicy = retryPolicy(hr.GetRetries())
+	if rw := hr.GetRewrite(); rw != nil {
+		if u := rw.GetUri(); u != "" {
+			act.PrefixRewrite = u
+		}
+		if a := rw.GetAuthority(); a != "" {
+			act.HostRewriteSpecifier = &routev3.RouteAction_HostRewriteLiteral{HostRewriteLiteral: a}
+		}
+	}
+	if rr := hr.GetRewrite().GetUriRegexRewrite(); rr != nil && rr.GetMatch() != "" {
+		act.PrefixRewrite = ""
+		act.RegexRewrite = &matcherv3.RegexMatchAndSubstitute{
+			Pattern: &matcherv3.RegexMatcher{Regex: rr.GetMatch()}, Substitution: rr.GetRewrite()}
+	}
+	act.RequestMirrorPolicies = b.mirrors(hr, ns, host, port)
+	same := func(key func(weightedDest) string) bool {
+		for _, d := range dests[1:] {
+			if key(d) != key(dests[0]) {
+				return false
+			}
+		}
+		return true
+	}
+	if same(func(d weightedDest) string { return d.host }) {
+		subset := ""
+		if same(func(d weightedDest) string { return d.subset }) {
+			subset = dests[0].subset
+		}
+		act.HashPolicy = b.hashPolicy(dests[0].host, dests[0].port, subset)
+	}
+	return act
+}
+
+func (b *builder) mirrors(hr *networking.HTTPRoute, ns, host string, port uint32) []*routev3.RouteAction_RequestMirrorPolicy {
+	var out []*routev3.RouteAction_RequestMirrorPolicy
+	add := func(dest *networking.Destination, pct *networking.Percent) {
+		if dest.GetHost() == "" {
+			return
+		}
+		h := model.ResolveHost(dest.GetHost(), ns)
+		p := b.destinationPort(dest, h, host, port)
+		mp := &routev3.RouteAction_RequestMirrorPolicy{Cluster: ClusterName(p, dest.GetSubset(), h)}
+		value := 100.0
+		if pct != nil {
+			value = pct.GetValue()
+		}
+		mp.RuntimeFraction = &corev3.RuntimeFractionalPercent{DefaultValue: fractionalPercent(value)}
+		out = append(out, mp)
+	}
+	if m := hr.GetMirror(); m != nil {
+		pct := hr.GetMirrorPercentage()
+		if pct == nil && hr.GetMirrorPercent() != nil { //nolint:staticcheck // still honoured by Istio
+			pct = &networking.Percent{Value: float64(hr.GetMirrorPercent().GetValue())} //nolint:staticcheck
+		}
+		add(m, pct)
+	}
+	for _, mp := range hr.GetMirrors() {
+		add(mp.GetDestination(), mp.GetPercentage())
+	}
+	return out
+}
+
+// fractionalPercent converts a percentage to Envoy's parts per million, as istiod does.
+func fractionalPercent(pct float64) *typev3.FractionalPercent {
+	pct = min(max(pct, 0), 100)
+	return &typev3.FractionalPercent{Numerator: uint32(pct * 10000), Denominator: typev3.FractionalPercent_MILLION}
+}
+
+func defaultRetryPolicy() *routev3.RetryPolicy {
+	return &routev3.RetryPolicy{
+		RetryOn:                       defaultRetryOn,
+		NumRetries:                    wrapperspb.UInt32(2),
+		RetryHostPredicate:            []*routev3.RetryPolicy_RetryHostPredicate{previousHosts()},
+		HostSelectionRetryMaxAttempts: 5,
+	}
+}
+
+func previousHosts() *routev3.RetryPolicy_RetryHostPredicate {
+	return &routev3.RetryPolicy_RetryHostPredicate{Name: "envoy.retry_host_predicates.previous_hosts",
+		ConfigType: &routev3.RetryPolicy_RetryHostPredicate_TypedConfig{TypedConfig: mustAny(&previoushostsv3.PreviousHostsPredicate{})}}
+}
+
+// retryPolicy: none for zero attempts, istiod's default when unset; numeric retryOn entries
+// are status codes to retry.
+func retryPolicy(r *networking.HTTPRetry) *routev3.RetryPolicy {
+	if r == nil {
+		return defaultRetryPolicy()
+	}
+	if r.GetAttempts() <= 0 {
+		return nil
+	}
+	p := defaultRetryPolicy()
+	p.NumRetries = wrapperspb.UInt32(uint32(r.GetAttempts()))
+	if t := r.GetPerTryTimeout(); t != nil && t.AsDuration() > 0 {
+		p.PerTryTimeout = t
+	}
+	if on := r.GetRetryOn(); on != "" {
+		var kinds []string
+		for part := range strings.SplitSeq(on, ",") {
+			part = strings.TrimSpace(part)
+			if part == "" {
+				continue
+			}
+			if code, err := strconv.ParseUint(part, 10, 32); err == nil {
+				p.RetriableStatusCodes = append(p.RetriableStatusCodes, uint32(code))
+				continue
+			}
+			kinds = append(kinds, part)
+		}
+		if len(p.RetriableStatusCodes) > 0 && !slices.Contains(kinds, "retriable-status-codes") {
+			kinds = append(kinds, "retriable-status-codes")
+		}
+		p.RetryOn = strings.Join(kinds, ",")
+	}
+	return p
+}
+
+func redirect(r *networking.HTTPRedirect, log interface{ Debug(string, ...any) }) *routev3.RedirectAction {
+	act := &routev3.RedirectAction{}
+	if u := r.GetUri(); u != "" {
+		act.PathRewriteSpecifier = &routev3.RedirectAction_PathRedirect{PathRedirect: u}
+	}
+	if a := r.GetAuthority(); a != "" {
+		act.HostRedirect = a
+	}
+	switch {
+	case r.GetPort() != 0:
+		act.PortRedirect = r.GetPort()
+	case r.GetDerivePort() == networking.HTTPRedirect_FROM_PROTOCOL_DEFAULT:
+		// The scheme's default port, as istiod writes it; FROM_REQUEST_PORT is Envoy's default.
+		act.PortRedirect = 80
+		if strings.EqualFold(r.GetScheme(), "https") {
+			act.PortRedirect = 443
+		}
+	}
+	if s := r.GetScheme(); s != "" {
+		act.SchemeRewriteSpecifier = &routev3.RedirectAction_SchemeRedirect{SchemeRedirect: s}
+	}
+	switch r.GetRedirectCode() {
+	case 0, 301:
+		act.ResponseCode = routev3.RedirectAction_MOVED_PERMANENTLY
+	case 302:
+		act.ResponseCode = routev3.RedirectAction_FOUND
+	case 303:
+		act.ResponseCode = routev3.RedirectAction_SEE_OTHER
+	case 307:
+		act.ResponseCode = routev3.RedirectAction_TEMPORARY_REDIRECT
+	case 308:
+		act.ResponseCode = routev3.RedirectAction_PERMANENT_REDIRECT
+	default:
+		log.Debug("unsupported redirect code, using 301", "code", r.GetRedirectCode())
+		act.ResponseCode = routev3.RedirectAction_MOVED_PERMANENTLY
+	}
+	return act
+}
+
+// headerOps turns set (overwrite) and add (append) into Envoy header options, sorted by name.
+func headerOps(h *networking.Headers_HeaderOperations) ([]*corev3.HeaderValueOption, []string) {
+	if h == nil {
+		return nil, nil
+	}
+	var add []*corev3.HeaderValueOption
+	for _, k := range sortedKeys(h.GetSet()) {
+		add = append(add, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, Value: h.GetSet()[k]},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD})
+	}
+	for _, k := range sortedKeys(h.GetAdd()) {
+		add = append(add, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, Value: h.GetAdd()[k]},
+			AppendAction: corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD})
+	}
+	remove := slices.Clone(h.GetRemove())
+	slices.Sort(remove)
+	return add, slices.Compact(remove)
+}
+
+func fault(f *networking.HTTPFaultInjection, log interface{ Debug(string, ...any) }) *faultv3.HTTPFault {
+	out := &faultv3.HTTPFault{}
+	if d := f.GetDelay(); d != nil && d.GetFixedDelay() != nil {
+		pct := 100.0
+		if d.GetPercentage() != nil {
+			pct = d.GetPercentage().GetValue()
+		} else if d.GetPercent() != 0 { //nolint:staticcheck // still honoured by Istio
+			pct = float64(d.GetPercent()) //nolint:staticcheck
+		}
+		out.Delay = &commonfaultv3.FaultDelay{
+			FaultDelaySecifier: &commonfaultv3.FaultDelay_FixedDelay{FixedDelay: d.GetFixedDelay()},
+			Percentage:         fractionalPercent(pct),
+		}
+	}
+	if a := f.GetAbort(); a != nil {
+		pct := 100.0
+		if a.GetPercentage() != nil {
+			pct = a.GetPercentage().GetValue()
+		}
+		abort := &faultv3.FaultAbort{Percentage: fractionalPercent(pct)}
+		switch e := a.GetErrorType().(type) {
+		case *networking.HTTPFaultInjection_Abort_HttpStatus:
+			if e.HttpStatus >= 200 && e.HttpStatus < 600 {
+				abort.ErrorType = &faultv3.FaultAbort_HttpStatus{HttpStatus: uint32(e.HttpStatus)}
+			}
+		case *networking.HTTPFaultInjection_Abort_GrpcStatus:
+			if code, ok := grpcCodes[e.GrpcStatus]; ok {
+				abort.ErrorType = &faultv3.FaultAbort_GrpcStatus{GrpcStatus: code}
+			}
+		}
+		if abort.ErrorType != nil {
+			out.Abort = abort
+		} else {
+			log.Debug("skipping fault abort with an invalid or unsupported status")
+		}
+	}
+	if out.Delay == nil && out.Abort == nil {
+		return nil
+	}
+	return out
+}
+
+var grpcCodes = map[string]uint32{
+	"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5,
+	"ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9,
+	"ABORTED": 10, "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12, "INTERNAL": 13, "UNAVAILABLE": 14,
+	"DATA_LOSS": 15, "UNAUTHENTICATED": 16,
+}
+
+func corsPolicy(c *networking.CorsPolicy) *corsv3.CorsPolicy {
+	out := &corsv3.CorsPolicy{
+		AllowMethods:  strings.Join(c.GetAllowMethods(), ","),
+		AllowHeaders:  strings.Join(c.GetAllowHeaders(), ","),
+		ExposeHeaders: strings.Join(c.GetExposeHeaders(), ","),
+		FilterEnabled: &corev3.RuntimeFractionalPercent{DefaultValue: fractionalPercent(100)},
+	}
+	if d := c.GetMaxAge(); d != nil {
+		out.MaxAge = strconv.FormatInt(int64(d.AsDuration().Seconds()), 10)
+	}
+	if v := c.GetAllowCredentials(); v != nil {
+		out.AllowCredentials = wrapperspb.Bool(v.GetValue())
+	}
+	for _, o := range c.GetAllowOrigins() {
+		if sm := stringMatcher(o); sm != nil {
+			out.AllowOriginStringMatch = append(out.AllowOriginStringMatch, sm)
+		}
+	}
+	if c.GetUnmatchedPreflights() == networking.CorsPolicy_IGNORE {
+		out.ForwardNotMatchingPreflights = wrapperspb.Bool(false)
+	}
+	return out
+}
+
+// hashPolicy is the route side of a consistent-hash DestinationRule.
+func (b *builder) hashPolicy(host string, port uint32, subset string) []*routev3.RouteAction_HashPolicy {
+	dr := b.destinationRule(host)
+	if dr == nil {
+		return nil
+	}
+	var ss *networking.Subset
+	for _, s := range dr.Spec.GetSubsets() {
+		if s.GetName() == subset && subset != "" {
+			ss = s
+			break
+		}
+	}
+	ch := effectivePolicy(dr.Spec, port, ss).lb.GetConsistentHash()
+	if ch == nil {
+		return nil
+	}
+	var hp *routev3.RouteAction_HashPolicy
+	switch k := ch.GetHashKey().(type) {
+	case *networking.LoadBalancerSettings_ConsistentHashLB_HttpHeaderName:
+		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_Header_{
+			Header: &routev3.RouteAction_HashPolicy_Header{HeaderName: k.HttpHeaderName}}}
+	case *networking.LoadBalancerSettings_ConsistentHashLB_HttpCookie:
+		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_Cookie_{
+			Cookie: &routev3.RouteAction_HashPolicy_Cookie{Name: k.HttpCookie.GetName(), Path: k.HttpCookie.GetPath(),
+				Ttl: k.HttpCookie.GetTtl()}}}
+	case *networking.LoadBalancerSettings_ConsistentHashLB_UseSourceIp:
+		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_ConnectionProperties_{
+			ConnectionProperties: &routev3.RouteAction_HashPolicy_ConnectionProperties{SourceIp: true}}}
+	case *networking.LoadBalancerSettings_ConsistentHashLB_HttpQueryParameterName:
+		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_QueryParameter_{
+			QueryParameter: &routev3.RouteAction_HashPolicy_QueryParameter{Name: k.HttpQueryParameterName}}}
+	default:
+		return nil
+	}
+	return []*routev3.RouteAction_HashPolicy{hp}
+}
+
+// routeMatch converts a VirtualService match; nil and a reason when Envoy cannot express it.
+func routeMatch(m *networking.HTTPMatchRequest) (*routev3.RouteMatch, string) {
+	rm := &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}}
+	if m == nil {
+		return rm, ""
+	}
+	switch u := m.GetUri().GetMatchType().(type) {
+	case *networking.StringMatch_Exact:
+		rm.PathSpecifier = &routev3.RouteMatch_Path{Path: u.Exact}
+	case *networking.StringMatch_Prefix:
+		rm.PathSpecifier = &routev3.RouteMatch_Prefix{Prefix: u.Prefix}
+	case *networking.StringMatch_Regex:
+		if u.Regex == "" {
+			return nil, "empty uri regex"
+		}
+		rm.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: u.Regex}}
+	}
+	if m.GetIgnoreUriCase() {
+		rm.CaseSensitive = wrapperspb.Bool(false)
+	}
+	pseudo := []struct {
+		name string
+		sm   *networking.StringMatch
+	}{{":authority", m.GetAuthority()}, {":method", m.GetMethod()}, {":scheme", m.GetScheme()}}
+	for _, p := range pseudo {
+		if p.sm != nil {
+			rm.Headers = append(rm.Headers, headerMatcher(p.name, p.sm, false))
+		}
+	}
+	for _, k := range sortedKeys(m.GetHeaders()) {
+		rm.Headers = append(rm.Headers, headerMatcher(k, m.GetHeaders()[k], false))
+	}
+	for _, k := range sortedKeys(m.GetWithoutHeaders()) {
+		rm.Headers = append(rm.Headers, headerMatcher(k, m.GetWithoutHeaders()[k], true))
+	}
+	for _, k := range sortedKeys(m.GetQueryParams()) {
+		qp := &routev3.QueryParameterMatcher{Name: k}
+		if sm := stringMatcher(m.GetQueryParams()[k]); sm != nil {
+			qp.QueryParameterMatchSpecifier = &routev3.QueryParameterMatcher_StringMatch{StringMatch: sm}
+		} else {
+			qp.QueryParameterMatchSpecifier = &routev3.QueryParameterMatcher_PresentMatch{PresentMatch: true}
+		}
+		rm.QueryParameters = append(rm.QueryParameters, qp)
+	}
+	return rm, ""
+}
+
+// stringMatcher converts a StringMatch; nil for an empty one.
+func stringMatcher(sm *networking.StringMatch) *matcherv3.StringMatcher {
+	switch t := sm.GetMatchType().(type) {
+	case *networking.StringMatch_Exact:
+		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: t.Exact}}
+	case *networking.StringMatch_Prefix:
+		if t.Prefix != "" {
+			return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: t.Prefix}}
+		}
+	case *networking.StringMatch_Regex:
+		if t.Regex != "" {
+			return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{
+				SafeRegex: &matcherv3.RegexMatcher{Regex: t.Regex}}}
+		}
+	}
+	return nil
+}
+
+func headerMatcher(name string, sm *networking.StringMatch, invert bool) *routev3.HeaderMatcher {
+	hm := &routev3.HeaderMatcher{Name: name, InvertMatch: invert}
+	if s := stringMatcher(sm); s != nil {
+		hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: s}
+	} else {
+		// An empty match means "header present", as in Istio.
+		hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}
+	}
+	return hm
+}

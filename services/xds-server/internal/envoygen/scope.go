@@ -1,0 +1,264 @@
+package envoygen
+
+import (
+	"cmp"
+	"log/slog"
+	"slices"
+	"strings"
+
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+	networking "istio.io/api/networking/v1alpha3"
+
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/xds-server/internal/model"
+)
+
+// defaultRootNamespace is where mesh-wide Sidecar defaults live when MeshConfig names none.
+const defaultRootNamespace = "istio-system"
+
+// builder holds one proxy's view of a snapshot while its resources are generated.
+type builder struct {
+	snap  *model.Snapshot
+	proxy *model.Proxy
+	log   *slog.Logger
+
+	// sidecar is the Sidecar resource that applies to the proxy, nil if none does.
+	sidecar *model.Config[*networking.Sidecar]
+	egress  []egressRule
+	// allowAny is the outbound traffic policy: pass unknown destinations through, or drop them.
+	allowAny bool
+	// services the proxy can reach, sorted by hostname.
+	services []*model.Service
+
+	vsCache map[string]*model.Config[*networking.VirtualService]
+	drCache map[string]*model.Config[*networking.DestinationRule]
+}
+
+// egressRule is one Sidecar egress listener: its port (0 = every port) and "ns/host" entries.
+type egressRule struct {
+	port  uint32
+	hosts []hostRule
+}
+
+type hostRule struct{ ns, host string }
+
+func newBuilder(snap *model.Snapshot, proxy *model.Proxy, log *slog.Logger) *builder {
+	b := &builder{snap: snap, proxy: proxy, log: log, allowAny: true,
+		vsCache: map[string]*model.Config[*networking.VirtualService]{},
+		drCache: map[string]*model.Config[*networking.DestinationRule]{}}
+	if p := snap.Mesh.GetOutboundTrafficPolicy(); p != nil {
+		b.allowAny = p.GetMode() == meshv1alpha1.MeshConfig_OutboundTrafficPolicy_ALLOW_ANY
+	}
+	if proxy.IsSidecar() {
+		b.sidecar = b.selectSidecar()
+	}
+	if b.sidecar != nil {
+		sc := b.sidecar.Spec
+		if p := sc.GetOutboundTrafficPolicy(); p != nil {
+			b.allowAny = p.GetMode() == networking.OutboundTrafficPolicy_ALLOW_ANY
+		}
+		for _, e := range sc.GetEgress() {
+			r := egressRule{port: e.GetPort().GetNumber()}
+			for _, h := range e.GetHosts() {
+				ns, host, ok := strings.Cut(h, "/")
+				if !ok {
+					b.log.Debug("skipping Sidecar egress host without namespace", "host", h)
+					continue
+				}
+				if ns == "." {
+					ns = b.sidecar.Namespace
+				}
+				r.hosts = append(r.hosts, hostRule{ns: ns, host: host})
+			}
+			b.egress = append(b.egress, r)
+		}
+	}
+	for _, h := range snap.Hostnames() {
+		svc := snap.Services[h]
+		if b.serviceVisible(svc) {
+			b.services = append(b.services, svc)
+		}
+	}
+	return b
+}
+
+func (b *builder) rootNamespace() string {
+	return cmp.Or(b.snap.Mesh.GetRootNamespace(), defaultRootNamespace)
+}
+
+// selectSidecar applies Istio's precedence: a Sidecar in the proxy's namespace whose
+// workloadSelector matches it, else that namespace's default, else the root namespace's default.
+func (b *builder) selectSidecar() *model.Config[*networking.Sidecar] {
+	var nsDefault, rootDefault *model.Config[*networking.Sidecar]
+	for i := range b.snap.Sidecars {
+		sc := &b.snap.Sidecars[i]
+		sel := sc.Spec.GetWorkloadSelector().GetLabels()
+		switch {
+		case sc.Namespace == b.proxy.Namespace && len(sel) > 0:
+			if labelsMatch(sel, b.proxy.Labels) {
+				return sc
+			}
+		case sc.Namespace == b.proxy.Namespace:
+			if nsDefault == nil {
+				nsDefault = sc
+			}
+		case sc.Namespace == b.rootNamespace() && len(sel) == 0:
+			if rootDefault == nil {
+				rootDefault = sc
+			}
+		}
+	}
+	if nsDefault != nil {
+		return nsDefault
+	}
+	return rootDefault
+}
+
+// exported reports whether config or a service of namespace ns with exportTo is visible to the
+// proxy's namespace.
+func (b *builder) exported(ns string, exportTo []string) bool {
+	if len(exportTo) == 0 {
+		return true
+	}
+	for _, e := range exportTo {
+		switch e {
+		case "*":
+			return true
+		case ".":
+			if ns == b.proxy.Namespace {
+				return true
+			}
+		case "~":
+		default:
+			if e == b.proxy.Namespace {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (b *builder) serviceVisible(svc *model.Service) bool {
+	if !b.exported(svc.Spec.GetNamespace(), svc.Spec.GetExportTo()) {
+		return false
+	}
+	if b.sidecar == nil || len(b.egress) == 0 {
+		return true
+	}
+	for _, p := range svc.Spec.GetPorts() {
+		if b.portVisible(svc, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// portVisible applies the Sidecar egress scoping to one service port.
+func (b *builder) portVisible(svc *model.Service, port *discoveryv1.Port) bool {
+	if b.sidecar == nil || len(b.egress) == 0 {
+		return true
+	}
+	for _, e := range b.egress {
+		if e.port != 0 && e.port != port.GetNumber() {
+			continue
+		}
+		for _, h := range e.hosts {
+			if h.ns == "~" || (h.ns != "*" && h.ns != svc.Spec.GetNamespace()) {
+				continue
+			}
+			if model.HostMatches(h.host, svc.Spec.GetHostname()) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// visiblePorts returns a service's ports the proxy may use, without duplicate numbers.
+func (b *builder) visiblePorts(svc *model.Service) []*discoveryv1.Port {
+	var out []*discoveryv1.Port
+	seen := map[uint32]bool{}
+	for _, p := range svc.Spec.GetPorts() {
+		if p.GetNumber() == 0 || seen[p.GetNumber()] || !b.portVisible(svc, p) {
+			continue
+		}
+		seen[p.GetNumber()] = true
+		out = append(out, p)
+	}
+	return out
+}
+
+// virtualService finds the VirtualService for host among those bound to gateways (nil = the
+// mesh): an exact host wins over a wildcard, then the oldest.
+func (b *builder) virtualService(host string) *model.Config[*networking.VirtualService] {
+	if vs, ok := b.vsCache[host]; ok {
+		return vs
+	}
+	var wildcard *model.Config[*networking.VirtualService]
+	for i := range b.snap.VirtualServices {
+		vs := &b.snap.VirtualServices[i]
+		if !appliesToMesh(vs.Spec.GetGateways()) || !b.exported(vs.Namespace, vs.Spec.GetExportTo()) {
+			continue
+		}
+		for _, h := range vs.Spec.GetHosts() {
+			rh := model.ResolveHost(h, vs.Namespace)
+			if rh == host {
+				b.vsCache[host] = vs
+				return vs
+			}
+			if wildcard == nil && model.HostMatches(rh, host) {
+				wildcard = vs
+			}
+		}
+	}
+	b.vsCache[host] = wildcard
+	return wildcard
+}
+
+func appliesToMesh(gateways []string) bool {
+	return len(gateways) == 0 || slices.Contains(gateways, "mesh")
+}
+
+// destinationRule finds the rule for host: exact hosts before wildcards, then the proxy's
+// namespace, the service's, and the root namespace, then the oldest.
+func (b *builder) destinationRule(host string) *model.Config[*networking.DestinationRule] {
+	if dr, ok := b.drCache[host]; ok {
+		return dr
+	}
+	svcNS := ""
+	if s := b.snap.Services[host]; s != nil {
+		svcNS = s.Spec.GetNamespace()
+	}
+	rank := func(ns string) int {
+		switch ns {
+		case b.proxy.Namespace:
+			return 0
+		case svcNS:
+			return 1
+		case b.rootNamespace():
+			return 2
+		}
+		return 3
+	}
+	var best *model.Config[*networking.DestinationRule]
+	bestScore := 1 << 30
+	for i := range b.snap.DestinationRules {
+		dr := &b.snap.DestinationRules[i]
+		if !b.exported(dr.Namespace, dr.Spec.GetExportTo()) {
+			continue
+		}
+		rh := model.ResolveHost(dr.Spec.GetHost(), dr.Namespace)
+		if !model.HostMatches(rh, host) {
+			continue
+		}
+		score := rank(dr.Namespace)
+		if rh != host {
+			score += 10
+		}
+		if score < bestScore {
+			best, bestScore = dr, score
+		}
+	}
+	b.drCache[host] = best
+	return best
+}

@@ -1,0 +1,63 @@
+package envoygen
+
+import (
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"sailplane.dev/services/xds-server/internal/model"
+)
+
+type anyMsg = anypb.Any
+
+// sdsCluster is the agent's SDS server as the bootstrap names it.
+const sdsCluster = "sds-grpc"
+
+// mustAny packs m. Packing fails only on invalid UTF-8 copied from config; rather than panic,
+// the filter then gets its default config, and the invalid resource is dropped where
+// resources are serialized for the wire.
+func mustAny(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		return &anypb.Any{TypeUrl: "type.googleapis.com/" + string(m.ProtoReflect().Descriptor().FullName())}
+	}
+	return a
+}
+
+func adsConfigSource() *corev3.ConfigSource {
+	return &corev3.ConfigSource{
+		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+		InitialFetchTimeout:   durationpb.New(0),
+		ResourceApiVersion:    corev3.ApiVersion_V3,
+	}
+}
+
+// sdsSecret names a secret the proxy fetches from its agent over SDS.
+func sdsSecret(name string) *tlsv3.SdsSecretConfig {
+	return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: &corev3.ConfigSource{
+		InitialFetchTimeout: durationpb.New(0),
+		ResourceApiVersion:  corev3.ApiVersion_V3,
+		ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
+			ApiType:                   corev3.ApiConfigSource_GRPC,
+			TransportApiVersion:       corev3.ApiVersion_V3,
+			SetNodeOnFirstMessageOnly: true,
+			GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
+				EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: sdsCluster}}}},
+		}},
+	}}
+}
+
+func socketAddress(ip string, port uint32) *corev3.Address {
+	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+		Address: ip, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port}}}}
+}
+
+// specOf is the spec of an optional config, nil when there is none.
+func specOf[T proto.Message](c *model.Config[T]) T {
+	if c == nil {
+		var zero T
+		return zero
+	}
+	return c.Spec
+}

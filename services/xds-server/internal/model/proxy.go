@@ -1,0 +1,142 @@
+package model
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// ProxyType is the kind of client asking for configuration.
+type ProxyType string
+
+const (
+	// SidecarProxy is an Envoy sidecar next to a workload ("sidecar~…").
+	SidecarProxy ProxyType = "sidecar"
+	// Router is an Envoy gateway ("router~…").
+	Router ProxyType = "router"
+	// Proxyless is a gRPC client using xDS directly (node metadata GENERATOR=grpc).
+	Proxyless ProxyType = "proxyless"
+)
+
+// DefaultClusterID is the cluster a proxy belongs to when its metadata names none (Istio's).
+const DefaultClusterID = "Kubernetes"
+
+// ErrMalformedNodeID is wrapped by the errors ParseProxy returns for node IDs it cannot read.
+var ErrMalformedNodeID = errors.New("malformed node ID")
+
+// NodeIDError describes why a node ID was refused; it matches ErrMalformedNodeID with errors.Is.
+type NodeIDError struct {
+	NodeID string
+	Reason string
+}
+
+func (e *NodeIDError) Error() string {
+	return fmt.Sprintf("%v %q: %s", ErrMalformedNodeID, e.NodeID, e.Reason)
+}
+
+func (e *NodeIDError) Unwrap() error { return ErrMalformedNodeID }
+
+// Proxy is a connected xDS client, as read from its node. It is immutable once parsed.
+type Proxy struct {
+	Type ProxyType
+	// ID is the node ID's third part, "<pod>.<namespace>" for Kubernetes workloads.
+	ID string
+	// NodeID is the whole node ID as sent.
+	NodeID string
+	// IPs are the workload's addresses: metadata INSTANCE_IPS, else the node ID's IP.
+	IPs []string
+	// DNSDomain is the node ID's last part, "<namespace>.svc.cluster.local".
+	DNSDomain      string
+	Namespace      string
+	Labels         map[string]string
+	ServiceAccount string
+	ClusterID      string
+	IstioVersion   string
+	// Generator is the GENERATOR metadata: "grpc" for proxyless clients, "api" for MCP.
+	Generator string
+}
+
+// ParseProxy reads a proxy from its xDS node: the ID "<type>~<ip>~<id>~<domain>" and Istio's
+// node metadata.
+func ParseProxy(node *corev3.Node) (*Proxy, error) {
+	id := node.GetId()
+	parts := strings.Split(id, "~")
+	if len(parts) != 4 {
+		return nil, &NodeIDError{NodeID: id, Reason: "want 4 parts separated by ~"}
+	}
+	md := node.GetMetadata().GetFields()
+	p := &Proxy{
+		NodeID:         id,
+		ID:             parts[2],
+		DNSDomain:      parts[3],
+		Namespace:      str(md["NAMESPACE"]),
+		ServiceAccount: str(md["SERVICE_ACCOUNT"]),
+		ClusterID:      cmp.Or(str(md["CLUSTER_ID"]), DefaultClusterID),
+		IstioVersion:   str(md["ISTIO_VERSION"]),
+		Generator:      str(md["GENERATOR"]),
+		Labels:         map[string]string{},
+	}
+	switch {
+	case p.Generator == "grpc":
+		p.Type = Proxyless
+	case parts[0] == string(SidecarProxy):
+		p.Type = SidecarProxy
+	case parts[0] == string(Router):
+		p.Type = Router
+	default:
+		return nil, &NodeIDError{NodeID: id, Reason: fmt.Sprintf("unknown proxy type %q", parts[0])}
+	}
+	if ips := str(md["INSTANCE_IPS"]); ips != "" {
+		for ip := range strings.SplitSeq(ips, ",") {
+			if ip = strings.TrimSpace(ip); ip != "" {
+				p.IPs = append(p.IPs, ip)
+			}
+		}
+	}
+	if len(p.IPs) == 0 && parts[1] != "" {
+		p.IPs = []string{parts[1]}
+	}
+	for _, ip := range p.IPs {
+		if _, err := netip.ParseAddr(ip); err != nil {
+			return nil, &NodeIDError{NodeID: id, Reason: fmt.Sprintf("invalid IP %q", ip)}
+		}
+	}
+	if p.Namespace == "" {
+		// "<ns>.svc.cluster.local", else the "<pod>.<ns>" ID.
+		if ns, _, ok := strings.Cut(p.DNSDomain, "."); ok && ns != "" {
+			p.Namespace = ns
+		} else if _, ns, ok := strings.Cut(p.ID, "."); ok {
+			p.Namespace = ns
+		}
+	}
+	if p.Namespace == "" {
+		return nil, &NodeIDError{NodeID: id, Reason: "no namespace in metadata, DNS domain or ID"}
+	}
+	for k, v := range md["LABELS"].GetStructValue().GetFields() {
+		if s, ok := v.GetKind().(*structpb.Value_StringValue); ok {
+			p.Labels[k] = s.StringValue
+		}
+	}
+	return p, nil
+}
+
+// HasIP reports whether ip is one of the proxy's addresses.
+func (p *Proxy) HasIP(ip string) bool { return slices.Contains(p.IPs, ip) }
+
+// IsSidecar, IsRouter and IsProxyless test the proxy's type.
+func (p *Proxy) IsSidecar() bool   { return p.Type == SidecarProxy }
+func (p *Proxy) IsRouter() bool    { return p.Type == Router }
+func (p *Proxy) IsProxyless() bool { return p.Type == Proxyless }
+
+func str(v *structpb.Value) string {
+	if s, ok := v.GetKind().(*structpb.Value_StringValue); ok {
+		return s.StringValue
+	}
+	return ""
+}

@@ -1,0 +1,519 @@
+package xds
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"sailplane.dev/services/xds-server/internal/model"
+)
+
+// conn is one ADS stream.
+type conn struct {
+	s     *Server
+	id    int64
+	delta bool
+	log   *slog.Logger
+
+	proxy *model.Proxy
+	gen   Generator
+
+	sendSotW  func(*discoverygrpc.DiscoveryResponse) error
+	sendDelta func(*discoverygrpc.DeltaDiscoveryResponse) error
+
+	pushes chan pushItem
+	done   chan struct{}
+	nonce  int
+
+	// mu guards watches' subscriptions against Push's affected check; only the stream's
+	// goroutine writes.
+	mu      sync.Mutex
+	watches map[string]*watch
+}
+
+// watch is the state of one type on one stream.
+type watch struct {
+	typeURL  string
+	wildcard bool
+	names    map[string]struct{}
+	hosts    map[string]int // endpoints only: hostname -> watched clusters of it
+
+	// client is what the client holds, name -> version, as far as we know.
+	client map[string]string
+	// nacked are versions the client rejected: not sent again until they change.
+	nacked map[string]string
+	// nackedVersion is the rejected state-of-the-world response version of a full-state type.
+	nackedVersion string
+	// outstanding are responses not yet ACKed or NACKed: nonce -> client versions before it.
+	outstanding map[string]*sentResponse
+	lastNonce   string
+	// lastSet is the set the last response came from (make-before-break keeps its removed
+	// entries until the end of the push).
+	lastSet *set
+	// needResponse: the client asked and must be answered even if nothing changed.
+	needResponse bool
+	// newNames are delta subscriptions to answer, with a removal when they do not exist.
+	newNames map[string]struct{}
+}
+
+type sentResponse struct {
+	prev    map[string]string // "" = did not have it
+	sent    map[string]string
+	version string
+}
+
+func newWatch(typeURL string) *watch {
+	return &watch{typeURL: typeURL, names: map[string]struct{}{}, hosts: map[string]int{},
+		client: map[string]string{}, nacked: map[string]string{}, outstanding: map[string]*sentResponse{},
+		newNames: map[string]struct{}{}}
+}
+
+func (c *conn) identify(node interface {
+	GetId() string
+}, parse func() (*model.Proxy, error)) error {
+	if c.proxy != nil {
+		return nil
+	}
+	p, err := parse()
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "node %q: %v", node.GetId(), err)
+	}
+	c.proxy = p
+	if c.s.opts.Generator != nil {
+		c.gen = c.s.opts.Generator(p)
+	}
+	c.log = c.s.log.With("node", p.NodeID, "conn", c.id)
+	c.log.Debug("proxy connected", "type", p.Type, "delta", c.delta)
+	c.s.addConn(c)
+	return nil
+}
+
+func (c *conn) setNames(w *watch, add, remove []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range remove {
+		if _, ok := w.names[n]; !ok {
+			continue
+		}
+		delete(w.names, n)
+		if h := hostOfCluster(n); h != "" && w.typeURL == resourcev3.EndpointType {
+			if w.hosts[h]--; w.hosts[h] <= 0 {
+				delete(w.hosts, h)
+			}
+		}
+	}
+	for _, n := range add {
+		if _, ok := w.names[n]; ok {
+			continue
+		}
+		w.names[n] = struct{}{}
+		if h := hostOfCluster(n); h != "" && w.typeURL == resourcev3.EndpointType {
+			w.hosts[h]++
+		}
+	}
+}
+
+// ack handles the nonce of a request: true when it is the reply to the latest response.
+func (c *conn) ack(w *watch, nonce string, errDetail *status.Status) bool {
+	sent, ok := w.outstanding[nonce]
+	if !ok {
+		return nonce == w.lastNonce
+	}
+	delete(w.outstanding, nonce)
+	if errDetail != nil {
+		// The client kept its previous state: go back to it, and remember what it refused.
+		for n, v := range sent.prev {
+			if v == "" {
+				delete(w.client, n)
+			} else {
+				w.client[n] = v
+			}
+		}
+		for n, v := range sent.sent {
+			w.nacked[n] = v
+		}
+		if !c.delta && fullState(w.typeURL) {
+			w.nackedVersion = sent.version
+		}
+		c.log.Warn("proxy rejected configuration", "type", w.typeURL, "nonce", nonce, "err", errDetail.Message())
+	}
+	return nonce == w.lastNonce
+}
+
+func (c *conn) handleSotW(req *discoverygrpc.DiscoveryRequest) error {
+	if err := c.identify(req.GetNode(), func() (*model.Proxy, error) { return model.ParseProxy(req.GetNode()) }); err != nil {
+		return err
+	}
+	t := req.GetTypeUrl()
+	if t == "" {
+		return status.Error(codes.InvalidArgument, "request without type_url")
+	}
+	w := c.watches[t]
+	first := w == nil
+	if first {
+		w = newWatch(t)
+		c.mu.Lock()
+		c.watches[t] = w
+		c.mu.Unlock()
+	}
+	var errDetail *status.Status
+	if d := req.GetErrorDetail(); d != nil {
+		errDetail = status.FromProto(d)
+	}
+	if !first && !c.ack(w, req.GetResponseNonce(), errDetail) {
+		return nil // stale: a newer response is on its way and will be answered
+	}
+	names := req.GetResourceNames()
+	wildcard := slices.Contains(names, "*") || (len(names) == 0 && (first || w.wildcard))
+	var added, removed []string
+	want := map[string]struct{}{}
+	for _, n := range names {
+		if n == "*" {
+			continue
+		}
+		want[n] = struct{}{}
+		if _, ok := w.names[n]; !ok {
+			added = append(added, n)
+		}
+	}
+	for n := range w.names {
+		if _, ok := want[n]; !ok {
+			removed = append(removed, n)
+			delete(w.client, n) // the client forgets what it unsubscribes from
+		}
+	}
+	c.setNames(w, added, removed)
+	if wildcard != w.wildcard || len(added) > 0 || first {
+		w.needResponse = true
+	}
+	w.wildcard = wildcard
+	return c.respond(w)
+}
+
+func (c *conn) handleDelta(req *discoverygrpc.DeltaDiscoveryRequest) error {
+	if err := c.identify(req.GetNode(), func() (*model.Proxy, error) { return model.ParseProxy(req.GetNode()) }); err != nil {
+		return err
+	}
+	t := req.GetTypeUrl()
+	if t == "" {
+		return status.Error(codes.InvalidArgument, "request without type_url")
+	}
+	w := c.watches[t]
+	if w == nil {
+		w = newWatch(t)
+		// Legacy wildcard: a first request naming nothing subscribes to everything.
+		w.wildcard = len(req.GetResourceNamesSubscribe()) == 0
+		for n, v := range req.GetInitialResourceVersions() {
+			w.client[n] = v
+		}
+		w.needResponse = true
+		c.mu.Lock()
+		c.watches[t] = w
+		c.mu.Unlock()
+	}
+	if nonce := req.GetResponseNonce(); nonce != "" {
+		var errDetail *status.Status
+		if d := req.GetErrorDetail(); d != nil {
+			errDetail = status.FromProto(d)
+		}
+		c.ack(w, nonce, errDetail)
+	}
+	var add, remove []string
+	for _, n := range req.GetResourceNamesSubscribe() {
+		if n == "*" {
+			w.wildcard, w.needResponse = true, true
+			continue
+		}
+		if _, ok := w.names[n]; !ok {
+			add = append(add, n)
+			w.newNames[n] = struct{}{}
+			w.needResponse = true
+		}
+	}
+	for _, n := range req.GetResourceNamesUnsubscribe() {
+		if n == "*" {
+			w.wildcard = false
+			continue
+		}
+		remove = append(remove, n)
+		delete(w.newNames, n)
+		if !w.wildcard {
+			delete(w.client, n)
+		}
+	}
+	c.setNames(w, add, remove)
+	return c.respond(w)
+}
+
+// respond answers a request that needs it, now if a snapshot exists, else at the first push.
+func (c *conn) respond(w *watch) error {
+	snap := c.s.snap.Load()
+	if !w.needResponse || snap == nil {
+		return nil
+	}
+	// An answer to a request is one response: nothing to order it against.
+	_, _, err := c.sync(snap, w, nil, nil, true)
+	return err
+}
+
+// push sends what req changed, in make-before-break order: upserts of clusters, endpoints,
+// listeners and routes, then removals in reverse order.
+func (c *conn) push(req *PushRequest) error {
+	snap := c.s.snap.Load()
+	if snap == nil {
+		return nil
+	}
+	c.s.pushes.Add(1)
+	if c.s.pushHook != nil {
+		c.s.pushHook()
+	}
+	types := affectedTypes(c.proxy, req, snap)
+	var removals []func() error
+	var changedClusters []string
+	for _, t := range pushOrder {
+		w := c.watches[t]
+		if w == nil {
+			continue
+		}
+		var force map[string]bool
+		if t == resourcev3.EndpointType && len(changedClusters) > 0 {
+			// A new or changed cluster warms only once its endpoints arrive, even unchanged.
+			force = map[string]bool{}
+			for _, n := range changedClusters {
+				force[n] = true
+			}
+		}
+		if !types[t] && force == nil && !w.needResponse {
+			continue
+		}
+		var onlyHosts map[string]struct{}
+		if t == resourcev3.EndpointType && !req.Full && !req.Forced && force == nil {
+			onlyHosts = req.Endpoints
+		}
+		changed, removal, err := c.sync(snap, w, onlyHosts, force, false)
+		if err != nil {
+			return err
+		}
+		if t == resourcev3.ClusterType {
+			changedClusters = changed
+		}
+		if removal != nil {
+			removals = append(removals, removal)
+		}
+	}
+	// Other watched types (secrets, ...) are answered once, empty, when first asked.
+	for t, w := range c.watches {
+		if !slices.Contains(pushOrder, t) && w.needResponse {
+			if _, removal, err := c.sync(snap, w, nil, nil, false); err != nil {
+				return err
+			} else if removal != nil {
+				removals = append(removals, removal)
+			}
+		}
+	}
+	for i := len(removals) - 1; i >= 0; i-- {
+		if err := removals[i](); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *conn) nextNonce() string {
+	c.nonce++
+	return strconv.Itoa(c.nonce)
+}
+
+// sync brings one watched type up to date with snap. It sends additions and updates at once
+// and returns the names it sent plus, when something must go, a func sending the removals.
+// onlyHosts limits an endpoints push to those hostnames; force resends names even unchanged;
+// single sends additions and removals in one response.
+func (c *conn) sync(snap *model.Snapshot, w *watch, onlyHosts map[string]struct{}, force map[string]bool,
+	single bool) ([]string, func() error, error) {
+	st := &set{typeURL: w.typeURL}
+	if c.gen != nil {
+		var err error
+		if st, err = c.s.cache.get(c.gen, snap, c.proxy, w.typeURL); err != nil {
+			c.log.Error("generating configuration", "type", w.typeURL, "err", err)
+			return nil, nil, nil // keep the client on its last good config
+		}
+	}
+	inScope := func(name string) bool {
+		if w.wildcard {
+			return true
+		}
+		_, ok := w.names[name]
+		return ok
+	}
+	// Upserts.
+	var target []*entry // every resource the client should hold, sorted
+	var upserts []*entry
+	for _, name := range st.sortedNames() {
+		if !inScope(name) {
+			continue
+		}
+		e := st.entries[name]
+		target = append(target, e)
+		if onlyHosts != nil {
+			if _, ok := onlyHosts[e.host]; !ok {
+				continue
+			}
+		}
+		if (w.client[name] == e.version && !force[name]) || w.nacked[name] == e.version {
+			continue
+		}
+		upserts = append(upserts, e)
+	}
+	// Removals: what the client holds that it should not.
+	var removed []string
+	if onlyHosts == nil {
+		for name := range w.client {
+			if e := st.entries[name]; e == nil || !inScope(name) {
+				removed = append(removed, name)
+			}
+		}
+		for name := range w.newNames {
+			if st.entries[name] == nil && w.client[name] == "" {
+				removed = append(removed, name)
+			}
+		}
+		slices.Sort(removed)
+		removed = slices.Compact(removed)
+	}
+	clear(w.newNames)
+	needResponse := w.needResponse
+	w.needResponse = false
+	if len(upserts) == 0 && len(removed) == 0 && !needResponse {
+		return nil, nil, nil
+	}
+	changed := make([]string, len(upserts))
+	for i, e := range upserts {
+		changed[i] = e.name
+	}
+	var removal func() error
+	var err error
+	if c.delta {
+		removal, err = c.syncDelta(w, st, upserts, removed, needResponse, single)
+	} else {
+		removal, err = c.syncSotW(w, st, target, upserts, removed, needResponse, single)
+	}
+	return changed, removal, err
+}
+
+func (c *conn) record(w *watch, nonce, version string, sent []*entry, removed []string) {
+	r := &sentResponse{prev: map[string]string{}, sent: map[string]string{}, version: version}
+	for _, e := range sent {
+		if _, ok := r.prev[e.name]; !ok {
+			r.prev[e.name] = w.client[e.name]
+		}
+		r.sent[e.name] = e.version
+		w.client[e.name] = e.version
+	}
+	for _, n := range removed {
+		if _, ok := r.prev[n]; !ok {
+			r.prev[n] = w.client[n]
+		}
+		delete(w.client, n)
+	}
+	// Clients answer every response; bound the bookkeeping for those that do not.
+	if len(w.outstanding) > 64 {
+		clear(w.outstanding)
+	}
+	w.outstanding[nonce] = r
+	w.lastNonce = nonce
+}
+
+func (c *conn) syncDelta(w *watch, st *set, upserts []*entry, removed []string, needResponse, single bool) (func() error, error) {
+	send := func(up []*entry, rm []string) error {
+		resp := &discoverygrpc.DeltaDiscoveryResponse{TypeUrl: w.typeURL, Nonce: c.nextNonce(), RemovedResources: rm,
+			SystemVersionInfo: strconv.FormatUint(st.version, 10)}
+		for _, e := range up {
+			resp.Resources = append(resp.Resources, &discoverygrpc.Resource{Name: e.name, Version: e.version, Resource: e.any})
+		}
+		c.record(w, resp.Nonce, "", up, rm)
+		if err := c.sendDelta(resp); err != nil {
+			return fmt.Errorf("sending %s: %w", w.typeURL, err)
+		}
+		return nil
+	}
+	if single {
+		return nil, send(upserts, removed)
+	}
+	if len(upserts) > 0 || (needResponse && len(removed) == 0) {
+		if err := send(upserts, nil); err != nil {
+			return nil, err
+		}
+	}
+	if len(removed) == 0 {
+		return nil, nil
+	}
+	return func() error { return send(nil, removed) }, nil
+}
+
+func (c *conn) syncSotW(w *watch, st *set, target, upserts []*entry, removed []string, needResponse, single bool) (func() error, error) {
+	send := func(es []*entry, rm []string) error {
+		version := versionOf(es)
+		if fullState(w.typeURL) && version == w.nackedVersion && !needResponse {
+			c.log.Debug("not resending rejected configuration", "type", w.typeURL, "version", version)
+			return nil
+		}
+		resp := &discoverygrpc.DiscoveryResponse{TypeUrl: w.typeURL, VersionInfo: version, Nonce: c.nextNonce()}
+		for _, e := range es {
+			resp.Resources = append(resp.Resources, e.any)
+		}
+		c.record(w, resp.Nonce, version, es, rm)
+		w.lastSet = st
+		if err := c.sendSotW(resp); err != nil {
+			return fmt.Errorf("sending %s: %w", w.typeURL, err)
+		}
+		return nil
+	}
+	if !fullState(w.typeURL) {
+		// Routes and endpoints: only what changed; removal is the client unsubscribing.
+		for _, n := range removed {
+			delete(w.client, n)
+		}
+		if len(upserts) == 0 && !needResponse {
+			return nil, nil
+		}
+		return nil, send(upserts, nil)
+	}
+	if len(removed) == 0 || single {
+		return nil, send(target, removed)
+	}
+	// Make before break: keep the removed resources until the rest of the push is out.
+	keep := slices.Clone(target)
+	if w.lastSet != nil {
+		for _, n := range removed {
+			if e := w.lastSet.entries[n]; e != nil {
+				keep = append(keep, e)
+			}
+		}
+	}
+	if len(keep) > len(target) && len(upserts) > 0 {
+		slices.SortFunc(keep, func(a, b *entry) int { return cmpString(a.name, b.name) })
+		if err := send(keep, nil); err != nil {
+			return nil, err
+		}
+	}
+	return func() error { return send(target, removed) }, nil
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (s *set) sortedNames() []string { return s.names }

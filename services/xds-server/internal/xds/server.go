@@ -1,0 +1,244 @@
+package xds
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"sailplane.dev/services/xds-server/internal/model"
+)
+
+// Options configure a Server.
+type Options struct {
+	Logger *slog.Logger
+	// Generator picks the generator serving a proxy; nil or a nil result serves nothing.
+	Generator func(*model.Proxy) Generator
+	// PushConcurrency bounds how many connections are pushed at once; default 16.
+	PushConcurrency int
+	// CacheAssert regenerates on every use and fails (OnCacheViolation, default panic) when one
+	// cache key would hold two values. For tests: it disables sharing.
+	CacheAssert      bool
+	OnCacheViolation func(error)
+}
+
+// Server serves ADS. Feed it snapshots with Push and run its push workers with Run.
+type Server struct {
+	opts  Options
+	log   *slog.Logger
+	cache *cache
+	queue *pushQueue[*conn]
+
+	snap    atomic.Pointer[model.Snapshot]
+	stopped chan struct{}
+	stop    sync.Once
+	nextID  atomic.Int64
+
+	mu    sync.Mutex
+	conns map[*conn]struct{}
+
+	// pushes counts pushes carried out, for tests.
+	pushes atomic.Int64
+	// pushHook runs at the start of every push, for tests.
+	pushHook func()
+}
+
+var _ discoverygrpc.AggregatedDiscoveryServiceServer = (*Server)(nil)
+
+// NewServer returns a server with no snapshot: clients wait until the first Push.
+func NewServer(opts Options) *Server {
+	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
+	opts.PushConcurrency = cmp.Or(opts.PushConcurrency, 16)
+	return &Server{
+		opts:    opts,
+		log:     opts.Logger,
+		cache:   newCache(opts.Logger, opts.CacheAssert, opts.OnCacheViolation),
+		queue:   newPushQueue[*conn](),
+		stopped: make(chan struct{}),
+		conns:   map[*conn]struct{}{},
+	}
+}
+
+// Run pushes queued changes with PushConcurrency workers until ctx ends; then it ends every
+// stream so a graceful gRPC stop can finish.
+func (s *Server) Run(ctx context.Context) error {
+	defer s.stop.Do(func() { close(s.stopped) })
+	var wg sync.WaitGroup
+	for range s.opts.PushConcurrency {
+		wg.Go(func() {
+			for {
+				c, req, ok := s.queue.Dequeue(ctx)
+				if !ok {
+					return
+				}
+				c.deliver(req)
+			}
+		})
+	}
+	wg.Wait()
+	return nil
+}
+
+// Snapshot is the latest snapshot pushed, or nil.
+func (s *Server) Snapshot() *model.Snapshot { return s.snap.Load() }
+
+// Connections counts the streams whose proxy identified itself.
+func (s *Server) Connections() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+// Push makes snap current and queues a push to each connection ch can affect.
+func (s *Server) Push(snap *model.Snapshot, ch model.Change) {
+	first := s.snap.Swap(snap) == nil
+	req := &PushRequest{Full: ch.Full, Configs: ch.Configs, Endpoints: ch.Endpoints, Forced: first, Start: time.Now()}
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		if c.affected(req, snap) {
+			s.queue.Enqueue(c, req)
+		}
+	}
+}
+
+func (s *Server) addConn(c *conn) {
+	s.mu.Lock()
+	s.conns[c] = struct{}{}
+	s.mu.Unlock()
+}
+
+func (s *Server) removeConn(c *conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	s.queue.Remove(c)
+}
+
+// StreamAggregatedResources serves state-of-the-world ADS.
+func (s *Server) StreamAggregatedResources(stream discoverygrpc.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	c := s.newConn(false)
+	c.sendSotW = stream.Send
+	return serve(s, c, stream.Recv, c.handleSotW)
+}
+
+// DeltaAggregatedResources serves delta ADS.
+func (s *Server) DeltaAggregatedResources(stream discoverygrpc.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
+	c := s.newConn(true)
+	c.sendDelta = stream.Send
+	return serve(s, c, stream.Recv, c.handleDelta)
+}
+
+// serve runs one stream: requests and pushes are handled by this goroutine only, so a
+// connection's state needs no lock except for what Push reads.
+func serve[Req any](s *Server, c *conn, recv func() (Req, error), handle func(Req) error) error {
+	defer func() {
+		close(c.done)
+		s.removeConn(c)
+		if c.proxy != nil {
+			c.log.Debug("proxy disconnected")
+		}
+	}()
+	reqs := make(chan Req)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			req, err := recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case reqs <- req:
+			case <-c.done:
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-s.stopped:
+			return status.Error(codes.Unavailable, "server stopping")
+		case err := <-errc:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case req := <-reqs:
+			if err := handle(req); err != nil {
+				return err
+			}
+		case item := <-c.pushes:
+			err := c.push(item.req)
+			close(item.done)
+			if err != nil {
+				return err
+			}
+		}
+	}
+}
+
+type pushItem struct {
+	req  *PushRequest
+	done chan struct{}
+}
+
+func (s *Server) newConn(delta bool) *conn {
+	return &conn{
+		s: s, id: s.nextID.Add(1), delta: delta,
+		watches: map[string]*watch{},
+		pushes:  make(chan pushItem),
+		done:    make(chan struct{}),
+		log:     s.log,
+	}
+}
+
+// deliver hands req to the connection's goroutine and waits until it was pushed, so workers
+// bound the number of pushes in flight.
+func (c *conn) deliver(req *PushRequest) {
+	item := pushItem{req: req, done: make(chan struct{})}
+	select {
+	case c.pushes <- item:
+	case <-c.done:
+		return
+	}
+	select {
+	case <-item.done:
+	case <-c.done:
+	}
+}
+
+// affected reports whether req can change anything c watches.
+func (c *conn) affected(req *PushRequest, snap *model.Snapshot) bool {
+	types := affectedTypes(c.proxy, req, snap)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for t := range types {
+		w := c.watches[t]
+		if w == nil {
+			continue
+		}
+		if t != resourcev3.EndpointType || req.Full || req.Forced || w.wildcard {
+			return true
+		}
+		for h := range req.Endpoints {
+			if w.hosts[h] > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,159 @@
+// Package xds is the xds-server's ADS server: connections and their subscriptions (state of the
+// world and delta), ACK/NACK, make-before-break ordering, a debounced push pipeline with a
+// per-proxy queue, and a cache that shares encoded resources between proxies.
+package xds
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"sailplane.dev/services/xds-server/internal/model"
+)
+
+// Generator builds the resources of one type a proxy needs; names empty means everything of
+// that type, else only those names (unknown names are left out). Errors wrapping
+// ErrUnsupported mean "this proxy gets none of that type".
+type Generator interface {
+	Generate(snap *model.Snapshot, proxy *model.Proxy, typeURL string, names []string) ([]types.Resource, error)
+}
+
+// Scoper is implemented by generators whose output many proxies share. CacheScope must return
+// equal keys for two proxies exactly when Generate gives them the same resources of typeURL
+// for every snapshot; the cache then generates and encodes once per key. Generators without
+// it are cached per proxy.
+type Scoper interface {
+	CacheScope(proxy *model.Proxy, typeURL string) string
+}
+
+// ErrUnsupported is what generators wrap for types or proxies they do not serve.
+var ErrUnsupported = errors.New("unsupported")
+
+// The types a push sends, in make-before-break order: clusters and their endpoints exist before
+// the listeners and routes that use them.
+var pushOrder = []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType}
+
+// fullState types must list every subscribed resource in each state-of-the-world response.
+func fullState(typeURL string) bool {
+	return typeURL == resourcev3.ClusterType || typeURL == resourcev3.ListenerType
+}
+
+// PushRequest is what a push must bring up to date; requests merge.
+type PushRequest struct {
+	// Full is set when config changed, not only endpoints.
+	Full bool
+	// Configs are the changed configs with where they are visible (see model.Change).
+	Configs map[model.ConfigKey]model.Visibility
+	// Endpoints are hostnames whose endpoints changed.
+	Endpoints map[string]struct{}
+	// Forced pushes every watched type to the proxy (new snapshot after connect, tests).
+	Forced bool
+	// Start is when the oldest merged change happened, for latency metrics.
+	Start time.Time
+}
+
+// Merge returns a request covering both.
+func (r *PushRequest) Merge(o *PushRequest) *PushRequest {
+	if r == nil {
+		return o
+	}
+	if o == nil {
+		return r
+	}
+	ch := model.Change{Full: r.Full, Configs: r.Configs, Endpoints: r.Endpoints}
+	// Change.Merge writes into its maps; copy so neither input is modified.
+	out := model.Change{}
+	out.Merge(ch)
+	out.Merge(model.Change{Full: o.Full, Configs: o.Configs, Endpoints: o.Endpoints})
+	start := r.Start
+	if start.IsZero() || (!o.Start.IsZero() && o.Start.Before(start)) {
+		start = o.Start
+	}
+	return &PushRequest{Full: out.Full, Configs: out.Configs, Endpoints: out.Endpoints, Forced: r.Forced || o.Forced, Start: start}
+}
+
+const defaultRootNamespace = "istio-system"
+
+// affectedTypes is which of pushOrder a request can change for proxy; nil means no push.
+// Rules follow which generated types read which kind (see envoygen and grpcgen).
+func affectedTypes(p *model.Proxy, req *PushRequest, snap *model.Snapshot) map[string]bool {
+	all := map[string]bool{}
+	for _, t := range pushOrder {
+		all[t] = true
+	}
+	if req.Forced {
+		return all
+	}
+	out := map[string]bool{}
+	add := func(ts ...string) {
+		for _, t := range ts {
+			out[t] = true
+		}
+	}
+	if len(req.Endpoints) > 0 {
+		add(resourcev3.EndpointType)
+	}
+	if !req.Full {
+		return out
+	}
+	root := defaultRootNamespace
+	if snap != nil && snap.Mesh.GetRootNamespace() != "" {
+		root = snap.Mesh.GetRootNamespace()
+	}
+	for key, vis := range req.Configs {
+		switch key.Kind {
+		case "VirtualService":
+			if !vis.Sees(p.Namespace) {
+				continue
+			}
+			if p.IsProxyless() {
+				add(resourcev3.RouteType)
+			} else {
+				// Envoy also has TCP/TLS routes inside listeners.
+				add(resourcev3.ListenerType, resourcev3.RouteType)
+			}
+		case "DestinationRule":
+			if vis.Sees(p.Namespace) {
+				add(resourcev3.ClusterType, resourcev3.EndpointType)
+			}
+		case "Service":
+			if vis.Sees(p.Namespace) {
+				add(pushOrder...)
+			}
+		case "Gateway":
+			if p.IsRouter() {
+				add(resourcev3.ListenerType, resourcev3.RouteType)
+			}
+		case "Sidecar":
+			if !p.IsRouter() && (vis.Sees(p.Namespace) || key.Namespace == root) {
+				add(pushOrder...)
+			}
+		default: // MeshConfig and kinds without a finer rule.
+			return all
+		}
+	}
+	return out
+}
+
+// hostOfCluster reads the hostname out of istiod's cluster names, "outbound|port|subset|host";
+// "" when the name has no hostname (inbound clusters, or foreign names).
+func hostOfCluster(name string) string {
+	if !strings.HasPrefix(name, "outbound|") {
+		return ""
+	}
+	i := strings.LastIndexByte(name, '|')
+	return name[i+1:]
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
