@@ -1,11 +1,13 @@
-// Package configingest reads Istio config from folders of YAML files and the mesh config from
-// the mesh file, validates them, and publishes them on the bus: each kind's full state on the
-// first sync, then only what changed, as the files change.
+// Package configingest reads Istio config, validates it, and publishes it on the bus: each
+// kind's full state on the first sync, then only what changed. The config comes either from
+// folders of YAML files with the mesh config from the mesh file, or, when Config.Kube is set,
+// from a Kubernetes API server (Istio's CRDs) with the mesh config from the "istio" ConfigMap.
 package configingest
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -14,7 +16,9 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+	"k8s.io/client-go/rest"
 
+	"sailplane.dev/services/config-ingest/internal/kubesource"
 	"sailplane.dev/services/config-ingest/internal/tree"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/mesh"
@@ -24,6 +28,18 @@ import (
 // ErrDuplicate marks a problem where two documents define the same kind/namespace/name; the
 // first by path order wins.
 var ErrDuplicate = tree.ErrDuplicate
+
+// In Kubernetes mode, problems wrapping ErrKubernetes say the API server is unreachable or a
+// resource cannot be listed (RBAC), and ErrMeshConfigMap that the mesh ConfigMap is unusable
+// (the last good mesh config stays in effect).
+var (
+	ErrKubernetes    = kubesource.ErrKubernetes
+	ErrMeshConfigMap = kubesource.ErrMeshConfigMap
+)
+
+// StatusLease is the coordination.k8s.io Lease, in Config.Namespace, electing the replica that
+// writes validation errors to the resources' status.
+const StatusLease = kubesource.LeaseName
 
 // Config configures the service.
 type Config struct {
@@ -36,6 +52,19 @@ type Config struct {
 	DefaultNamespace string
 	// Debounce is how long the files must stay quiet before a rescan; 100ms when zero.
 	Debounce time.Duration
+
+	// Kube, when set, selects Kubernetes mode: the Istio config kinds are read from this API
+	// server (ConfigDirs and the mesh config's configSources are ignored) and the mesh config
+	// from the "istio" ConfigMap's "mesh" key in Namespace, unless MeshFile is set, in which
+	// case the file is the mesh config's source instead of the ConfigMap.
+	Kube *rest.Config
+	// Namespace is the control plane's namespace (Kubernetes mode): the mesh ConfigMap and the
+	// status Lease live there; "istio-system" when empty.
+	Namespace string
+	// PodName is this replica's identity in the status Lease; the host name when empty.
+	PodName string
+	// Status leader election timings (Kubernetes mode); 15s, 10s and 2s when zero.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 }
 
 // Deps are the service's collaborators.
@@ -50,6 +79,7 @@ type Service struct {
 	log   *slog.Logger
 	pub   bus.Publisher
 	ready chan struct{}
+	kube  *kubesource.Source // Kubernetes mode; nil for files
 
 	mu           sync.Mutex
 	treeProblems []error
@@ -70,8 +100,23 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if cfg.Debounce <= 0 {
 		cfg.Debounce = 100 * time.Millisecond
 	}
-	return &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, ready: make(chan struct{})}, nil
+	s := &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, ready: make(chan struct{})}
+	if cfg.Kube != nil {
+		src, err := kubesource.New(cfg.Kube, kubesource.Config{
+			Namespace: cfg.Namespace, Identity: cfg.PodName, MeshFile: cfg.MeshFile, Debounce: cfg.Debounce,
+			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
+		}, deps.Publisher, deps.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("config-ingest: %w", err)
+		}
+		s.kube = src
+	}
+	return s, nil
 }
+
+// StatusLeader reports whether this replica writes validation errors to the resources' status
+// (Kubernetes mode, holding the StatusLease).
+func (s *Service) StatusLeader() bool { return s.kube != nil && s.kube.Leader() }
 
 // PublishedTypes are the bus types config-ingest publishes: every Istio config kind and MeshConfig.
 func PublishedTypes() []string {
@@ -83,12 +128,21 @@ func PublishedTypes() []string {
 }
 
 // Ready is closed once the first full state of every kind (and the mesh config) was published.
-func (s *Service) Ready() <-chan struct{} { return s.ready }
+func (s *Service) Ready() <-chan struct{} {
+	if s.kube != nil {
+		return s.kube.Ready()
+	}
+	return s.ready
+}
 
 // Problems returns the current problems: unreadable or invalid documents (as *config.Error),
 // duplicates (wrapping ErrDuplicate), unreadable folders, a mesh file that failed to reload,
-// unsupported config sources.
+// unsupported config sources. In Kubernetes mode: invalid resources (*config.Error), an unusable
+// mesh ConfigMap (ErrMeshConfigMap), the API server unreachable or a kind not listable (ErrKubernetes).
 func (s *Service) Problems() []error {
+	if s.kube != nil {
+		return s.kube.Problems()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append(slices.Clone(s.meshProblems), s.treeProblems...)
@@ -100,7 +154,14 @@ const maxDelay = time.Second
 // Run loads the mesh config and the config folders, publishes them, then follows changes until
 // ctx is done. It fails only when the mesh file cannot be loaded at start or the folders cannot
 // be watched at all.
+//
+// In Kubernetes mode it publishes once the informers have synced and follows the API server,
+// riding out its outages (nothing is deleted while it is unreachable); it fails only when a
+// MeshFile cannot be loaded at start.
 func (s *Service) Run(ctx context.Context) error {
+	if s.kube != nil {
+		return s.kube.Run(ctx)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 

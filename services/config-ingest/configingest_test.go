@@ -3,6 +3,7 @@ package configingest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -21,7 +22,19 @@ import (
 	"sailplane.dev/shared/schema"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	code := m.Run()
+	// The API server shared by the Kubernetes tests goes first, closing client connections.
+	stopSharedKube()
+	if code == 0 {
+		// klog starts its flush daemon in init; client-go imports klog.
+		if err := goleak.Find(goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 type testWriter struct{ t *testing.T }
 

@@ -1,6 +1,7 @@
 // Command hyper is the whole Sailplane control plane in one process, like istiod: config-ingest,
 // endpoint-watcher and xds-server linked together over an in-process bus (no serialization).
-// Run with no flags from a folder holding etc/sailplane/mesh.yaml and etc/sailplane/conf/.
+// Run with no flags, it uses the Kubernetes cluster it finds (in-cluster, $KUBECONFIG,
+// ~/.kube/config) or, with none, the folder's etc/sailplane/mesh.yaml and etc/sailplane/conf/.
 package main
 
 import (
@@ -27,6 +28,10 @@ func main() {
 		xdsListen  string
 		busListen  string
 		clusterID  string
+		kubeconfig string
+		source     string
+		namespace  string
+		podName    string
 	)
 	cmd := &cobra.Command{
 		Use:           "hyper",
@@ -43,14 +48,27 @@ func main() {
 			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
 			local := bus.Local(store)
 
-			ingest, err := configingest.New(
-				configingest.Config{MeshFile: meshFile, ConfigDirs: configDirs},
+			ingestCfg := configingest.Config{MeshFile: meshFile, ConfigDirs: configDirs, Namespace: namespace, PodName: podName}
+			watcherCfg := endpointwatcher.Config{ClusterID: clusterID, Namespace: namespace}
+			kubeCfg, chosen, err := configingest.ResolveSource(source, kubeconfig)
+			if err != nil {
+				return err
+			}
+			log.Info("config source", "source", chosen)
+			if kubeCfg != nil {
+				// One cluster for config and discovery; the mesh config comes from the istio
+				// ConfigMap unless a file is asked for.
+				ingestCfg.Kube, watcherCfg.Kube = kubeCfg, kubeCfg
+				if !cmd.Flags().Changed("mesh-config") {
+					ingestCfg.MeshFile = ""
+				}
+			}
+			ingest, err := configingest.New(ingestCfg,
 				configingest.Deps{Logger: log.With("component", "config-ingest"), Publisher: store})
 			if err != nil {
 				return err
 			}
-			watcher, err := endpointwatcher.New(
-				endpointwatcher.Config{ClusterID: clusterID},
+			watcher, err := endpointwatcher.New(watcherCfg,
 				endpointwatcher.Deps{Logger: log.With("component", "endpoint-watcher"), Config: local, Publisher: store})
 			if err != nil {
 				return err
@@ -79,7 +97,11 @@ func main() {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
-	cmd.Flags().StringVar(&meshFile, "mesh-config", "etc/sailplane/mesh.yaml", "mesh config file (Istio meshConfig format)")
+	cmd.Flags().StringVar(&meshFile, "mesh-config", "etc/sailplane/mesh.yaml", "mesh config file (Istio meshConfig format); with Kubernetes, only when set, instead of the istio ConfigMap")
+	cmd.Flags().StringVar(&source, "config-source", configingest.SourceAuto, "where config and workloads come from: auto (Kubernetes if a cluster is found, else files), kubernetes or files")
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
+	cmd.Flags().StringVar(&namespace, "namespace", envOr("POD_NAMESPACE", "istio-system"), "control plane namespace (Kubernetes): the istio ConfigMap, the status Lease, remote-cluster Secrets")
+	cmd.Flags().StringVar(&podName, "pod-name", os.Getenv("POD_NAME"), "identity in the status Lease (default: the host name)")
 	cmd.Flags().StringSliceVar(&configDirs, "config-dir", nil, "config folders to read, overriding the mesh config's fs:// configSources")
 	cmd.Flags().StringVar(&xdsListen, "xds-listen", "127.0.0.1:15010", "address serving ADS (plaintext)")
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the bus to external MCP consumers; empty to disable")
@@ -88,4 +110,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }

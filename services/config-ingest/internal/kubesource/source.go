@@ -1,0 +1,681 @@
+// Package kubesource reads Istio config from a Kubernetes API server: every kind of
+// schema.IstioConfig, in the namespaces the mesh config's discoverySelectors select, validated
+// and published on the bus. The mesh config comes from the "istio" ConfigMap (or a file). One
+// replica, elected with a Lease, writes validation errors back to the resources' status.
+package kubesource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+	istioinformers "istio.io/client-go/pkg/informers/externalversions"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/config"
+	"sailplane.dev/shared/kube"
+	"sailplane.dev/shared/mesh"
+	"sailplane.dev/shared/schema"
+)
+
+// Defaults.
+const (
+	DefaultNamespace = "istio-system"
+	// MeshConfigMap is the ConfigMap holding the mesh config under the key MeshKey, as in Istio.
+	MeshConfigMap = "istio"
+	MeshKey       = "mesh"
+	// LeaseName is the Lease electing the replica that writes status.
+	LeaseName = "sailplane-config-ingest-status"
+)
+
+// ErrKubernetes marks a problem talking to the API server: unreachable (cleared by the next
+// successful request), or a resource that cannot be listed, e.g. for RBAC (cleared once it can).
+var ErrKubernetes = errors.New("kubernetes")
+
+// ErrMeshConfigMap marks a mesh config ConfigMap that could not be used; the last good mesh
+// config stays in effect.
+var ErrMeshConfigMap = errors.New("mesh config ConfigMap")
+
+// Config configures a Source.
+type Config struct {
+	// Namespace is the control plane's namespace: the mesh ConfigMap and the Lease live there.
+	// DefaultNamespace when empty. Its config is read whatever the discoverySelectors say.
+	Namespace string
+	// Identity names this replica in the Lease; the host name when empty.
+	Identity string
+	// MeshFile, when set, is the mesh config's source instead of the ConfigMap.
+	MeshFile string
+	// Debounce is the mesh file's debounce (see mesh.WithDebounce).
+	Debounce time.Duration
+	// Leader election timings; client-go's usual 15s/10s/2s when zero.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+}
+
+// Source is the Kubernetes config source.
+type Source struct {
+	cfg     Config
+	log     *slog.Logger
+	pub     bus.Publisher
+	clients kube.Clients
+	ready   chan struct{}
+	leader  atomic.Bool
+	// queue holds the resources whose status the leader must check.
+	queue workqueue.TypedRateLimitingInterface[statusKey]
+	// probeNow wakes the loop that clears watch problems.
+	probeNow chan struct{}
+
+	mu        sync.Mutex
+	synced    bool // the initial state was published: from now on, publish every change
+	mesh      *meshv1alpha1.MeshConfig
+	selectors []labels.Selector // nil: every namespace
+	kinds     []*kindState
+	nsLister  cache.GenericLister
+	cmLister  cache.GenericLister
+	meshProb  error
+	watchProb map[string]error // by informer name
+	connProb  error            // the last request's network error; nil once one succeeds
+}
+
+type kindState struct {
+	kind     schema.Kind
+	informer cache.SharedIndexInformer
+	// published is what the bus has, by bus name: the last valid version of each resource.
+	published map[string]config.Config
+	// invalid holds the validation error of resources whose current version is invalid.
+	invalid map[string]error
+}
+
+type statusKey struct {
+	kind int // index in Source.kinds
+	ns   string
+	name string
+}
+
+// New returns a Source reading the cluster restCfg points at.
+func New(restCfg *rest.Config, cfg Config, pub bus.Publisher, log *slog.Logger) (*Source, error) {
+	if restCfg == nil || pub == nil {
+		return nil, errors.New("kubesource: a rest config and a publisher are required")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = DefaultNamespace
+	}
+	if cfg.Identity == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("kubesource: leader election identity: %w", err)
+		}
+		cfg.Identity = h
+	}
+	if cfg.LeaseDuration <= 0 {
+		cfg.LeaseDuration = 15 * time.Second
+	}
+	if cfg.RenewDeadline <= 0 {
+		cfg.RenewDeadline = 10 * time.Second
+	}
+	if cfg.RetryPeriod <= 0 {
+		cfg.RetryPeriod = 2 * time.Second
+	}
+	s := &Source{
+		cfg: cfg, log: log, pub: pub,
+		ready: make(chan struct{}), probeNow: make(chan struct{}, 1),
+		watchProb: map[string]error{},
+	}
+	// Informers retry a refused watch quietly, without calling the watch error handler: the
+	// transport is where an unreachable API server shows.
+	restCfg = rest.CopyConfig(restCfg)
+	restCfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &healthTransport{rt: rt, s: s} })
+	clients, err := kube.NewClients(restCfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubesource: %w", err)
+	}
+	s.clients = clients
+	return s, nil
+}
+
+// healthTransport records whether the API server answers.
+type healthTransport struct {
+	rt http.RoundTripper
+	s  *Source
+}
+
+func (h *healthTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := h.rt.RoundTrip(req)
+	if err != nil && req.Context().Err() != nil {
+		return resp, err // canceled by us, not a failure of the server
+	}
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	switch {
+	case err != nil && h.s.connProb == nil:
+		h.s.log.Warn("kubernetes API server unreachable; retrying", "host", req.URL.Host, "error", err)
+		h.s.connProb = fmt.Errorf("%w: API server %s unreachable: %w", ErrKubernetes, req.URL.Host, err)
+	case err != nil:
+		h.s.connProb = fmt.Errorf("%w: API server %s unreachable: %w", ErrKubernetes, req.URL.Host, err)
+	case h.s.connProb != nil:
+		h.s.log.Info("kubernetes API server reachable again", "host", req.URL.Host)
+		h.s.connProb = nil
+	}
+	return resp, err
+}
+
+// Ready is closed once the first full state of every kind and the mesh config was published.
+func (s *Source) Ready() <-chan struct{} { return s.ready }
+
+// Leader reports whether this replica holds the Lease and writes status.
+func (s *Source) Leader() bool { return s.leader.Load() }
+
+// Problems returns the invalid resources (*config.Error, sorted by kind then name), an unusable
+// mesh ConfigMap (wrapping ErrMeshConfigMap) and failing watches (wrapping ErrKubernetes).
+func (s *Source) Problems() []error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []error
+	if s.meshProb != nil {
+		out = append(out, s.meshProb)
+	}
+	if s.connProb != nil {
+		out = append(out, s.connProb)
+	}
+	for _, name := range slices.Sorted(maps.Keys(s.watchProb)) {
+		out = append(out, s.watchProb[name])
+	}
+	for _, ks := range s.kinds {
+		for _, name := range slices.Sorted(maps.Keys(ks.invalid)) {
+			out = append(out, ks.invalid[name])
+		}
+	}
+	return out
+}
+
+// Run watches the cluster and publishes until ctx is done. It fails only when a mesh file
+// (Config.MeshFile) cannot be loaded at start.
+func (s *Source) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	istioF := istioinformers.NewSharedInformerFactoryWithOptions(s.clients.Istio, 0)
+	nsF := informers.NewSharedInformerFactoryWithOptions(s.clients.Kube, 0)
+	cmF := informers.NewSharedInformerFactoryWithOptions(s.clients.Kube, 0,
+		informers.WithNamespace(s.cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + MeshConfigMap }))
+	defer nsF.Shutdown()
+	defer cmF.Shutdown()
+	defer istioF.Shutdown()
+	defer cancel() // runs first: the factories' Shutdown waits for stopped informers
+
+	s.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.DefaultTypedControllerRateLimiter[statusKey](),
+		workqueue.TypedRateLimitingQueueConfig[statusKey]{Name: "config-ingest-status"})
+	defer s.queue.ShutDown()
+
+	var kinds []*kindState
+	var synced []cache.InformerSynced
+	for i, k := range schema.IstioConfig {
+		gi, err := istioF.ForResource(gvr(k))
+		if err != nil {
+			return fmt.Errorf("kubesource: %s: %w", k.Kind, err)
+		}
+		ks := &kindState{kind: k, informer: gi.Informer(), published: map[string]config.Config{}, invalid: map[string]error{}}
+		kinds = append(kinds, ks)
+		s.handle(ks.informer, k.Kind, func(key string) { s.onObject(i, key) })
+		synced = append(synced, ks.informer.HasSynced)
+	}
+	nsInf := nsF.Core().V1().Namespaces()
+	s.handle(nsInf.Informer(), "Namespace", s.onNamespace)
+	synced = append(synced, nsInf.Informer().HasSynced)
+	s.mu.Lock()
+	s.kinds = kinds
+	s.nsLister = cache.NewGenericLister(nsInf.Informer().GetIndexer(), corev1.Resource("namespaces"))
+	s.mu.Unlock()
+
+	meshCh := make(chan *meshv1alpha1.MeshConfig, 1)
+	watchErr := make(chan error, 1)
+	if s.cfg.MeshFile == "" {
+		cmInf := cmF.Core().V1().ConfigMaps()
+		s.mu.Lock()
+		s.cmLister = cache.NewGenericLister(cmInf.Informer().GetIndexer(), corev1.Resource("configmaps"))
+		s.mu.Unlock()
+		s.handle(cmInf.Informer(), "ConfigMap", func(string) { s.onConfigMap() })
+		cmF.Start(ctx.Done())
+	} else {
+		w := mesh.NewWatcher(s.cfg.MeshFile, func(m *meshv1alpha1.MeshConfig) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if err := s.setMeshLocked(m); err != nil {
+				s.meshProb = fmt.Errorf("%s: %w", s.cfg.MeshFile, err)
+				s.log.Error("mesh config rejected; keeping the last good one", "error", s.meshProb)
+				if s.mesh != nil {
+					return
+				}
+				_ = s.setMeshLocked(mesh.Default())
+			}
+			select {
+			case meshCh <- m:
+			default:
+			}
+		}, mesh.WithLogger(s.log), mesh.WithDebounce(s.cfg.Debounce), mesh.WithReloadErrors(func(err error) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.meshProb = err
+		}))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			watchErr <- w.Run(ctx)
+		}()
+	}
+	istioF.Start(ctx.Done())
+	nsF.Start(ctx.Done())
+
+	wg.Add(3)
+	go func() { defer wg.Done(); s.runLeaderElection(ctx) }()
+	go func() { defer wg.Done(); s.runStatusWriter(ctx) }()
+	go func() { defer wg.Done(); s.runProbes(ctx) }()
+
+	// The mesh config first: it says which namespaces count.
+	if s.cfg.MeshFile == "" {
+		if !cache.WaitForCacheSync(ctx.Done(), cmF.Core().V1().ConfigMaps().Informer().HasSynced) {
+			return nil
+		}
+		s.onConfigMap()
+	} else {
+		select {
+		case <-meshCh:
+		case err := <-watchErr:
+			return err
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return nil
+	}
+
+	s.mu.Lock()
+	s.resyncLocked(func(string) bool { return true })
+	s.pub.Replace(schema.MeshConfig.TypeURL, []*bus.Resource{meshResource(s.mesh)})
+	total := 0
+	for _, ks := range s.kinds {
+		rs := make([]*bus.Resource, 0, len(ks.published))
+		for _, c := range ks.published {
+			rs = append(rs, c.Resource())
+		}
+		total += len(rs)
+		s.pub.Replace(ks.kind.TypeURL, rs)
+	}
+	s.synced = true
+	problems := s.problemCountLocked()
+	s.mu.Unlock()
+	close(s.ready)
+	s.log.Info("config published from Kubernetes", "resources", total, "problems", problems)
+
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-watchErr:
+		return err
+	}
+}
+
+func (s *Source) problemCountLocked() int {
+	n := len(s.watchProb)
+	if s.connProb != nil {
+		n++
+	}
+	if s.meshProb != nil {
+		n++
+	}
+	for _, ks := range s.kinds {
+		n += len(ks.invalid)
+	}
+	return n
+}
+
+// handle routes inf's events, by namespace/name key, to fn, and records its watch errors.
+func (s *Source) handle(inf cache.SharedIndexInformer, name string, fn func(key string)) {
+	key := func(obj any) {
+		k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+		if err != nil {
+			s.log.Warn("unexpected object in informer", "kind", name, "error", err)
+			return
+		}
+		fn(k)
+	}
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    key,
+		UpdateFunc: func(_, obj any) { key(obj) },
+		DeleteFunc: key,
+	})
+	// Set before the informer starts, as client-go requires; it replaces client-go's default
+	// handler, which only logs.
+	_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		s.log.Warn("kubernetes watch failed; retrying", "kind", name, "error", err)
+		s.mu.Lock()
+		s.watchProb[name] = fmt.Errorf("%w: list/watch %s: %w", ErrKubernetes, name, err)
+		s.mu.Unlock()
+		select {
+		case s.probeNow <- struct{}{}:
+		default:
+		}
+	})
+}
+
+// onObject re-evaluates one resource of kinds[i] from the informer's current state.
+func (s *Source) onObject(i int, key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.synced {
+		return // the initial full pass reads the informers' state
+	}
+	s.syncLocked(s.kinds[i], i, key)
+}
+
+// syncLocked brings the bus in line with the informer's state of one resource: publishes it
+// when valid and selected, deletes it when gone or no longer selected, and keeps the last valid
+// version when the current one is invalid. Before the initial sync it only records the state.
+func (s *Source) syncLocked(ks *kindState, i int, key string) {
+	ns, name, _ := cache.SplitMetaNamespaceKey(key)
+	busName := schema.Name(ns, name)
+	obj, exists, _ := ks.informer.GetIndexer().GetByKey(key)
+	if !exists || !s.selectedLocked(ns) {
+		delete(ks.invalid, busName)
+		if _, ok := ks.published[busName]; ok {
+			delete(ks.published, busName)
+			if s.synced {
+				s.pub.Delete(ks.kind.TypeURL, busName)
+			}
+		}
+		return
+	}
+	c, ok := toConfig(ks.kind, obj)
+	if !ok {
+		return
+	}
+	s.enqueueStatusLocked(statusKey{kind: i, ns: ns, name: name})
+	if err := config.Validate(c); err != nil {
+		prev := ks.invalid[busName]
+		ks.invalid[busName] = err
+		if prev == nil || prev.Error() != err.Error() {
+			_, kept := ks.published[busName]
+			s.log.Error("invalid config not published", "error", err, "previous_version_kept", kept)
+		}
+		return
+	}
+	if ks.invalid[busName] != nil {
+		delete(ks.invalid, busName)
+		s.log.Info("config valid again", "kind", ks.kind.Kind, "name", busName)
+	}
+	if prev, ok := ks.published[busName]; ok && config.Equal(prev, c) {
+		return // a status or metadata-only change
+	}
+	ks.published[busName] = c
+	if s.synced {
+		s.pub.Upsert(ks.kind.TypeURL, c.Resource())
+	}
+}
+
+// resyncLocked re-evaluates every known resource in the namespaces match accepts.
+func (s *Source) resyncLocked(match func(ns string) bool) {
+	for i, ks := range s.kinds {
+		keys := map[string]bool{}
+		for _, k := range ks.informer.GetIndexer().ListKeys() {
+			keys[k] = true
+		}
+		for busName := range ks.published {
+			ns, name := schema.SplitName(busName)
+			keys[ns+"/"+name] = true
+		}
+		for k := range keys {
+			ns, _, _ := cache.SplitMetaNamespaceKey(k)
+			if match(ns) {
+				s.syncLocked(ks, i, k)
+			}
+		}
+	}
+}
+
+// selectedLocked applies the discoverySelectors. The control plane and root namespaces are
+// always read, as istiod does for its own namespace: mesh-wide policies live there.
+func (s *Source) selectedLocked(ns string) bool {
+	if s.selectors == nil || ns == s.cfg.Namespace || ns == s.mesh.GetRootNamespace() {
+		return true
+	}
+	obj, err := s.nsLister.Get(ns)
+	if err != nil {
+		return false
+	}
+	n, ok := obj.(*corev1.Namespace)
+	if !ok {
+		return false
+	}
+	set := labels.Set(n.Labels)
+	for _, sel := range s.selectors {
+		if sel.Matches(set) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Source) onNamespace(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.synced || s.selectors == nil {
+		return
+	}
+	s.resyncLocked(func(ns string) bool { return ns == key })
+}
+
+// onConfigMap reads the mesh config from the ConfigMap; a missing ConfigMap or key means
+// Istio's defaults, a broken one keeps the last good mesh config.
+func (s *Source) onConfigMap() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	where := s.cfg.Namespace + "/" + MeshConfigMap
+	data := ""
+	if obj, err := s.cmLister.ByNamespace(s.cfg.Namespace).Get(MeshConfigMap); err == nil {
+		if cm, ok := obj.(*corev1.ConfigMap); ok {
+			data = cm.Data[MeshKey]
+		}
+	}
+	m, err := mesh.Parse([]byte(data))
+	if err == nil {
+		if err = s.setMeshLocked(m); err == nil {
+			s.meshProb = nil
+			return
+		}
+	}
+	s.meshProb = fmt.Errorf("%w %s key %q: %w", ErrMeshConfigMap, where, MeshKey, err)
+	if s.mesh == nil {
+		s.log.Error("mesh config ConfigMap unusable; using Istio's defaults", "error", s.meshProb)
+		_ = s.setMeshLocked(mesh.Default())
+		return
+	}
+	s.log.Error("mesh config ConfigMap unusable; keeping the last good mesh config", "error", s.meshProb)
+}
+
+// setMeshLocked makes m the mesh config: publishes it and, when the discoverySelectors changed,
+// re-evaluates every resource.
+func (s *Source) setMeshLocked(m *meshv1alpha1.MeshConfig) error {
+	if s.mesh != nil && proto.Equal(s.mesh, m) {
+		return nil
+	}
+	sels, err := selectors(m)
+	if err != nil {
+		return err
+	}
+	old := s.mesh
+	s.mesh, s.selectors = m, sels
+	if !s.synced {
+		return nil
+	}
+	s.log.Info("mesh config changed")
+	s.pub.Upsert(schema.MeshConfig.TypeURL, meshResource(m))
+	if !slices.EqualFunc(old.GetDiscoverySelectors(), m.GetDiscoverySelectors(), func(a, b *meshv1alpha1.LabelSelector) bool { return proto.Equal(a, b) }) ||
+		old.GetRootNamespace() != m.GetRootNamespace() {
+		s.log.Info("discovery selectors changed", "selectors", len(m.GetDiscoverySelectors()))
+		s.resyncLocked(func(string) bool { return true })
+	}
+	return nil
+}
+
+// selectors compiles the mesh config's discoverySelectors; nil when there are none.
+func selectors(m *meshv1alpha1.MeshConfig) ([]labels.Selector, error) {
+	var out []labels.Selector
+	for i, ls := range m.GetDiscoverySelectors() {
+		k := &metav1.LabelSelector{MatchLabels: ls.GetMatchLabels()}
+		for _, e := range ls.GetMatchExpressions() {
+			k.MatchExpressions = append(k.MatchExpressions, metav1.LabelSelectorRequirement{
+				Key: e.GetKey(), Operator: metav1.LabelSelectorOperator(e.GetOperator()), Values: e.GetValues(),
+			})
+		}
+		sel, err := metav1.LabelSelectorAsSelector(k)
+		if err != nil {
+			return nil, &config.Error{Field: fmt.Sprintf("discoverySelectors[%d]", i), Err: err}
+		}
+		out = append(out, sel)
+	}
+	return out, nil
+}
+
+func (s *Source) enqueueStatusLocked(k statusKey) {
+	if s.leader.Load() {
+		s.queue.Add(k)
+	}
+}
+
+// writeStatus makes one resource's status carry its current validation result.
+func (s *Source) writeStatus(ctx context.Context, k statusKey) error {
+	s.mu.Lock()
+	ks := s.kinds[k.kind]
+	selected := s.selectedLocked(k.ns)
+	s.mu.Unlock()
+	if !selected || !s.leader.Load() {
+		return nil
+	}
+	obj, exists, err := ks.informer.GetIndexer().GetByKey(k.ns + "/" + k.name)
+	if err != nil || !exists {
+		return nil
+	}
+	meta, _, status, ok := parts(obj)
+	c, ok2 := toConfig(ks.kind, obj)
+	if !ok || !ok2 {
+		return nil
+	}
+	patch, err := statusPatch(status, config.Validate(c), meta.GetResourceVersion(), time.Now())
+	if err != nil || patch == nil {
+		return err
+	}
+	rc := s.clients.Istio.NetworkingV1().RESTClient()
+	if ks.kind.Group == "security.istio.io" {
+		rc = s.clients.Istio.SecurityV1().RESTClient()
+	}
+	err = rc.Patch(types.MergePatchType).Namespace(k.ns).Resource(ks.kind.Plural).Name(k.name).
+		SubResource("status").Body(patch).Do(ctx).Error()
+	if err != nil {
+		return fmt.Errorf("status of %s %s/%s: %w", ks.kind.Kind, k.ns, k.name, err)
+	}
+	s.log.Debug("status written", "kind", ks.kind.Kind, "namespace", k.ns, "name", k.name)
+	return nil
+}
+
+func (s *Source) runStatusWriter(ctx context.Context) {
+	go func() {
+		<-ctx.Done()
+		s.queue.ShutDown()
+	}()
+	for {
+		k, quit := s.queue.Get()
+		if quit {
+			return
+		}
+		if err := s.writeStatus(ctx, k); err != nil && ctx.Err() == nil {
+			// A conflict means the informer has a newer version coming, which is enqueued
+			// again; anything else is retried with backoff.
+			s.log.Warn("cannot write status; retrying", "error", err)
+			s.queue.AddRateLimited(k)
+		} else {
+			s.queue.Forget(k)
+		}
+		s.queue.Done(k)
+	}
+}
+
+// runProbes clears watch problems once the failing resources can be listed again (client-go
+// has no "watch recovered" callback).
+func (s *Source) runProbes(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.probeNow:
+		case <-t.C:
+		}
+		s.mu.Lock()
+		names := slices.Collect(maps.Keys(s.watchProb))
+		s.mu.Unlock()
+		for _, name := range names {
+			if err := s.probe(ctx, name); err == nil {
+				s.mu.Lock()
+				delete(s.watchProb, name)
+				s.mu.Unlock()
+				s.log.Info("kubernetes watch recovered", "kind", name)
+			}
+		}
+	}
+}
+
+func (s *Source) probe(ctx context.Context, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	one := metav1.ListOptions{Limit: 1}
+	switch name {
+	case "Namespace":
+		_, err := s.clients.Kube.CoreV1().Namespaces().List(ctx, one)
+		return err
+	case "ConfigMap":
+		one.FieldSelector = "metadata.name=" + MeshConfigMap
+		_, err := s.clients.Kube.CoreV1().ConfigMaps(s.cfg.Namespace).List(ctx, one)
+		return err
+	}
+	for _, k := range schema.IstioConfig {
+		if k.Kind != name {
+			continue
+		}
+		rc := s.clients.Istio.NetworkingV1().RESTClient()
+		if k.Group == "security.istio.io" {
+			rc = s.clients.Istio.SecurityV1().RESTClient()
+		}
+		return rc.Get().Resource(k.Plural).Param("limit", "1").Do(ctx).Error()
+	}
+	return nil
+}
+
+func meshResource(m *meshv1alpha1.MeshConfig) *bus.Resource {
+	return &bus.Resource{Name: "mesh", Body: m}
+}
