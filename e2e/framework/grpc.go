@@ -34,11 +34,25 @@ func StartEcho(t testing.TB, id, addr string) *Echo {
 	if err != nil {
 		t.Fatalf("echo %s: %v", id, err)
 	}
+	return StartEchoOn(t, id, lis)
+}
+
+// StartEchoOn serves an Echo backend on lis (e.g. a TestHost's listener) until the test ends.
+func StartEchoOn(t testing.TB, id string, lis net.Listener) *Echo {
+	t.Helper()
 	e := &Echo{ID: id, Addr: lis.Addr().String()}
 	srv := grpc.NewServer()
 	testpb.RegisterTestServiceServer(srv, e)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	// Wait for Serve to return so no goroutine outlives the test (goleak).
+	t.Cleanup(func() {
+		srv.Stop()
+		<-done
+	})
 	return e
 }
 
@@ -91,3 +105,14 @@ func Call(ctx context.Context, c EchoClient, headers ...string) (string, error) 
 
 // EchoClient calls Echo backends.
 type EchoClient = testpb.TestServiceClient
+
+// DialEcho connects straight to one Echo backend at addr, without xDS.
+func DialEcho(t testing.TB, addr string) EchoClient {
+	t.Helper()
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatalf("dial %s: %v", addr, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return testpb.NewTestServiceClient(conn)
+}

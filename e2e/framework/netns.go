@@ -1,0 +1,306 @@
+package framework
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// Test hosts exist because the Kubernetes API server refuses loopback addresses in Pod IPs and
+// EndpointSlices: a backend Kubernetes points at needs a real address. Each TestHost is a network
+// namespace joined to a bridge in the root namespace:
+//
+//	root ns: spbr0 198.18.0.1/24 ── spv<N> ═veth═ eth0 198.18.0.N/24 (netns sp-<N>-<pid>)
+//
+// Only 198.18.0.0/24 (RFC 2544's benchmarking range) is ever routed, on the bridge; nothing
+// else of the machine's network is touched. Several test processes may create hosts at once:
+// everything that changes the shared bridge or allocates N is done under an flock.
+const (
+	hostBridge  = "spbr0"
+	hostNetPfx  = "198.18.0."
+	hostGateway = hostNetPfx + "1"
+	hostLock    = "/tmp/sailplane-testhosts.lock"
+	netnsDir    = "/run/netns"
+	// N ranges over 2..254; 1 is the bridge.
+	firstHostN, lastHostN = 2, 254
+)
+
+// TestHost is a network namespace with one address in 198.18.0.0/24, reachable from the root
+// namespace (where the test, Sailplane's binaries and the API server run).
+type TestHost struct {
+	Name  string // the network namespace, "sp-<N>-<pid>"
+	n     int
+	veth  string // the root-side end, on the bridge
+	ip    string
+	close sync.Once
+}
+
+// hostMu serializes host set-up inside this process; the flock does it across processes.
+var hostMu sync.Mutex
+
+// NewTestHost creates a test host (name is only for logs) and deletes it when the test ends.
+// It needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2's `ip`; it fails the test
+// otherwise.
+func NewTestHost(t testing.TB, name string) *TestHost {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatalf("test host %s: network namespaces need root (CI runs as root)", name)
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Fatalf("test host %s: iproute2's ip is not installed: %v", name, err)
+	}
+	h, err := newTestHost()
+	if err != nil {
+		t.Fatalf("test host %s: %v", name, err)
+	}
+	t.Logf("test host %s: netns %s, address %s", name, h.Name, h.ip)
+	t.Cleanup(func() {
+		if err := h.Close(); err != nil {
+			t.Errorf("test host %s: %v", name, err)
+		}
+	})
+	return h
+}
+
+// IP is the host's address, 198.18.0.N.
+func (h *TestHost) IP() string { return h.ip }
+
+// Listen opens a TCP listener on the host's address inside its namespace (port 0 picks a free
+// one), closed when the test ends. Serving from it serves from the host: peers in the root
+// namespace reach it at IP():port.
+func (h *TestHost) Listen(t testing.TB, port int) net.Listener {
+	t.Helper()
+	lis, err := h.listen(port)
+	if err != nil {
+		t.Fatalf("listen in %s: %v", h.Name, err)
+	}
+	t.Cleanup(func() { lis.Close() })
+	return lis
+}
+
+func (h *TestHost) listen(port int) (net.Listener, error) {
+	type result struct {
+		lis net.Listener
+		err error
+	}
+	ch := make(chan result, 1)
+	// A fresh goroutine on its own locked thread: the socket is created in the namespace the
+	// thread is in. If switching back fails the goroutine exits still locked, and the Go runtime
+	// then destroys the thread rather than reuse it in the wrong namespace.
+	go func() {
+		runtime.LockOSThread()
+		lis, restored, err := h.listenLocked(port)
+		if restored {
+			runtime.UnlockOSThread()
+		}
+		ch <- result{lis, err}
+	}()
+	r := <-ch
+	return r.lis, r.err
+}
+
+func (h *TestHost) listenLocked(port int) (lis net.Listener, restored bool, err error) {
+	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, true, fmt.Errorf("open own netns: %w", err)
+	}
+	defer unix.Close(orig)
+	target, err := unix.Open(filepath.Join(netnsDir, h.Name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, true, fmt.Errorf("open netns: %w", err)
+	}
+	defer unix.Close(target)
+	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
+		return nil, true, fmt.Errorf("enter netns: %w", err)
+	}
+	lis, err = net.Listen("tcp", net.JoinHostPort(h.ip, strconv.Itoa(port)))
+	if serr := unix.Setns(orig, unix.CLONE_NEWNET); serr != nil {
+		if lis != nil {
+			lis.Close()
+		}
+		return nil, false, fmt.Errorf("return to own netns: %w", serr)
+	}
+	return lis, true, err
+}
+
+// Close deletes the host's namespace and veth, and the bridge when no other host uses it.
+// Listeners opened in the host should be closed first (Listen's cleanup does it, running
+// before NewTestHost's).
+func (h *TestHost) Close() error {
+	var err error
+	h.close.Do(func() {
+		err = withHostLock(func() error {
+			var errs []error
+			// Deleting one end of a veth deletes both, at once, even if sockets still hold the
+			// namespace.
+			if linkExists(h.veth) {
+				errs = append(errs, ipCmd("link", "del", h.veth))
+			}
+			errs = append(errs, ipCmd("netns", "del", h.Name))
+			errs = append(errs, removeIdleBridge())
+			return errors.Join(errs...)
+		})
+	})
+	return err
+}
+
+func newTestHost() (*TestHost, error) {
+	var h *TestHost
+	err := withHostLock(func() error {
+		reapStaleHosts()
+		n, err := freeHostN()
+		if err != nil {
+			return err
+		}
+		h = &TestHost{
+			Name: fmt.Sprintf("sp-%d-%d", n, os.Getpid()),
+			n:    n,
+			veth: fmt.Sprintf("spv%d", n),
+			ip:   hostNetPfx + strconv.Itoa(n),
+		}
+		if err := ensureBridge(); err != nil {
+			return err
+		}
+		if err := h.create(); err != nil {
+			// Leave nothing half-made behind.
+			_ = ipCmd("link", "del", h.veth)
+			_ = ipCmd("netns", "del", h.Name)
+			_ = removeIdleBridge()
+			return err
+		}
+		return nil
+	})
+	return h, err
+}
+
+func (h *TestHost) create() error {
+	peer := fmt.Sprintf("spp%d", h.n)
+	in := func(args ...string) []string { return append([]string{"-n", h.Name}, args...) }
+	steps := [][]string{
+		{"netns", "add", h.Name},
+		{"link", "add", h.veth, "type", "veth", "peer", "name", peer},
+		{"link", "set", peer, "netns", h.Name},
+		in("link", "set", peer, "name", "eth0"),
+		in("addr", "add", h.ip+"/24", "dev", "eth0"),
+		in("link", "set", "lo", "up"),
+		in("link", "set", "eth0", "up"),
+		in("route", "add", "default", "via", hostGateway),
+		{"link", "set", h.veth, "master", hostBridge},
+		{"link", "set", h.veth, "up"},
+	}
+	for _, s := range steps {
+		if err := ipCmd(s...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensureBridge creates spbr0 with 198.18.0.1/24 unless it exists; the kernel adds the one
+// route it implies, 198.18.0.0/24 dev spbr0.
+func ensureBridge() error {
+	if linkExists(hostBridge) {
+		return nil
+	}
+	for _, s := range [][]string{
+		{"link", "add", hostBridge, "type", "bridge"},
+		{"addr", "add", hostGateway + "/24", "dev", hostBridge},
+		{"link", "set", hostBridge, "up"},
+	} {
+		if err := ipCmd(s...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// removeIdleBridge deletes spbr0 when no veth is attached to it any more.
+func removeIdleBridge() error {
+	if !linkExists(hostBridge) {
+		return nil
+	}
+	out, err := ipOut("-o", "link", "show", "master", hostBridge)
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(out) != "" {
+		return nil
+	}
+	return ipCmd("link", "del", hostBridge)
+}
+
+// freeHostN picks the lowest N whose root-side veth does not exist.
+func freeHostN() (int, error) {
+	for n := firstHostN; n <= lastHostN; n++ {
+		if !linkExists(fmt.Sprintf("spv%d", n)) {
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("all %d test host addresses are in use", lastHostN-firstHostN+1)
+}
+
+// reapStaleHosts deletes the hosts of test processes that died without cleaning up (killed by
+// a timeout, say), so their numbers and the bridge are freed.
+func reapStaleHosts() {
+	entries, _ := os.ReadDir(netnsDir)
+	for _, e := range entries {
+		var n, pid int
+		if _, err := fmt.Sscanf(e.Name(), "sp-%d-%d", &n, &pid); err != nil || e.Name() != fmt.Sprintf("sp-%d-%d", n, pid) {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			continue
+		}
+		veth := fmt.Sprintf("spv%d", n)
+		if linkExists(veth) {
+			_ = ipCmd("link", "del", veth)
+		}
+		_ = ipCmd("netns", "del", e.Name())
+	}
+}
+
+func withHostLock(f func() error) error {
+	hostMu.Lock()
+	defer hostMu.Unlock()
+	fd, err := unix.Open(hostLock, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o666)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", hostLock, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		return fmt.Errorf("lock %s: %w", hostLock, err)
+	}
+	defer unix.Flock(fd, unix.LOCK_UN)
+	return f()
+}
+
+func linkExists(name string) bool {
+	_, err := net.InterfaceByName(name)
+	return err == nil
+}
+
+func ipCmd(args ...string) error {
+	_, err := ipOut(args...)
+	return err
+}
+
+func ipOut(args ...string) (string, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command("ip", args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.String(), nil
+}
