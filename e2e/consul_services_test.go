@@ -15,44 +15,51 @@ import (
 	"sailplane.dev/tools/testenv"
 )
 
-// consulAddressFlag is endpoint-watcher's flag naming Consul's HTTP address.
-const consulAddressFlag = "consul"
-
-const waitsForConsulSource = "the Consul source of endpoint-watcher (--" + consulAddressFlag + "), issue 3"
+// consulTopologies start Sailplane with Consul discovery on an empty folder of Istio config and
+// return the xDS address and the bus carrying the registry.
+var consulTopologies = []struct {
+	name  string
+	start func(t *testing.T, dir, consulAddr string) (xds, registryBus string)
+}{
+	{"hyper", func(t *testing.T, dir, consulAddr string) (string, string) {
+		xds, busAddr := framework.FreeAddr(t), framework.FreeAddr(t)
+		framework.Start(t, dir, framework.Binary(t, "hyper"), "--config-source", "files",
+			"--consul", consulAddr, "--xds-listen", xds, "--bus-listen", busAddr)
+		return xds, busAddr
+	}},
+	{"microservices", func(t *testing.T, dir, consulAddr string) (string, string) {
+		configBus, registryBus, xds := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
+		// --config-source files / --kubernetes off: never pick up a kubeconfig the machine has.
+		framework.Start(t, dir, framework.Binary(t, "config-ingest"), "--config-source", "files",
+			"--mesh-config", filepath.Join(dir, "etc/sailplane/mesh.yaml"), "--bus-listen", configBus)
+		framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"), "--kubernetes", "off",
+			"--consul", consulAddr, "--config-bus", configBus, "--bus-listen", registryBus)
+		framework.Start(t, dir, framework.Binary(t, "xds-server"),
+			"--config-bus", configBus, "--registry-bus", registryBus, "--xds-listen", xds)
+		return xds, registryBus
+	}},
+}
 
 // TestConsulService registers a service with the real `consul services register`, pointing at
 // an echo server in a test host, and expects a real gRPC xDS client to reach it through
-// endpoint-watcher and xds-server; `consul services deregister` then takes it away.
+// Sailplane; `consul services deregister` then takes it away.
 func TestConsulService(t *testing.T) {
-	watcherBin := framework.Binary(t, "endpoint-watcher")
-	framework.RequireFlags(t, watcherBin, waitsForConsulSource, consulAddressFlag)
+	for _, topo := range consulTopologies {
+		t.Run(topo.name, func(t *testing.T) { testConsulService(t, topo.start) })
+	}
+}
+
+func testConsulService(t *testing.T, start func(t *testing.T, dir, consulAddr string) (string, string)) {
 	c := testenv.ConsulForTest(t)
 	consul := consulCLI(t, c.Addr())
 
 	host := framework.NewTestHost(t, "consul-echo")
 	framework.StartEchoOn(t, "consul-echo", host.Listen(t, echoPort))
 
-	// Microservices: endpoint-watcher is where the Consul source lives; config-ingest serves an
-	// empty folder of Istio config.
 	dir := t.TempDir()
 	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", meshYAML)
 	framework.WriteFile(t, dir, "etc/sailplane/conf/empty.yaml", "# no Istio config: the services come from Consul\n")
-	configBus, registryBus, xds := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
-	ingestBin := framework.Binary(t, "config-ingest")
-	ingestArgs := []string{"--mesh-config", filepath.Join(dir, "etc/sailplane/mesh.yaml"), "--bus-listen", configBus}
-	if len(framework.MissingFlags(ingestBin, "config-source")) == 0 {
-		// Never pick up a kubeconfig the machine happens to have.
-		ingestArgs = append(ingestArgs, "--config-source", "files")
-	}
-	framework.Start(t, dir, ingestBin, ingestArgs...)
-	watcherArgs := []string{"--config-bus", configBus, "--bus-listen", registryBus,
-		"--" + consulAddressFlag, c.Addr(), "--log-level", "debug"}
-	if len(framework.MissingFlags(watcherBin, "kubernetes")) == 0 {
-		watcherArgs = append(watcherArgs, "--kubernetes", "off")
-	}
-	framework.Start(t, dir, watcherBin, watcherArgs...)
-	framework.Start(t, dir, framework.Binary(t, "xds-server"),
-		"--config-bus", configBus, "--registry-bus", registryBus, "--xds-listen", xds)
+	xds, registryBus := start(t, dir, c.Addr())
 	registry := framework.RecordBus(t, registryBus, schema.Service.TypeURL, schema.Endpoints.TypeURL)
 
 	const name, id = "echo-consul", "echo-consul-1"
@@ -83,7 +90,7 @@ func TestConsulService(t *testing.T) {
 		})
 		framework.Eventually(t, 30*time.Second, func() error {
 			if names := registry.Names(schema.Service.TypeURL); !hasSuffix(names, "/"+hostname) {
-				return fmt.Errorf("no Service */%s on endpoint-watcher's bus: %v", hostname, names)
+				return fmt.Errorf("no Service */%s on the registry bus: %v", hostname, names)
 			}
 			return nil
 		})
@@ -93,7 +100,7 @@ func TestConsulService(t *testing.T) {
 		consul("services", "deregister", "-id", id)
 		framework.Eventually(t, time.Minute, func() error {
 			if names := registry.Names(schema.Service.TypeURL); hasSuffix(names, "/"+hostname) {
-				return fmt.Errorf("Service */%s still on endpoint-watcher's bus: %v", hostname, names)
+				return fmt.Errorf("Service */%s still on the registry bus: %v", hostname, names)
 			}
 			return nil
 		})

@@ -17,11 +17,6 @@ import (
 	"sailplane.dev/tools/testenv"
 )
 
-// What the Kubernetes tests wait for when the binaries lack it (they fail, naming it).
-const waitsForKubeSources = "the Kubernetes sources of config-ingest and endpoint-watcher, " +
-	"and their flags (--kubeconfig; --config-source=kubernetes on config-ingest and hyper, " +
-	"--kubernetes=on on endpoint-watcher), issue 3"
-
 // sailplaneOnKube is Sailplane reading config and endpoints from a real API server.
 type sailplaneOnKube struct {
 	xds       string
@@ -69,7 +64,6 @@ data:
 func startHyperOnKube(t *testing.T, k *testenv.Kube, kube *framework.Kube) sailplaneOnKube {
 	t.Helper()
 	bin := framework.Binary(t, "hyper")
-	framework.RequireFlags(t, bin, waitsForKubeSources, "kubeconfig", "config-source")
 	kube.Apply(t, meshConfigMap)
 	dir := t.TempDir()
 	// hyper is started in a folder holding a mesh file, as users run it; with Kubernetes the
@@ -85,8 +79,6 @@ func startHyperOnKube(t *testing.T, k *testenv.Kube, kube *framework.Kube) sailp
 func startMicroservicesOnKube(t *testing.T, k *testenv.Kube, kube *framework.Kube) sailplaneOnKube {
 	t.Helper()
 	ingestBin, watcherBin := framework.Binary(t, "config-ingest"), framework.Binary(t, "endpoint-watcher")
-	framework.RequireFlags(t, ingestBin, waitsForKubeSources, "kubeconfig", "config-source")
-	framework.RequireFlags(t, watcherBin, waitsForKubeSources, "kubeconfig", "kubernetes")
 	kube.Apply(t, meshConfigMap)
 	dir := t.TempDir()
 	configBus, registryBus, xds := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)

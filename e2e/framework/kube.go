@@ -1,12 +1,10 @@
 package framework
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -175,28 +173,4 @@ func (k *Kube) EnsureNamespace(t testing.TB, name string) {
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("namespace %s: %v", name, err)
 	}
-}
-
-// RequireFlags fails the test unless bin's --help lists every flag: it names what the test
-// waits for instead of letting the binary die on an unknown flag with a less clear message.
-func RequireFlags(t testing.TB, bin, waitsFor string, flags ...string) {
-	t.Helper()
-	if missing := MissingFlags(bin, flags...); len(missing) > 0 {
-		t.Fatalf("%s lacks %s (not in its --help): this test waits for %s", bin, strings.Join(missing, ", "), waitsFor)
-	}
-}
-
-// MissingFlags returns those of flags (without "--") that bin's --help does not list.
-func MissingFlags(bin string, flags ...string) []string {
-	var out bytes.Buffer
-	cmd := exec.Command(bin, "--help")
-	cmd.Stdout, cmd.Stderr = &out, &out
-	_ = cmd.Run()
-	var missing []string
-	for _, f := range flags {
-		if !strings.Contains(out.String(), "--"+f+" ") && !strings.Contains(out.String(), "--"+f+"=") {
-			missing = append(missing, "--"+f)
-		}
-	}
-	return missing
 }

@@ -32,6 +32,8 @@ func main() {
 		source     string
 		namespace  string
 		podName    string
+		consulAddr string
+		consulDC   string
 	)
 	cmd := &cobra.Command{
 		Use:           "hyper",
@@ -50,6 +52,10 @@ func main() {
 
 			ingestCfg := configingest.Config{MeshFile: meshFile, ConfigDirs: configDirs, Namespace: namespace, PodName: podName}
 			watcherCfg := endpointwatcher.Config{ClusterID: clusterID, Namespace: namespace}
+			if consulAddr != "" {
+				// The ACL token comes from CONSUL_HTTP_TOKEN only, never a flag: flags show in ps.
+				watcherCfg.Consul = &endpointwatcher.ConsulConfig{Address: consulAddr, Datacenter: consulDC}
+			}
 			kubeCfg, chosen, err := configingest.ResolveSource(source, kubeconfig)
 			if err != nil {
 				return err
@@ -105,6 +111,8 @@ func main() {
 	cmd.Flags().StringSliceVar(&configDirs, "config-dir", nil, "config folders to read, overriding the mesh config's fs:// configSources")
 	cmd.Flags().StringVar(&xdsListen, "xds-listen", "127.0.0.1:15010", "address serving ADS (plaintext)")
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the bus to external MCP consumers; empty to disable")
+	cmd.Flags().StringVar(&consulAddr, "consul", "", "Consul HTTP address to discover services from (empty: no Consul); token from CONSUL_HTTP_TOKEN")
+	cmd.Flags().StringVar(&consulDC, "consul-datacenter", "", "Consul datacenter (default: the agent's)")
 	cmd.Flags().StringVar(&clusterID, "cluster-id", "Kubernetes", "cluster ID stamped on discovered endpoints")
 	if err := cmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
