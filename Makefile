@@ -39,7 +39,9 @@ test-e2e: build
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 5x ./shared/bus/...
-	$(GO) test -run '^$$' -bench . -benchmem ./services/endpoint-watcher/...
+	$(GO) test -run '^$$' -bench . -benchmem ./services/endpoint-watcher/internal/serviceentry/...
+	SAILPLANE_BENCH_SERVICES=5000 SAILPLANE_BENCH_PODS=20000 \
+		$(GO) test -run '^$$' -bench EndpointSliceUpdate -benchtime 1x -timeout 30m ./services/endpoint-watcher/internal/kube/
 
 # Regenerates proto/**/*.pb.go. Needs protoc (Debian: protobuf-compiler) and protoc-gen-go.
 proto:
