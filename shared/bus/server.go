@@ -6,6 +6,8 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
+
+	"sailplane.dev/shared/grpcserver"
 )
 
 // ServerOption configures a Server.
@@ -75,4 +77,13 @@ type nonces uint64
 func (n *nonces) next() uint64 {
 	*n++
 	return uint64(*n)
+}
+
+// ServeGRPC returns the component serving store's bus over gRPC on addr, with Sailplane's
+// server defaults (panic recovery, keepalive, large messages).
+func ServeGRPC(store *Store, addr string, log *slog.Logger) *grpcserver.Server {
+	log = log.With("component", "bus-server")
+	gs := grpcserver.New(log)
+	NewServer(store, WithServerLogger(log)).Register(gs)
+	return &grpcserver.Server{Addr: addr, GRPC: gs, Logger: log}
 }

@@ -11,7 +11,10 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"sailplane.dev/shared/component"
 )
 
 // LogOptions are the logging flags shared by every binary.
@@ -46,4 +49,30 @@ func (o LogOptions) Logger() (*slog.Logger, error) {
 // SignalContext is cancelled on SIGINT or SIGTERM, starting a graceful shutdown.
 func SignalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// Execute runs a binary's root command. Errors are printed once, as "error: …", without the usage
+// text (which only helps for flag mistakes, and cobra prints those itself), and exit 1.
+func Execute(cmd *cobra.Command) {
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	if err := cmd.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+}
+
+// RunUntilSignal runs the manager's components until SIGINT or SIGTERM.
+func RunUntilSignal(m *component.Manager) error {
+	ctx, stop := SignalContext()
+	defer stop()
+	return m.Run(ctx)
+}
+
+// EnvOr returns the environment variable's value, or def when it is unset or empty; flags use it
+// for defaults that Kubernetes injects (POD_NAMESPACE, POD_NAME).
+func EnvOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }

@@ -4,7 +4,6 @@
 package main
 
 import (
-	"fmt"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -12,7 +11,6 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
-	"sailplane.dev/shared/grpcserver"
 
 	configingest "sailplane.dev/services/config-ingest"
 )
@@ -29,10 +27,8 @@ func main() {
 		podName    string
 	)
 	cmd := &cobra.Command{
-		Use:           "config-ingest",
-		Short:         "Read, validate and publish Istio config on the bus",
-		SilenceUsage:  true,
-		SilenceErrors: true,
+		Use:   "config-ingest",
+		Short: "Read, validate and publish Istio config on the bus",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := logOpts.Logger()
 			if err != nil {
@@ -58,34 +54,20 @@ func main() {
 				return err
 			}
 			store.SyncAfter(ingest.Ready(), configingest.PublishedTypes()...)
-			gs := grpcserver.New(log)
-			bus.NewServer(store, bus.WithServerLogger(log.With("component", "bus-server"))).Register(gs)
 
 			var m component.Manager
 			m.Add("config-ingest", ingest)
-			m.Add("bus-server", &grpcserver.Server{Addr: busListen, GRPC: gs, Logger: log.With("component", "bus-server")})
-			ctx, stop := cli.SignalContext()
-			defer stop()
-			return m.Run(ctx)
+			m.Add("bus-server", bus.ServeGRPC(store, busListen, log))
+			return cli.RunUntilSignal(&m)
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&meshFile, "mesh-config", "etc/sailplane/mesh.yaml", "mesh config file (Istio meshConfig format); with Kubernetes, only when set, instead of the istio ConfigMap")
 	cmd.Flags().StringVar(&source, "config-source", configingest.SourceAuto, "where config comes from: auto (Kubernetes if a cluster is found, else files), kubernetes or files")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
-	cmd.Flags().StringVar(&namespace, "namespace", envOr("POD_NAMESPACE", "istio-system"), "control plane namespace (Kubernetes): the istio ConfigMap and the status Lease")
+	cmd.Flags().StringVar(&namespace, "namespace", cli.EnvOr("POD_NAMESPACE", "istio-system"), "control plane namespace (Kubernetes): the istio ConfigMap and the status Lease")
 	cmd.Flags().StringVar(&podName, "pod-name", os.Getenv("POD_NAME"), "identity in the status Lease (default: the host name)")
 	cmd.Flags().StringSliceVar(&configDirs, "config-dir", nil, "config folders to read, overriding the mesh config's fs:// configSources")
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the config bus (MCP over xDS)")
-	if err := cmd.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		os.Exit(1)
-	}
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
+	cli.Execute(cmd)
 }

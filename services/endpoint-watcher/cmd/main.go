@@ -6,14 +6,12 @@ package main
 import (
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
 
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
-	"sailplane.dev/shared/grpcserver"
 	"sailplane.dev/shared/kube"
 
 	endpointwatcher "sailplane.dev/services/endpoint-watcher"
@@ -33,10 +31,8 @@ func main() {
 		consulDC  string
 	)
 	cmd := &cobra.Command{
-		Use:           "endpoint-watcher",
-		Short:         "Publish the mesh's services and endpoints on the bus",
-		SilenceUsage:  true,
-		SilenceErrors: true,
+		Use:   "endpoint-watcher",
+		Short: "Publish the mesh's services and endpoints on the bus",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := logOpts.Logger()
 			if err != nil {
@@ -75,15 +71,11 @@ func main() {
 				return err
 			}
 			store.SyncAfter(watcher.Ready(), endpointwatcher.PublishedTypes()...)
-			gs := grpcserver.New(log)
-			bus.NewServer(store, bus.WithServerLogger(log.With("component", "bus-server"))).Register(gs)
 
 			var m component.Manager
 			m.Add("endpoint-watcher", watcher)
-			m.Add("bus-server", &grpcserver.Server{Addr: busListen, GRPC: gs, Logger: log.With("component", "bus-server")})
-			ctx, stop := cli.SignalContext()
-			defer stop()
-			return m.Run(ctx)
+			m.Add("bus-server", bus.ServeGRPC(store, busListen, log))
+			return cli.RunUntilSignal(&m)
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
@@ -97,8 +89,5 @@ func main() {
 	cmd.Flags().StringVar(&consulURL, "consul", "", "Consul HTTP address to discover services from (empty: no Consul); token from CONSUL_HTTP_TOKEN")
 	cmd.Flags().StringVar(&consulDC, "consul-datacenter", "", "Consul datacenter (default: the agent's)")
 	cmd.Flags().StringVar(&domain, "cluster-domain", endpointwatcher.DefaultClusterDomain, "Kubernetes cluster domain of Service hostnames")
-	if err := cmd.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		os.Exit(1)
-	}
+	cli.Execute(cmd)
 }

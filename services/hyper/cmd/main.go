@@ -5,7 +5,6 @@
 package main
 
 import (
-	"fmt"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -13,7 +12,6 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
-	"sailplane.dev/shared/grpcserver"
 
 	configingest "sailplane.dev/services/config-ingest"
 	endpointwatcher "sailplane.dev/services/endpoint-watcher"
@@ -36,10 +34,8 @@ func main() {
 		consulDC   string
 	)
 	cmd := &cobra.Command{
-		Use:           "hyper",
-		Short:         "The whole Sailplane control plane in one process",
-		SilenceUsage:  true,
-		SilenceErrors: true,
+		Use:   "hyper",
+		Short: "The whole Sailplane control plane in one process",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := logOpts.Logger()
 			if err != nil {
@@ -87,26 +83,22 @@ func main() {
 			// Consumers (in-process and external) see each producer's state only once it is whole.
 			store.SyncAfter(ingest.Ready(), configingest.PublishedTypes()...)
 			store.SyncAfter(watcher.Ready(), endpointwatcher.PublishedTypes()...)
-			gs := grpcserver.New(log)
-			bus.NewServer(store, bus.WithServerLogger(log.With("component", "bus-server"))).Register(gs)
 
 			var m component.Manager
 			m.Add("config-ingest", ingest)
 			m.Add("endpoint-watcher", watcher)
 			m.Add("xds-server", xds)
 			if busListen != "" {
-				m.Add("bus-server", &grpcserver.Server{Addr: busListen, GRPC: gs, Logger: log.With("component", "bus-server")})
+				m.Add("bus-server", bus.ServeGRPC(store, busListen, log))
 			}
-			ctx, stop := cli.SignalContext()
-			defer stop()
-			return m.Run(ctx)
+			return cli.RunUntilSignal(&m)
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&meshFile, "mesh-config", "etc/sailplane/mesh.yaml", "mesh config file (Istio meshConfig format); with Kubernetes, only when set, instead of the istio ConfigMap")
 	cmd.Flags().StringVar(&source, "config-source", configingest.SourceAuto, "where config and workloads come from: auto (Kubernetes if a cluster is found, else files), kubernetes or files")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
-	cmd.Flags().StringVar(&namespace, "namespace", envOr("POD_NAMESPACE", "istio-system"), "control plane namespace (Kubernetes): the istio ConfigMap, the status Lease, remote-cluster Secrets")
+	cmd.Flags().StringVar(&namespace, "namespace", cli.EnvOr("POD_NAMESPACE", "istio-system"), "control plane namespace (Kubernetes): the istio ConfigMap, the status Lease, remote-cluster Secrets")
 	cmd.Flags().StringVar(&podName, "pod-name", os.Getenv("POD_NAME"), "identity in the status Lease (default: the host name)")
 	cmd.Flags().StringSliceVar(&configDirs, "config-dir", nil, "config folders to read, overriding the mesh config's fs:// configSources")
 	cmd.Flags().StringVar(&xdsListen, "xds-listen", "127.0.0.1:15010", "address serving ADS (plaintext)")
@@ -114,15 +106,5 @@ func main() {
 	cmd.Flags().StringVar(&consulAddr, "consul", "", "Consul HTTP address to discover services from (empty: no Consul); token from CONSUL_HTTP_TOKEN")
 	cmd.Flags().StringVar(&consulDC, "consul-datacenter", "", "Consul datacenter (default: the agent's)")
 	cmd.Flags().StringVar(&clusterID, "cluster-id", "Kubernetes", "cluster ID stamped on discovered endpoints")
-	if err := cmd.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		os.Exit(1)
-	}
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
+	cli.Execute(cmd)
 }
