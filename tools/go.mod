@@ -2,9 +2,10 @@ module sailplane.dev/tools
 
 go 1.26.0
 
-require sailplane.dev/proto v0.0.0 // indirect
+require sailplane.dev/proto v0.0.0
 
 require (
+	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/hashicorp/consul/api v1.34.2
 	github.com/spf13/cobra v1.10.2
 	go.uber.org/goleak v1.3.0
@@ -13,20 +14,23 @@ require (
 	istio.io/api v1.31.1
 	k8s.io/apimachinery v0.37.2
 	k8s.io/client-go v0.37.2
+	sailplane.dev/services/xds-server v0.0.0
 	sailplane.dev/shared v0.0.0
 )
 
 require (
+	cel.dev/expr v0.25.3 // indirect
 	github.com/armon/go-metrics v0.4.1 // indirect
 	github.com/cncf/xds/go v0.0.0-20260202195803-dba9d589def2 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
-	github.com/envoyproxy/go-control-plane/envoy v1.40.0 // indirect
+	github.com/envoyproxy/go-control-plane v0.14.0 // indirect
 	github.com/envoyproxy/protoc-gen-validate v1.3.3 // indirect
 	github.com/fatih/color v1.16.0 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.1 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-viper/mapstructure/v2 v2.4.0 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
+	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4 // indirect
 	github.com/hashicorp/errwrap v1.1.0 // indirect
 	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
 	github.com/hashicorp/go-hclog v1.5.0 // indirect
@@ -69,3 +73,5 @@ require (
 replace sailplane.dev/proto => ../proto
 
 replace sailplane.dev/shared => ../shared
+
+replace sailplane.dev/services/xds-server => ../services/xds-server

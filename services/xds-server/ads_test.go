@@ -155,7 +155,7 @@ func (g gatedSource) Subscribe(ctx context.Context, typeURLs []string, h bus.Han
 // A client that connects before the sources synced is answered with the first full snapshot.
 func TestClientBeforeSync(t *testing.T) {
 	gate := gatedSource{Source: fakebus.New(changes(t, registry(10001, 10002))...), open: make(chan struct{})}
-	srv, err := New(Config{}, Deps{Logger: testLogger(t), Config: fakebus.New(), Registry: gate})
+	srv, err := New(Config{CacheAssert: true}, Deps{Logger: testLogger(t), Config: fakebus.New(), Registry: gate})
 	if err != nil {
 		t.Fatal(err)
 	}

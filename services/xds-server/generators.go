@@ -31,6 +31,16 @@ func generatorFor(log *slog.Logger) func(*model.Proxy) xds.Generator {
 // envoyGenerator maps envoygen's "unsupported" onto the xds server's.
 type envoyGenerator struct{ g *envoygen.Generator }
 
+var (
+	_ xds.Generator = envoyGenerator{}
+	_ xds.Scoper    = envoyGenerator{}
+)
+
+// CacheScope lets proxies with the same inputs share generation (see envoygen.CacheScope).
+func (e envoyGenerator) CacheScope(snap *model.Snapshot, p *model.Proxy, typeURL string) string {
+	return "envoy/" + e.g.CacheScope(snap, p, typeURL)
+}
+
 func (e envoyGenerator) Generate(snap *model.Snapshot, p *model.Proxy, typeURL string, names []string) ([]types.Resource, error) {
 	res, err := e.g.Generate(snap, p, typeURL, names)
 	if errors.Is(err, envoygen.ErrUnsupported) {
@@ -63,7 +73,7 @@ func newProxylessGenerator(log *slog.Logger) *proxylessGenerator {
 }
 
 // CacheScope: grpcgen reads nothing of the proxy but what its namespace can see.
-func (g *proxylessGenerator) CacheScope(p *model.Proxy, _ string) string {
+func (g *proxylessGenerator) CacheScope(_ *model.Snapshot, p *model.Proxy, _ string) string {
 	return "grpc/" + p.Namespace
 }
 

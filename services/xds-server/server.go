@@ -31,6 +31,9 @@ type Config struct {
 	// DebounceMax bounds how long a steady stream of changes can hold a push back; default
 	// ten times Debounce.
 	DebounceMax time.Duration
+	// EndpointDebounce replaces Debounce while only endpoints changed: they come from one
+	// producer in batches and are what traffic waits on; default a tenth of Debounce.
+	EndpointDebounce time.Duration
 	// PushConcurrency bounds how many proxies are pushed at once; default 16.
 	PushConcurrency int
 	// MaxConnectionAge closes client connections after this age (±10% jitter) so that
@@ -86,12 +89,13 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if deps.Config == nil || deps.Registry == nil {
 		return nil, fmt.Errorf("%w: Config and Registry sources are required", ErrMissingDependency)
 	}
-	if cfg.Debounce < 0 || cfg.DebounceMax < 0 || cfg.PushConcurrency < 0 || cfg.MaxConnectionAge < 0 || cfg.MaxConnectionAgeGrace < 0 {
+	if cfg.Debounce < 0 || cfg.DebounceMax < 0 || cfg.EndpointDebounce < 0 || cfg.PushConcurrency < 0 || cfg.MaxConnectionAge < 0 || cfg.MaxConnectionAgeGrace < 0 {
 		return nil, fmt.Errorf("%w: negative duration or concurrency", ErrInvalidConfig)
 	}
 	cfg.Listen = cmp.Or(cfg.Listen, "127.0.0.1:15010")
 	cfg.Debounce = cmp.Or(cfg.Debounce, 100*time.Millisecond)
 	cfg.DebounceMax = cmp.Or(cfg.DebounceMax, 10*cfg.Debounce)
+	cfg.EndpointDebounce = cmp.Or(cfg.EndpointDebounce, cfg.Debounce/10)
 	cfg.PushConcurrency = cmp.Or(cfg.PushConcurrency, 16)
 	cfg.MaxConnectionAgeGrace = cmp.Or(cfg.MaxConnectionAgeGrace, 10*time.Second)
 	log := deps.Logger
@@ -166,6 +170,8 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		ka.MaxConnectionAgeGrace = s.cfg.MaxConnectionAgeGrace
 	}
 	gs := grpc.NewServer(
+		// Responses reference the cached encodings instead of copying them per connection.
+		grpc.ForceServerCodecV2(xds.Codec()),
 		// gRPC clients keep ADS streams open for hours with keepalives; do not punish them.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(ka),
@@ -190,7 +196,13 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		s.push()
 		close(s.ready)
 		s.log.Info("serving xDS", "addr", addr.String())
-		xds.Debounce(ctx, s.cfg.Clock, s.store.Changed(), s.cfg.Debounce, s.cfg.DebounceMax, s.push)
+		quiet := func() time.Duration {
+			if s.store.PendingFull() {
+				return s.cfg.Debounce
+			}
+			return s.cfg.EndpointDebounce
+		}
+		xds.DebounceFunc(ctx, s.cfg.Clock, s.store.Changed(), quiet, s.cfg.DebounceMax, s.push)
 	})
 
 	var err error

@@ -129,7 +129,7 @@ func startBackend(t *testing.T) *net.TCPAddr {
 // startServer serves src on a loopback port and waits until it is ready.
 func startServer(t *testing.T, src bus.Source) *Server {
 	t.Helper()
-	srv, err := New(Config{Debounce: 10 * time.Millisecond}, Deps{Logger: testLogger(t), Config: src, Registry: src})
+	srv, err := New(Config{Debounce: 10 * time.Millisecond, CacheAssert: true}, Deps{Logger: testLogger(t), Config: src, Registry: src})
 	if err != nil {
 		t.Fatal(err)
 	}

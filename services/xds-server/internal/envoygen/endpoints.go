@@ -138,49 +138,9 @@ type inboundPort struct {
 	endpoint *corev3.Address
 }
 
-// inboundPorts lists the workload's ports: from the Sidecar's ingress listeners when it has
-// some, else from the services that have the proxy's IP among their endpoints.
+// inboundPorts lists the workload's ports (see snapIndex.inboundPorts).
 func (b *builder) inboundPorts() []inboundPort {
-	var out []inboundPort
-	seen := map[uint32]bool{}
-	if ing := specOf(b.sidecar).GetIngress(); len(ing) > 0 {
-		for _, l := range ing {
-			p := l.GetPort()
-			if p.GetNumber() == 0 || seen[p.GetNumber()] {
-				continue
-			}
-			addr := socketAddress("127.0.0.1", p.GetNumber())
-			if de := l.GetDefaultEndpoint(); de != "" {
-				a, ok := parseDefaultEndpoint(de)
-				if !ok {
-					b.log.Debug("skipping Sidecar ingress with unusable defaultEndpoint", "defaultEndpoint", de)
-					continue
-				}
-				addr = a
-			}
-			seen[p.GetNumber()] = true
-			out = append(out, inboundPort{port: p.GetNumber(), proto: parseProtocol(p.GetProtocol(), p.GetName()), endpoint: addr})
-		}
-		return out
-	}
-	for _, h := range b.snap.Hostnames() {
-		svc := b.snap.Services[h]
-		for _, ep := range svc.Endpoints {
-			if !b.proxy.HasIP(ep.GetAddress()) {
-				continue
-			}
-			for _, p := range svc.Spec.GetPorts() {
-				target := endpointPort(ep, p)
-				if target == 0 || seen[target] {
-					continue
-				}
-				seen[target] = true
-				out = append(out, inboundPort{port: target, proto: portProtocol(p), endpoint: socketAddress("127.0.0.1", target)})
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b inboundPort) int { return cmp.Compare(a.port, b.port) })
-	return out
+	return b.ix.inboundPorts(specOf(b.sidecar), b.proxy, b.log)
 }
 
 // parseDefaultEndpoint reads "127.0.0.1:8080", "0.0.0.0:8080" (the instance IP in Istio; here

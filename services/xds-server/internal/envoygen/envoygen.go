@@ -29,6 +29,7 @@ var ErrUnsupported = errors.New("unsupported by the Envoy generator")
 // concurrent use.
 type Generator struct {
 	log *slog.Logger
+	indexCache
 }
 
 // New returns a generator logging to log (nil discards).
@@ -101,7 +102,7 @@ func (g *Generator) builder(snap *model.Snapshot, proxy *model.Proxy) (*builder,
 	if proxy.Type != model.SidecarProxy && proxy.Type != model.Router {
 		return nil, fmt.Errorf("%w: proxy type %q", ErrUnsupported, proxy.Type)
 	}
-	return newBuilder(snap, proxy, g.log.With("proxy", proxy.NodeID)), nil
+	return newBuilder(snap, proxy, g.index(snap), g.log.With("proxy", proxy.NodeID)), nil
 }
 
 func resourceName(r types.Resource) string {

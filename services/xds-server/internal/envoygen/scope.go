@@ -20,6 +20,7 @@ const defaultRootNamespace = "istio-system"
 type builder struct {
 	snap  *model.Snapshot
 	proxy *model.Proxy
+	ix    *snapIndex
 	log   *slog.Logger
 
 	// sidecar is the Sidecar resource that applies to the proxy, nil if none does.
@@ -42,15 +43,15 @@ type egressRule struct {
 
 type hostRule struct{ ns, host string }
 
-func newBuilder(snap *model.Snapshot, proxy *model.Proxy, log *slog.Logger) *builder {
-	b := &builder{snap: snap, proxy: proxy, log: log, allowAny: true,
+func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *slog.Logger) *builder {
+	b := &builder{snap: snap, proxy: proxy, ix: ix, log: log, allowAny: true,
 		vsCache: map[string]*model.Config[*networking.VirtualService]{},
 		drCache: map[string]*model.Config[*networking.DestinationRule]{}}
 	if p := snap.Mesh.GetOutboundTrafficPolicy(); p != nil {
 		b.allowAny = p.GetMode() == meshv1alpha1.MeshConfig_OutboundTrafficPolicy_ALLOW_ANY
 	}
 	if proxy.IsSidecar() {
-		b.sidecar = b.selectSidecar()
+		b.sidecar = selectSidecar(snap, proxy)
 	}
 	if b.sidecar != nil {
 		sc := b.sidecar.Spec
@@ -84,34 +85,6 @@ func newBuilder(snap *model.Snapshot, proxy *model.Proxy, log *slog.Logger) *bui
 
 func (b *builder) rootNamespace() string {
 	return cmp.Or(b.snap.Mesh.GetRootNamespace(), defaultRootNamespace)
-}
-
-// selectSidecar applies Istio's precedence: a Sidecar in the proxy's namespace whose
-// workloadSelector matches it, else that namespace's default, else the root namespace's default.
-func (b *builder) selectSidecar() *model.Config[*networking.Sidecar] {
-	var nsDefault, rootDefault *model.Config[*networking.Sidecar]
-	for i := range b.snap.Sidecars {
-		sc := &b.snap.Sidecars[i]
-		sel := sc.Spec.GetWorkloadSelector().GetLabels()
-		switch {
-		case sc.Namespace == b.proxy.Namespace && len(sel) > 0:
-			if labelsMatch(sel, b.proxy.Labels) {
-				return sc
-			}
-		case sc.Namespace == b.proxy.Namespace:
-			if nsDefault == nil {
-				nsDefault = sc
-			}
-		case sc.Namespace == b.rootNamespace() && len(sel) == 0:
-			if rootDefault == nil {
-				rootDefault = sc
-			}
-		}
-	}
-	if nsDefault != nil {
-		return nsDefault
-	}
-	return rootDefault
 }
 
 // exported reports whether config or a service of namespace ns with exportTo is visible to the

@@ -183,6 +183,13 @@ func (s *Store) apply(c bus.Change) error {
 	return nil
 }
 
+// PendingFull reports whether the changes waiting for Next include more than endpoints.
+func (s *Store) PendingFull() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pending.Full
+}
+
 // Next returns the latest snapshot and what changed since the previous call. With nothing
 // pending it returns the current snapshot and an empty Change. An endpoints-only change builds
 // the next snapshot by sharing everything but the changed services.

@@ -13,6 +13,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -29,6 +30,10 @@ type entry struct {
 	version string // hash of the encoding: equal content, equal version, on every replica
 	any     *anypb.Any
 	host    string // for endpoints: the hostname whose endpoints it reads
+
+	// anyEnc is the encoded Any; sotwPrefix and deltaPrefix, followed by anyEnc, encode the
+	// entry as an element of DiscoveryResponse.resources and DeltaDiscoveryResponse.resources.
+	anyEnc, sotwPrefix, deltaPrefix []byte
 }
 
 // set is every resource of one type for one cache scope at one snapshot. Immutable.
@@ -38,6 +43,29 @@ type set struct {
 	configVersion uint64
 	entries       map[string]*entry
 	names         []string // sorted keys of entries
+
+	// byHost indexes endpoint names by host, built on first use.
+	byHostOnce sync.Once
+	byHost     map[string][]string
+}
+
+// namesOfHosts lists, sorted, the entries reading the endpoints of hosts.
+func (s *set) namesOfHosts(hosts map[string]struct{}) []string {
+	s.byHostOnce.Do(func() {
+		s.byHost = map[string][]string{}
+		for _, n := range s.names {
+			h := s.entries[n].host
+			s.byHost[h] = append(s.byHost[h], n)
+		}
+	})
+	var out []string
+	for h := range hosts {
+		out = append(out, s.byHost[h]...)
+	}
+	if len(hosts) > 1 {
+		slices.Sort(out)
+	}
+	return out
 }
 
 // cache holds the latest set per (type, scope). The key's other inputs are the snapshot's
@@ -74,16 +102,16 @@ func newCache(log *slog.Logger, assert bool, onViolation func(error)) *cache {
 	return &cache{log: log, assert: assert, onViolation: onViolation, slots: map[slotKey]*slot{}, seen: map[assertKey]string{}}
 }
 
-func scopeOf(gen Generator, p *model.Proxy, typeURL string) string {
+func scopeOf(gen Generator, snap *model.Snapshot, p *model.Proxy, typeURL string) string {
 	if s, ok := gen.(Scoper); ok {
-		return "s:" + s.CacheScope(p, typeURL)
+		return "s:" + s.CacheScope(snap, p, typeURL)
 	}
 	return "p:" + p.NodeID
 }
 
 // get returns the set of typeURL for proxy at snap, generating only what changed.
 func (c *cache) get(gen Generator, snap *model.Snapshot, p *model.Proxy, typeURL string) (*set, error) {
-	scope := scopeOf(gen, p, typeURL)
+	scope := scopeOf(gen, snap, p, typeURL)
 	c.mu.Lock()
 	sl := c.slots[slotKey{typeURL, scope}]
 	if sl == nil {
@@ -101,9 +129,8 @@ func (c *cache) get(gen Generator, snap *model.Snapshot, p *model.Proxy, typeURL
 	case cur != nil && cur.version >= snap.Version:
 		return cur, nil
 	case cur != nil && cur.configVersion == snap.ConfigVersion && typeURL != resourcev3.EndpointType:
-		next := *cur
-		next.version = snap.Version
-		sl.set = &next
+		sl.set = &set{typeURL: cur.typeURL, version: snap.Version, configVersion: cur.configVersion,
+			entries: cur.entries, names: cur.names}
 		return sl.set, nil
 	case cur != nil && cur.configVersion == snap.ConfigVersion:
 		next, err := c.patchEndpoints(gen, snap, p, cur, scope)
@@ -219,11 +246,44 @@ func encode(typeURL string, r types.Resource) (*entry, error) {
 		return nil, err
 	}
 	sum := sha256.Sum256(b)
-	return &entry{
-		name:    cachev3.GetResourceName(r),
-		version: hex.EncodeToString(sum[:8]),
-		any:     &anypb.Any{TypeUrl: typeURL, Value: b},
-	}, nil
+	return newEntry(cachev3.GetResourceName(r), hex.EncodeToString(sum[:8]), typeURL, b), nil
+}
+
+// newEntry encodes, once, the resource as both responses carry it (see preparedResponse): its
+// Any, shared by reference, behind a per-protocol prefix. The Any's Value points into it.
+func newEntry(name, version, typeURL string, value []byte) *entry {
+	var anyEnc []byte
+	if typeURL != "" {
+		anyEnc = protowire.AppendTag(anyEnc, anyTypeURLField, protowire.BytesType)
+		anyEnc = protowire.AppendString(anyEnc, typeURL)
+	}
+	head := len(anyEnc)
+	if len(value) > 0 {
+		anyEnc = protowire.AppendTag(anyEnc, anyValueField, protowire.BytesType)
+		anyEnc = protowire.AppendVarint(anyEnc, uint64(len(value)))
+		head = len(anyEnc)
+		anyEnc = append(anyEnc, value...)
+	}
+	e := &entry{name: name, version: version, anyEnc: anyEnc,
+		any: &anypb.Any{TypeUrl: typeURL, Value: anyEnc[head:len(anyEnc):len(anyEnc)]}}
+	e.sotwPrefix = protowire.AppendTag(nil, sotwResourcesField, protowire.BytesType)
+	e.sotwPrefix = protowire.AppendVarint(e.sotwPrefix, uint64(len(anyEnc)))
+	// Delta: Resource{name: 3, version: 1, resource: 2 (last, so the Any follows)}.
+	var meta []byte
+	if name != "" {
+		meta = protowire.AppendTag(meta, 3, protowire.BytesType)
+		meta = protowire.AppendString(meta, name)
+	}
+	if version != "" {
+		meta = protowire.AppendTag(meta, 1, protowire.BytesType)
+		meta = protowire.AppendString(meta, version)
+	}
+	meta = protowire.AppendTag(meta, resourceAnyField, protowire.BytesType)
+	meta = protowire.AppendVarint(meta, uint64(len(anyEnc)))
+	e.deltaPrefix = protowire.AppendTag(nil, deltaResourcesField, protowire.BytesType)
+	e.deltaPrefix = protowire.AppendVarint(e.deltaPrefix, uint64(len(meta)+len(anyEnc)))
+	e.deltaPrefix = append(e.deltaPrefix, meta...)
+	return e
 }
 
 // versionOf names a list of entries, for state-of-the-world version_info.

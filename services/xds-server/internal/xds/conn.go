@@ -25,8 +25,9 @@ type conn struct {
 	proxy *model.Proxy
 	gen   Generator
 
-	sendSotW  func(*discoverygrpc.DiscoveryResponse) error
-	sendDelta func(*discoverygrpc.DeltaDiscoveryResponse) error
+	// send sends a *preparedResponse (grpc.ServerStream.SendMsg): the server's gRPC codec
+	// must be Codec().
+	send func(any) error
 
 	pushes chan pushItem
 	done   chan struct{}
@@ -42,11 +43,11 @@ type conn struct {
 type watch struct {
 	typeURL  string
 	wildcard bool
-	names    map[string]struct{}
-	hosts    map[string]int // endpoints only: hostname -> watched clusters of it
+	// sub is the names subscribed to, shared with the watches asking for the same.
+	sub *subscription
 
 	// client is what the client holds, name -> version, as far as we know.
-	client map[string]string
+	client clientState
 	// nacked are versions the client rejected: not sent again until they change.
 	nacked map[string]string
 	// nackedVersion is the rejected state-of-the-world response version of a full-state type.
@@ -63,15 +64,19 @@ type watch struct {
 	newNames map[string]struct{}
 }
 
+// sentResponse is kept until the client answers; slices rather than maps because every
+// connection holds one per type in flight, each as large as the type's resources.
 type sentResponse struct {
-	prev    map[string]string // "" = did not have it
-	sent    map[string]string
+	prev    []nameVersion // in recording order; "" = did not have it
+	sent    []*entry
 	version string
 }
 
+type nameVersion struct{ name, version string }
+
 func newWatch(typeURL string) *watch {
-	return &watch{typeURL: typeURL, names: map[string]struct{}{}, hosts: map[string]int{},
-		client: map[string]string{}, nacked: map[string]string{}, outstanding: map[string]*sentResponse{},
+	return &watch{typeURL: typeURL, sub: emptySubscription,
+		nacked: map[string]string{}, outstanding: map[string]*sentResponse{},
 		newNames: map[string]struct{}{}}
 }
 
@@ -96,28 +101,10 @@ func (c *conn) identify(node interface {
 }
 
 func (c *conn) setNames(w *watch, add, remove []string) {
+	next := c.s.subs.derive(w.sub, w.typeURL, add, remove)
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, n := range remove {
-		if _, ok := w.names[n]; !ok {
-			continue
-		}
-		delete(w.names, n)
-		if h := hostOfCluster(n); h != "" && w.typeURL == resourcev3.EndpointType {
-			if w.hosts[h]--; w.hosts[h] <= 0 {
-				delete(w.hosts, h)
-			}
-		}
-	}
-	for _, n := range add {
-		if _, ok := w.names[n]; ok {
-			continue
-		}
-		w.names[n] = struct{}{}
-		if h := hostOfCluster(n); h != "" && w.typeURL == resourcev3.EndpointType {
-			w.hosts[h]++
-		}
-	}
+	w.sub = next
+	c.mu.Unlock()
 }
 
 // ack handles the nonce of a request: true when it is the reply to the latest response.
@@ -129,15 +116,16 @@ func (c *conn) ack(w *watch, nonce string, errDetail *status.Status) bool {
 	delete(w.outstanding, nonce)
 	if errDetail != nil {
 		// The client kept its previous state: go back to it, and remember what it refused.
-		for n, v := range sent.prev {
-			if v == "" {
-				delete(w.client, n)
+		// In reverse, so a name recorded twice ends at its first, oldest version.
+		for i := len(sent.prev) - 1; i >= 0; i-- {
+			if p := sent.prev[i]; p.version == "" {
+				w.client.del(p.name)
 			} else {
-				w.client[n] = v
+				w.client.set(p.name, p.version)
 			}
 		}
-		for n, v := range sent.sent {
-			w.nacked[n] = v
+		for _, e := range sent.sent {
+			w.nacked[e.name] = e.version
 		}
 		if !c.delta && fullState(w.typeURL) {
 			w.nackedVersion = sent.version
@@ -171,6 +159,11 @@ func (c *conn) handleSotW(req *discoverygrpc.DiscoveryRequest) error {
 		return nil // stale: a newer response is on its way and will be answered
 	}
 	names := req.GetResourceNames()
+	if !first && sameNames(w, names) {
+		// An ACK repeating the subscription: SotW clients resend every name with every
+		// request, thousands for EDS, so skip rebuilding the sets.
+		return c.respond(w)
+	}
 	wildcard := slices.Contains(names, "*") || (len(names) == 0 && (first || w.wildcard))
 	var added, removed []string
 	want := map[string]struct{}{}
@@ -179,14 +172,14 @@ func (c *conn) handleSotW(req *discoverygrpc.DiscoveryRequest) error {
 			continue
 		}
 		want[n] = struct{}{}
-		if _, ok := w.names[n]; !ok {
+		if !w.sub.has(n) {
 			added = append(added, n)
 		}
 	}
-	for n := range w.names {
+	for _, n := range w.sub.sorted {
 		if _, ok := want[n]; !ok {
 			removed = append(removed, n)
-			delete(w.client, n) // the client forgets what it unsubscribes from
+			w.client.del(n) // the client forgets what it unsubscribes from
 		}
 	}
 	c.setNames(w, added, removed)
@@ -195,6 +188,13 @@ func (c *conn) handleSotW(req *discoverygrpc.DiscoveryRequest) error {
 	}
 	w.wildcard = wildcard
 	return c.respond(w)
+}
+
+// sameNames reports whether a SotW request's names are exactly w's subscription. Only sorted
+// lists without duplicates are checked (what Envoy and gRPC send); others take the long way.
+func sameNames(w *watch, names []string) bool {
+	// Equal sorted lists: cheaper than a map lookup per name.
+	return slices.Equal(names, w.sub.sorted)
 }
 
 func (c *conn) handleDelta(req *discoverygrpc.DeltaDiscoveryRequest) error {
@@ -211,7 +211,9 @@ func (c *conn) handleDelta(req *discoverygrpc.DeltaDiscoveryRequest) error {
 		// Legacy wildcard: a first request naming nothing subscribes to everything.
 		w.wildcard = len(req.GetResourceNamesSubscribe()) == 0
 		for n, v := range req.GetInitialResourceVersions() {
-			w.client[n] = v
+			if v != "" {
+				w.client.set(n, v)
+			}
 		}
 		w.needResponse = true
 		c.mu.Lock()
@@ -231,7 +233,7 @@ func (c *conn) handleDelta(req *discoverygrpc.DeltaDiscoveryRequest) error {
 			w.wildcard, w.needResponse = true, true
 			continue
 		}
-		if _, ok := w.names[n]; !ok {
+		if !w.sub.has(n) {
 			add = append(add, n)
 			w.newNames[n] = struct{}{}
 			w.needResponse = true
@@ -245,7 +247,7 @@ func (c *conn) handleDelta(req *discoverygrpc.DeltaDiscoveryRequest) error {
 		remove = append(remove, n)
 		delete(w.newNames, n)
 		if !w.wildcard {
-			delete(w.client, n)
+			w.client.del(n)
 		}
 	}
 	c.setNames(w, add, remove)
@@ -349,24 +351,31 @@ func (c *conn) sync(snap *model.Snapshot, w *watch, onlyHosts map[string]struct{
 		if w.wildcard {
 			return true
 		}
-		_, ok := w.names[name]
-		return ok
+		return w.sub.has(name)
 	}
 	// Upserts.
-	var target []*entry // every resource the client should hold, sorted
+	var target []*entry // every resource the client should hold, sorted (SotW full-state only)
+	needTarget := !c.delta && fullState(w.typeURL)
 	var upserts []*entry
-	for _, name := range st.sortedNames() {
+	names := st.sortedNames()
+	if onlyHosts != nil && !needTarget {
+		// An endpoints push looks only at the changed hosts' load assignments.
+		names = st.namesOfHosts(onlyHosts)
+	}
+	for _, name := range names {
 		if !inScope(name) {
 			continue
 		}
 		e := st.entries[name]
-		target = append(target, e)
+		if needTarget {
+			target = append(target, e)
+		}
 		if onlyHosts != nil {
 			if _, ok := onlyHosts[e.host]; !ok {
 				continue
 			}
 		}
-		if (w.client[name] == e.version && !force[name]) || w.nacked[name] == e.version {
+		if (w.client.get(name) == e.version && !force[name]) || w.nacked[name] == e.version {
 			continue
 		}
 		upserts = append(upserts, e)
@@ -374,13 +383,15 @@ func (c *conn) sync(snap *model.Snapshot, w *watch, onlyHosts map[string]struct{
 	// Removals: what the client holds that it should not.
 	var removed []string
 	if onlyHosts == nil {
-		for name := range w.client {
-			if e := st.entries[name]; e == nil || !inScope(name) {
-				removed = append(removed, name)
-			}
+		if w.client.base != st || len(w.client.over) > 0 || !w.wildcard {
+			w.client.names(func(name string) {
+				if e := st.entries[name]; e == nil || !inScope(name) {
+					removed = append(removed, name)
+				}
+			})
 		}
 		for name := range w.newNames {
-			if st.entries[name] == nil && w.client[name] == "" {
+			if st.entries[name] == nil && w.client.get(name) == "" {
 				removed = append(removed, name)
 			}
 		}
@@ -407,20 +418,44 @@ func (c *conn) sync(snap *model.Snapshot, w *watch, onlyHosts map[string]struct{
 	return changed, removal, err
 }
 
-func (c *conn) record(w *watch, nonce, version string, sent []*entry, removed []string) {
-	r := &sentResponse{prev: map[string]string{}, sent: map[string]string{}, version: version}
+func (c *conn) record(w *watch, st *set, nonce, version string, sent []*entry, removed []string) {
+	r := &sentResponse{prev: make([]nameVersion, 0, len(sent)+len(removed)), sent: sent, version: version}
 	for _, e := range sent {
-		if _, ok := r.prev[e.name]; !ok {
-			r.prev[e.name] = w.client[e.name]
-		}
-		r.sent[e.name] = e.version
-		w.client[e.name] = e.version
+		r.prev = append(r.prev, nameVersion{e.name, w.client.get(e.name)})
 	}
 	for _, n := range removed {
-		if _, ok := r.prev[n]; !ok {
-			r.prev[n] = w.client[n]
+		r.prev = append(r.prev, nameVersion{n, w.client.get(n)})
+	}
+	if covers(st, sent) {
+		// The client now holds all of st: share it, keeping apart only what the client holds
+		// outside st and keeps.
+		var gone map[string]bool
+		if len(removed) > 0 {
+			gone = make(map[string]bool, len(removed))
+			for _, n := range removed {
+				gone[n] = true
+			}
 		}
-		delete(w.client, n)
+		var extra []nameVersion
+		w.client.names(func(n string) {
+			if st.entries[n] == nil && !gone[n] {
+				extra = append(extra, nameVersion{n, w.client.get(n)})
+			}
+		})
+		w.client = clientState{base: st, n: len(st.names)}
+		for _, x := range extra {
+			w.client.set(x.name, x.version)
+		}
+	} else {
+		for _, e := range sent {
+			w.client.set(e.name, e.version)
+		}
+		for _, n := range removed {
+			w.client.del(n)
+		}
+		if len(w.client.over) > 64 && len(w.client.over) > len(st.names)/8 {
+			w.client.rebase(st)
+		}
 	}
 	// Clients answer every response; bound the bookkeeping for those that do not.
 	if len(w.outstanding) > 64 {
@@ -430,15 +465,25 @@ func (c *conn) record(w *watch, nonce, version string, sent []*entry, removed []
 	w.lastNonce = nonce
 }
 
+// covers reports whether sent is every entry of st (both sorted by name).
+func covers(st *set, sent []*entry) bool {
+	if st == nil || len(sent) != len(st.names) || len(sent) == 0 {
+		return false
+	}
+	for i, n := range st.names {
+		if sent[i] != st.entries[n] {
+			return false
+		}
+	}
+	return true
+}
+
 func (c *conn) syncDelta(w *watch, st *set, upserts []*entry, removed []string, needResponse, single bool) (func() error, error) {
 	send := func(up []*entry, rm []string) error {
 		resp := &discoverygrpc.DeltaDiscoveryResponse{TypeUrl: w.typeURL, Nonce: c.nextNonce(), RemovedResources: rm,
 			SystemVersionInfo: strconv.FormatUint(st.version, 10)}
-		for _, e := range up {
-			resp.Resources = append(resp.Resources, &discoverygrpc.Resource{Name: e.name, Version: e.version, Resource: e.any})
-		}
-		c.record(w, resp.Nonce, "", up, rm)
-		if err := c.sendDelta(resp); err != nil {
+		c.record(w, st, resp.Nonce, "", up, rm)
+		if err := c.send(&preparedResponse{head: resp, delta: true, entries: up}); err != nil {
 			return fmt.Errorf("sending %s: %w", w.typeURL, err)
 		}
 		return nil
@@ -465,12 +510,9 @@ func (c *conn) syncSotW(w *watch, st *set, target, upserts []*entry, removed []s
 			return nil
 		}
 		resp := &discoverygrpc.DiscoveryResponse{TypeUrl: w.typeURL, VersionInfo: version, Nonce: c.nextNonce()}
-		for _, e := range es {
-			resp.Resources = append(resp.Resources, e.any)
-		}
-		c.record(w, resp.Nonce, version, es, rm)
+		c.record(w, st, resp.Nonce, version, es, rm)
 		w.lastSet = st
-		if err := c.sendSotW(resp); err != nil {
+		if err := c.send(&preparedResponse{head: resp, entries: es}); err != nil {
 			return fmt.Errorf("sending %s: %w", w.typeURL, err)
 		}
 		return nil
@@ -478,7 +520,7 @@ func (c *conn) syncSotW(w *watch, st *set, target, upserts []*entry, removed []s
 	if !fullState(w.typeURL) {
 		// Routes and endpoints: only what changed; removal is the client unsubscribing.
 		for _, n := range removed {
-			delete(w.client, n)
+			w.client.del(n)
 		}
 		if len(upserts) == 0 && !needResponse {
 			return nil, nil

@@ -35,10 +35,16 @@ func (r realTimer) Stop()                 { r.t.Stop() }
 // signal of a burst, so a steady trickle of changes cannot starve pushes. It returns when ctx
 // is done.
 func Debounce(ctx context.Context, clock Clock, in <-chan struct{}, quiet, maxDelay time.Duration, fn func()) {
+	DebounceFunc(ctx, clock, in, func() time.Duration { return quiet }, maxDelay, fn)
+}
+
+// DebounceFunc is Debounce with the quiet period asked again at every signal, so that what is
+// pending can choose it (endpoint changes need less settling than config changes).
+func DebounceFunc(ctx context.Context, clock Clock, in <-chan struct{}, quietFor func() time.Duration,
+	maxDelay time.Duration, fn func()) {
 	if clock == nil {
 		clock = RealClock{}
 	}
-	maxDelay = max(maxDelay, quiet)
 	// Go >= 1.23 timers deliver nothing stale after Stop/Reset, so no draining is needed.
 	timer := clock.NewTimer(time.Hour)
 	timer.Stop()
@@ -53,7 +59,8 @@ func Debounce(ctx context.Context, clock Clock, in <-chan struct{}, quiet, maxDe
 			if first.IsZero() {
 				first = now
 			}
-			timer.Reset(max(min(quiet, maxDelay-now.Sub(first)), 0))
+			quiet := quietFor()
+			timer.Reset(max(min(quiet, max(maxDelay, quiet)-now.Sub(first)), 0))
 		case <-timer.C():
 			first = time.Time{}
 			fn()

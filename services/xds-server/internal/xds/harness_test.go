@@ -63,7 +63,7 @@ var (
 	_ Scoper    = (*fakeGen)(nil)
 )
 
-func (g *fakeGen) CacheScope(p *model.Proxy, _ string) string { return p.Namespace }
+func (g *fakeGen) CacheScope(_ *model.Snapshot, p *model.Proxy, _ string) string { return p.Namespace }
 
 func cluster(h string) string { return "outbound|80||" + h }
 
@@ -152,7 +152,7 @@ func newEnv(t *testing.T, opts Options, initial ...bus.Change) *env {
 		t.Fatal(err)
 	}
 	e.addr = lis.Addr().String()
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(grpc.ForceServerCodecV2(Codec()))
 	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(gs, e.srv)
 	ctx, cancel := context.WithCancel(context.Background())
 	runDone, serveDone := make(chan struct{}), make(chan struct{})

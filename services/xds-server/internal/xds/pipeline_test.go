@@ -3,6 +3,7 @@ package xds
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -284,5 +285,73 @@ func TestCacheAssertion(t *testing.T) {
 		c := newSotW(t, ok.addr, node(name, "demo", false))
 		c.subscribe(cds)
 		c.recvType(cds)
+	}
+}
+
+// TestEndpointPushWhenClusterNamesEqual: a proxyless gRPC client subscribes to CDS and EDS by
+// the same names; its EDS watch still gets endpoint-only pushes (subscriptions of different
+// types are not shared even with equal names).
+func TestEndpointPushWhenClusterNamesEqual(t *testing.T) {
+	e := newEnv(t, Options{}, baseMesh()...)
+	c := newSotW(t, e.addr, node("g", "demo", false))
+	c.subscribe(cds, cluster("a.demo"))
+	c.recvType(cds)
+	c.subscribe(eds, cluster("a.demo"))
+	c.recvType(eds)
+	e.update(endpoints("demo", "a.demo", "10.9.9.9"))
+	if got := types_(c.drain()); !slices.Equal(got, []string{"ClusterLoadAssignment"}) {
+		t.Fatalf("responses after an endpoint change = %v, want one endpoints response", got)
+	}
+}
+
+// TestDebounceFunc: the quiet period is asked at each signal, so endpoint-only bursts can
+// settle faster than config changes, and a config change joining the burst lengthens it.
+func TestDebounceFunc(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		quiet []time.Duration // returned at successive signals
+		steps []time.Duration // per signal: advance after it
+		fired bool
+	}{
+		{"short quiet fires early", []time.Duration{10 * time.Millisecond}, []time.Duration{10 * time.Millisecond}, true},
+		{"long quiet does not", []time.Duration{100 * time.Millisecond}, []time.Duration{10 * time.Millisecond}, false},
+		{"config joins the burst", []time.Duration{10 * time.Millisecond, 100 * time.Millisecond},
+			[]time.Duration{5 * time.Millisecond, 50 * time.Millisecond}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := &fakeClock{now: time.Unix(0, 0)}
+			ctx, cancel := context.WithCancel(context.Background())
+			in := make(chan struct{})
+			step := make(chan struct{})
+			done := make(chan struct{})
+			var mu sync.Mutex
+			next := 0
+			quiet := func() time.Duration {
+				mu.Lock()
+				defer mu.Unlock()
+				return tc.quiet[min(next, len(tc.quiet)-1)]
+			}
+			go func() {
+				defer close(done)
+				DebounceFunc(ctx, clock, in, quiet, time.Second, func() { step <- struct{}{} })
+			}()
+			got := false
+			for i, d := range tc.steps {
+				mu.Lock()
+				next = i
+				mu.Unlock()
+				in <- struct{}{} // taken,
+				in <- struct{}{} // and the timer reset with this step's quiet period
+				if clock.Advance(d) {
+					<-step
+					got = true
+				}
+			}
+			cancel()
+			<-done
+			if got != tc.fired {
+				t.Fatalf("fired = %v, want %v", got, tc.fired)
+			}
+		})
 	}
 }

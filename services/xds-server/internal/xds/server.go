@@ -31,12 +31,15 @@ type Options struct {
 	OnCacheViolation func(error)
 }
 
-// Server serves ADS. Feed it snapshots with Push and run its push workers with Run.
+// Server serves ADS. Feed it snapshots with Push and run its push workers with Run. Register it
+// on a gRPC server created with grpc.ForceServerCodecV2(Codec()): responses are sent
+// pre-encoded.
 type Server struct {
 	opts  Options
 	log   *slog.Logger
 	cache *cache
 	queue *pushQueue[*conn]
+	subs  *subscriptions
 
 	snap    atomic.Pointer[model.Snapshot]
 	stopped chan struct{}
@@ -63,6 +66,7 @@ func NewServer(opts Options) *Server {
 		log:     opts.Logger,
 		cache:   newCache(opts.Logger, opts.CacheAssert, opts.OnCacheViolation),
 		queue:   newPushQueue[*conn](),
+		subs:    newSubscriptions(),
 		stopped: make(chan struct{}),
 		conns:   map[*conn]struct{}{},
 	}
@@ -131,14 +135,14 @@ func (s *Server) removeConn(c *conn) {
 // StreamAggregatedResources serves state-of-the-world ADS.
 func (s *Server) StreamAggregatedResources(stream discoverygrpc.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
 	c := s.newConn(false)
-	c.sendSotW = stream.Send
+	c.send = stream.SendMsg
 	return serve(s, c, stream.Recv, c.handleSotW)
 }
 
 // DeltaAggregatedResources serves delta ADS.
 func (s *Server) DeltaAggregatedResources(stream discoverygrpc.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
 	c := s.newConn(true)
-	c.sendDelta = stream.Send
+	c.send = stream.SendMsg
 	return serve(s, c, stream.Recv, c.handleDelta)
 }
 
@@ -235,7 +239,7 @@ func (c *conn) affected(req *PushRequest, snap *model.Snapshot) bool {
 			return true
 		}
 		for h := range req.Endpoints {
-			if w.hosts[h] > 0 {
+			if w.sub.hosts[h] > 0 {
 				return true
 			}
 		}

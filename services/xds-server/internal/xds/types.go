@@ -23,11 +23,13 @@ type Generator interface {
 }
 
 // Scoper is implemented by generators whose output many proxies share. CacheScope must return
-// equal keys for two proxies exactly when Generate gives them the same resources of typeURL
-// for every snapshot; the cache then generates and encodes once per key. Generators without
-// it are cached per proxy.
+// equal keys for two proxies only when Generate gives them the same resources of typeURL for
+// snap and for every later snapshot with the same ConfigVersion (endpoints may change); the
+// cache then generates and encodes once per key. The snapshot lets the key hold derived inputs
+// (the Sidecar that applies, the inbound ports) instead of raw ones (labels, IPs), which would
+// defeat sharing. Generators without it are cached per proxy.
 type Scoper interface {
-	CacheScope(proxy *model.Proxy, typeURL string) string
+	CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL string) string
 }
 
 // ErrUnsupported is what generators wrap for types or proxies they do not serve.

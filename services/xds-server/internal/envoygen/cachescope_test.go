@@ -1,0 +1,96 @@
+package envoygen
+
+import (
+	"bytes"
+	"fmt"
+	"maps"
+	"testing"
+
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+
+	"sailplane.dev/services/xds-server/internal/model"
+)
+
+// TestCacheScope checks CacheScope's contract on every golden case: proxies with equal scopes
+// get byte-identical resources, and proxies that differ only in what the output does not read
+// (pod name, IPs serving nothing, unselected labels) share a scope.
+func TestCacheScope(t *testing.T) {
+	types := []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType}
+	for _, dir := range cases(t) {
+		t.Run(dir, func(t *testing.T) {
+			tc := load(t, dir)
+			g := New(nil)
+			var proxies []*model.Proxy
+			namespaces := map[string]bool{}
+			for _, np := range tc.proxies {
+				namespaces[np.proxy.Namespace] = true
+			}
+			for i, np := range tc.proxies {
+				p := np.proxy
+				proxies = append(proxies, p)
+				other := clone(p)
+				other.NodeID, other.ID = p.NodeID+"-replica", p.ID+"-replica"
+				proxies = append(proxies, other)
+				// Same scope: only the pod differs.
+				for _, typeURL := range types {
+					if a, b := g.CacheScope(tc.snap, p, typeURL), g.CacheScope(tc.snap, other, typeURL); a != b {
+						t.Errorf("%s: replica of proxy %d has scope %q, want %q", typeURL, i, b, a)
+					}
+				}
+				v := clone(p)
+				v.IPs = []string{"198.51.100.7"}
+				proxies = append(proxies, v)
+				v = clone(p)
+				v.Labels["unrelated"] = "x"
+				proxies = append(proxies, v)
+				v = clone(p)
+				v.Labels = map[string]string{}
+				proxies = append(proxies, v)
+				for ns := range namespaces {
+					v = clone(p)
+					v.Namespace = ns
+					proxies = append(proxies, v)
+				}
+			}
+			for _, typeURL := range types {
+				seen := map[string][]byte{}
+				who := map[string]string{}
+				for _, p := range proxies {
+					res, err := g.Generate(tc.snap, p, typeURL, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					var buf bytes.Buffer
+					for _, r := range res {
+						b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
+						if err != nil {
+							t.Fatal(err)
+						}
+						fmt.Fprintf(&buf, "%d:", len(b))
+						buf.Write(b)
+					}
+					scope := g.CacheScope(tc.snap, p, typeURL)
+					if prev, ok := seen[scope]; ok && !bytes.Equal(prev, buf.Bytes()) {
+						t.Errorf("%s: scope %q: %s and %s get different resources", typeURL, scope, who[scope], describe(p))
+					} else if !ok {
+						seen[scope], who[scope] = buf.Bytes(), describe(p)
+					}
+				}
+			}
+		})
+	}
+}
+
+func clone(p *model.Proxy) *model.Proxy {
+	c := *p
+	c.Labels = maps.Clone(p.Labels)
+	if c.Labels == nil {
+		c.Labels = map[string]string{}
+	}
+	return &c
+}
+
+func describe(p *model.Proxy) string {
+	return fmt.Sprintf("%s ns=%s ips=%v labels=%v", p.NodeID, p.Namespace, p.IPs, p.Labels)
+}
