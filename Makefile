@@ -6,7 +6,7 @@ SERVICES := config-ingest endpoint-watcher xds-server ca webhook agent hyper
 MODULES := proto shared $(addprefix services/,$(SERVICES)) e2e tools
 PROTOC_GEN_GO := $(shell $(GO) env GOPATH)/bin/protoc-gen-go
 
-.PHONY: build run run-kube testenv test test-unit test-e2e bench proto tidy fmt vet clean
+.PHONY: build run run-kube testenv test test-unit test-e2e bench bench-go bench-xds proto tidy fmt vet clean
 
 build:
 	@mkdir -p $(BIN)
@@ -37,11 +37,19 @@ test-unit:
 test-e2e: build
 	SAILPLANE_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m ./e2e/...
 
-bench:
+# Every benchmark; figures and commands are in docs/benchmarks.md.
+bench: bench-go bench-xds
+
+bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 5x ./shared/bus/...
 	$(GO) test -run '^$$' -bench . -benchmem ./services/endpoint-watcher/internal/serviceentry/...
 	SAILPLANE_BENCH_SERVICES=5000 SAILPLANE_BENCH_PODS=20000 \
 		$(GO) test -run '^$$' -bench EndpointSliceUpdate -benchtime 1x -timeout 30m ./services/endpoint-watcher/internal/kube/
+
+# xDS convergence at Istio's load-test size (2,000 sidecars, 1,000 services x 2 endpoints) and the
+# sweep behind docs/bench-xds-convergence.svg; about 3 minutes. See docs/benchmarks.md.
+bench-xds: build
+	BIN=$(CURDIR)/$(BIN) tools/loadgen/bench.sh
 
 # Regenerates proto/**/*.pb.go. Needs protoc (Debian: protobuf-compiler) and protoc-gen-go.
 proto:

@@ -23,7 +23,8 @@ func main() {
 		logOpts    cli.LogOptions
 		meshFile   string
 		configDirs []string
-		xdsListen  string
+		xdsCfg     xdsserver.Config
+		pprofAddr  string
 		busListen  string
 		clusterID  string
 		kubeconfig string
@@ -75,7 +76,7 @@ func main() {
 			if err != nil {
 				return err
 			}
-			xds, err := xdsserver.New(xdsserver.Config{Listen: xdsListen},
+			xds, err := xdsserver.New(xdsCfg,
 				xdsserver.Deps{Logger: log.With("component", "xds-server"), Config: local, Registry: local})
 			if err != nil {
 				return err
@@ -91,6 +92,9 @@ func main() {
 			if busListen != "" {
 				m.Add("bus-server", bus.ServeGRPC(store, busListen, log))
 			}
+			if pprofAddr != "" {
+				m.Add("pprof", cli.Pprof{Addr: pprofAddr, Log: log})
+			}
 			return cli.RunUntilSignal(&m)
 		},
 	}
@@ -101,7 +105,8 @@ func main() {
 	cmd.Flags().StringVar(&namespace, "namespace", cli.EnvOr("POD_NAMESPACE", "istio-system"), "control plane namespace (Kubernetes): the istio ConfigMap, the status Lease, remote-cluster Secrets")
 	cmd.Flags().StringVar(&podName, "pod-name", os.Getenv("POD_NAME"), "identity in the status Lease (default: the host name)")
 	cmd.Flags().StringSliceVar(&configDirs, "config-dir", nil, "config folders to read, overriding the mesh config's fs:// configSources")
-	cmd.Flags().StringVar(&xdsListen, "xds-listen", "127.0.0.1:15010", "address serving ADS (plaintext)")
+	xdsCfg.AddFlags(cmd.Flags())
+	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the bus to external MCP consumers; empty to disable")
 	cmd.Flags().StringVar(&consulAddr, "consul", "", "Consul HTTP address to discover services from (empty: no Consul); token from CONSUL_HTTP_TOKEN")
 	cmd.Flags().StringVar(&consulDC, "consul-datacenter", "", "Consul datacenter (default: the agent's)")

@@ -1,0 +1,18 @@
+package xdsserver
+
+import (
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// AddFlags registers the server's tuning flags, shared by the xds-server and hyper binaries.
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.Listen, "xds-listen", "127.0.0.1:15010", "address serving ADS (plaintext)")
+	fs.DurationVar(&c.Debounce, "debounce", 100*time.Millisecond, "quiet period before config changes are pushed")
+	fs.DurationVar(&c.DebounceMax, "debounce-max", time.Second, "longest a push waits for changes to settle")
+	fs.DurationVar(&c.EndpointDebounce, "endpoint-debounce", 10*time.Millisecond, "quiet period before endpoint-only changes are pushed")
+	fs.IntVar(&c.PushConcurrency, "push-concurrency", 16, "proxies pushed at once")
+	fs.DurationVar(&c.MaxConnectionAge, "max-connection-age", 30*time.Minute,
+		"close client connections after this age (±10%) so they spread over replicas; 0 = never")
+}
