@@ -11,6 +11,7 @@ import (
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/translate"
 )
 
 // CacheScope names what the output of typeURL depends on for proxy at snap, so that proxies
@@ -134,13 +135,13 @@ func newSnapIndex(snap *model.Snapshot) *snapIndex {
 			}
 		}
 	}
-	ix.sourceLabelKeys = sortedKeys(keys)
+	ix.sourceLabelKeys = translate.SortedKeys(keys)
 	for _, gw := range snap.Gateways {
 		for k := range gw.Spec.GetSelector() {
 			keys[k] = true
 		}
 	}
-	ix.routerLabelKeys = sortedKeys(keys)
+	ix.routerLabelKeys = translate.SortedKeys(keys)
 	return ix
 }
 
@@ -155,7 +156,7 @@ func (ix *snapIndex) inboundPorts(sc *networking.Sidecar, proxy *model.Proxy, lo
 			if p.GetNumber() == 0 || seen[p.GetNumber()] {
 				continue
 			}
-			addr := socketAddress("127.0.0.1", p.GetNumber())
+			addr := translate.SocketAddress("127.0.0.1", p.GetNumber())
 			if de := l.GetDefaultEndpoint(); de != "" {
 				a, ok := parseDefaultEndpoint(de)
 				if !ok {
@@ -181,12 +182,12 @@ func (ix *snapIndex) inboundPorts(sc *networking.Sidecar, proxy *model.Proxy, lo
 	}
 	for _, e := range eps {
 		for _, p := range e.svc.Spec.GetPorts() {
-			target := endpointPort(e.ep, p)
+			target := translate.EndpointPort(e.ep, p)
 			if target == 0 || seen[target] {
 				continue
 			}
 			seen[target] = true
-			out = append(out, inboundPort{port: target, proto: portProtocol(p), endpoint: socketAddress("127.0.0.1", target)})
+			out = append(out, inboundPort{port: target, proto: portProtocol(p), endpoint: translate.SocketAddress("127.0.0.1", target)})
 		}
 	}
 	slices.SortFunc(out, func(a, b inboundPort) int { return cmp.Compare(a.port, b.port) })
@@ -213,7 +214,7 @@ func selectSidecar(snap *model.Snapshot, proxy *model.Proxy) *model.Config[*netw
 		sel := sc.Spec.GetWorkloadSelector().GetLabels()
 		switch {
 		case sc.Namespace == proxy.Namespace && len(sel) > 0:
-			if labelsMatch(sel, proxy.Labels) {
+			if translate.LabelsMatch(sel, proxy.Labels) {
 				return sc
 			}
 		case sc.Namespace == proxy.Namespace:

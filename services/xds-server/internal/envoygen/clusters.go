@@ -17,6 +17,7 @@ import (
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/translate"
 )
 
 const (
@@ -53,7 +54,7 @@ func (b *builder) outboundClusters() []outboundCluster {
 	var out []outboundCluster
 	for _, svc := range b.services {
 		host := svc.Spec.GetHostname()
-		dr := b.destinationRule(host)
+		dr := b.binds.DestinationRule(host)
 		for _, port := range b.visiblePorts(svc) {
 			out = append(out, outboundCluster{svc: svc, port: port,
 				cluster: b.outboundCluster(svc, port, nil, dr)})
@@ -434,7 +435,7 @@ func (b *builder) passthroughCluster() *clusterv3.Cluster {
 func (b *builder) inboundPassthroughCluster() *clusterv3.Cluster {
 	c := b.passthroughCluster()
 	c.Name = InboundPassthroughCluster
-	c.UpstreamBindConfig = &corev3.BindConfig{SourceAddress: socketAddress("127.0.0.6", 0).GetSocketAddress()}
+	c.UpstreamBindConfig = &corev3.BindConfig{SourceAddress: translate.SocketAddress("127.0.0.6", 0).GetSocketAddress()}
 	return c
 }
 

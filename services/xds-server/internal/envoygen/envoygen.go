@@ -148,21 +148,3 @@ func ClusterName(port uint32, subset, host string) string {
 func InboundClusterName(port uint32) string { return "inbound|" + itoa(port) + "||" }
 
 func itoa(n uint32) string { return strconv.FormatUint(uint64(n), 10) }
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
-
-func labelsMatch(selector, labels map[string]string) bool {
-	for k, v := range selector {
-		if got, ok := labels[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
-}

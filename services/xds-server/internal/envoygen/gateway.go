@@ -16,6 +16,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/translate"
 )
 
 // gatewayServer is one server of a Gateway selecting this proxy.
@@ -63,7 +64,7 @@ func (b *builder) gatewayServers() []gatewayServer {
 	var out []gatewayServer
 	for i := range b.snap.Gateways {
 		gw := &b.snap.Gateways[i]
-		if !labelsMatch(gw.Spec.GetSelector(), b.proxy.Labels) {
+		if !translate.LabelsMatch(gw.Spec.GetSelector(), b.proxy.Labels) {
 			continue
 		}
 		for _, s := range gw.Spec.GetServers() {
@@ -135,7 +136,7 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 	var out []*listenerv3.Listener
 	for _, port := range ports {
 		name := wildcardIP + "_" + itoa(port)
-		l := &listenerv3.Listener{Name: name, Address: socketAddress(wildcardIP, port),
+		l := &listenerv3.Listener{Name: name, Address: translate.SocketAddress(wildcardIP, port),
 			TrafficDirection: corev3.TrafficDirection_OUTBOUND}
 		seen := map[string]bool{}
 		addChain := func(fc *listenerv3.FilterChain) {
@@ -360,7 +361,7 @@ func (b *builder) gatewayRoutes() []*routev3.RouteConfiguration {
 		}
 	}
 	var out []*routev3.RouteConfiguration
-	for _, name := range sortedKeys(byName) {
+	for _, name := range translate.SortedKeys(byName) {
 		out = append(out, b.gatewayRouteConfig(name, byName[name]))
 	}
 	return out
@@ -410,7 +411,7 @@ func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *rout
 			}
 		}
 	}
-	for _, h := range sortedKeys(vhosts) {
+	for _, h := range translate.SortedKeys(vhosts) {
 		if len(vhosts[h].Routes) > 0 || vhosts[h].RequireTls == routev3.VirtualHost_ALL {
 			rc.VirtualHosts = append(rc.VirtualHosts, vhosts[h])
 		}

@@ -17,6 +17,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
+
+	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/translate"
 )
 
 // Filter names as istiod writes them.
@@ -57,7 +60,7 @@ func (b *builder) virtualOutbound() *listenerv3.Listener {
 	}
 	return &listenerv3.Listener{
 		Name:             VirtualOutboundListener,
-		Address:          socketAddress(wildcardIP, VirtualOutboundPort),
+		Address:          translate.SocketAddress(wildcardIP, VirtualOutboundPort),
 		UseOriginalDst:   wrapperspb.Bool(true),
 		TrafficDirection: corev3.TrafficDirection_OUTBOUND,
 		FilterChains: []*listenerv3.FilterChain{{
@@ -72,7 +75,7 @@ func (b *builder) virtualOutbound() *listenerv3.Listener {
 func (b *builder) virtualInbound() *listenerv3.Listener {
 	l := &listenerv3.Listener{
 		Name:             VirtualInboundListener,
-		Address:          socketAddress(wildcardIP, VirtualInboundPort),
+		Address:          translate.SocketAddress(wildcardIP, VirtualInboundPort),
 		TrafficDirection: corev3.TrafficDirection_INBOUND,
 		ListenerFilters: []*listenerv3.ListenerFilter{{
 			Name:       originalDstFilter,
@@ -216,7 +219,7 @@ func (b *builder) outboundListeners() []*listenerv3.Listener {
 	for _, ol := range order {
 		l := &listenerv3.Listener{
 			Name:             ol.name,
-			Address:          socketAddress(ol.ip, ol.port),
+			Address:          translate.SocketAddress(ol.ip, ol.port),
 			BindToPort:       wrapperspb.Bool(false),
 			TrafficDirection: corev3.TrafficDirection_OUTBOUND,
 		}
@@ -249,7 +252,7 @@ func (b *builder) outboundListeners() []*listenerv3.Listener {
 func (b *builder) tcpRoute(host string, port uint32) *tcpv3.TcpProxy {
 	def := ClusterName(port, "", host)
 	tp := &tcpv3.TcpProxy{StatPrefix: def, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: def}}
-	vs := b.virtualService(host)
+	vs := b.binds.VirtualService(host)
 	if vs == nil {
 		return tp
 	}
@@ -299,10 +302,10 @@ func (b *builder) sourceMatches(labels map[string]string, ns string, gateways []
 	if ns != "" && ns != b.proxy.Namespace {
 		return false
 	}
-	if len(labels) > 0 && !labelsMatch(labels, b.proxy.Labels) {
+	if len(labels) > 0 && !translate.LabelsMatch(labels, b.proxy.Labels) {
 		return false
 	}
-	if b.proxy.IsSidecar() && len(gateways) > 0 && !appliesToMesh(gateways) {
+	if b.proxy.IsSidecar() && len(gateways) > 0 && !model.AppliesToMesh(gateways) {
 		return false
 	}
 	return true

@@ -20,6 +20,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/translate"
 )
 
 // defaultRetryOn is istiod's retry policy for routes whose VirtualService sets none.
@@ -69,7 +70,7 @@ func (b *builder) sidecarRouteConfig(port uint32) *routev3.RouteConfiguration {
 				continue
 			}
 			var routes []*routev3.Route
-			if vs := b.virtualService(host); vs != nil {
+			if vs := b.binds.VirtualService(host); vs != nil {
 				routes = b.httpRoutes(vs, host, port, nil)
 			}
 			if len(routes) == 0 {
@@ -144,7 +145,7 @@ type gatewayFilter map[string]bool
 
 func (g gatewayFilter) accepts(names []string, ns string) bool {
 	if g == nil {
-		return appliesToMesh(names)
+		return model.AppliesToMesh(names)
 	}
 	for _, n := range names {
 		if g[qualifyGateway(n, ns)] {
@@ -182,7 +183,7 @@ func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host 
 			if len(m.GetGateways()) > 0 && !gws.accepts(m.GetGateways(), vs.Namespace) {
 				continue
 			}
-			rm, reason := routeMatch(m)
+			rm, reason := translate.RouteMatch(m, translate.Envoy)
 			if rm == nil {
 				// Dropping the whole match is safer than dropping one condition of it, which
 				// would widen what the route catches.
@@ -499,11 +500,11 @@ func headerOps(h *networking.Headers_HeaderOperations) ([]*corev3.HeaderValueOpt
 		return nil, nil
 	}
 	var add []*corev3.HeaderValueOption
-	for _, k := range sortedKeys(h.GetSet()) {
+	for _, k := range translate.SortedKeys(h.GetSet()) {
 		add = append(add, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, Value: h.GetSet()[k]},
 			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD})
 	}
-	for _, k := range sortedKeys(h.GetAdd()) {
+	for _, k := range translate.SortedKeys(h.GetAdd()) {
 		add = append(add, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, Value: h.GetAdd()[k]},
 			AppendAction: corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD})
 	}
@@ -575,7 +576,7 @@ func corsPolicy(c *networking.CorsPolicy) *corsv3.CorsPolicy {
 		out.AllowCredentials = wrapperspb.Bool(v.GetValue())
 	}
 	for _, o := range c.GetAllowOrigins() {
-		if sm := stringMatcher(o); sm != nil {
+		if sm := translate.StringMatcher(o); sm != nil {
 			out.AllowOriginStringMatch = append(out.AllowOriginStringMatch, sm)
 		}
 	}
@@ -587,7 +588,7 @@ func corsPolicy(c *networking.CorsPolicy) *corsv3.CorsPolicy {
 
 // hashPolicy is the route side of a consistent-hash DestinationRule.
 func (b *builder) hashPolicy(host string, port uint32, subset string) []*routev3.RouteAction_HashPolicy {
-	dr := b.destinationRule(host)
+	dr := b.binds.DestinationRule(host)
 	if dr == nil {
 		return nil
 	}
@@ -621,80 +622,4 @@ func (b *builder) hashPolicy(host string, port uint32, subset string) []*routev3
 		return nil
 	}
 	return []*routev3.RouteAction_HashPolicy{hp}
-}
-
-// routeMatch converts a VirtualService match; nil and a reason when Envoy cannot express it.
-func routeMatch(m *networking.HTTPMatchRequest) (*routev3.RouteMatch, string) {
-	rm := &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}}
-	if m == nil {
-		return rm, ""
-	}
-	switch u := m.GetUri().GetMatchType().(type) {
-	case *networking.StringMatch_Exact:
-		rm.PathSpecifier = &routev3.RouteMatch_Path{Path: u.Exact}
-	case *networking.StringMatch_Prefix:
-		rm.PathSpecifier = &routev3.RouteMatch_Prefix{Prefix: u.Prefix}
-	case *networking.StringMatch_Regex:
-		if u.Regex == "" {
-			return nil, "empty uri regex"
-		}
-		rm.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: u.Regex}}
-	}
-	if m.GetIgnoreUriCase() {
-		rm.CaseSensitive = wrapperspb.Bool(false)
-	}
-	pseudo := []struct {
-		name string
-		sm   *networking.StringMatch
-	}{{":authority", m.GetAuthority()}, {":method", m.GetMethod()}, {":scheme", m.GetScheme()}}
-	for _, p := range pseudo {
-		if p.sm != nil {
-			rm.Headers = append(rm.Headers, headerMatcher(p.name, p.sm, false))
-		}
-	}
-	for _, k := range sortedKeys(m.GetHeaders()) {
-		rm.Headers = append(rm.Headers, headerMatcher(k, m.GetHeaders()[k], false))
-	}
-	for _, k := range sortedKeys(m.GetWithoutHeaders()) {
-		rm.Headers = append(rm.Headers, headerMatcher(k, m.GetWithoutHeaders()[k], true))
-	}
-	for _, k := range sortedKeys(m.GetQueryParams()) {
-		qp := &routev3.QueryParameterMatcher{Name: k}
-		if sm := stringMatcher(m.GetQueryParams()[k]); sm != nil {
-			qp.QueryParameterMatchSpecifier = &routev3.QueryParameterMatcher_StringMatch{StringMatch: sm}
-		} else {
-			qp.QueryParameterMatchSpecifier = &routev3.QueryParameterMatcher_PresentMatch{PresentMatch: true}
-		}
-		rm.QueryParameters = append(rm.QueryParameters, qp)
-	}
-	return rm, ""
-}
-
-// stringMatcher converts a StringMatch; nil for an empty one.
-func stringMatcher(sm *networking.StringMatch) *matcherv3.StringMatcher {
-	switch t := sm.GetMatchType().(type) {
-	case *networking.StringMatch_Exact:
-		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: t.Exact}}
-	case *networking.StringMatch_Prefix:
-		if t.Prefix != "" {
-			return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: t.Prefix}}
-		}
-	case *networking.StringMatch_Regex:
-		if t.Regex != "" {
-			return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{
-				SafeRegex: &matcherv3.RegexMatcher{Regex: t.Regex}}}
-		}
-	}
-	return nil
-}
-
-func headerMatcher(name string, sm *networking.StringMatch, invert bool) *routev3.HeaderMatcher {
-	hm := &routev3.HeaderMatcher{Name: name, InvertMatch: invert}
-	if s := stringMatcher(sm); s != nil {
-		hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: s}
-	} else {
-		// An empty match means "header present", as in Istio.
-		hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}
-	}
-	return hm
 }

@@ -3,7 +3,6 @@ package envoygen
 import (
 	"cmp"
 	"log/slog"
-	"slices"
 	"strings"
 
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
@@ -31,8 +30,8 @@ type builder struct {
 	// services the proxy can reach, sorted by hostname.
 	services []*model.Service
 
-	vsCache map[string]*model.Config[*networking.VirtualService]
-	drCache map[string]*model.Config[*networking.DestinationRule]
+	// binds resolves VirtualServices and DestinationRules with the proxy's exportTo view.
+	binds *model.Bindings
 }
 
 // egressRule is one Sidecar egress listener: its port (0 = every port) and "ns/host" entries.
@@ -44,9 +43,8 @@ type egressRule struct {
 type hostRule struct{ ns, host string }
 
 func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *slog.Logger) *builder {
-	b := &builder{snap: snap, proxy: proxy, ix: ix, log: log, allowAny: true,
-		vsCache: map[string]*model.Config[*networking.VirtualService]{},
-		drCache: map[string]*model.Config[*networking.DestinationRule]{}}
+	b := &builder{snap: snap, proxy: proxy, ix: ix, log: log, allowAny: true}
+	b.binds = snap.Bindings(b.exported, b.destinationRuleRank)
 	if p := snap.Mesh.GetOutboundTrafficPolicy(); p != nil {
 		b.allowAny = p.GetMode() == meshv1alpha1.MeshConfig_OutboundTrafficPolicy_ALLOW_ANY
 	}
@@ -161,77 +159,20 @@ func (b *builder) visiblePorts(svc *model.Service) []*discoveryv1.Port {
 	return out
 }
 
-// virtualService finds the VirtualService for host among those bound to gateways (nil = the
-// mesh): an exact host wins over a wildcard, then the oldest.
-func (b *builder) virtualService(host string) *model.Config[*networking.VirtualService] {
-	if vs, ok := b.vsCache[host]; ok {
-		return vs
-	}
-	var wildcard *model.Config[*networking.VirtualService]
-	for i := range b.snap.VirtualServices {
-		vs := &b.snap.VirtualServices[i]
-		if !appliesToMesh(vs.Spec.GetGateways()) || !b.exported(vs.Namespace, vs.Spec.GetExportTo()) {
-			continue
-		}
-		for _, h := range vs.Spec.GetHosts() {
-			rh := model.ResolveHost(h, vs.Namespace)
-			if rh == host {
-				b.vsCache[host] = vs
-				return vs
-			}
-			if wildcard == nil && model.HostMatches(rh, host) {
-				wildcard = vs
-			}
-		}
-	}
-	b.vsCache[host] = wildcard
-	return wildcard
-}
-
-func appliesToMesh(gateways []string) bool {
-	return len(gateways) == 0 || slices.Contains(gateways, "mesh")
-}
-
-// destinationRule finds the rule for host: exact hosts before wildcards, then the proxy's
-// namespace, the service's, and the root namespace, then the oldest.
-func (b *builder) destinationRule(host string) *model.Config[*networking.DestinationRule] {
-	if dr, ok := b.drCache[host]; ok {
-		return dr
-	}
+// destinationRuleRank prefers a rule in the proxy's namespace, then the service's, then the
+// root namespace, as Istio does for sidecars.
+func (b *builder) destinationRuleRank(ruleNS, host string) int {
 	svcNS := ""
 	if s := b.snap.Services[host]; s != nil {
 		svcNS = s.Spec.GetNamespace()
 	}
-	rank := func(ns string) int {
-		switch ns {
-		case b.proxy.Namespace:
-			return 0
-		case svcNS:
-			return 1
-		case b.rootNamespace():
-			return 2
-		}
-		return 3
+	switch ruleNS {
+	case b.proxy.Namespace:
+		return 0
+	case svcNS:
+		return 1
+	case b.rootNamespace():
+		return 2
 	}
-	var best *model.Config[*networking.DestinationRule]
-	bestScore := 1 << 30
-	for i := range b.snap.DestinationRules {
-		dr := &b.snap.DestinationRules[i]
-		if !b.exported(dr.Namespace, dr.Spec.GetExportTo()) {
-			continue
-		}
-		rh := model.ResolveHost(dr.Spec.GetHost(), dr.Namespace)
-		if !model.HostMatches(rh, host) {
-			continue
-		}
-		score := rank(dr.Namespace)
-		if rh != host {
-			score += 10
-		}
-		if score < bestScore {
-			best, bestScore = dr, score
-		}
-	}
-	b.drCache[host] = best
-	return best
+	return 3
 }

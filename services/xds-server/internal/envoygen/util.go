@@ -48,11 +48,6 @@ func sdsSecret(name string) *tlsv3.SdsSecretConfig {
 	}}
 }
 
-func socketAddress(ip string, port uint32) *corev3.Address {
-	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-		Address: ip, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port}}}}
-}
-
 // specOf is the spec of an optional config, nil when there is none.
 func specOf[T proto.Message](c *model.Config[T]) T {
 	if c == nil {

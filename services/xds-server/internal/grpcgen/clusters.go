@@ -1,14 +1,7 @@
 package grpcgen
 
 import (
-	"cmp"
-	"math"
-	"slices"
-	"strings"
-
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
 
@@ -114,79 +107,4 @@ func policyLB(tp *networking.TrafficPolicy, port uint32) *networking.LoadBalance
 		}
 	}
 	return lb
-}
-
-func (g *generator) loadAssignment(name string, svc *model.Service, port *discoveryv1.Port,
-	subset *networking.Subset) *endpointv3.ClusterLoadAssignment {
-	type locality struct {
-		loc     *discoveryv1.Locality
-		eps     []*endpointv3.LbEndpoint
-		weights uint64
-	}
-	var locs []*locality
-	find := func(l *discoveryv1.Locality) *locality {
-		for _, x := range locs {
-			if compareLocality(x.loc, l) == 0 {
-				return x
-			}
-		}
-		x := &locality{loc: l}
-		locs = append(locs, x)
-		return x
-	}
-	for _, ep := range svc.Endpoints {
-		if ep.GetHealth() != discoveryv1.Health_HEALTHY || ep.GetAddress() == "" || !labelsMatch(subset.GetLabels(), ep.GetLabels()) {
-			continue
-		}
-		p := endpointPort(ep, port)
-		w := max(ep.GetWeight(), 1)
-		l := find(ep.GetLocality())
-		l.weights += uint64(w)
-		l.eps = append(l.eps, &endpointv3.LbEndpoint{
-			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
-				Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-					Address:       ep.GetAddress(),
-					PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: p},
-				}}},
-			}},
-			HealthStatus:        corev3.HealthStatus_HEALTHY,
-			LoadBalancingWeight: wrapperspb.UInt32(w),
-		})
-	}
-	slices.SortFunc(locs, func(a, b *locality) int { return compareLocality(a.loc, b.loc) })
-	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
-	for _, l := range locs {
-		slices.SortFunc(l.eps, func(a, b *endpointv3.LbEndpoint) int {
-			sa, sb := a.GetEndpoint().GetAddress().GetSocketAddress(), b.GetEndpoint().GetAddress().GetSocketAddress()
-			return cmp.Or(strings.Compare(sa.GetAddress(), sb.GetAddress()), cmp.Compare(sa.GetPortValue(), sb.GetPortValue()))
-		})
-		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
-			Locality: &corev3.Locality{Region: l.loc.GetRegion(), Zone: l.loc.GetZone(), SubZone: l.loc.GetSubZone()},
-			// gRPC ignores localities without a weight.
-			LoadBalancingWeight: wrapperspb.UInt32(uint32(min(l.weights, math.MaxUint32))),
-			LbEndpoints:         l.eps,
-		})
-	}
-	return cla
-}
-
-// endpointPort is the port an endpoint serves a service port on: its own mapping for the
-// port's name, else the service's target port, else the service port itself.
-func endpointPort(ep *discoveryv1.Endpoint, port *discoveryv1.Port) uint32 {
-	if p := ep.GetPorts()[port.GetName()]; p != 0 && port.GetName() != "" {
-		return p
-	}
-	if port.GetTargetPort() != 0 {
-		return port.GetTargetPort()
-	}
-	return port.GetNumber()
-}
-
-func labelsMatch(selector, labels map[string]string) bool {
-	for k, v := range selector {
-		if got, ok := labels[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
 }

@@ -4,7 +4,6 @@
 package grpcgen
 
 import (
-	"cmp"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -20,10 +19,10 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
-	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/translate"
 )
 
 // RouterFilterName is the name of the terminal HTTP filter, as istiod writes it.
@@ -53,13 +52,13 @@ func Generate(snap *model.Snapshot, log *slog.Logger) *Resources {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	g := &generator{snap: snap, log: log, vsByHost: map[string]*model.Config[*networking.VirtualService]{},
-		drByHost: map[string]*model.Config[*networking.DestinationRule]{}}
+	// Proxyless clients see every rule: exportTo and namespace ranking are sidecar behaviour.
+	g := &generator{snap: snap, log: log, binds: snap.Bindings(nil, nil)}
 	out := &Resources{}
 	for _, host := range snap.Hostnames() {
 		svc := snap.Services[host]
-		vs := g.virtualService(host)
-		dr := g.destinationRule(host)
+		vs := g.binds.VirtualService(host)
+		dr := g.binds.DestinationRule(host)
 		seen := map[uint32]bool{}
 		for _, port := range svc.Spec.GetPorts() {
 			// Resource names are per port number; a repeated number would collide.
@@ -77,7 +76,7 @@ func Generate(snap *model.Snapshot, log *slog.Logger) *Resources {
 			out.Routes = append(out.Routes, g.routeConfig(svc, port, vs))
 			for _, c := range g.clusters(svc, port, dr) {
 				out.Clusters = append(out.Clusters, c.cluster)
-				out.Endpoints = append(out.Endpoints, g.loadAssignment(c.cluster.GetName(), svc, port, c.subset))
+				out.Endpoints = append(out.Endpoints, translate.LoadAssignment(c.cluster.GetName(), svc, port, c.subset))
 			}
 		}
 	}
@@ -91,62 +90,9 @@ func Generate(snap *model.Snapshot, log *slog.Logger) *Resources {
 }
 
 type generator struct {
-	snap     *model.Snapshot
-	log      *slog.Logger
-	vsByHost map[string]*model.Config[*networking.VirtualService]
-	drByHost map[string]*model.Config[*networking.DestinationRule]
-}
-
-// appliesToMesh reports whether a VirtualService's gateways include sidecars/proxyless clients.
-func appliesToMesh(gateways []string) bool {
-	return len(gateways) == 0 || slices.Contains(gateways, "mesh")
-}
-
-// virtualService finds the VirtualService bound to host: an exact host match wins over a
-// wildcard, then the oldest.
-func (g *generator) virtualService(host string) *model.Config[*networking.VirtualService] {
-	if vs, ok := g.vsByHost[host]; ok {
-		return vs
-	}
-	var wildcard *model.Config[*networking.VirtualService]
-	for i := range g.snap.VirtualServices {
-		vs := &g.snap.VirtualServices[i]
-		if !appliesToMesh(vs.Spec.GetGateways()) {
-			continue
-		}
-		for _, h := range vs.Spec.GetHosts() {
-			rh := model.ResolveHost(h, vs.Namespace)
-			if rh == host {
-				g.vsByHost[host] = vs
-				return vs
-			}
-			if wildcard == nil && model.HostMatches(rh, host) {
-				wildcard = vs
-			}
-		}
-	}
-	g.vsByHost[host] = wildcard
-	return wildcard
-}
-
-func (g *generator) destinationRule(host string) *model.Config[*networking.DestinationRule] {
-	if dr, ok := g.drByHost[host]; ok {
-		return dr
-	}
-	var wildcard *model.Config[*networking.DestinationRule]
-	for i := range g.snap.DestinationRules {
-		dr := &g.snap.DestinationRules[i]
-		rh := model.ResolveHost(dr.Spec.GetHost(), dr.Namespace)
-		if rh == host {
-			g.drByHost[host] = dr
-			return dr
-		}
-		if wildcard == nil && model.HostMatches(rh, host) {
-			wildcard = dr
-		}
-	}
-	g.drByHost[host] = wildcard
-	return wildcard
+	snap  *model.Snapshot
+	log   *slog.Logger
+	binds *model.Bindings
 }
 
 func (g *generator) listener(host string, port uint32) (*listenerv3.Listener, error) {
@@ -199,21 +145,6 @@ func domains(svc *discoveryv1.Service, port uint32) []string {
 		out = append(out, n, n+p)
 	}
 	return out
-}
-
-// sortedKeys returns the keys of m in order, so generated output is stable.
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
-
-func compareLocality(a, b *discoveryv1.Locality) int {
-	return cmp.Or(strings.Compare(a.GetRegion(), b.GetRegion()), strings.Compare(a.GetZone(), b.GetZone()),
-		strings.Compare(a.GetSubZone(), b.GetSubZone()))
 }
 
 func marshalAny(m proto.Message) (*anypb.Any, error) {

@@ -4,12 +4,12 @@ import (
 	"fmt"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/translate"
 )
 
 func (g *generator) routeConfig(svc *model.Service, port *discoveryv1.Port,
@@ -66,10 +66,10 @@ func (g *generator) vsRoutes(svc *model.Service, port *discoveryv1.Port,
 			if m.GetPort() != 0 && m.GetPort() != port.GetNumber() {
 				continue
 			}
-			if !appliesToMesh(m.GetGateways()) {
+			if !model.AppliesToMesh(m.GetGateways()) {
 				continue
 			}
-			rm, reason := routeMatch(m)
+			rm, reason := translate.RouteMatch(m, translate.Proxyless)
 			if rm == nil {
 				// Dropping the whole match is safer than dropping one condition of it, which
 				// would widen what the route catches.
@@ -191,7 +191,7 @@ func (g *generator) destinationPort(dest *networking.Destination, host string, s
 // hashPolicy returns the route hash policy a consistent-hash DestinationRule asks for, when
 // gRPC can honour it (headers only).
 func (g *generator) hashPolicy(host string, port uint32, subset string) []*routev3.RouteAction_HashPolicy {
-	dr := g.destinationRule(host)
+	dr := g.binds.DestinationRule(host)
 	if dr == nil {
 		return nil
 	}
@@ -208,66 +208,4 @@ func (g *generator) hashPolicy(host string, port uint32, subset string) []*route
 	g.log.Debug("consistent hash key not supported by gRPC, hashing randomly",
 		"destinationRule", dr.Namespace+"/"+dr.Name, "key", fmt.Sprintf("%T", ch.GetHashKey()))
 	return nil
-}
-
-// routeMatch converts a VirtualService match; nil and a reason when gRPC cannot express it.
-func routeMatch(m *networking.HTTPMatchRequest) (*routev3.RouteMatch, string) {
-	rm := &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}}
-	if m == nil {
-		return rm, ""
-	}
-	switch {
-	case len(m.GetQueryParams()) > 0:
-		return nil, "queryParams"
-	case m.GetMethod() != nil, m.GetAuthority() != nil, m.GetScheme() != nil:
-		return nil, "method, authority and scheme matches"
-	case len(m.GetSourceLabels()) > 0, m.GetSourceNamespace() != "":
-		return nil, "source matches"
-	}
-	switch u := m.GetUri().GetMatchType().(type) {
-	case *networking.StringMatch_Exact:
-		rm.PathSpecifier = &routev3.RouteMatch_Path{Path: u.Exact}
-	case *networking.StringMatch_Prefix:
-		rm.PathSpecifier = &routev3.RouteMatch_Prefix{Prefix: u.Prefix}
-	case *networking.StringMatch_Regex:
-		if u.Regex == "" {
-			return nil, "empty uri regex"
-		}
-		rm.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: u.Regex}}
-	}
-	if m.GetIgnoreUriCase() {
-		rm.CaseSensitive = wrapperspb.Bool(false)
-	}
-	for _, k := range sortedKeys(m.GetHeaders()) {
-		rm.Headers = append(rm.Headers, headerMatcher(k, m.GetHeaders()[k], false))
-	}
-	for _, k := range sortedKeys(m.GetWithoutHeaders()) {
-		rm.Headers = append(rm.Headers, headerMatcher(k, m.GetWithoutHeaders()[k], true))
-	}
-	return rm, ""
-}
-
-func headerMatcher(name string, sm *networking.StringMatch, invert bool) *routev3.HeaderMatcher {
-	hm := &routev3.HeaderMatcher{Name: name, InvertMatch: invert}
-	var s *matcherv3.StringMatcher
-	switch t := sm.GetMatchType().(type) {
-	case *networking.StringMatch_Exact:
-		s = &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: t.Exact}}
-	case *networking.StringMatch_Prefix:
-		if t.Prefix != "" {
-			s = &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: t.Prefix}}
-		}
-	case *networking.StringMatch_Regex:
-		if t.Regex != "" {
-			s = &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{
-				SafeRegex: &matcherv3.RegexMatcher{Regex: t.Regex}}}
-		}
-	}
-	if s == nil {
-		// An empty match (or empty prefix/regex) means "header present", as in Istio.
-		hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}
-	} else {
-		hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: s}
-	}
-	return hm
 }

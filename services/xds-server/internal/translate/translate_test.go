@@ -1,0 +1,70 @@
+package translate
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+	networking "istio.io/api/networking/v1alpha3"
+
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/xds-server/internal/model"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestLoadAssignment(t *testing.T) {
+	svc := &model.Service{Endpoints: []*discoveryv1.Endpoint{
+		{Address: "10.0.0.2", Health: discoveryv1.Health_HEALTHY, Labels: map[string]string{"v": "1"},
+			Ports: map[string]uint32{"http": 9090}, Locality: &discoveryv1.Locality{Region: "b"}},
+		{Address: "10.0.0.1", Health: discoveryv1.Health_HEALTHY, Labels: map[string]string{"v": "1"}, Weight: 3,
+			Locality: &discoveryv1.Locality{Region: "a"}},
+		{Address: "10.0.0.3", Health: discoveryv1.Health_UNHEALTHY, Labels: map[string]string{"v": "1"}},
+		{Address: "10.0.0.4", Health: discoveryv1.Health_HEALTHY, Labels: map[string]string{"v": "2"}},
+	}}
+	port := &discoveryv1.Port{Name: "http", Number: 80, TargetPort: 8080}
+	cla := LoadAssignment("c", svc, port, &networking.Subset{Labels: map[string]string{"v": "1"}})
+	if got := len(cla.GetEndpoints()); got != 2 {
+		t.Fatalf("localities = %d, want 2 (unhealthy and other-subset endpoints dropped)", got)
+	}
+	tests := []struct {
+		region string
+		port   uint32
+		weight uint32
+	}{{"a", 8080, 3}, {"b", 9090, 1}}
+	for i, tc := range tests {
+		l := cla.GetEndpoints()[i]
+		sa := l.GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
+		if l.GetLocality().GetRegion() != tc.region || sa.GetPortValue() != tc.port ||
+			l.GetLoadBalancingWeight().GetValue() != tc.weight {
+			t.Errorf("locality %d = %v port %d weight %d, want %+v", i, l.GetLocality(), sa.GetPortValue(),
+				l.GetLoadBalancingWeight().GetValue(), tc)
+		}
+	}
+}
+
+func TestRouteMatchClients(t *testing.T) {
+	exact := &networking.StringMatch{MatchType: &networking.StringMatch_Exact{Exact: "x"}}
+	tests := []struct {
+		name          string
+		m             *networking.HTTPMatchRequest
+		envoy, grpcOK bool
+	}{
+		{"nil", nil, true, true},
+		{"headers", &networking.HTTPMatchRequest{Headers: map[string]*networking.StringMatch{"h": exact}}, true, true},
+		{"query", &networking.HTTPMatchRequest{QueryParams: map[string]*networking.StringMatch{"q": exact}}, true, false},
+		{"method", &networking.HTTPMatchRequest{Method: exact}, true, false},
+		{"source", &networking.HTTPMatchRequest{SourceNamespace: "ns"}, true, false},
+		{"empty regex", &networking.HTTPMatchRequest{Uri: &networking.StringMatch{
+			MatchType: &networking.StringMatch_Regex{}}}, false, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if rm, reason := RouteMatch(tc.m, Envoy); (rm != nil) != tc.envoy {
+				t.Errorf("Envoy: match %v (reason %q), want ok=%v", rm, reason, tc.envoy)
+			}
+			if rm, reason := RouteMatch(tc.m, Proxyless); (rm != nil) != tc.grpcOK {
+				t.Errorf("Proxyless: match %v (reason %q), want ok=%v", rm, reason, tc.grpcOK)
+			}
+		})
+	}
+}
