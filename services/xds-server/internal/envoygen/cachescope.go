@@ -38,7 +38,7 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 	b.WriteByte('/')
 	b.WriteString(proxy.Namespace)
 	if proxy.IsSidecar() {
-		sc := selectSidecar(snap, proxy)
+		sc := model.SelectSidecar(snap, proxy)
 		b.WriteString("/sc=")
 		if sc != nil {
 			b.WriteString(sc.Namespace + "/" + sc.Name)
@@ -202,35 +202,6 @@ func (in inboundPort) key() string {
 		addr = sa.GetAddress() + ":" + itoa(sa.GetPortValue())
 	}
 	return itoa(in.port) + "," + itoa(uint32(in.proto)) + "," + addr
-}
-
-// selectSidecar applies Istio's precedence: a Sidecar in the proxy's namespace whose
-// workloadSelector matches it, else that namespace's default, else the root namespace's default.
-func selectSidecar(snap *model.Snapshot, proxy *model.Proxy) *model.Config[*networking.Sidecar] {
-	root := cmp.Or(snap.Mesh.GetRootNamespace(), defaultRootNamespace)
-	var nsDefault, rootDefault *model.Config[*networking.Sidecar]
-	for i := range snap.Sidecars {
-		sc := &snap.Sidecars[i]
-		sel := sc.Spec.GetWorkloadSelector().GetLabels()
-		switch {
-		case sc.Namespace == proxy.Namespace && len(sel) > 0:
-			if translate.LabelsMatch(sel, proxy.Labels) {
-				return sc
-			}
-		case sc.Namespace == proxy.Namespace:
-			if nsDefault == nil {
-				nsDefault = sc
-			}
-		case sc.Namespace == root && len(sel) == 0:
-			if rootDefault == nil {
-				rootDefault = sc
-			}
-		}
-	}
-	if nsDefault != nil {
-		return nsDefault
-	}
-	return rootDefault
 }
 
 // indexCache holds the latest snapshots' indexes.

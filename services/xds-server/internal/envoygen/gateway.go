@@ -64,7 +64,7 @@ func (b *builder) gatewayServers() []gatewayServer {
 	var out []gatewayServer
 	for i := range b.snap.Gateways {
 		gw := &b.snap.Gateways[i]
-		if !translate.LabelsMatch(gw.Spec.GetSelector(), b.proxy.Labels) {
+		if !model.LabelsMatch(gw.Spec.GetSelector(), b.proxy.Labels) {
 			continue
 		}
 		for _, s := range gw.Spec.GetServers() {

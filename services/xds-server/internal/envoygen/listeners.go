@@ -302,7 +302,7 @@ func (b *builder) sourceMatches(labels map[string]string, ns string, gateways []
 	if ns != "" && ns != b.proxy.Namespace {
 		return false
 	}
-	if len(labels) > 0 && !translate.LabelsMatch(labels, b.proxy.Labels) {
+	if len(labels) > 0 && !model.LabelsMatch(labels, b.proxy.Labels) {
 		return false
 	}
 	if b.proxy.IsSidecar() && len(gateways) > 0 && !model.AppliesToMesh(gateways) {

@@ -1,9 +1,7 @@
 package envoygen
 
 import (
-	"cmp"
 	"log/slog"
-	"strings"
 
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
@@ -11,9 +9,6 @@ import (
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
 )
-
-// defaultRootNamespace is where mesh-wide Sidecar defaults live when MeshConfig names none.
-const defaultRootNamespace = "istio-system"
 
 // builder holds one proxy's view of a snapshot while its resources are generated.
 type builder struct {
@@ -24,7 +19,6 @@ type builder struct {
 
 	// sidecar is the Sidecar resource that applies to the proxy, nil if none does.
 	sidecar *model.Config[*networking.Sidecar]
-	egress  []egressRule
 	// allowAny is the outbound traffic policy: pass unknown destinations through, or drop them.
 	allowAny bool
 	// services the proxy can reach, sorted by hostname.
@@ -34,14 +28,6 @@ type builder struct {
 	binds *model.Bindings
 }
 
-// egressRule is one Sidecar egress listener: its port (0 = every port) and "ns/host" entries.
-type egressRule struct {
-	port  uint32
-	hosts []hostRule
-}
-
-type hostRule struct{ ns, host string }
-
 func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *slog.Logger) *builder {
 	b := &builder{snap: snap, proxy: proxy, ix: ix, log: log, allowAny: true}
 	b.binds = snap.Bindings(b.exported, b.destinationRuleRank)
@@ -49,7 +35,7 @@ func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *sl
 		b.allowAny = p.GetMode() == meshv1alpha1.MeshConfig_OutboundTrafficPolicy_ALLOW_ANY
 	}
 	if proxy.IsSidecar() {
-		b.sidecar = selectSidecar(snap, proxy)
+		b.sidecar = model.SelectSidecar(snap, proxy)
 	}
 	if b.sidecar != nil {
 		sc := b.sidecar.Spec
@@ -57,19 +43,11 @@ func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *sl
 			b.allowAny = p.GetMode() == networking.OutboundTrafficPolicy_ALLOW_ANY
 		}
 		for _, e := range sc.GetEgress() {
-			r := egressRule{port: e.GetPort().GetNumber()}
 			for _, h := range e.GetHosts() {
-				ns, host, ok := strings.Cut(h, "/")
-				if !ok {
+				if _, _, ok := model.ParseEgressHost(h, b.sidecar.Namespace); !ok {
 					b.log.Debug("skipping Sidecar egress host without namespace", "host", h)
-					continue
 				}
-				if ns == "." {
-					ns = b.sidecar.Namespace
-				}
-				r.hosts = append(r.hosts, hostRule{ns: ns, host: host})
 			}
-			b.egress = append(b.egress, r)
 		}
 	}
 	for _, h := range snap.Hostnames() {
@@ -81,9 +59,7 @@ func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *sl
 	return b
 }
 
-func (b *builder) rootNamespace() string {
-	return cmp.Or(b.snap.Mesh.GetRootNamespace(), defaultRootNamespace)
-}
+func (b *builder) rootNamespace() string { return b.snap.RootNamespace() }
 
 // exported reports whether config or a service of namespace ns with exportTo is visible to the
 // proxy's namespace.
@@ -113,7 +89,7 @@ func (b *builder) serviceVisible(svc *model.Service) bool {
 	if !b.exported(svc.Spec.GetNamespace(), svc.Spec.GetExportTo()) {
 		return false
 	}
-	if b.sidecar == nil || len(b.egress) == 0 {
+	if len(specOf(b.sidecar).GetEgress()) == 0 {
 		return true
 	}
 	for _, p := range svc.Spec.GetPorts() {
@@ -126,23 +102,10 @@ func (b *builder) serviceVisible(svc *model.Service) bool {
 
 // portVisible applies the Sidecar egress scoping to one service port.
 func (b *builder) portVisible(svc *model.Service, port *discoveryv1.Port) bool {
-	if b.sidecar == nil || len(b.egress) == 0 {
+	if b.sidecar == nil {
 		return true
 	}
-	for _, e := range b.egress {
-		if e.port != 0 && e.port != port.GetNumber() {
-			continue
-		}
-		for _, h := range e.hosts {
-			if h.ns == "~" || (h.ns != "*" && h.ns != svc.Spec.GetNamespace()) {
-				continue
-			}
-			if model.HostMatches(h.host, svc.Spec.GetHostname()) {
-				return true
-			}
-		}
-	}
-	return false
+	return model.SidecarImportsPort(b.sidecar.Spec, b.sidecar.Namespace, svc.Spec.GetNamespace(), svc.Spec.GetHostname(), port.GetNumber())
 }
 
 // visiblePorts returns a service's ports the proxy may use, without duplicate numbers.

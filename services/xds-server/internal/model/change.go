@@ -2,6 +2,9 @@ package model
 
 import (
 	"slices"
+	"strings"
+
+	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/shared/bus"
@@ -70,6 +73,45 @@ type Change struct {
 	Configs map[ConfigKey]Visibility
 	// Endpoints are the hostnames whose endpoints changed.
 	Endpoints map[string]struct{}
+	// Hosts are, for changed Service, VirtualService and DestinationRule keys, the hostnames
+	// their old and new versions concern, read from the resources and from the previous and
+	// new snapshots (see Store.Next). A key of those kinds without an entry concerns unknown
+	// hosts.
+	Hosts map[ConfigKey]HostSet
+}
+
+// HostRef is a hostname with a namespace to match Sidecar egress hosts ("ns/host") against.
+type HostRef struct {
+	Namespace string
+	Hostname  string
+}
+
+// HostSet is what a change concerns, so pushes can skip sidecars whose Sidecar imports none of
+// it. The zero value concerns nothing.
+type HostSet struct {
+	// Unknown is set when the hosts cannot be listed (wildcard or missing hosts): every proxy
+	// that can see the change must be pushed.
+	Unknown bool
+	Hosts   []HostRef
+	// Addresses are the endpoint addresses of a changed Service in either snapshot: workloads
+	// at them take inbound ports from it whatever their Sidecar imports.
+	Addresses []string
+}
+
+// Union merges two host sets.
+func (h HostSet) Union(o HostSet) HostSet {
+	out := HostSet{Unknown: h.Unknown || o.Unknown, Hosts: slices.Clone(h.Hosts), Addresses: slices.Clone(h.Addresses)}
+	for _, r := range o.Hosts {
+		if !slices.Contains(out.Hosts, r) {
+			out.Hosts = append(out.Hosts, r)
+		}
+	}
+	for _, a := range o.Addresses {
+		if !slices.Contains(out.Addresses, a) {
+			out.Addresses = append(out.Addresses, a)
+		}
+	}
+	return out
 }
 
 // Empty reports whether nothing changed.
@@ -84,6 +126,19 @@ func (c *Change) Merge(o Change) {
 	for h := range o.Endpoints {
 		c.addEndpoints(h)
 	}
+	for k, h := range o.Hosts {
+		c.addHosts(k, h)
+	}
+}
+
+func (c *Change) addHosts(k ConfigKey, h HostSet) {
+	if c.Hosts == nil {
+		c.Hosts = map[ConfigKey]HostSet{}
+	}
+	if old, ok := c.Hosts[k]; ok {
+		h = old.Union(h)
+	}
+	c.Hosts[k] = h
 }
 
 func (c *Change) addConfig(k ConfigKey, v Visibility) {
@@ -121,6 +176,146 @@ func (c *Change) record(kind schema.Kind, old, updated *bus.Resource) {
 		ns, name := schema.SplitName(r.Name)
 		key := ConfigKey{Kind: kind.Kind, Namespace: ns, Name: name}
 		c.addConfig(key, visibility(kind, ns, r))
+		if hs, ok := resourceHosts(ns, r); ok {
+			c.addHosts(key, hs)
+		}
+	}
+}
+
+// resourceHosts lists the hostnames a Service, VirtualService or DestinationRule names; ok is
+// false for other kinds.
+func resourceHosts(ns string, r *bus.Resource) (HostSet, bool) {
+	var hs HostSet
+	add := func(host string) {
+		rh := ResolveHost(host, ns)
+		if rh == "" || strings.Contains(rh, "*") {
+			hs.Unknown = true
+			return
+		}
+		hs.Hosts = append(hs.Hosts, HostRef{Namespace: ns, Hostname: rh})
+	}
+	switch body := r.Body.(type) {
+	case *discoveryv1.Service:
+		hs.Hosts = append(hs.Hosts, HostRef{Namespace: body.GetNamespace(), Hostname: body.GetHostname()})
+	case *networking.VirtualService:
+		if len(body.GetHosts()) == 0 {
+			// A delegate: it takes the hosts of the VirtualServices that delegate to it.
+			hs.Unknown = true
+		}
+		for _, h := range body.GetHosts() {
+			add(h)
+		}
+	case *networking.DestinationRule:
+		add(body.GetHost())
+	default:
+		return HostSet{}, false
+	}
+	return hs, true
+}
+
+// resolveHosts completes Hosts once the previous (nil at first) and new snapshots are known:
+// VirtualService and DestinationRule hosts get the namespace of the service they name, since
+// Sidecars import services by the service's namespace; Services get their endpoint addresses
+// and the hosts of the VirtualServices routing to them (routes read a destination's ports).
+func (c *Change) resolveHosts(snaps ...*Snapshot) {
+	var routing map[string][]*Config[*networking.VirtualService]
+	for key, hs := range c.Hosts {
+		if hs.Unknown {
+			continue
+		}
+		refs := hs.Hosts
+		if key.Kind == schema.VirtualService.Kind || key.Kind == schema.DestinationRule.Kind {
+			// Generation reads these only through the services they name; a host naming no
+			// service keeps the config's namespace, to stay conservative.
+			hs.Hosts = nil
+			for _, r := range refs {
+				found := false
+				for _, snap := range snaps {
+					if svc := snapService(snap, r.Hostname); svc != nil {
+						found = true
+						hs = hs.Union(HostSet{Hosts: []HostRef{{Namespace: svc.Spec.GetNamespace(), Hostname: r.Hostname}}})
+					}
+				}
+				if !found {
+					hs = hs.Union(HostSet{Hosts: []HostRef{r}})
+				}
+			}
+		}
+		for _, snap := range snaps {
+			if snap == nil {
+				continue
+			}
+			switch key.Kind {
+			case schema.Service.Kind:
+				if routing == nil {
+					routing = map[string][]*Config[*networking.VirtualService]{}
+					for _, s := range snaps {
+						if s != nil {
+							indexRouting(s, routing)
+						}
+					}
+				}
+				for _, r := range refs {
+					if svc := snap.Services[r.Hostname]; svc != nil {
+						// Large services have many endpoints: append, and dedupe once below.
+						for _, ep := range svc.Endpoints {
+							hs.Addresses = append(hs.Addresses, ep.GetAddress())
+						}
+					}
+					for _, vs := range routing[r.Hostname] {
+						vh, _ := resourceHosts(vs.Namespace, &bus.Resource{Body: vs.Spec})
+						for _, h := range vh.Hosts {
+							if svc := snap.Services[h.Hostname]; svc != nil {
+								vh.Hosts = append(vh.Hosts, HostRef{Namespace: svc.Spec.GetNamespace(), Hostname: h.Hostname})
+							}
+						}
+						hs = hs.Union(vh)
+					}
+				}
+			}
+		}
+		slices.Sort(hs.Addresses)
+		hs.Addresses = slices.Compact(hs.Addresses)
+		c.Hosts[key] = hs
+	}
+}
+
+func snapService(snap *Snapshot, hostname string) *Service {
+	if snap == nil {
+		return nil
+	}
+	return snap.Services[hostname]
+}
+
+// indexRouting adds, per destination hostname, the VirtualServices of snap routing to it.
+func indexRouting(snap *Snapshot, out map[string][]*Config[*networking.VirtualService]) {
+	for i := range snap.VirtualServices {
+		vs := &snap.VirtualServices[i]
+		add := func(d *networking.Destination) {
+			if d == nil {
+				return
+			}
+			h := ResolveHost(d.GetHost(), vs.Namespace)
+			if !slices.Contains(out[h], vs) {
+				out[h] = append(out[h], vs)
+			}
+		}
+		for _, r := range vs.Spec.GetHttp() {
+			for _, d := range r.GetRoute() {
+				add(d.GetDestination())
+			}
+			add(r.GetMirror())
+		}
+		for _, r := range vs.Spec.GetTcp() {
+			for _, d := range r.GetRoute() {
+				add(d.GetDestination())
+			}
+		}
+		for _, r := range vs.Spec.GetTls() {
+			for _, d := range r.GetRoute() {
+				add(d.GetDestination())
+			}
+		}
 	}
 }
 

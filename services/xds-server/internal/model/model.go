@@ -216,6 +216,7 @@ func (s *Store) Next() (*Snapshot, Change) {
 		snap = s.patchEndpoints(ch.Endpoints)
 	}
 	snap.Version = s.version
+	ch.resolveHosts(s.current, snap)
 	s.current = snap
 	return snap, ch
 }

@@ -39,7 +39,7 @@ func LoadAssignment(name string, svc *model.Service, port *discoveryv1.Port,
 	}
 	for _, ep := range svc.Endpoints {
 		if ep.GetHealth() != discoveryv1.Health_HEALTHY || ep.GetAddress() == "" ||
-			!LabelsMatch(subset.GetLabels(), ep.GetLabels()) {
+			!model.LabelsMatch(subset.GetLabels(), ep.GetLabels()) {
 			continue
 		}
 		w := max(ep.GetWeight(), 1)
@@ -78,17 +78,6 @@ func EndpointPort(ep *discoveryv1.Endpoint, port *discoveryv1.Port) uint32 {
 		return port.GetTargetPort()
 	}
 	return port.GetNumber()
-}
-
-// LabelsMatch reports whether labels carry every key/value of selector (an empty selector
-// matches everything).
-func LabelsMatch(selector, labels map[string]string) bool {
-	for k, v := range selector {
-		if got, ok := labels[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
 }
 
 // SocketAddress is a TCP address.

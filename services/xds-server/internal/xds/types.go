@@ -11,6 +11,7 @@ import (
 
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	networking "istio.io/api/networking/v1alpha3"
 
 	"sailplane.dev/services/xds-server/internal/model"
 )
@@ -52,6 +53,9 @@ type PushRequest struct {
 	Configs map[model.ConfigKey]model.Visibility
 	// Endpoints are hostnames whose endpoints changed.
 	Endpoints map[string]struct{}
+	// Hosts are what changed Services, VirtualServices and DestinationRules concern (see
+	// model.Change); sidecars whose Sidecar imports none of them are skipped.
+	Hosts map[model.ConfigKey]model.HostSet
 	// Forced pushes every watched type to the proxy (new snapshot after connect, tests).
 	Forced bool
 	// Start is when the oldest merged change happened, for latency metrics.
@@ -66,19 +70,17 @@ func (r *PushRequest) Merge(o *PushRequest) *PushRequest {
 	if o == nil {
 		return r
 	}
-	ch := model.Change{Full: r.Full, Configs: r.Configs, Endpoints: r.Endpoints}
+	ch := model.Change{Full: r.Full, Configs: r.Configs, Endpoints: r.Endpoints, Hosts: r.Hosts}
 	// Change.Merge writes into its maps; copy so neither input is modified.
 	out := model.Change{}
 	out.Merge(ch)
-	out.Merge(model.Change{Full: o.Full, Configs: o.Configs, Endpoints: o.Endpoints})
+	out.Merge(model.Change{Full: o.Full, Configs: o.Configs, Endpoints: o.Endpoints, Hosts: o.Hosts})
 	start := r.Start
 	if start.IsZero() || (!o.Start.IsZero() && o.Start.Before(start)) {
 		start = o.Start
 	}
-	return &PushRequest{Full: out.Full, Configs: out.Configs, Endpoints: out.Endpoints, Forced: r.Forced || o.Forced, Start: start}
+	return &PushRequest{Full: out.Full, Configs: out.Configs, Endpoints: out.Endpoints, Hosts: out.Hosts, Forced: r.Forced || o.Forced, Start: start}
 }
-
-const defaultRootNamespace = "istio-system"
 
 // affectedTypes is which of pushOrder a request can change for proxy; nil means no push.
 // Rules follow which generated types read which kind (see envoygen and grpcgen).
@@ -102,14 +104,15 @@ func affectedTypes(p *model.Proxy, req *PushRequest, snap *model.Snapshot) map[s
 	if !req.Full {
 		return out
 	}
-	root := defaultRootNamespace
-	if snap != nil && snap.Mesh.GetRootNamespace() != "" {
-		root = snap.Mesh.GetRootNamespace()
+	root := model.DefaultRootNamespace
+	if snap != nil {
+		root = snap.RootNamespace()
 	}
+	imports := sidecarFilter(p, req, snap)
 	for key, vis := range req.Configs {
 		switch key.Kind {
 		case "VirtualService":
-			if !vis.Sees(p.Namespace) {
+			if !vis.Sees(p.Namespace) || !imports(key) {
 				continue
 			}
 			if p.IsProxyless() {
@@ -119,11 +122,11 @@ func affectedTypes(p *model.Proxy, req *PushRequest, snap *model.Snapshot) map[s
 				add(resourcev3.ListenerType, resourcev3.RouteType)
 			}
 		case "DestinationRule":
-			if vis.Sees(p.Namespace) {
+			if vis.Sees(p.Namespace) && imports(key) {
 				add(resourcev3.ClusterType, resourcev3.EndpointType)
 			}
 		case "Service":
-			if vis.Sees(p.Namespace) {
+			if vis.Sees(p.Namespace) && imports(key) {
 				add(pushOrder...)
 			}
 		case "Gateway":
@@ -139,6 +142,40 @@ func affectedTypes(p *model.Proxy, req *PushRequest, snap *model.Snapshot) map[s
 		}
 	}
 	return out
+}
+
+// sidecarFilter returns whether a Service, VirtualService or DestinationRule change can reach
+// proxy p through the Sidecar that applies to it: only sidecars are scoped by Sidecars, and
+// changes with unknown hosts are assumed to reach every proxy.
+func sidecarFilter(p *model.Proxy, req *PushRequest, snap *model.Snapshot) func(model.ConfigKey) bool {
+	if !p.IsSidecar() || snap == nil {
+		return func(model.ConfigKey) bool { return true }
+	}
+	var sc *model.Config[*networking.Sidecar]
+	selected := false
+	return func(key model.ConfigKey) bool {
+		hs, ok := req.Hosts[key]
+		if !ok || hs.Unknown {
+			return true
+		}
+		for _, a := range hs.Addresses {
+			if p.HasIP(a) {
+				return true
+			}
+		}
+		if !selected {
+			sc, selected = model.SelectSidecar(snap, p), true
+		}
+		if sc == nil {
+			return true
+		}
+		for _, h := range hs.Hosts {
+			if model.SidecarImports(sc.Spec, sc.Namespace, h.Namespace, h.Hostname) {
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // hostOfCluster reads the hostname out of istiod's cluster names, "outbound|port|subset|host";
