@@ -426,7 +426,12 @@ func (s Scenario) waitMesh(ctx context.Context, addr string, wait func(string, <
 }
 
 func (s Scenario) start(ctx context.Context, dir string) ([]*Process, string, error) {
-	bin := func(name string) string { return filepath.Join(s.Bin, name) }
+	// The processes run in dir, so a relative --bin must be resolved from here first.
+	binDir, err := filepath.Abs(s.Bin)
+	if err != nil {
+		return nil, "", err
+	}
+	bin := func(name string) string { return filepath.Join(binDir, name) }
 	mesh := filepath.Join(dir, MeshFile)
 	var procs []*Process
 	launch := func(name string, args ...string) error {
