@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/golden"
 	"sailplane.dev/shared/schema"
 )
 
@@ -187,26 +188,21 @@ func TestResourceRoundTrip(t *testing.T) {
 	}
 }
 
-// golden is what testdata/<case>/golden.yaml holds for testdata/<case>/input.yaml.
-type golden struct {
+// goldenOutput is what testdata/<case>/golden.yaml holds for testdata/<case>/input.yaml.
+type goldenOutput struct {
 	Configs []string `json:"configs"`
 	Errors  []string `json:"errors"`
 }
 
 func TestGolden(t *testing.T) {
-	dirs, err := filepath.Glob("testdata/*/input.yaml")
-	if err != nil || len(dirs) == 0 {
-		t.Fatalf("no golden cases: %v", err)
-	}
-	for _, in := range dirs {
-		dir := filepath.Dir(in)
+	for _, dir := range golden.Cases(t, "testdata") {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
-			data, err := os.ReadFile(in)
+			data, err := os.ReadFile(filepath.Join(dir, "input.yaml"))
 			if err != nil {
 				t.Fatal(err)
 			}
 			cfgs, errs := ParseYAML("input.yaml", data, "default")
-			var got golden
+			var got goldenOutput
 			for _, c := range cfgs {
 				got.Configs = append(got.Configs, c.Kind.Kind+" "+c.BusName())
 				for _, e := range Errors(Validate(c)) {
@@ -221,20 +217,7 @@ func TestGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			gf := filepath.Join(dir, "golden.yaml")
-			if os.Getenv("UPDATE_GOLDEN") != "" {
-				if err := os.WriteFile(gf, out, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(gf)
-			if err != nil {
-				t.Fatalf("%v (run with UPDATE_GOLDEN=1)", err)
-			}
-			if string(want) != string(out) {
-				t.Errorf("%s differs (UPDATE_GOLDEN=1 to refresh)\ngot:\n%s\nwant:\n%s", gf, out, want)
-			}
+			golden.Compare(t, filepath.Join(dir, "golden.yaml"), out)
 		})
 	}
 }

@@ -3,7 +3,6 @@ package serviceentry
 import (
 	"bytes"
 	"errors"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -12,6 +11,7 @@ import (
 
 	"sailplane.dev/services/endpoint-watcher/internal/bustest"
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/golden"
 	"sailplane.dev/shared/schema"
 )
 
@@ -100,19 +100,7 @@ func TestGolden(t *testing.T) {
 			x.Flush(rec)
 			got := render(t, rec)
 
-			goldenPath := filepath.Join(dir, "golden.yaml")
-			if os.Getenv("UPDATE_GOLDEN") != "" {
-				if err := os.WriteFile(goldenPath, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(goldenPath)
-			if err != nil {
-				t.Fatalf("%v (run with UPDATE_GOLDEN=1)", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("%s differs (UPDATE_GOLDEN=1 refreshes); got:\n%s", goldenPath, got)
-			}
+			golden.Compare(t, filepath.Join(dir, "golden.yaml"), got)
 
 			// One at a time, in both orders, flushing after each: the result must not depend
 			// on arrival order or batching.

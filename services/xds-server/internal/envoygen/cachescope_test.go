@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/shared/golden"
 )
 
 // TestCacheScope checks CacheScope's contract on every golden case: proxies with equal scopes
@@ -17,7 +18,7 @@ import (
 // (pod name, IPs serving nothing, unselected labels) share a scope.
 func TestCacheScope(t *testing.T) {
 	types := []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType}
-	for _, dir := range cases(t) {
+	for _, dir := range golden.Cases(t, "testdata") {
 		t.Run(dir, func(t *testing.T) {
 			tc := load(t, dir)
 			g := New(nil)

@@ -18,6 +18,7 @@ import (
 
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/testinput"
+	"sailplane.dev/shared/golden"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -57,18 +58,6 @@ type namedProxy struct {
 type testCase struct {
 	snap    *model.Snapshot
 	proxies []namedProxy
-}
-
-func cases(t *testing.T) []string {
-	t.Helper()
-	dirs, err := filepath.Glob("testdata/*/input.yaml")
-	if err != nil || len(dirs) == 0 {
-		t.Fatalf("no golden cases: %v", err)
-	}
-	for i, d := range dirs {
-		dirs[i] = filepath.Dir(d)
-	}
-	return dirs
 }
 
 // load reads a case: the Proxy documents are taken out, the rest goes through testinput.
@@ -186,30 +175,16 @@ func asMessages[T proto.Message](in []T) []proto.Message {
 }
 
 func TestGolden(t *testing.T) {
-	for _, dir := range cases(t) {
+	for _, dir := range golden.Cases(t, "testdata") {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
-			got := render(t, load(t, dir))
-			path := filepath.Join(dir, "golden.yaml")
-			if os.Getenv("UPDATE_GOLDEN") != "" {
-				if err := os.WriteFile(path, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run with UPDATE_GOLDEN=1 to create it)", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("%s differs from the generated resources (UPDATE_GOLDEN=1 refreshes it); got:\n%s", path, got)
-			}
+			golden.Compare(t, filepath.Join(dir, "golden.yaml"), render(t, load(t, dir)))
 		})
 	}
 }
 
 // TestValidate checks every generated resource of every case against Envoy's constraints.
 func TestValidate(t *testing.T) {
-	for _, dir := range cases(t) {
+	for _, dir := range golden.Cases(t, "testdata") {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
 			tc := load(t, dir)
 			for _, np := range tc.proxies {
@@ -234,7 +209,7 @@ func TestValidate(t *testing.T) {
 // TestDeterministic guards the golden files and snapshot versions, which rely on the same
 // input producing byte-identical output.
 func TestDeterministic(t *testing.T) {
-	for _, dir := range cases(t) {
+	for _, dir := range golden.Cases(t, "testdata") {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
 			tc := load(t, dir)
 			for _, np := range tc.proxies {

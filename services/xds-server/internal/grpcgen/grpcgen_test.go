@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -15,6 +14,7 @@ import (
 
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/testinput"
+	"sailplane.dev/shared/golden"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -28,18 +28,6 @@ func (w testWriter) Write(p []byte) (int, error) {
 
 func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-func cases(t *testing.T) []string {
-	t.Helper()
-	dirs, err := filepath.Glob("testdata/*/input.yaml")
-	if err != nil || len(dirs) == 0 {
-		t.Fatalf("no golden cases: %v", err)
-	}
-	for i, d := range dirs {
-		dirs[i] = filepath.Dir(d)
-	}
-	return dirs
 }
 
 func generate(t *testing.T, dir string) *Resources {
@@ -117,30 +105,16 @@ func render(t *testing.T, r *Resources) []byte {
 }
 
 func TestGolden(t *testing.T) {
-	for _, dir := range cases(t) {
+	for _, dir := range golden.Cases(t, "testdata") {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
-			got := render(t, generate(t, dir))
-			path := filepath.Join(dir, "golden.yaml")
-			if os.Getenv("UPDATE_GOLDEN") != "" {
-				if err := os.WriteFile(path, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run with UPDATE_GOLDEN=1 to create it)", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("%s differs from the generated resources (UPDATE_GOLDEN=1 refreshes it); got:\n%s", path, got)
-			}
+			golden.Compare(t, filepath.Join(dir, "golden.yaml"), render(t, generate(t, dir)))
 		})
 	}
 }
 
 // TestValidate checks every generated resource of every case against Envoy's constraints.
 func TestValidate(t *testing.T) {
-	for _, dir := range cases(t) {
+	for _, dir := range golden.Cases(t, "testdata") {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
 			res := all(generate(t, dir))
 			if len(res) == 0 {
@@ -162,7 +136,7 @@ func TestValidate(t *testing.T) {
 // TestDeterministic guards the golden files and the snapshot versions, both of which rely on
 // the same input producing byte-identical output.
 func TestDeterministic(t *testing.T) {
-	for _, dir := range cases(t) {
+	for _, dir := range golden.Cases(t, "testdata") {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
 			a, b := all(generate(t, dir)), all(generate(t, dir))
 			if len(a) != len(b) {
