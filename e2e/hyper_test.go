@@ -3,10 +3,13 @@ package e2e
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
 	"sailplane.dev/e2e/framework"
+	"sailplane.dev/shared/schema"
+	"sailplane.dev/tools/testenv"
 )
 
 // TestHyperNoFlags runs ./hyper with no flags from a folder holding etc/sailplane/, as a person
@@ -37,5 +40,32 @@ func TestHyperNoFlags(t *testing.T) {
 	})
 	if counts := countBackends(ctx, t, client, 50); counts["v2"] != 50 {
 		t.Fatalf("want all 50 RPCs on v2, got %v", counts)
+	}
+}
+
+// TestHyperFindsKubernetes runs hyper with no config-source flag while $KUBECONFIG names a real
+// API server: it must pick Kubernetes on its own and serve the Istio config stored there.
+func TestHyperFindsKubernetes(t *testing.T) {
+	k := testenv.KubeForTest(t)
+	kube := framework.NewKube(t, k.RestConfig())
+	kube.Apply(t, `apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: found, namespace: demo}
+spec:
+  hosts: [found.demo.svc.cluster.local]
+  http:
+  - route: [{destination: {host: found.demo.svc.cluster.local}}]
+`)
+	t.Setenv("KUBECONFIG", k.KubeconfigPath())
+	dir := t.TempDir() // no etc/sailplane here: files mode would find nothing to serve
+	busAddr := framework.FreeAddr(t)
+	hyper := framework.Start(t, dir, framework.Binary(t, "hyper"),
+		"--xds-listen", framework.FreeAddr(t), "--bus-listen", busAddr)
+	config := framework.RecordBus(t, busAddr, schema.VirtualService.TypeURL)
+	framework.Eventually(t, time.Minute, func() error {
+		return config.HasAll(schema.VirtualService.TypeURL, "demo/found")
+	})
+	if !strings.Contains(hyper.Log(), k.KubeconfigPath()) {
+		t.Errorf("hyper's log does not say which kubeconfig it chose:\n%s", hyper.Log())
 	}
 }
