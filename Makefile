@@ -17,7 +17,7 @@ run: build
 	@echo "xDS: 127.0.0.1:15010  bus: 127.0.0.1:15051  config: examples/etc/sailplane/"
 	@echo "gRPC client: $(BIN)/sailplanectl bootstrap grpc --namespace demo > /tmp/bootstrap.json &&"
 	@echo "             GRPC_XDS_BOOTSTRAP=/tmp/bootstrap.json <client> xds:///echo.demo.svc.cluster.local:7070"
-	cd examples && ../$(BIN)/hyper
+	cd examples && ../$(BIN)/hyper --config-source files
 
 # Builds (once) and caches etcd, kube-apiserver and consul outside the repo, under
 # $${SAILPLANE_CACHE:-~/.cache/sailplane}; tests start them on 127.0.0.1.
