@@ -20,6 +20,7 @@ import (
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/xds"
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/grpcserver"
 )
 
 // Config configures the server.
@@ -169,11 +170,11 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		ka.MaxConnectionAge = s.cfg.MaxConnectionAge
 		ka.MaxConnectionAgeGrace = s.cfg.MaxConnectionAgeGrace
 	}
-	gs := grpc.NewServer(
+	// Sailplane's server defaults (panic recovery, permissive keepalive enforcement for clients
+	// that hold ADS streams for hours), plus the connection age.
+	gs := grpcserver.New(s.log,
 		// Responses reference the cached encodings instead of copying them per connection.
 		grpc.ForceServerCodecV2(xds.Codec()),
-		// gRPC clients keep ADS streams open for hours with keepalives; do not punish them.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(ka),
 	)
 	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(gs, s.xds)
