@@ -1,9 +1,11 @@
 package mesh
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -102,6 +104,13 @@ func (w *Watcher) Run(ctx context.Context) error {
 }
 
 func (w *Watcher) reload() {
+	// Editors that write in place truncate the file first: an empty read is taken as a write in
+	// progress, and the write that follows brings another event. A mesh file meant to hold
+	// Istio's defaults says so with "{}".
+	if data, err := os.ReadFile(w.path); err == nil && len(bytes.TrimSpace(data)) == 0 {
+		w.logger.Warn(`mesh file is empty, keeping the current mesh config (write "{}" for Istio's defaults)`, "file", w.path)
+		return
+	}
 	m, err := Load(w.path)
 	w.onError(err)
 	if err != nil {

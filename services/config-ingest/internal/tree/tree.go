@@ -22,6 +22,10 @@ import (
 // ErrDuplicate: two documents define the same kind, namespace and name; the first one wins.
 var ErrDuplicate = errors.New("duplicate resource")
 
+// ErrEmpty: a file that held resources is now empty; they are kept. Deleting the file, or leaving
+// only a comment in it, removes them.
+var ErrEmpty = errors.New("file is empty, keeping the resources it held (delete the file, or leave a comment in it, to remove them)")
+
 // Key identifies a resource on the bus.
 type Key struct {
 	TypeURL string
@@ -152,6 +156,13 @@ func (t *Tree) Scan(roots []string) []Change {
 		}
 		if prev != nil && bytes.Equal(prev.content, data) {
 			files[p] = prev
+			continue
+		}
+		if prev != nil && len(prev.valid) > 0 && len(bytes.TrimSpace(data)) == 0 {
+			// Editors that write in place truncate first: an empty file is taken as a write in
+			// progress (the write brings another event), never as "delete everything it held".
+			files[p] = prev
+			scanProblems = append(scanProblems, &config.Error{File: p, Err: ErrEmpty})
 			continue
 		}
 		files[p] = t.parse(p, data, prev)

@@ -65,3 +65,30 @@ func TestScan(t *testing.T) {
 		t.Fatalf("changes = %+v", ch)
 	}
 }
+
+// An editor writing in place truncates the file first: an empty file keeps what it held (and
+// says so), while a file left with only a comment really holds nothing.
+func TestEmptyFileKeepsResources(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "gw.yaml")
+	tr := New("default", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	put(t, p, gwDoc("one"))
+	tr.Scan([]string{dir})
+
+	put(t, p, "")
+	if ch := tr.Scan([]string{dir}); len(ch) != 0 {
+		t.Fatalf("emptied file changed the state: %+v", ch)
+	}
+	if pr := tr.Problems(); len(pr) != 1 || !errors.Is(pr[0], ErrEmpty) {
+		t.Fatalf("problems = %v, want ErrEmpty", pr)
+	}
+
+	put(t, p, "# nothing here any more\n")
+	ch := tr.Scan([]string{dir})
+	if len(ch) != 1 || len(ch[0].Delete) != 1 || ch[0].Delete[0] != "default/one" {
+		t.Fatalf("comment-only file: changes = %+v, want the Gateway deleted", ch)
+	}
+	if pr := tr.Problems(); len(pr) != 0 {
+		t.Fatalf("problems = %v", pr)
+	}
+}
