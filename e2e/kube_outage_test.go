@@ -117,11 +117,13 @@ func testKubeAPIServerOutage(t *testing.T, start func(*testing.T, *testenv.Kube,
 	if err := k.StartAPIServer(startCtx); err != nil {
 		t.Fatalf("restarting the API server: %v", err)
 	}
-	// Watches resume: a change made after the restart reaches the client. client-go's relist
-	// backoff is at most 30 s, hence the longer deadline.
+	// Watches resume: a change made after the restart reaches the client. Each informer retries
+	// on client-go's own backoff, which after a 30 s outage can wait up to 60 s (30 s cap, full
+	// jitter) before its next list; seen here from 37 s to over 90 s. The issue asks that watches
+	// resume, not how fast, hence the long deadline; the time it took is logged.
 	restarted := time.Now()
 	echo.setReady(t, 3)
-	framework.Eventually(t, 90*time.Second, func() error {
+	framework.Eventually(t, 3*time.Minute, func() error {
 		counts, err := reached(ctx, client, 30)
 		if err != nil {
 			return fmt.Errorf("after the restart: %w", err)
