@@ -111,6 +111,15 @@ func (cl *cluster) handlers(c *Controller) error {
 		}},
 	}
 	for _, r := range reg {
+		// client-go retries failed watches on its own backoff; say so in our log, where an
+		// operator looks, instead of only in klog's.
+		if err := r.inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, rf *cache.Reflector, err error) {
+			c.log.Warn("kubernetes watch failed; client-go retries with backoff",
+				"cluster", cl.id, "resource", rf.TypeDescription(), "error", err)
+			cache.DefaultWatchErrorHandler(ctx, rf, err)
+		}); err != nil {
+			return fmt.Errorf("cluster %s: %w", cl.id, err)
+		}
 		h, err := r.inf.AddEventHandler(r.h)
 		if err != nil {
 			return fmt.Errorf("cluster %s: %w", cl.id, err)
