@@ -20,6 +20,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/testlog"
 )
 
 func TestMain(m *testing.M) {
@@ -34,13 +35,6 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
 }
 
 // recorder is a bus.Publisher that keeps the state it was given and counts the calls.
@@ -160,7 +154,7 @@ func start(t *testing.T, setup func(e *env)) *env {
 	if setup != nil {
 		setup(e)
 	}
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := testlog.New(t, slog.LevelDebug)
 	svc, err := configingest.New(configingest.Config{MeshFile: e.mesh, Debounce: 20 * time.Millisecond},
 		configingest.Deps{Logger: log, Publisher: e.rec})
 	if err != nil {
@@ -453,7 +447,7 @@ func TestConfigDirsOverride(t *testing.T) {
 	write(t, filepath.Join(dir, "x.yaml"), vsDoc("x", "x", 100))
 	rec := newRecorder()
 	svc, err := configingest.New(configingest.Config{ConfigDirs: []string{dir, filepath.Join(dir, "missing")}},
-		configingest.Deps{Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)), Publisher: rec})
+		configingest.Deps{Logger: testlog.New(t, slog.LevelInfo), Publisher: rec})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/testlog"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -114,7 +115,7 @@ func (e *kenv) start(podName string, edit func(*configingest.Config)) *kingest {
 	if edit != nil {
 		edit(&cfg)
 	}
-	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelDebug})).With("pod", podName)
+	log := testlog.New(e.t, slog.LevelDebug).With("pod", podName)
 	rec := newRecorder()
 	svc, err := configingest.New(cfg, configingest.Deps{Logger: log, Publisher: rec})
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"sailplane.dev/services/endpoint-watcher/internal/bustest"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/testlog"
 )
 
 func TestMain(m *testing.M) {
@@ -36,15 +37,8 @@ func TestMain(m *testing.M) {
 
 const timeout = 10 * time.Second
 
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p))
-	return len(p), nil
-}
-
 func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return testlog.New(t, slog.LevelDebug)
 }
 
 // fakeSource is a bus.Source that delivers the initial changes, waits for release, calls

@@ -1,7 +1,6 @@
 package xdsserver
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -22,19 +21,13 @@ import (
 	"sailplane.dev/services/xds-server/internal/fakebus"
 	"sailplane.dev/services/xds-server/internal/testinput"
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/testlog"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(bytes.TrimRight(p, "\n")))
-	return len(p), nil
-}
-
 func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	return testlog.New(t, slog.LevelInfo)
 }
 
 const (

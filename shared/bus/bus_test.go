@@ -12,21 +12,15 @@ import (
 
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/bus/bustest"
+	"sailplane.dev/shared/testlog"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p))
-	return len(p), nil
-}
-
 func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return testlog.New(t, slog.LevelDebug)
 }
 
 func TestConformanceLocal(t *testing.T) {

@@ -3,7 +3,6 @@ package mesh
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -16,23 +15,14 @@ import (
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 
 	"sailplane.dev/shared/config"
+	"sailplane.dev/shared/testlog"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Helper()
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
 func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return testlog.New(t, slog.LevelDebug)
 }
-
-var _ io.Writer = testWriter{}
 
 func TestDefault(t *testing.T) {
 	m := Default()

@@ -3,9 +3,10 @@ package testenv
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
+
+	"sailplane.dev/shared/testlog"
 )
 
 // KubeForTest starts a Kube for one test: it fails t if the start fails,
@@ -48,13 +49,6 @@ func ConsulForTest(t testing.TB, opts ...Option) *Consul {
 	return c
 }
 
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
 func tLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, nil))
+	return testlog.New(t, slog.LevelInfo)
 }

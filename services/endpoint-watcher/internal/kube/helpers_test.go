@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"sailplane.dev/services/endpoint-watcher/internal/bustest"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/testlog"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -65,15 +65,8 @@ func sharedKube(t testing.TB) *testenv.Kube {
 	return shared.kube
 }
 
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
 func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return testlog.New(t, slog.LevelDebug)
 }
 
 // clientFor returns a clientset whose connections are closed at cleanup.

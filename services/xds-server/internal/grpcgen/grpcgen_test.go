@@ -15,19 +15,13 @@ import (
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/testinput"
 	"sailplane.dev/shared/golden"
+	"sailplane.dev/shared/testlog"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(bytes.TrimRight(p, "\n")))
-	return len(p), nil
-}
-
 func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return testlog.New(t, slog.LevelDebug)
 }
 
 func generate(t *testing.T, dir string) *Resources {
