@@ -19,23 +19,9 @@ func TestKubeEndpointSliceScaling(t *testing.T) {
 }
 
 func testKubeEndpointSliceScaling(t *testing.T, start func(*testing.T, *testenv.Kube, *framework.Kube) sailplaneOnKube) {
-	k := testenv.KubeForTest(t)
-	kube := framework.NewKube(t, k.RestConfig())
-	echo := startEchoBackends(t, kube, 3)
-	echo.publish(t)
-	echo.setReady(t, 2)
-	sp := start(t, k, kube)
-
-	client := framework.XDSClient(t, sp.xds, echoTarget)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	framework.Eventually(t, time.Minute, func() error {
-		counts, err := reached(ctx, client, 20)
-		if err != nil {
-			return err
-		}
-		return allOf(counts, echo.ids[:2]...)
-	})
+	_, echo, _, client := startTwoOfThreeOnKube(ctx, t, start)
 	counts, err := reached(ctx, client, 60)
 	if err != nil {
 		t.Fatalf("with 2 ready endpoints: %v", err)
@@ -59,4 +45,27 @@ func testKubeEndpointSliceScaling(t *testing.T, start func(*testing.T, *testenv.
 	if err := allOf(counts, echo.ids...); err != nil {
 		t.Fatalf("with 3 ready endpoints: %v", err)
 	}
+}
+
+// startTwoOfThreeOnKube starts a real API server, three echo backends published as Service
+// demo/echo with two ready endpoints, and Sailplane on top; it returns once a real gRPC xDS
+// client reaches both ready backends.
+func startTwoOfThreeOnKube(ctx context.Context, t *testing.T, start func(*testing.T, *testenv.Kube, *framework.Kube) sailplaneOnKube) (*testenv.Kube, *echoBackends, sailplaneOnKube, framework.EchoClient) {
+	t.Helper()
+	k := testenv.KubeForTest(t)
+	kube := framework.NewKube(t, k.RestConfig())
+	echo := startEchoBackends(t, kube, 3)
+	echo.publish(t)
+	echo.setReady(t, 2)
+	sp := start(t, k, kube)
+
+	client := framework.XDSClient(t, sp.xds, echoTarget)
+	framework.Eventually(t, time.Minute, func() error {
+		counts, err := reached(ctx, client, 20)
+		if err != nil {
+			return err
+		}
+		return allOf(counts, echo.ids[:2]...)
+	})
+	return k, echo, sp, client
 }

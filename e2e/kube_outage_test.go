@@ -48,23 +48,9 @@ func TestKubeAPIServerOutage(t *testing.T) {
 }
 
 func testKubeAPIServerOutage(t *testing.T, start func(*testing.T, *testenv.Kube, *framework.Kube) sailplaneOnKube) {
-	k := testenv.KubeForTest(t)
-	kube := framework.NewKube(t, k.RestConfig())
-	echo := startEchoBackends(t, kube, 3)
-	echo.publish(t)
-	echo.setReady(t, 2)
-	sp := start(t, k, kube)
-
-	client := framework.XDSClient(t, sp.xds, echoTarget)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	framework.Eventually(t, time.Minute, func() error {
-		counts, err := reached(ctx, client, 20)
-		if err != nil {
-			return err
-		}
-		return allOf(counts, echo.ids[:2]...)
-	})
+	k, echo, sp, client := startTwoOfThreeOnKube(ctx, t, start)
 
 	logBefore := sp.logOffsets()
 	k.StopAPIServer()
