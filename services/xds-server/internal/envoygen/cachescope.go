@@ -1,13 +1,10 @@
 package envoygen
 
 import (
-	"cmp"
-	"slices"
 	"strings"
 	"sync"
 
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
@@ -143,65 +140,6 @@ func newSnapIndex(snap *model.Snapshot) *snapIndex {
 	}
 	ix.routerLabelKeys = translate.SortedKeys(keys)
 	return ix
-}
-
-// inboundPorts lists the workload's ports: from the Sidecar's ingress listeners when it has
-// some, else from the services that have one of the proxy's IPs among their endpoints.
-func (ix *snapIndex) inboundPorts(sc *networking.Sidecar, proxy *model.Proxy, log interface{ Debug(string, ...any) }) []inboundPort {
-	var out []inboundPort
-	seen := map[uint32]bool{}
-	if ing := sc.GetIngress(); len(ing) > 0 {
-		for _, l := range ing {
-			p := l.GetPort()
-			if p.GetNumber() == 0 || seen[p.GetNumber()] {
-				continue
-			}
-			addr := translate.SocketAddress("127.0.0.1", p.GetNumber())
-			if de := l.GetDefaultEndpoint(); de != "" {
-				a, ok := parseDefaultEndpoint(de)
-				if !ok {
-					if log != nil {
-						log.Debug("skipping Sidecar ingress with unusable defaultEndpoint", "defaultEndpoint", de)
-					}
-					continue
-				}
-				addr = a
-			}
-			seen[p.GetNumber()] = true
-			out = append(out, inboundPort{port: p.GetNumber(), proto: parseProtocol(p.GetProtocol(), p.GetName()), endpoint: addr})
-		}
-		return out
-	}
-	var eps []ipEndpoint
-	for _, ip := range proxy.IPs {
-		eps = append(eps, ix.byIP[ip]...)
-	}
-	if len(proxy.IPs) > 1 {
-		slices.SortFunc(eps, func(a, b ipEndpoint) int { return cmp.Compare(a.order, b.order) })
-		eps = slices.CompactFunc(eps, func(a, b ipEndpoint) bool { return a.order == b.order })
-	}
-	for _, e := range eps {
-		for _, p := range e.svc.Spec.GetPorts() {
-			target := translate.EndpointPort(e.ep, p)
-			if target == 0 || seen[target] {
-				continue
-			}
-			seen[target] = true
-			out = append(out, inboundPort{port: target, proto: portProtocol(p), endpoint: translate.SocketAddress("127.0.0.1", target)})
-		}
-	}
-	slices.SortFunc(out, func(a, b inboundPort) int { return cmp.Compare(a.port, b.port) })
-	return out
-}
-
-// key spells an inbound port with everything generation reads of it.
-func (in inboundPort) key() string {
-	a := in.endpoint
-	addr := a.GetPipe().GetPath()
-	if sa := a.GetSocketAddress(); sa != nil {
-		addr = sa.GetAddress() + ":" + itoa(sa.GetPortValue())
-	}
-	return itoa(in.port) + "," + itoa(uint32(in.proto)) + "," + addr
 }
 
 // indexCache holds the latest snapshots' indexes.

@@ -6,7 +6,6 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
@@ -17,7 +16,6 @@ import (
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
-	"sailplane.dev/services/xds-server/internal/translate"
 )
 
 const (
@@ -116,71 +114,12 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 		log.Debug("load balancer settings do not apply to a service without resolution")
 	}
 	h2 := proto == protoHTTP2
-	var common *corev3.HttpProtocolOptions
-	if cp := pol.pool; cp != nil {
-		th := c.CircuitBreakers.Thresholds[0]
-		if tcp := cp.GetTcp(); tcp != nil {
-			if n := tcp.GetMaxConnections(); n > 0 {
-				th.MaxConnections = wrapperspb.UInt32(uint32(n))
-			}
-			if d := tcp.GetConnectTimeout(); d != nil && d.AsDuration() > 0 {
-				c.ConnectTimeout = d
-			}
-			if ka := tcp.GetTcpKeepalive(); ka != nil {
-				k := &corev3.TcpKeepalive{}
-				if ka.GetProbes() > 0 {
-					k.KeepaliveProbes = wrapperspb.UInt32(ka.GetProbes())
-				}
-				if t := ka.GetTime(); t != nil {
-					k.KeepaliveTime = wrapperspb.UInt32(uint32(max(t.AsDuration()/time.Second, 1)))
-				}
-				if t := ka.GetInterval(); t != nil {
-					k.KeepaliveInterval = wrapperspb.UInt32(uint32(max(t.AsDuration()/time.Second, 1)))
-				}
-				c.UpstreamConnectionOptions = &clusterv3.UpstreamConnectionOptions{TcpKeepalive: k}
-			}
-			if d := tcp.GetMaxConnectionDuration(); d != nil && d.AsDuration() > 0 {
-				common = cmpOrNew(common)
-				common.MaxConnectionDuration = d
-			}
-		}
-		if hp := cp.GetHttp(); hp != nil {
-			if n := hp.GetHttp1MaxPendingRequests(); n > 0 {
-				th.MaxPendingRequests = wrapperspb.UInt32(uint32(n))
-			}
-			if n := hp.GetHttp2MaxRequests(); n > 0 {
-				th.MaxRequests = wrapperspb.UInt32(uint32(n))
-			}
-			if n := hp.GetMaxRetries(); n > 0 {
-				th.MaxRetries = wrapperspb.UInt32(uint32(n))
-			}
-			if n := hp.GetMaxRequestsPerConnection(); n > 0 {
-				common = cmpOrNew(common)
-				common.MaxRequestsPerConnection = wrapperspb.UInt32(uint32(n))
-			}
-			if d := hp.GetIdleTimeout(); d != nil && d.AsDuration() > 0 {
-				common = cmpOrNew(common)
-				common.IdleTimeout = d
-			}
-			if hp.GetH2UpgradePolicy() == networking.ConnectionPoolSettings_HTTPSettings_UPGRADE && proto == protoHTTP {
-				h2 = true
-			}
-		}
+	common, upgrade := applyConnectionPool(c, pol.pool)
+	if upgrade && proto == protoHTTP {
+		h2 = true
 	}
 	if (h2 || common != nil) && proto.isHTTP() {
-		opts := &httpv3.HttpProtocolOptions{CommonHttpProtocolOptions: common}
-		if h2 {
-			opts.UpstreamProtocolOptions = &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
-				ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
-					ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
-						Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}}}}
-		} else {
-			opts.UpstreamProtocolOptions = &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
-				ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
-					ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{
-						HttpProtocolOptions: &corev3.Http1ProtocolOptions{}}}}
-		}
-		c.TypedExtensionProtocolOptions = map[string]*anyMsg{httpProtocolOptionsKey: mustAny(opts)}
+		c.TypedExtensionProtocolOptions = httpProtocolOptions(h2, common)
 	} else if common != nil {
 		log.Debug("HTTP connection pool settings do not apply to a TCP port")
 	}
@@ -204,6 +143,80 @@ func cmpOrNew(o *corev3.HttpProtocolOptions) *corev3.HttpProtocolOptions {
 
 // defaultThresholds lifts Envoy's low default limits the way istiod does: the mesh, not
 // Envoy's defaults, decides when to shed load.
+// applyConnectionPool sets a connection pool's limits on c (a DestinationRule's for clients,
+// also a Sidecar's for the inbound side), returning the HTTP options it implies and whether it
+// asks to upgrade HTTP/1.1 to h2.
+func applyConnectionPool(c *clusterv3.Cluster, cp *networking.ConnectionPoolSettings) (
+	common *corev3.HttpProtocolOptions, upgradeH2 bool) {
+	if cp == nil {
+		return nil, false
+	}
+	th := c.CircuitBreakers.Thresholds[0]
+	if tcp := cp.GetTcp(); tcp != nil {
+		if n := tcp.GetMaxConnections(); n > 0 {
+			th.MaxConnections = wrapperspb.UInt32(uint32(n))
+		}
+		if d := tcp.GetConnectTimeout(); d != nil && d.AsDuration() > 0 {
+			c.ConnectTimeout = d
+		}
+		if ka := tcp.GetTcpKeepalive(); ka != nil {
+			k := &corev3.TcpKeepalive{}
+			if ka.GetProbes() > 0 {
+				k.KeepaliveProbes = wrapperspb.UInt32(ka.GetProbes())
+			}
+			if t := ka.GetTime(); t != nil {
+				k.KeepaliveTime = wrapperspb.UInt32(uint32(max(t.AsDuration()/time.Second, 1)))
+			}
+			if t := ka.GetInterval(); t != nil {
+				k.KeepaliveInterval = wrapperspb.UInt32(uint32(max(t.AsDuration()/time.Second, 1)))
+			}
+			c.UpstreamConnectionOptions = &clusterv3.UpstreamConnectionOptions{TcpKeepalive: k}
+		}
+		if d := tcp.GetMaxConnectionDuration(); d != nil && d.AsDuration() > 0 {
+			common = cmpOrNew(common)
+			common.MaxConnectionDuration = d
+		}
+	}
+	if hp := cp.GetHttp(); hp != nil {
+		if n := hp.GetHttp1MaxPendingRequests(); n > 0 {
+			th.MaxPendingRequests = wrapperspb.UInt32(uint32(n))
+		}
+		if n := hp.GetHttp2MaxRequests(); n > 0 {
+			th.MaxRequests = wrapperspb.UInt32(uint32(n))
+		}
+		if n := hp.GetMaxRetries(); n > 0 {
+			th.MaxRetries = wrapperspb.UInt32(uint32(n))
+		}
+		if n := hp.GetMaxRequestsPerConnection(); n > 0 {
+			common = cmpOrNew(common)
+			common.MaxRequestsPerConnection = wrapperspb.UInt32(uint32(n))
+		}
+		if d := hp.GetIdleTimeout(); d != nil && d.AsDuration() > 0 {
+			common = cmpOrNew(common)
+			common.IdleTimeout = d
+		}
+		upgradeH2 = hp.GetH2UpgradePolicy() == networking.ConnectionPoolSettings_HTTPSettings_UPGRADE
+	}
+	return common, upgradeH2
+}
+
+// httpProtocolOptions pins the upstream protocol to h2 or HTTP/1.1, with common options.
+func httpProtocolOptions(h2 bool, common *corev3.HttpProtocolOptions) map[string]*anyMsg {
+	opts := &httpv3.HttpProtocolOptions{CommonHttpProtocolOptions: common}
+	if h2 {
+		opts.UpstreamProtocolOptions = &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+			ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
+					Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}}}}
+	} else {
+		opts.UpstreamProtocolOptions = &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+			ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{
+					HttpProtocolOptions: &corev3.Http1ProtocolOptions{}}}}
+	}
+	return map[string]*anyMsg{httpProtocolOptionsKey: mustAny(opts)}
+}
+
 func defaultThresholds() *clusterv3.CircuitBreakers_Thresholds {
 	return &clusterv3.CircuitBreakers_Thresholds{
 		MaxConnections:     wrapperspb.UInt32(math.MaxUint32),
@@ -418,46 +431,4 @@ func (b *builder) blackHoleCluster() *clusterv3.Cluster {
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
 		ConnectTimeout:       b.connectTimeout(),
 	}
-}
-
-func (b *builder) passthroughCluster() *clusterv3.Cluster {
-	return &clusterv3.Cluster{
-		Name:                 PassthroughCluster,
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST},
-		ConnectTimeout:       b.connectTimeout(),
-		LbPolicy:             clusterv3.Cluster_CLUSTER_PROVIDED,
-		CircuitBreakers:      &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{defaultThresholds()}},
-	}
-}
-
-// inboundPassthroughCluster forwards inbound traffic to ports no service declares; the source
-// address 127.0.0.6 keeps it from looping back into the proxy's own capture.
-func (b *builder) inboundPassthroughCluster() *clusterv3.Cluster {
-	c := b.passthroughCluster()
-	c.Name = InboundPassthroughCluster
-	c.UpstreamBindConfig = &corev3.BindConfig{SourceAddress: translate.SocketAddress("127.0.0.6", 0).GetSocketAddress()}
-	return c
-}
-
-func (b *builder) inboundCluster(in inboundPort) *clusterv3.Cluster {
-	name := InboundClusterName(in.port)
-	c := &clusterv3.Cluster{
-		Name:                 name,
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
-		ConnectTimeout:       b.connectTimeout(),
-		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
-		CircuitBreakers:      &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{defaultThresholds()}},
-		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{
-			LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{
-				Endpoint: &endpointv3.Endpoint{Address: in.endpoint}}}},
-		}}},
-	}
-	if in.proto == protoHTTP2 {
-		c.TypedExtensionProtocolOptions = map[string]*anyMsg{httpProtocolOptionsKey: mustAny(&httpv3.HttpProtocolOptions{
-			UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
-				ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
-					ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
-						Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}}}}})}
-	}
-	return c
 }

@@ -1,7 +1,6 @@
 package envoygen
 
 import (
-	"net/netip"
 	"slices"
 	"strings"
 
@@ -61,33 +60,4 @@ func (b *builder) dnsLoadAssignment(name string, svc *model.Service, port *disco
 		cla.Endpoints = cla.Endpoints[:1]
 	}
 	return cla
-}
-
-// inboundPort is a port the proxy's own workload serves, reached through virtualInbound.
-type inboundPort struct {
-	port     uint32 // the workload's port, which captured traffic is addressed to
-	proto    protocol
-	endpoint *corev3.Address
-}
-
-// inboundPorts lists the workload's ports (see snapIndex.inboundPorts).
-func (b *builder) inboundPorts() []inboundPort {
-	return b.ix.inboundPorts(specOf(b.sidecar), b.proxy, b.log)
-}
-
-// parseDefaultEndpoint reads "127.0.0.1:8080", "0.0.0.0:8080" (the instance IP in Istio; here
-// loopback) or "unix:///path".
-func parseDefaultEndpoint(s string) (*corev3.Address, bool) {
-	if path, ok := strings.CutPrefix(s, "unix://"); ok && path != "" {
-		return &corev3.Address{Address: &corev3.Address_Pipe{Pipe: &corev3.Pipe{Path: path}}}, true
-	}
-	ap, err := netip.ParseAddrPort(s)
-	if err != nil || ap.Port() == 0 {
-		return nil, false
-	}
-	ip := ap.Addr().String()
-	if ap.Addr().IsUnspecified() {
-		ip = "127.0.0.1"
-	}
-	return translate.SocketAddress(ip, uint32(ap.Port())), true
 }

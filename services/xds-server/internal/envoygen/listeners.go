@@ -10,10 +10,12 @@ import (
 	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
 	faultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	httpinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/http_inspector/v3"
 	origdstv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/original_dst/v3"
 	tlsinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
@@ -24,14 +26,18 @@ import (
 
 // Filter names as istiod writes them.
 const (
-	hcmFilter          = "envoy.filters.network.http_connection_manager"
-	tcpProxyFilter     = "envoy.filters.network.tcp_proxy"
-	faultFilter        = "envoy.filters.http.fault"
-	corsFilter         = "envoy.filters.http.cors"
-	routerFilter       = "envoy.filters.http.router"
-	originalDstFilter  = "envoy.filters.listener.original_dst"
-	tlsInspectorFilter = "envoy.filters.listener.tls_inspector"
-	wildcardIP         = "0.0.0.0"
+	hcmFilter           = "envoy.filters.network.http_connection_manager"
+	tcpProxyFilter      = "envoy.filters.network.tcp_proxy"
+	faultFilter         = "envoy.filters.http.fault"
+	corsFilter          = "envoy.filters.http.cors"
+	routerFilter        = "envoy.filters.http.router"
+	originalDstFilter   = "envoy.filters.listener.original_dst"
+	tlsInspectorFilter  = "envoy.filters.listener.tls_inspector"
+	httpInspectorFilter = "envoy.filters.listener.http_inspector"
+	// passthroughFilterChain is istiod's name for the chain taking what no other chain matches,
+	// whichever cluster the outbound traffic policy sends it to.
+	passthroughFilterChain = "PassthroughFilterChain"
+	wildcardIP             = "0.0.0.0"
 )
 
 func (b *builder) listeners() []*listenerv3.Listener {
@@ -51,20 +57,21 @@ func (b *builder) outboundFallbackCluster() string {
 }
 
 // virtualOutbound receives all captured outbound traffic and hands each connection to the
-// listener of its original destination; what no listener claims goes to the fallback.
+// listener of its original destination; what no listener claims goes to the fallback. A
+// connection addressed to 15001 itself is dropped, so passthrough cannot loop back into it.
 func (b *builder) virtualOutbound() *listenerv3.Listener {
 	fallback := b.outboundFallbackCluster()
-	name := "PassthroughFilterChain"
-	if !b.allowAny {
-		name = "BlackHoleFilterChain"
-	}
 	return &listenerv3.Listener{
 		Name:             VirtualOutboundListener,
 		Address:          translate.SocketAddress(wildcardIP, VirtualOutboundPort),
 		UseOriginalDst:   wrapperspb.Bool(true),
 		TrafficDirection: corev3.TrafficDirection_OUTBOUND,
 		FilterChains: []*listenerv3.FilterChain{{
-			Name:    name,
+			Name:             VirtualOutboundListener + "-blackhole",
+			FilterChainMatch: &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(VirtualOutboundPort)},
+			Filters:          []*listenerv3.Filter{tcpProxy(BlackHoleCluster, BlackHoleCluster)},
+		}, {
+			Name:    VirtualOutboundListener + "-catchall-tcp",
 			Filters: []*listenerv3.Filter{tcpProxy(fallback, fallback)},
 		}},
 	}
@@ -77,10 +84,7 @@ func (b *builder) virtualInbound() *listenerv3.Listener {
 		Name:             VirtualInboundListener,
 		Address:          translate.SocketAddress(wildcardIP, VirtualInboundPort),
 		TrafficDirection: corev3.TrafficDirection_INBOUND,
-		ListenerFilters: []*listenerv3.ListenerFilter{{
-			Name:       originalDstFilter,
-			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&origdstv3.OriginalDst{})},
-		}},
+		ListenerFilters:  []*listenerv3.ListenerFilter{listenerFilter(originalDstFilter, &origdstv3.OriginalDst{})},
 		DefaultFilterChain: &listenerv3.FilterChain{
 			Name:    "InboundPassthroughFilterChain",
 			Filters: []*listenerv3.Filter{tcpProxy(InboundPassthroughCluster, InboundPassthroughCluster)},
@@ -158,93 +162,139 @@ func tcpProxyFilterOf(t *tcpv3.TcpProxy) *listenerv3.Filter {
 
 // outboundListener collects what goes into one outbound listener before it is built.
 type outboundListener struct {
-	name   string
-	ip     string
-	port   uint32
-	http   bool
-	chains []tcpChain
+	name string
+	ip   string
+	port uint32
+	http bool       // an HTTP chain, chosen by ALPN after sniffing on a wildcard listener
+	sni  []tcpChain // TLS services told apart by SNI
+	tcp  *tcpChain  // the one TCP service that takes every connection no other chain matches
 }
 
 type tcpChain struct {
 	host  string
-	sni   bool // match by SNI: several TLS services share a wildcard listener
 	proxy *tcpv3.TcpProxy
 }
+
+// plaintextHTTPALPNs are the protocols http_inspector reports for HTTP/1.1 and cleartext HTTP/2
+// (istiod's list without PILOT_HTTP10).
+var plaintextHTTPALPNs = []string{"http/1.1", "h2c"}
 
 // outboundListeners: one wildcard listener per HTTP port, routed by RDS "<port>"; one per
 // service VIP and TCP port (wildcard when the service has no VIP), as istiod does. Listeners
 // do not bind: iptables sends traffic to virtualOutbound, which hands it over.
+//
+// On a wildcard listener HTTP, TLS (by SNI) and TCP services of one port share the listener
+// as in istiod: http_inspector sends plaintext HTTP to the HTTP manager, TLS goes by SNI, and
+// what matches nothing goes to the port's TCP service if there is one, else to the outbound
+// traffic policy's PassthroughFilterChain, so a destination outside the registry on a known
+// port is passed through (ALLOW_ANY) or dropped (REGISTRY_ONLY) rather than broken.
 func (b *builder) outboundListeners() []*listenerv3.Listener {
 	byName := map[string]*outboundListener{}
 	var order []*outboundListener
-	add := func(ol *outboundListener) { byName[ol.name] = ol; order = append(order, ol) }
-	// HTTP first: on a shared wildcard port, HTTP wins over TCP like in istiod.
-	for _, svc := range b.services {
-		for _, p := range b.visiblePorts(svc) {
-			if !portProtocol(p).isHTTP() {
-				continue
-			}
-			name := wildcardIP + "_" + itoa(p.GetNumber())
-			if byName[name] == nil {
-				add(&outboundListener{name: name, ip: wildcardIP, port: p.GetNumber(), http: true})
-			}
+	listener := func(ip string, port uint32) *outboundListener {
+		name := ip + "_" + itoa(port)
+		if ol := byName[name]; ol != nil {
+			return ol
 		}
+		ol := &outboundListener{name: name, ip: ip, port: port}
+		byName[name] = ol
+		order = append(order, ol)
+		return ol
 	}
 	for _, svc := range b.services {
 		host := svc.Spec.GetHostname()
 		for _, p := range b.visiblePorts(svc) {
 			proto := portProtocol(p)
 			if proto.isHTTP() {
+				listener(wildcardIP, p.GetNumber()).http = true
 				continue
 			}
 			ip := wildcardIP
 			if a := svc.Spec.GetAddresses(); len(a) > 0 && a[0] != "" {
 				ip = a[0]
 			}
-			name := ip + "_" + itoa(p.GetNumber())
-			chain := tcpChain{host: host, sni: ip == wildcardIP && proto == protoTLS,
-				proxy: b.tcpRoute(host, p.GetNumber())}
-			ol := byName[name]
+			ol := listener(ip, p.GetNumber())
+			chain := tcpChain{host: host, proxy: b.tcpRoute(host, p.GetNumber())}
 			switch {
-			case ol == nil:
-				add(&outboundListener{name: name, ip: ip, port: p.GetNumber(), chains: []tcpChain{chain}})
-			case !ol.http && chain.sni && ol.chains[0].sni:
-				ol.chains = append(ol.chains, chain)
+			case ip == wildcardIP && proto == protoTLS:
+				ol.sni = append(ol.sni, chain)
+			case ol.tcp == nil:
+				ol.tcp = &chain
 			default:
-				b.log.Debug("skipping conflicting outbound listener", "listener", name, "host", host)
+				b.log.Debug("skipping conflicting outbound listener", "listener", ol.name, "host", host)
 			}
 		}
 	}
-	var out []*listenerv3.Listener
+	out := make([]*listenerv3.Listener, 0, len(order))
 	for _, ol := range order {
-		l := &listenerv3.Listener{
-			Name:             ol.name,
-			Address:          translate.SocketAddress(ol.ip, ol.port),
-			BindToPort:       wrapperspb.Bool(false),
-			TrafficDirection: corev3.TrafficDirection_OUTBOUND,
-		}
-		if ol.http {
-			hcm := b.hcm("outbound_"+ol.name, itoa(ol.port), nil, false)
-			l.FilterChains = []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{hcmFilterOf(hcm)}}}
-			out = append(out, l)
-			continue
-		}
-		slices.SortStableFunc(ol.chains, func(a, b tcpChain) int { return cmp.Compare(a.host, b.host) })
-		for _, c := range ol.chains {
-			fc := &listenerv3.FilterChain{Filters: []*listenerv3.Filter{tcpProxyFilterOf(c.proxy)}}
-			if c.sni {
-				fc.Name = c.host
-				fc.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: []string{c.host}}
-			}
-			l.FilterChains = append(l.FilterChains, fc)
-		}
-		if ol.chains[0].sni {
-			l.ListenerFilters = []*listenerv3.ListenerFilter{{Name: tlsInspectorFilter,
-				ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&tlsinspectorv3.TlsInspector{})}}}
-		}
-		out = append(out, l)
+		out = append(out, b.outboundListener(ol))
 	}
 	return out
+}
+
+func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
+	l := &listenerv3.Listener{
+		Name:                             ol.name,
+		Address:                          translate.SocketAddress(ol.ip, ol.port),
+		BindToPort:                       wrapperspb.Bool(false),
+		TrafficDirection:                 corev3.TrafficDirection_OUTBOUND,
+		ContinueOnListenerFiltersTimeout: true,
+		ListenerFiltersTimeout:           durationpb.New(0),
+	}
+	if len(ol.sni) > 0 {
+		l.ListenerFilters = append(l.ListenerFilters, listenerFilter(tlsInspectorFilter,
+			&tlsinspectorv3.TlsInspector{InitialReadBufferSize: wrapperspb.UInt32(512)}))
+	}
+	if ol.http {
+		hcm := b.hcm("outbound_"+ol.name, itoa(ol.port), nil, false)
+		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
+			FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "raw_buffer",
+				ApplicationProtocols: plaintextHTTPALPNs},
+			Filters: []*listenerv3.Filter{hcmFilterOf(hcm)},
+		})
+		l.ListenerFilters = append(l.ListenerFilters, listenerFilter(httpInspectorFilter, &httpinspectorv3.HttpInspector{}))
+		l.ListenerFiltersTimeout = b.protocolDetectionTimeout()
+	}
+	slices.SortStableFunc(ol.sni, func(a, b tcpChain) int { return cmp.Compare(a.host, b.host) })
+	seen := map[string]bool{}
+	for _, c := range ol.sni {
+		if seen[c.host] {
+			continue
+		}
+		seen[c.host] = true
+		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
+			Name:             c.host,
+			FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: []string{c.host}},
+			Filters:          []*listenerv3.Filter{tcpProxyFilterOf(c.proxy)},
+		})
+	}
+	switch {
+	case ol.tcp != nil && len(l.FilterChains) == 0:
+		l.FilterChains = []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{tcpProxyFilterOf(ol.tcp.proxy)}}}
+	case ol.tcp != nil:
+		l.DefaultFilterChain = &listenerv3.FilterChain{Filters: []*listenerv3.Filter{tcpProxyFilterOf(ol.tcp.proxy)}}
+	default:
+		fallback := b.outboundFallbackCluster()
+		l.DefaultFilterChain = &listenerv3.FilterChain{
+			Name:             passthroughFilterChain,
+			FilterChainMatch: &listenerv3.FilterChainMatch{},
+			Filters:          []*listenerv3.Filter{tcpProxy(fallback, fallback)},
+		}
+	}
+	return l
+}
+
+// protocolDetectionTimeout is how long http_inspector waits for the client to speak first:
+// the mesh's protocolDetectionTimeout, istiod's default 0 meaning no limit.
+func (b *builder) protocolDetectionTimeout() *durationpb.Duration {
+	if d := b.snap.Mesh.GetProtocolDetectionTimeout(); d != nil {
+		return d
+	}
+	return durationpb.New(0)
+}
+
+func listenerFilter(name string, cfg proto.Message) *listenerv3.ListenerFilter {
+	return &listenerv3.ListenerFilter{Name: name, ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(cfg)}}
 }
 
 // tcpRoute is the tcp_proxy for a TCP service port: the destinations of the first matching
