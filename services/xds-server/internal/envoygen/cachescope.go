@@ -15,7 +15,8 @@ import (
 // with equal scopes share one generation and encoding. It holds every proxy input the builder
 // reads for that type:
 //
-//   - the proxy type and namespace (exportTo, DestinationRule precedence, short host names);
+//   - the proxy type and namespace (exportTo, DestinationRule precedence), and for sidecar
+//     routes its DNS domain (short host names);
 //   - the Sidecar resource that applies (it is chosen from the namespace and labels);
 //   - for listeners and routes, the proxy's values of the label keys some selector of the
 //     snapshot names (VirtualService sourceLabels, and Gateway selectors for gateways), since
@@ -47,6 +48,10 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 				b.WriteByte(';')
 			}
 		}
+	}
+	if typeURL == resourcev3.RouteType && proxy.IsSidecar() {
+		// Short host names are relative to the proxy's DNS domain.
+		b.WriteString("/d=" + proxy.DNSDomain)
 	}
 	if typeURL == resourcev3.ListenerType || typeURL == resourcev3.RouteType {
 		keys := ix.sourceLabelKeys

@@ -2,6 +2,7 @@ package envoygen
 
 import (
 	"cmp"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
 
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/translate"
 )
@@ -48,7 +50,8 @@ func (b *builder) routes() []*routev3.RouteConfiguration {
 // sidecarRouteConfig is RDS "<port>": a virtual host per service with an HTTP port of that
 // number, and a catch-all per the outbound traffic policy.
 func (b *builder) sidecarRouteConfig(port uint32) *routev3.RouteConfiguration {
-	rc := &routev3.RouteConfiguration{Name: itoa(port), ValidateClusters: wrapperspb.Bool(false)}
+	rc := &routev3.RouteConfiguration{Name: itoa(port), ValidateClusters: wrapperspb.Bool(false),
+		IgnorePortInHostMatching: true}
 	taken := map[string]bool{}
 	for _, svc := range b.services {
 		for _, p := range b.visiblePorts(svc) {
@@ -57,7 +60,7 @@ func (b *builder) sidecarRouteConfig(port uint32) *routev3.RouteConfiguration {
 			}
 			host := svc.Spec.GetHostname()
 			var domains []string
-			for _, d := range b.domains(svc, port) {
+			for _, d := range b.domains(svc) {
 				// Envoy refuses a route configuration that repeats a domain.
 				if taken[d] {
 					b.log.Debug("domain already used by another virtual host", "domain", d, "host", host)
@@ -99,29 +102,59 @@ func (b *builder) catchAllVirtualHost() *routev3.VirtualHost {
 			DirectResponse: &routev3.DirectResponseAction{Status: 502}}}}}
 }
 
-// domains are the names a client of the proxy may use for the service: the FQDN, the short
-// Kubernetes forms (the bare name only from the same namespace), and the VIPs, each also with
-// the port.
-func (b *builder) domains(svc *model.Service, port uint32) []string {
+// domains are the Host headers that reach the service, as istiod writes them for Envoy
+// sidecars: without ports (the route configuration ignores the port in host matching), the
+// FQDN and its absolute form with a trailing dot, the short names a client in the proxy's DNS
+// domain may use, and the VIPs; a Kubernetes headless service also matches its pods' names.
+func (b *builder) domains(svc *model.Service) []string {
 	host := svc.Spec.GetHostname()
-	names := []string{host}
-	if ns := svc.Spec.GetNamespace(); ns != "" {
-		if name, ok := strings.CutSuffix(host, "."+ns+".svc."+model.DomainSuffix); ok && !strings.Contains(name, ".") {
-			names = append(names, name+"."+ns+".svc", name+"."+ns)
-			if ns == b.proxy.Namespace {
-				names = append(names, name)
-			}
+	out := []string{host}
+	if _, err := netip.ParseAddr(host); err != nil {
+		out = append(out, host+".")
+	}
+	out = append(out, altHosts(host, b.proxy.DNSDomain)...)
+	if svc.Spec.GetResolution() == discoveryv1.Resolution_NONE && svc.Spec.GetRegistry() == "kubernetes" {
+		for _, d := range out {
+			out = append(out, "*."+d)
 		}
 	}
 	for _, a := range svc.Spec.GetAddresses() {
 		if a != "" && a != wildcardIP {
-			names = append(names, a)
+			out = append(out, a)
 		}
 	}
-	p := ":" + itoa(port)
-	out := make([]string, 0, 2*len(names))
-	for _, n := range names {
-		out = append(out, n, n+p)
+	return out
+}
+
+// altHosts are the shorter names of host a client in DNS domain proxyDomain may use: for a
+// Kubernetes proxy ("<ns>.svc.<suffix>") and a service of the same cluster, "name",
+// "name.ns.svc" and "name.ns" from the service's namespace, "name.ns" and "name.ns.svc" from
+// elsewhere; otherwise the part of the host not shared with the proxy's domain.
+func altHosts(host, proxyDomain string) []string {
+	if i := strings.Index(proxyDomain, ".svc."); i >= 0 {
+		ih := strings.Index(host, ".svc.")
+		dot := strings.Index(host, ".")
+		if !strings.HasSuffix(host, proxyDomain[i:]) || ih <= 0 || dot+1 > ih {
+			return nil
+		}
+		if host[dot+1:ih] == proxyDomain[:i] {
+			return []string{host[:dot], host[:ih] + ".svc", host[:ih]}
+		}
+		return []string{host[:ih], host[:ih] + ".svc"}
+	}
+	hostParts, domainParts := strings.Split(host, "."), strings.Split(proxyDomain, ".")
+	shared := 0
+	for shared < min(len(hostParts), len(domainParts)) &&
+		hostParts[len(hostParts)-1-shared] == domainParts[len(domainParts)-1-shared] {
+		shared++
+	}
+	if shared == 0 || shared == len(hostParts) {
+		return nil
+	}
+	unique := hostParts[:len(hostParts)-shared]
+	out := []string{strings.Join(unique, ".")}
+	if len(unique) == 2 {
+		out = append(out, out[0]+"."+hostParts[len(hostParts)-shared])
 	}
 	return out
 }
@@ -163,14 +196,16 @@ func qualifyGateway(ref, ns string) string {
 	return ns + "/" + ref
 }
 
-// httpRoutes translates a VirtualService's http routes for one host and port.
+// httpRoutes translates a VirtualService's http routes for one host and port. Routes are
+// matched in order, so nothing after one that matches every request is kept, as in istiod.
 func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host string, port uint32,
 	gws gatewayFilter) []*routev3.Route {
 	var out []*routev3.Route
 	for i, hr := range vs.Spec.GetHttp() {
 		log := b.log.With("virtualService", vs.Namespace+"/"+vs.Name, "http", i, "port", port)
 		matches := hr.GetMatch()
-		if len(matches) == 0 {
+		catchAll := len(matches) == 0
+		if catchAll {
 			matches = []*networking.HTTPMatchRequest{nil}
 		}
 		for _, m := range matches {
@@ -199,9 +234,33 @@ func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host 
 				break
 			}
 			out = append(out, r)
+			if matchesAll(rm) {
+				catchAll = true
+				break
+			}
+		}
+		if catchAll {
+			if rest := len(vs.Spec.GetHttp()) - i - 1; rest > 0 {
+				log.Debug("skipping http routes after one that matches every request", "skipped", rest)
+			}
+			break
 		}
 	}
 	return out
+}
+
+// matchesAll reports whether a route match takes every request (istiod's catch-all test).
+func matchesAll(m *routev3.RouteMatch) bool {
+	all := false
+	switch p := m.GetPathSpecifier().(type) {
+	case *routev3.RouteMatch_Prefix:
+		all = p.Prefix == "/"
+	case *routev3.RouteMatch_PathSeparatedPrefix:
+		all = p.PathSeparatedPrefix == "/"
+	case *routev3.RouteMatch_SafeRegex:
+		all = p.SafeRegex.GetRegex() == ".*"
+	}
+	return all && len(m.GetHeaders()) == 0 && len(m.GetQueryParameters()) == 0 && len(m.GetDynamicMetadata()) == 0
 }
 
 // routeAction fills r's action and per-route settings; false when the route has nothing usable.
