@@ -3,6 +3,7 @@ package envoygen
 import (
 	"cmp"
 	"slices"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -38,6 +39,8 @@ const (
 	// whichever cluster the outbound traffic policy sends it to.
 	passthroughFilterChain = "PassthroughFilterChain"
 	wildcardIP             = "0.0.0.0"
+	// transportSocketConnectTimeout is istiod's default PILOT_GATEWAY_TRANSPORT_SOCKET_CONNECT_TIMEOUT.
+	transportSocketConnectTimeout = 15 * time.Second
 )
 
 func (b *builder) listeners() []*listenerv3.Listener {
@@ -85,6 +88,12 @@ func (b *builder) virtualInbound() *listenerv3.Listener {
 		Address:          translate.SocketAddress(wildcardIP, VirtualInboundPort),
 		TrafficDirection: corev3.TrafficDirection_INBOUND,
 		ListenerFilters:  []*listenerv3.ListenerFilter{listenerFilter(originalDstFilter, &origdstv3.OriginalDst{})},
+		// A connection addressed to 15006 itself would loop; drop it, as istiod does.
+		FilterChains: []*listenerv3.FilterChain{{
+			Name:             VirtualInboundListener + "-blackhole",
+			FilterChainMatch: &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(VirtualInboundPort)},
+			Filters:          []*listenerv3.Filter{tcpProxy(BlackHoleCluster, BlackHoleCluster)},
+		}},
 		DefaultFilterChain: &listenerv3.FilterChain{
 			Name:    "InboundPassthroughFilterChain",
 			Filters: []*listenerv3.Filter{tcpProxy(InboundPassthroughCluster, InboundPassthroughCluster)},
@@ -250,7 +259,8 @@ func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
 		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
 			FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "raw_buffer",
 				ApplicationProtocols: plaintextHTTPALPNs},
-			Filters: []*listenerv3.Filter{hcmFilterOf(hcm)},
+			Filters:                       []*listenerv3.Filter{hcmFilterOf(hcm)},
+			TransportSocketConnectTimeout: durationpb.New(transportSocketConnectTimeout),
 		})
 		l.ListenerFilters = append(l.ListenerFilters, listenerFilter(httpInspectorFilter, &httpinspectorv3.HttpInspector{}))
 		l.ListenerFiltersTimeout = b.protocolDetectionTimeout()
@@ -262,17 +272,15 @@ func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
 			continue
 		}
 		seen[c.host] = true
-		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
-			Name:             c.host,
-			FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: []string{c.host}},
-			Filters:          []*listenerv3.Filter{tcpProxyFilterOf(c.proxy)},
-		})
+		fc := serviceChain(c.proxy)
+		fc.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: []string{c.host}}
+		l.FilterChains = append(l.FilterChains, fc)
 	}
 	switch {
 	case ol.tcp != nil && len(l.FilterChains) == 0:
-		l.FilterChains = []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{tcpProxyFilterOf(ol.tcp.proxy)}}}
+		l.FilterChains = []*listenerv3.FilterChain{serviceChain(ol.tcp.proxy)}
 	case ol.tcp != nil:
-		l.DefaultFilterChain = &listenerv3.FilterChain{Filters: []*listenerv3.Filter{tcpProxyFilterOf(ol.tcp.proxy)}}
+		l.DefaultFilterChain = serviceChain(ol.tcp.proxy)
 	default:
 		fallback := b.outboundFallbackCluster()
 		l.DefaultFilterChain = &listenerv3.FilterChain{
@@ -282,6 +290,13 @@ func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
 		}
 	}
 	return l
+}
+
+// serviceChain is a filter chain forwarding to a service; istiod bounds the transport
+// handshake of every such chain, against slow-handshake exhaustion.
+func serviceChain(tp *tcpv3.TcpProxy) *listenerv3.FilterChain {
+	return &listenerv3.FilterChain{Filters: []*listenerv3.Filter{tcpProxyFilterOf(tp)},
+		TransportSocketConnectTimeout: durationpb.New(transportSocketConnectTimeout)}
 }
 
 // protocolDetectionTimeout is how long http_inspector waits for the client to speak first:
