@@ -93,8 +93,9 @@ type HostSet struct {
 	// that can see the change must be pushed.
 	Unknown bool
 	Hosts   []HostRef
-	// Addresses are the endpoint addresses of a changed Service in either snapshot: workloads
-	// at them take inbound ports from it whatever their Sidecar imports.
+	// Addresses are the endpoint addresses of a changed Service, or of the services a changed
+	// DestinationRule names, in either snapshot: workloads at them take inbound ports (and
+	// inbound connection pools) from it whatever their Sidecar imports.
 	Addresses []string
 }
 
@@ -246,6 +247,15 @@ func (c *Change) resolveHosts(snaps ...*Snapshot) {
 				continue
 			}
 			switch key.Kind {
+			case schema.DestinationRule.Kind:
+				// A rule's connection pool also limits its service's inbound clusters.
+				for _, r := range hs.Hosts {
+					if svc := snap.Services[r.Hostname]; svc != nil {
+						for _, ep := range svc.Endpoints {
+							hs.Addresses = append(hs.Addresses, ep.GetAddress())
+						}
+					}
+				}
 			case schema.Service.Kind:
 				if routing == nil {
 					routing = map[string][]*Config[*networking.VirtualService]{}

@@ -92,6 +92,17 @@ func TestChangeHosts(t *testing.T) {
 		return bus.Change{TypeURL: schema.VirtualService.TypeURL, Updated: []*bus.Resource{{Name: ns + "/vs",
 			Body: &networking.VirtualService{Hosts: hosts}}}}
 	}
+	eps := func(ns, host string, ips ...string) bus.Change {
+		e := &discoveryv1.Endpoints{Hostname: host, Namespace: ns}
+		for _, ip := range ips {
+			e.Endpoints = append(e.Endpoints, &discoveryv1.Endpoint{Address: ip})
+		}
+		return bus.Change{TypeURL: schema.Endpoints.TypeURL, Updated: []*bus.Resource{{Name: ns + "/" + host, Body: e}}}
+	}
+	dr := func(ns, host string) bus.Change {
+		return bus.Change{TypeURL: schema.DestinationRule.TypeURL, Updated: []*bus.Resource{{Name: ns + "/dr",
+			Body: &networking.DestinationRule{Host: host}}}}
+	}
 	ref := func(ns, h string) HostRef { return HostRef{Namespace: ns, Hostname: h} }
 	vsKey := ConfigKey{Kind: "VirtualService", Namespace: "a", Name: "vs"}
 	for _, tc := range []struct {
@@ -112,6 +123,10 @@ func TestChangeHosts(t *testing.T) {
 			want: HostSet{Hosts: []HostRef{ref("a", "t.a.svc.cluster.local")}}},
 		{name: "wildcard host is unknown", change: vs("a", "*.b.svc.cluster.local"), key: vsKey, want: HostSet{Unknown: true}},
 		{name: "delegate is unknown", change: vs("a"), key: vsKey, want: HostSet{Unknown: true}},
+		{name: "DestinationRule reaches its service's workloads",
+			pre:    []bus.Change{svc("b", "s.b.svc.cluster.local"), eps("b", "s.b.svc.cluster.local", "10.0.0.2", "10.0.0.1")},
+			change: dr("a", "s.b.svc.cluster.local"), key: ConfigKey{Kind: "DestinationRule", Namespace: "a", Name: "dr"},
+			want: HostSet{Hosts: []HostRef{ref("b", "s.b.svc.cluster.local")}, Addresses: []string{"10.0.0.1", "10.0.0.2"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := NewStore()
@@ -127,7 +142,7 @@ func TestChangeHosts(t *testing.T) {
 			}
 			_, ch := s.Next()
 			got := ch.Hosts[tc.key]
-			if got.Unknown != tc.want.Unknown || !slices.Equal(got.Hosts, tc.want.Hosts) {
+			if got.Unknown != tc.want.Unknown || !slices.Equal(got.Hosts, tc.want.Hosts) || !slices.Equal(got.Addresses, tc.want.Addresses) {
 				t.Fatalf("hosts = %+v, want %+v", got, tc.want)
 			}
 		})
