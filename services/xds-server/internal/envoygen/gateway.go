@@ -368,7 +368,8 @@ func (b *builder) gatewayRoutes() []*routev3.RouteConfiguration {
 }
 
 func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *routev3.RouteConfiguration {
-	rc := &routev3.RouteConfiguration{Name: name, ValidateClusters: wrapperspb.Bool(false)}
+	rc := &routev3.RouteConfiguration{Name: name, ValidateClusters: wrapperspb.Bool(false),
+		IgnorePortInHostMatching: true}
 	port := servers[0].server.GetPort().GetNumber()
 	vhosts := map[string]*routev3.VirtualHost{}
 	added := map[string]bool{}
@@ -393,13 +394,8 @@ func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *rout
 					routes := b.httpRoutes(vs, "", port, gatewayFilter{s.gateway: true})
 					v := vhosts[host]
 					if v == nil {
-						// Any port for exact hosts; a wildcard host written with ":*" would need
-						// two wildcards, which Envoy does not support.
-						domains := []string{host, host + ":*"}
-						if strings.Contains(host, "*") {
-							domains = []string{host}
-						}
-						v = &routev3.VirtualHost{Name: host + ":" + itoa(port), Domains: domains,
+						// The route configuration ignores the port in Host headers, as istiod's.
+						v = &routev3.VirtualHost{Name: host + ":" + itoa(port), Domains: []string{host},
 							IncludeRequestAttemptCount: true}
 						vhosts[host] = v
 					}
@@ -412,8 +408,20 @@ func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *rout
 		}
 	}
 	for _, h := range translate.SortedKeys(vhosts) {
-		if len(vhosts[h].Routes) > 0 || vhosts[h].RequireTls == routev3.VirtualHost_ALL {
-			rc.VirtualHosts = append(rc.VirtualHosts, vhosts[h])
+		v := vhosts[h]
+		if len(v.Routes) > 0 || v.RequireTls == routev3.VirtualHost_ALL {
+			// Several VirtualServices share the host: a catch-all of one must not hide the
+			// others' routes, so catch-alls go last, as in istiod.
+			var rest, catchAll []*routev3.Route
+			for _, r := range v.Routes {
+				if matchesAll(r.GetMatch()) {
+					catchAll = append(catchAll, r)
+				} else {
+					rest = append(rest, r)
+				}
+			}
+			v.Routes = append(rest, catchAll...)
+			rc.VirtualHosts = append(rc.VirtualHosts, v)
 		}
 	}
 	if len(rc.VirtualHosts) == 0 {
