@@ -14,6 +14,8 @@ var (
 	ErrUnknownKind = errors.New("unknown kind")
 	// ErrSchema: the spec does not match the kind's schema (unknown field, wrong type).
 	ErrSchema = errors.New("does not match schema")
+	// ErrTooLarge: the document is larger than MaxResourceBytes.
+	ErrTooLarge = errors.New("resource too large")
 )
 
 // Error is a problem with one config document or one field of it. Every error returned by
@@ -34,42 +36,11 @@ type Error struct {
 
 // Error renders "file: document N: Kind ns/name: field: cause", omitting unknown parts.
 func (e *Error) Error() string {
-	var b strings.Builder
-	if e.File != "" {
-		b.WriteString(e.File)
-		b.WriteString(": ")
-	}
-	if e.Doc > 0 {
-		b.WriteString("document ")
-		b.WriteString(strconv.Itoa(e.Doc))
-		b.WriteString(": ")
-	}
-	if e.Kind != "" || e.Name != "" {
-		if e.Kind != "" {
-			b.WriteString(e.Kind)
-		}
-		if e.Name != "" {
-			if e.Kind != "" {
-				b.WriteString(" ")
-			}
-			if e.Namespace != "" {
-				b.WriteString(e.Namespace)
-				b.WriteString("/")
-			}
-			b.WriteString(e.Name)
-		}
-		b.WriteString(": ")
-	}
-	if e.Field != "" {
-		b.WriteString(e.Field)
-		b.WriteString(": ")
-	}
+	cause := "invalid"
 	if e.Err != nil {
-		b.WriteString(e.Err.Error())
-	} else {
-		b.WriteString("invalid")
+		cause = e.Err.Error()
 	}
-	return b.String()
+	return render(e.File, e.Doc, e.Kind, e.Namespace, e.Name, e.Field, cause)
 }
 
 func (e *Error) Unwrap() error { return e.Err }
@@ -97,4 +68,57 @@ func Errors(err error) []*Error {
 	}
 	walk(err)
 	return out
+}
+
+// Warning is something Istio accepts but reports: a setting without effect, a deprecated field, a
+// name the Kubernetes API server would refuse. The resource is still served; config-ingest logs
+// warnings and the webhook returns them as admission warnings. It is deliberately not an error.
+type Warning struct {
+	File      string
+	Doc       int
+	Kind      string
+	Namespace string
+	Name      string
+	// Field is the path of the field in YAML spelling, like Error.Field; empty for the whole
+	// document.
+	Field   string
+	Message string
+}
+
+// String renders the warning like Error.Error: "file: document N: Kind ns/name: field: message".
+func (w *Warning) String() string {
+	return render(w.File, w.Doc, w.Kind, w.Namespace, w.Name, w.Field, w.Message)
+}
+
+func render(file string, doc int, kind, namespace, name, field, msg string) string {
+	var b strings.Builder
+	if file != "" {
+		b.WriteString(file)
+		b.WriteString(": ")
+	}
+	if doc > 0 {
+		b.WriteString("document ")
+		b.WriteString(strconv.Itoa(doc))
+		b.WriteString(": ")
+	}
+	if kind != "" || name != "" {
+		b.WriteString(kind)
+		if name != "" {
+			if kind != "" {
+				b.WriteString(" ")
+			}
+			if namespace != "" {
+				b.WriteString(namespace)
+				b.WriteString("/")
+			}
+			b.WriteString(name)
+		}
+		b.WriteString(": ")
+	}
+	if field != "" {
+		b.WriteString(field)
+		b.WriteString(": ")
+	}
+	b.WriteString(msg)
+	return b.String()
 }

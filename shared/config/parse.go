@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"sigs.k8s.io/yaml"
@@ -15,8 +17,9 @@ import (
 // ParseYAML reads every document of a multi-document YAML file. Each document is parsed on its
 // own: one that fails is reported (as an *Error carrying file, 1-based document index and, when
 // known, kind/namespace/name and field) and does not affect the others. Empty documents are
-// skipped and not counted. Only the kinds of schema.IstioConfig are accepted; apiVersion may use
-// v1, v1beta1 or v1alpha3. The specs are decoded, not validated: call Validate.
+// skipped and not counted. Only the kinds of schema.IstioConfig are accepted, in the API versions
+// Istio serves them (schema.Kind.Versions); duplicate keys, unknown top-level fields and documents
+// over MaxResourceBytes are errors. The specs are decoded, not validated: call Validate.
 func ParseYAML(file string, data []byte, defaultNamespace string) ([]Config, []error) {
 	var cfgs []Config
 	var errs []error
@@ -95,6 +98,15 @@ func emptyDoc(doc []byte) bool {
 	return true
 }
 
+// MaxResourceBytes is the largest document ParseYAML accepts: the Kubernetes API server's limit
+// for one object (etcd's 1.5 MiB request limit). A bigger resource could not exist in a cluster,
+// and would not fit in one bus message either.
+const MaxResourceBytes = 3 << 19
+
+// topLevelFields are the keys a Kubernetes object may have; anything else (a misspelled "spec:")
+// would otherwise be silently dropped.
+var topLevelFields = map[string]bool{"apiVersion": true, "kind": true, "metadata": true, "spec": true, "status": true}
+
 type header struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`
@@ -108,22 +120,21 @@ type header struct {
 }
 
 func parseDocument(doc []byte, defaultNamespace string) (Config, *Error) {
-	js, err := yaml.YAMLToJSON(doc)
-	if err != nil {
-		return Config{}, &Error{Err: fmt.Errorf("%w: %v", ErrMalformed, strings.TrimPrefix(err.Error(), "error converting YAML to JSON: "))}
-	}
-	js = bytes.TrimSpace(js)
-	if len(js) == 0 || js[0] != '{' {
-		return Config{}, &Error{Err: fmt.Errorf("%w: a document must be a mapping with apiVersion, kind, metadata and spec", ErrMalformed)}
-	}
-	var h header
-	if err := json.Unmarshal(js, &h); err != nil {
-		var te *json.UnmarshalTypeError
-		field := ""
-		if errors.As(err, &te) {
-			field = te.Field
+	h, err := parseHeader(doc)
+	if len(doc) > MaxResourceBytes {
+		// Named when the header could be read, so that the resource's last good version is kept.
+		ns := h.Metadata.Namespace
+		if ns == "" && h.Metadata.Name != "" {
+			ns = defaultNamespace
 		}
-		return Config{}, &Error{Kind: h.Kind, Field: field, Err: fmt.Errorf("%w: %v", ErrMalformed, err)}
+		return Config{}, &Error{Kind: h.Kind, Namespace: ns, Name: h.Metadata.Name, Err: fmt.Errorf(
+			"%w: the document is %d bytes, more than the %d bytes (1.5 MiB) a resource may have", ErrTooLarge, len(doc), MaxResourceBytes)}
+	}
+	if err != nil {
+		if err.Name != "" && err.Namespace == "" {
+			err.Namespace = defaultNamespace
+		}
+		return Config{}, err
 	}
 	ns := h.Metadata.Namespace
 	if ns == "" {
@@ -141,18 +152,19 @@ func parseDocument(doc []byte, defaultNamespace string) (Config, *Error) {
 	}
 	if !ok || !isIstioConfig(k) {
 		e.Err = fmt.Errorf("%w %s %q", ErrUnknownKind, h.APIVersion, h.Kind)
+		if k, ok := kindNamed(h.Kind); ok && strings.HasPrefix(h.APIVersion, k.Group+"/") {
+			e.Err = fmt.Errorf("%w: %s has no %s (versions: %s)", ErrUnknownKind, k.Group, h.APIVersion, strings.Join(k.Versions(), ", "))
+		}
 		return Config{}, e
 	}
 	if h.Metadata.Name == "" {
 		e.Field, e.Err = "metadata.name", errors.New("required")
 		return Config{}, e
 	}
-	if msg := dns1123Subdomain(h.Metadata.Name); msg != "" {
-		e.Field, e.Err = "metadata.name", errors.New(msg)
-		return Config{}, e
-	}
-	if msg := dns1123Label(ns); msg != "" {
-		e.Field, e.Err = "metadata.namespace", errors.New(msg)
+	// Other names the API server would refuse are warnings (see Validate): Istio accepts them
+	// from files. A "/" cannot be told apart from the namespace separator of bus names.
+	if strings.Contains(ns, "/") {
+		e.Field, e.Err = "metadata.namespace", fmt.Errorf("%q must not contain \"/\"", ns)
 		return Config{}, e
 	}
 	spec := k.New()
@@ -171,6 +183,50 @@ func parseDocument(doc []byte, defaultNamespace string) (Config, *Error) {
 		Annotations: h.Metadata.Annotations,
 		Spec:        spec,
 	}, nil
+}
+
+// parseHeader reads a document's apiVersion, kind and metadata, strictly: duplicate keys and
+// unknown top-level fields are errors. What it could read is returned even with an error.
+func parseHeader(doc []byte) (header, *Error) {
+	var h header
+	js, err := yaml.YAMLToJSONStrict(doc)
+	if err != nil {
+		msg := strings.TrimPrefix(err.Error(), "error converting YAML to JSON: ")
+		msg = strings.ReplaceAll(strings.TrimPrefix(msg, "yaml: unmarshal errors:\n"), "\n", ";")
+		return h, &Error{Err: fmt.Errorf("%w: %s", ErrMalformed, strings.TrimSpace(msg))}
+	}
+	js = bytes.TrimSpace(js)
+	if len(js) == 0 || js[0] != '{' {
+		return h, &Error{Err: fmt.Errorf("%w: a document must be a mapping with apiVersion, kind, metadata and spec", ErrMalformed)}
+	}
+	if err := json.Unmarshal(js, &h); err != nil {
+		var te *json.UnmarshalTypeError
+		field := ""
+		if errors.As(err, &te) {
+			field = te.Field
+		}
+		return h, &Error{Kind: h.Kind, Field: field, Err: fmt.Errorf("%w: %v", ErrMalformed, err)}
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(js, &top); err != nil {
+		return h, &Error{Kind: h.Kind, Err: fmt.Errorf("%w: %v", ErrMalformed, err)}
+	}
+	for _, k := range slices.Sorted(maps.Keys(top)) {
+		if !topLevelFields[k] {
+			return h, &Error{Kind: h.Kind, Namespace: h.Metadata.Namespace, Name: h.Metadata.Name, Field: k,
+				Err: fmt.Errorf("%w: unknown field %q (a resource has apiVersion, kind, metadata, spec and status)", ErrSchema, k)}
+		}
+	}
+	return h, nil
+}
+
+func kindNamed(kind string) (schema.Kind, bool) {
+	for _, k := range schema.IstioConfig {
+		if k.Kind == kind {
+			return k, true
+		}
+	}
+	return schema.Kind{}, false
 }
 
 func isIstioConfig(k schema.Kind) bool {

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -97,10 +98,28 @@ metadata: {name: Bad_Name}
 apiVersion: security.istio.io/v1beta1
 kind: AuthorizationPolicy
 metadata: {name: allow-nothing, namespace: istio-system}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: twice}
+spec:
+  host: a
+spec:
+  host: b
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: misspelled}
+sepc:
+  host: a
+---
+apiVersion: security.istio.io/v1alpha3
+kind: PeerAuthentication
+metadata: {name: old}
 `
 	cfgs, errs := ParseYAML("conf/f.yaml", []byte(in), "default")
-	if len(cfgs) != 3 {
-		t.Fatalf("got %d configs, want 3: %v", len(cfgs), cfgs)
+	if len(cfgs) != 4 {
+		t.Fatalf("got %d configs, want 4: %v", len(cfgs), cfgs)
 	}
 	vs := cfgs[0]
 	if vs.Kind.TypeURL != schema.VirtualService.TypeURL || vs.Namespace != "default" || vs.Name != "reviews" ||
@@ -114,8 +133,17 @@ metadata: {name: allow-nothing, namespace: istio-system}
 	if dr := cfgs[1]; dr.Kind.TypeURL != schema.DestinationRule.TypeURL || dr.Namespace != "bookinfo" || dr.Source.Doc != 2 {
 		t.Errorf("dr = %+v", dr)
 	}
-	if ap := cfgs[2]; ap.Kind.TypeURL != schema.AuthorizationPolicy.TypeURL || ap.Source.Doc != 11 || Validate(ap) != nil {
-		t.Errorf("ap = %+v, %v", ap, Validate(ap))
+	// A name the API server would refuse is read (Istio accepts it from files); Validate warns,
+	// and refuses it for a Gateway, whose name Istio requires to be a DNS label.
+	if gw := cfgs[2]; gw.Name != "Bad_Name" {
+		t.Errorf("gw = %+v", gw)
+	} else if ws, err := Validate(gw); len(ws) != 1 || ws[0].Field != "metadata.name" || Errors(err)[0].Field != "metadata.name" {
+		t.Errorf("Gateway Bad_Name: warnings %v, error %v", ws, err)
+	}
+	if ap := cfgs[3]; ap.Kind.TypeURL != schema.AuthorizationPolicy.TypeURL || ap.Source.Doc != 11 {
+		t.Errorf("ap = %+v", ap)
+	} else if ws, err := Validate(ap); err != nil || len(ws) != 0 {
+		t.Errorf("allow-nothing policy: %v, %v", ws, err)
 	}
 	want := []struct {
 		doc   int
@@ -129,8 +157,10 @@ metadata: {name: allow-nothing, namespace: istio-system}
 		{6, ErrUnknownKind, "", "MeshConfig is read from the mesh file"},
 		{7, nil, "metadata.name", "PeerAuthentication: metadata.name: required"},
 		{8, ErrSchema, "spec.trafficPolicy.loadBalancer.simple", `unknown value "ROUNDROBIN"`},
-		{9, nil, "metadata.name", "DNS-1123"},
 		{10, ErrMalformed, "", "must be a mapping"},
+		{12, ErrMalformed, "", `key "spec" already set`},
+		{13, ErrSchema, "sepc", `DestinationRule default/misspelled: sepc: does not match schema: unknown field "sepc"`},
+		{14, ErrUnknownKind, "", "security.istio.io has no security.istio.io/v1alpha3 (versions: v1, v1beta1)"},
 	}
 	if len(errs) != len(want) {
 		t.Fatalf("got %d errors, want %d: %v", len(errs), len(want), errs)
@@ -144,6 +174,27 @@ metadata: {name: allow-nothing, namespace: istio-system}
 			(w.is != nil && !errors.Is(e, w.is)) {
 			t.Errorf("error %d = %q (doc %d, field %q), want doc %d field %q containing %q", i, e, e.Doc, e.Field, w.doc, w.field, w.text)
 		}
+	}
+}
+
+func TestParseYAMLTooLarge(t *testing.T) {
+	big := "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: big\n  annotations:\n    blob: " +
+		strings.Repeat("x", MaxResourceBytes) + "\nspec:\n  hosts: [a]\n"
+	in := big + "---\n" + doc("DestinationRule", "host: a")
+	cfgs, errs := ParseYAML("conf/big.yaml", []byte(in), "default")
+	if len(cfgs) != 1 || cfgs[0].Kind.Kind != "DestinationRule" {
+		t.Errorf("the document after the oversized one was not read: %v", cfgs)
+	}
+	if len(errs) != 1 {
+		t.Fatalf("errors = %v, want one", errs)
+	}
+	var e *Error
+	if !errors.As(errs[0], &e) || !errors.Is(e, ErrTooLarge) || e.Kind != "VirtualService" || e.Namespace != "default" || e.Name != "big" {
+		t.Fatalf("error = %#v, want ErrTooLarge naming VirtualService default/big", errs[0])
+	}
+	want := fmt.Sprintf("conf/big.yaml: document 1: VirtualService default/big: resource too large: the document is %d bytes, more than the 1572864 bytes (1.5 MiB)", len(big))
+	if !strings.HasPrefix(e.Error(), want) {
+		t.Errorf("message = %q, want prefix %q", e.Error(), want)
 	}
 }
 
@@ -190,8 +241,9 @@ func TestResourceRoundTrip(t *testing.T) {
 
 // goldenOutput is what testdata/<case>/golden.yaml holds for testdata/<case>/input.yaml.
 type goldenOutput struct {
-	Configs []string `json:"configs"`
-	Errors  []string `json:"errors"`
+	Configs  []string `json:"configs"`
+	Errors   []string `json:"errors"`
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 func TestGolden(t *testing.T) {
@@ -205,8 +257,12 @@ func TestGolden(t *testing.T) {
 			var got goldenOutput
 			for _, c := range cfgs {
 				got.Configs = append(got.Configs, c.Kind.Kind+" "+c.BusName())
-				for _, e := range Errors(Validate(c)) {
+				ws, err := Validate(c)
+				for _, e := range Errors(err) {
 					errs = append(errs, e)
+				}
+				for _, w := range ws {
+					got.Warnings = append(got.Warnings, w.String())
 				}
 			}
 			for _, e := range errs {

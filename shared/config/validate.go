@@ -11,13 +11,16 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	networking "istio.io/api/networking/v1alpha3"
 	security "istio.io/api/security/v1beta1"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
-// Validate checks c's spec the way Istio's validating webhook does (the rules that matter to a
-// control plane: references, ranges, mutually exclusive fields). It returns nil, one *Error, or
-// several joined with errors.Join (see Errors); each names its field path from "spec".
-func Validate(c Config) error {
+// Validate checks c the way Istio's validating webhook does (the rules that matter to a control
+// plane: references, ranges, mutually exclusive fields). It returns the warnings Istio would give
+// (the resource is still valid) and nil, one *Error, or several joined with errors.Join (see
+// Errors); each names its field path from "metadata" or "spec".
+func Validate(c Config) ([]*Warning, error) {
 	v := &validator{}
+	v.metadata(c)
 	switch s := c.Spec.(type) {
 	case *networking.VirtualService:
 		v.virtualService(s)
@@ -30,7 +33,7 @@ func Validate(c Config) error {
 	case *networking.WorkloadGroup:
 		v.workloadGroup(s)
 	case *networking.Gateway:
-		v.gateway(s)
+		v.gateway(c.Name, s)
 	case *networking.Sidecar:
 		v.sidecar(s)
 	case *security.PeerAuthentication:
@@ -44,8 +47,12 @@ func Validate(c Config) error {
 	default:
 		v.add("spec", "unexpected spec type %T for %s", c.Spec, c.Kind.Kind)
 	}
+	for _, w := range v.warns {
+		w.File, w.Doc = c.Source.File, c.Source.Doc
+		w.Kind, w.Namespace, w.Name = c.Kind.Kind, c.Namespace, c.Name
+	}
 	if len(v.errs) == 0 {
-		return nil
+		return v.warns, nil
 	}
 	errs := make([]error, len(v.errs))
 	for i, e := range v.errs {
@@ -54,13 +61,14 @@ func Validate(c Config) error {
 		errs[i] = e
 	}
 	if len(errs) == 1 {
-		return errs[0]
+		return v.warns, errs[0]
 	}
-	return errors.Join(errs...)
+	return v.warns, errors.Join(errs...)
 }
 
 type validator struct {
-	errs []*Error
+	errs  []*Error
+	warns []*Warning
 }
 
 func (v *validator) add(path, format string, args ...any) {
@@ -74,37 +82,73 @@ func (v *validator) addMsg(path, msg string) {
 	}
 }
 
+func (v *validator) warn(path, format string, args ...any) {
+	v.warns = append(v.warns, &Warning{Field: path, Message: fmt.Sprintf(format, args...)})
+}
+
+// Annotations Istio reserves for itself; a user's resource carrying one is refused.
+const (
+	dryRunAnnotation = "istio.io/dry-run"
+	alwaysReject     = "internal.istio.io/webhook-always-reject"
+)
+
+var internalAnnotations = []string{"internal.istio.io/parent-namespace", "internal.istio.io/parents"}
+
+// metadata checks the name, namespace and annotations. Names the Kubernetes API server would
+// refuse are only warnings: they cannot come from a cluster, and Istio accepts them from files.
+func (v *validator) metadata(c Config) {
+	if msgs := validation.IsDNS1123Subdomain(c.Name); len(msgs) > 0 {
+		v.warn("metadata.name", "%q is not a valid Kubernetes object name: %s", c.Name, strings.Join(msgs, "; "))
+	}
+	if c.Namespace != "" {
+		if msgs := validation.IsDNS1123Label(c.Namespace); len(msgs) > 0 {
+			v.warn("metadata.namespace", "%q is not a valid Kubernetes namespace: %s", c.Namespace, strings.Join(msgs, "; "))
+		}
+	}
+	if val, ok := c.Annotations[dryRunAnnotation]; ok {
+		p := key("metadata.annotations", dryRunAnnotation)
+		ap, isAuthz := c.Spec.(*security.AuthorizationPolicy)
+		switch {
+		case !isAuthz:
+			v.add(p, "only AuthorizationPolicy supports this annotation")
+		case ap.Action != security.AuthorizationPolicy_ALLOW && ap.Action != security.AuthorizationPolicy_DENY:
+			v.add(p, "only supported with action ALLOW or DENY, not %s", ap.Action)
+		default:
+			if _, err := strconv.ParseBool(val); err != nil {
+				v.add(p, "%q is not true or false", val)
+			}
+		}
+	}
+	if _, ok := c.Annotations[alwaysReject]; ok {
+		v.add(key("metadata.annotations", alwaysReject), "resources with this annotation are always rejected")
+	}
+	for _, a := range internalAnnotations {
+		if _, ok := c.Annotations[a]; ok {
+			v.add(key("metadata.annotations", a), "reserved for resources Istio generates; users may not set it")
+		}
+	}
+}
+
 func idx(path string, i int) string { return path + "[" + strconv.Itoa(i) + "]" }
 func key(path, k string) string     { return path + "[" + k + "]" }
 
 var (
-	labelRE     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	dnsLabelRE  = regexp.MustCompile(`^(?i)[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	labelValRE  = regexp.MustCompile(`^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$`)
-	labelNameRE = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
-	portNameRE  = regexp.MustCompile(`^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$`)
+	dnsLabelRE = regexp.MustCompile(`^(?i)[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	portNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$`)
 )
 
 // dns1123Label returns why s is not a Kubernetes DNS-1123 label, or "".
 func dns1123Label(s string) string {
-	if len(s) > 63 {
-		return "must be at most 63 characters"
-	}
-	if !labelRE.MatchString(s) {
-		return fmt.Sprintf("%q is not a valid DNS-1123 label (lowercase letters, digits and '-')", s)
+	if msgs := validation.IsDNS1123Label(s); len(msgs) > 0 {
+		return fmt.Sprintf("%q is not a valid DNS-1123 label: %s", s, strings.Join(msgs, "; "))
 	}
 	return ""
 }
 
 // dns1123Subdomain returns why s is not a Kubernetes object name (DNS-1123 subdomain), or "".
 func dns1123Subdomain(s string) string {
-	if len(s) > 253 {
-		return "must be at most 253 characters"
-	}
-	for _, l := range strings.Split(s, ".") {
-		if !labelRE.MatchString(l) {
-			return fmt.Sprintf("%q is not a valid DNS-1123 subdomain (lowercase letters, digits, '-' and '.')", s)
-		}
+	if msgs := validation.IsDNS1123Subdomain(s); len(msgs) > 0 {
+		return fmt.Sprintf("%q is not a valid DNS-1123 subdomain: %s", s, strings.Join(msgs, "; "))
 	}
 	return ""
 }
@@ -177,20 +221,12 @@ func (v *validator) duration(path string, d *durationpb.Duration, allowZero bool
 
 func (v *validator) labels(path string, labels map[string]string) {
 	for k, val := range labels {
-		name := k
-		if prefix, n, ok := strings.Cut(k, "/"); ok {
-			if msg := dns1123Subdomain(prefix); msg != "" {
-				v.add(key(path, k), "invalid label key prefix: %s", msg)
-				continue
-			}
-			name = n
-		}
-		if name == "" || len(name) > 63 || !labelNameRE.MatchString(name) {
-			v.add(key(path, k), "invalid label key %q", k)
+		if msgs := validation.IsQualifiedName(k); len(msgs) > 0 {
+			v.add(key(path, k), "invalid label key %q: %s", k, strings.Join(msgs, "; "))
 			continue
 		}
-		if len(val) > 63 || !labelValRE.MatchString(val) {
-			v.add(key(path, k), "invalid label value %q", val)
+		if msgs := validation.IsValidLabelValue(val); len(msgs) > 0 {
+			v.add(key(path, k), "invalid label value %q: %s", val, strings.Join(msgs, "; "))
 		}
 	}
 }
@@ -245,6 +281,8 @@ var knownProtocols = map[string]bool{
 	"REDIS": true, "MYSQL": true, "TCP": true, "TLS": true, "UDP": true, "THRIFT": true,
 	"UNSUPPORTED": true,
 }
+
+var httpProtocols = map[string]bool{"HTTP": true, "HTTP2": true, "GRPC": true, "GRPC-WEB": true}
 
 func (v *validator) protocol(path, p string, required bool) {
 	if p == "" {

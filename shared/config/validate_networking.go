@@ -447,6 +447,19 @@ func (v *validator) loadBalancer(p string, lb *networking.LoadBalancerSettings) 
 	if lb == nil {
 		return
 	}
+	if w := lb.Warmup; w != nil {
+		if w.Duration == nil {
+			v.add(p+".warmup.duration", "required")
+		} else {
+			v.duration(p+".warmup.duration", w.Duration, false)
+		}
+		if w.MinimumPercent.GetValue() > 100 {
+			v.add(p+".warmup.minimumPercent", "must be at most 100, got %v", w.MinimumPercent.GetValue())
+		}
+		if w.Aggression != nil && w.Aggression.GetValue() <= 0 {
+			v.add(p+".warmup.aggression", "must be greater than 0, got %v", w.Aggression.GetValue())
+		}
+	}
 	ch, ok := lb.LbPolicy.(*networking.LoadBalancerSettings_ConsistentHash)
 	if !ok || ch.ConsistentHash == nil {
 		return
@@ -665,10 +678,13 @@ func (v *validator) workloadEntry(p string, we *networking.WorkloadEntry, inServ
 	case a == "":
 		if we.Network == "" {
 			v.add(p+".address", "required unless network is set")
+		} else {
+			v.warn(p+".address", "unset, with network %q", we.Network)
 		}
 	case strings.HasPrefix(a, "unix://"):
-		if len(a) == len("unix://") {
-			v.add(p+".address", "unix:// needs a socket path")
+		v.addMsg(p+".address", unixAddress(strings.TrimPrefix(a, "unix://")))
+		if len(we.Ports) > 0 {
+			v.add(p+".ports", "a unix:// endpoint has no ports")
 		}
 	case isIP(a):
 	default:
@@ -677,6 +693,7 @@ func (v *validator) workloadEntry(p string, we *networking.WorkloadEntry, inServ
 		}
 	}
 	for name, port := range we.Ports {
+		v.addMsg(key(p+".ports", name), dns1123Label(name))
 		v.addMsg(key(p+".ports", name), portNumber(port))
 	}
 	v.labels(p+".labels", we.Labels)
@@ -685,29 +702,83 @@ func (v *validator) workloadEntry(p string, we *networking.WorkloadEntry, inServ
 	}
 }
 
+// unixAddress returns why path (after "unix://") is not a socket path: absolute, not a
+// directory, or an abstract socket ("@name"); or "".
+func unixAddress(path string) string {
+	switch {
+	case path == "":
+		return "unix:// needs a socket path"
+	case strings.HasPrefix(path, "@"):
+		return ""
+	case !strings.HasPrefix(path, "/") || strings.HasSuffix(path, "/"):
+		return fmt.Sprintf("%q is not an absolute path to a file", path)
+	}
+	return ""
+}
+
+// workloadGroup checks a WorkloadGroup. Like Istio, the template is not checked as a WorkloadEntry:
+// each workload fills in its own address and ports.
 func (v *validator) workloadGroup(s *networking.WorkloadGroup) {
 	if s.Template == nil {
 		v.add("spec.template", "required")
 		return
 	}
-	if s.Template.Address != "" {
-		v.add("spec.template.address", "must be empty: each workload fills in its own address")
-	}
-	for name, port := range s.Template.Ports {
-		v.addMsg(key("spec.template.ports", name), portNumber(port))
-	}
-	v.labels("spec.template.labels", s.Template.Labels)
 	if s.Metadata != nil {
 		v.labels("spec.metadata.labels", s.Metadata.Labels)
 	}
+	pr := s.Probe
+	if pr == nil {
+		return
+	}
+	for _, f := range []struct {
+		name string
+		val  int32
+	}{
+		{"periodSeconds", pr.PeriodSeconds}, {"initialDelaySeconds", pr.InitialDelaySeconds},
+		{"timeoutSeconds", pr.TimeoutSeconds}, {"successThreshold", pr.SuccessThreshold},
+		{"failureThreshold", pr.FailureThreshold},
+	} {
+		if f.val < 0 {
+			v.add("spec.probe."+f.name, "must not be negative, got %d", f.val)
+		}
+	}
+	switch m := pr.HealthCheckMethod.(type) {
+	case *networking.ReadinessProbe_HttpGet:
+		h := m.HttpGet
+		v.addMsg("spec.probe.httpGet.port", portNumber(h.GetPort()))
+		if sc := h.GetScheme(); sc != "" && sc != "HTTP" && sc != "HTTPS" {
+			v.add("spec.probe.httpGet.scheme", "must be HTTP or HTTPS, got %q", sc)
+		}
+		for i, hh := range h.GetHttpHeaders() {
+			if !probeHeaderNameRE.MatchString(hh.GetName()) {
+				v.add(idx("spec.probe.httpGet.httpHeaders", i)+".name", "%q is not a valid header name (letters, digits and '-')", hh.GetName())
+			}
+		}
+	case *networking.ReadinessProbe_TcpSocket:
+		v.addMsg("spec.probe.tcpSocket.port", portNumber(m.TcpSocket.GetPort()))
+	case *networking.ReadinessProbe_Exec:
+		if len(m.Exec.GetCommand()) == 0 {
+			v.add("spec.probe.exec.command", "required")
+		}
+	default:
+		v.add("spec.probe", "one of httpGet, tcpSocket or exec is required")
+	}
 }
 
-func (v *validator) gateway(s *networking.Gateway) {
+// probeHeaderNameRE is the header names Kubernetes allows in HTTP probes.
+var probeHeaderNameRE = regexp.MustCompile(`^[-A-Za-z0-9]+$`)
+
+func (v *validator) gateway(name string, s *networking.Gateway) {
+	// Gateway names end up in DNS-label positions (route and listener names): no dots.
+	if msg := dns1123Label(name); msg != "" {
+		v.add("metadata.name", "a Gateway name must be a DNS-1123 label: %s", msg)
+	}
 	if len(s.Servers) == 0 {
 		v.add("spec.servers", "at least one server is required")
 	}
 	v.labels("spec.selector", s.Selector)
 	names := map[string]bool{}
+	portNames := map[string]bool{}
 	for i, srv := range s.Servers {
 		p := idx("spec.servers", i)
 		if srv.Port == nil {
@@ -716,7 +787,17 @@ func (v *validator) gateway(s *networking.Gateway) {
 			v.addMsg(p+".port.number", portNumber(srv.Port.Number))
 			v.protocol(p+".port.protocol", srv.Port.Protocol, true)
 			if srv.Port.TargetPort != 0 {
-				v.addMsg(p+".port.targetPort", portNumber(srv.Port.TargetPort))
+				v.add(p+".port.targetPort", "has no effect on Gateways")
+			}
+			switch {
+			case srv.Port.Name == "":
+				v.add(p+".port.name", "required")
+			case portNames[srv.Port.Name]:
+				v.add(p+".port.name", "duplicate port name %q: each server's port needs its own", srv.Port.Name)
+			}
+			portNames[srv.Port.Name] = true
+			if proto := strings.ToUpper(srv.Port.Protocol); srv.GetTls().GetHttpsRedirect() && !httpProtocols[proto] {
+				v.warn(p+".tls.httpsRedirect", "only has an effect on HTTP servers, not %s", srv.Port.Protocol)
 			}
 		}
 		if srv.Name != "" {
@@ -799,6 +880,12 @@ func (v *validator) defaultEndpoint(p, ep string) {
 func (v *validator) sidecar(s *networking.Sidecar) {
 	if s.WorkloadSelector != nil {
 		v.labels("spec.workloadSelector.labels", s.WorkloadSelector.Labels)
+		if len(s.WorkloadSelector.Labels) == 0 {
+			v.warn("spec.workloadSelector", "no labels: the Sidecar applies to every workload in the namespace")
+		}
+	}
+	if len(s.Egress) == 0 && len(s.Ingress) == 0 && s.OutboundTrafficPolicy == nil && s.InboundConnectionPool == nil {
+		v.add("spec", "empty configuration: set at least one of ingress, egress, outboundTrafficPolicy or inboundConnectionPool")
 	}
 	ports := map[uint32]bool{}
 	for i, in := range s.Ingress {

@@ -27,6 +27,8 @@ type vcase struct {
 	spec string
 	// want lists the field paths of the expected errors; nil means valid.
 	want []string
+	// warn lists the field paths of the expected warnings.
+	warn []string
 }
 
 func runValidate(t *testing.T, cases []vcase) {
@@ -40,7 +42,18 @@ func runValidate(t *testing.T, cases []vcase) {
 			if len(cfgs) != 1 {
 				t.Fatalf("got %d configs", len(cfgs))
 			}
-			err := Validate(cfgs[0])
+			warnings, err := Validate(cfgs[0])
+			var warned []string
+			for _, w := range warnings {
+				warned = append(warned, w.Field)
+				if w.Kind != tc.kind || w.Name != "x" || w.File != "f.yaml" || !strings.HasPrefix(w.String(), "f.yaml: document 1: "+tc.kind+" ns/x: "+w.Field) {
+					t.Errorf("warning lacks identity: %q", w.String())
+				}
+			}
+			slices.Sort(warned)
+			if !slices.Equal(warned, tc.warn) {
+				t.Errorf("warnings = %q, want %q", warned, tc.warn)
+			}
 			var got []string
 			for _, e := range Errors(err) {
 				got = append(got, e.Field)
@@ -176,6 +189,9 @@ trafficPolicy:
   - port: {number: 80}
   - tls: {mode: MUTUAL}
 `, want: []string{"spec.trafficPolicy.portLevelSettings[1].port.number", "spec.trafficPolicy.portLevelSettings[2].port", "spec.trafficPolicy.portLevelSettings[2].tls.clientCertificate", "spec.trafficPolicy.portLevelSettings[2].tls.privateKey"}},
+		{name: "warmup", kind: "DestinationRule", spec: "host: r\ntrafficPolicy:\n  loadBalancer:\n    simple: ROUND_ROBIN\n    warmup: {duration: 60s, minimumPercent: 10, aggression: 2}\n"},
+		{name: "bad warmup", kind: "DestinationRule", spec: "host: r\ntrafficPolicy:\n  loadBalancer:\n    simple: ROUND_ROBIN\n    warmup: {minimumPercent: 101, aggression: 0}\n",
+			want: []string{"spec.trafficPolicy.loadBalancer.warmup.duration", "spec.trafficPolicy.loadBalancer.warmup.minimumPercent", "spec.trafficPolicy.loadBalancer.warmup.aggression"}},
 		{name: "mutual with credential", kind: "DestinationRule", spec: "host: r\ntrafficPolicy:\n  tls: {mode: MUTUAL, credentialName: c}\n"},
 		{name: "subset policy", kind: "DestinationRule", spec: "host: r\nsubsets:\n- name: a\n  trafficPolicy:\n    outlierDetection: {maxEjectionPercent: 200}\n",
 			want: []string{"spec.subsets[0].trafficPolicy.outlierDetection.maxEjectionPercent"}},
@@ -207,12 +223,21 @@ func TestValidateServiceEntry(t *testing.T) {
 func TestValidateWorkloadEntryAndGroup(t *testing.T) {
 	runValidate(t, []vcase{
 		{name: "valid", kind: "WorkloadEntry", spec: "address: 10.1.2.3\nports: {http: 8080}\nlabels: {app: vm}\nserviceAccount: vm-sa\n"},
-		{name: "network only", kind: "WorkloadEntry", spec: "network: net2\n"},
+		{name: "network only", kind: "WorkloadEntry", spec: "network: net2\n", warn: []string{"spec.address"}},
 		{name: "hostname", kind: "WorkloadEntry", spec: "address: vm1.example.com\n"},
 		{name: "no address", kind: "WorkloadEntry", spec: "ports: {http: 80}\n", want: []string{"spec.address"}},
 		{name: "bad address and port", kind: "WorkloadEntry", spec: "address: 'a b'\nports: {http: 70000}\n", want: []string{"spec.address", "spec.ports[http]"}},
 		{name: "group valid", kind: "WorkloadGroup", spec: "metadata: {labels: {app: vm}}\ntemplate: {ports: {http: 80}, serviceAccount: sa}\n"},
-		{name: "group with address", kind: "WorkloadGroup", spec: "template: {address: 1.2.3.4}\n", want: []string{"spec.template.address"}},
+		{name: "group with address", kind: "WorkloadGroup", spec: "template: {address: 1.2.3.4}\n"},
+		{name: "group probe", kind: "WorkloadGroup", spec: "template: {}\nprobe:\n  periodSeconds: -1\n  httpGet: {port: 0, scheme: FTP, httpHeaders: [{name: 'bad header', value: v}, {name: X-Ok, value: v}]}\n",
+			want: []string{"spec.probe.periodSeconds", "spec.probe.httpGet.port", "spec.probe.httpGet.scheme", "spec.probe.httpGet.httpHeaders[0].name"}},
+		{name: "group probe without method", kind: "WorkloadGroup", spec: "template: {}\nprobe: {periodSeconds: 5}\n", want: []string{"spec.probe"}},
+		{name: "group tcp probe", kind: "WorkloadGroup", spec: "template: {}\nprobe: {tcpSocket: {port: 70000}}\n", want: []string{"spec.probe.tcpSocket.port"}},
+		{name: "unix socket", kind: "WorkloadEntry", spec: "address: unix:///var/run/app.sock\n"},
+		{name: "abstract unix socket", kind: "WorkloadEntry", spec: "address: unix://@app\n"},
+		{name: "relative unix socket with ports", kind: "WorkloadEntry", spec: "address: unix://app.sock\nports: {http: 80}\n", want: []string{"spec.address", "spec.ports"}},
+		{name: "unix socket directory", kind: "WorkloadEntry", spec: "address: unix:///var/run/\n", want: []string{"spec.address"}},
+		{name: "bad port name", kind: "WorkloadEntry", spec: "address: 1.2.3.4\nports: {Http_1: 80}\n", want: []string{"spec.ports[Http_1]"}},
 		{name: "group without template", kind: "WorkloadGroup", spec: "metadata: {labels: {app: vm}}\n", want: []string{"spec.template"}},
 	})
 }
@@ -241,7 +266,21 @@ servers:
   tls: {mode: MUTUAL, serverCertificate: /c, privateKey: /k}
 - port: {number: 81, protocol: SOAP}
   hosts: [a.com]
-`, want: []string{"spec.servers[0].port", "spec.servers[1].port.number", "spec.servers[1].hosts", "spec.servers[2].tls", "spec.servers[3].hosts[0]", "spec.servers[3].tls.caCertificates", "spec.servers[4].port.protocol"}},
+`, want: []string{"spec.servers[0].port", "spec.servers[1].port.number", "spec.servers[1].port.name", "spec.servers[1].hosts", "spec.servers[2].port.name", "spec.servers[2].tls",
+			"spec.servers[3].port.name", "spec.servers[3].hosts[0]", "spec.servers[3].tls.caCertificates", "spec.servers[4].port.name", "spec.servers[4].port.protocol"}},
+		{name: "duplicate port names", kind: "Gateway", spec: `
+servers:
+- port: {number: 80, name: http, protocol: HTTP}
+  hosts: ['*']
+- port: {number: 8080, name: http, protocol: HTTP}
+  hosts: ['*']
+`, want: []string{"spec.servers[1].port.name"}},
+		{name: "https redirect on tcp", kind: "Gateway", spec: `
+servers:
+- port: {number: 31400, name: tcp, protocol: TCP}
+  hosts: ['*']
+  tls: {httpsRedirect: true}
+`, warn: []string{"spec.servers[0].tls.httpsRedirect"}},
 	})
 }
 
@@ -266,6 +305,8 @@ egress:
 - hosts: [foo.com]
 - hosts: []
 `, want: []string{"spec.ingress[0].port", "spec.ingress[0].defaultEndpoint", "spec.ingress[1].port.number", "spec.egress[0].hosts[0]", "spec.egress[1].port", "spec.egress[1].hosts"}},
+		{name: "empty", kind: "Sidecar", spec: "workloadSelector: {labels: {app: a}}\n", want: []string{"spec"}},
+		{name: "selector without labels", kind: "Sidecar", spec: "workloadSelector: {}\noutboundTrafficPolicy: {mode: REGISTRY_ONLY}\n", warn: []string{"spec.workloadSelector"}},
 	})
 }
 
@@ -273,6 +314,8 @@ func TestValidateSecurity(t *testing.T) {
 	runValidate(t, []vcase{
 		{name: "valid", kind: "PeerAuthentication", spec: "selector: {matchLabels: {app: a}}\nmtls: {mode: STRICT}\nportLevelMtls:\n  8080: {mode: DISABLE}\n"},
 		{name: "port level without selector", kind: "PeerAuthentication", spec: "portLevelMtls:\n  0: {mode: DISABLE}\n", want: []string{"spec.portLevelMtls", "spec.portLevelMtls[0]"}},
+		{name: "empty port level", kind: "PeerAuthentication", spec: "selector: {matchLabels: {app: a}}\nportLevelMtls: {}\n", want: []string{"spec.portLevelMtls"}},
+		{name: "selector without labels", kind: "PeerAuthentication", spec: "selector: {}\nmtls: {mode: STRICT}\n", warn: []string{"spec.selector"}},
 		{name: "valid", kind: "AuthorizationPolicy", spec: `
 selector: {matchLabels: {app: httpbin}}
 action: ALLOW
@@ -280,12 +323,13 @@ rules:
 - from:
   - source: {principals: [cluster.local/ns/default/sa/sleep], ipBlocks: [10.0.0.0/8]}
   to:
-  - operation: {methods: [GET], ports: ['8080']}
+  - operation: {methods: [GET], ports: ['8080'], paths: ['/api/{*}/items/{**}']}
   when:
   - key: request.auth.claims[iss]
     values: [https://accounts.google.com]
 `},
 		{name: "allow nothing", kind: "AuthorizationPolicy", spec: "{}"},
+		{name: "trust domains only", kind: "AuthorizationPolicy", spec: "rules:\n- from:\n  - source: {trustDomains: [td1.example.com]}\n  - source: {notTrustDomains: ['*.example.org']}\n"},
 		{name: "problems", kind: "AuthorizationPolicy", spec: `
 action: CUSTOM
 rules:
@@ -293,15 +337,37 @@ rules:
   - source: {}
   - source: {ipBlocks: [bad]}
   to:
-  - operation: {ports: ['http', '0']}
+  - operation: {ports: ['http', '0'], paths: ['/a/{**}/{*}']}
   when:
   - key: ''
-`, want: []string{"spec.provider", "spec.rules[0].from[0].source", "spec.rules[0].from[1].source.ipBlocks[0]", "spec.rules[0].to[0].operation.ports[0]", "spec.rules[0].to[0].operation.ports[1]", "spec.rules[0].when[0].key", "spec.rules[0].when[0]"}},
-		{name: "provider without custom", kind: "AuthorizationPolicy", spec: "action: DENY\nprovider: {name: ext}\n", want: []string{"spec.provider"}},
-		{name: "selector and targetRef", kind: "AuthorizationPolicy", spec: "selector: {matchLabels: {a: b}}\ntargetRef: {kind: Gateway, name: gw}\n", want: []string{"spec.selector"}},
-		{name: "valid", kind: "RequestAuthentication", spec: "jwtRules:\n- issuer: https://example.com\n  jwksUri: https://example.com/jwks.json\n  fromHeaders: [{name: x-jwt, prefix: 'Bearer '}]\n"},
+  - key: request.headers
+    values: [x]
+  - key: destination.port
+    values: ['99999']
+`, want: []string{"spec.provider.name", "spec.rules[0].from[0].source", "spec.rules[0].from[1].source.ipBlocks[0]", "spec.rules[0].to[0].operation.ports[0]",
+			"spec.rules[0].to[0].operation.paths[0]", "spec.rules[0].when[0].key", "spec.rules[0].when[1].key", "spec.rules[0].when[2].values[0]"}},
+		{name: "service accounts with namespaces", kind: "AuthorizationPolicy", spec: "rules:\n- from:\n  - source: {serviceAccounts: [ns/sa, 'a/b/c'], namespaces: [ns]}\n",
+			want: []string{"spec.rules[0].from[0].source.serviceAccounts", "spec.rules[0].from[0].source.serviceAccounts[1]"}},
+		{name: "provider without custom", kind: "AuthorizationPolicy", spec: "action: DENY\nprovider: {name: ext}\nrules: [{}]\n", want: []string{"spec.provider"}},
+		{name: "deny without rules", kind: "AuthorizationPolicy", spec: "action: DENY\n", want: []string{"spec.rules"}},
+		{name: "deny on http attributes", kind: "AuthorizationPolicy", spec: "action: DENY\nrules:\n- to:\n  - operation: {methods: [POST]}\n", warn: []string{"spec.rules[0]"}},
+		{name: "selector and targetRef", kind: "AuthorizationPolicy", spec: "selector: {matchLabels: {a: b}}\ntargetRef: {group: gateway.networking.k8s.io, kind: Gateway, name: gw}\n", want: []string{"spec"}},
+		{name: "bad targetRef", kind: "AuthorizationPolicy", spec: "targetRef: {kind: Pod, namespace: other}\n", want: []string{"spec.targetRef.name", "spec.targetRef.namespace", "spec.targetRef.kind"}},
+		{name: "valid", kind: "RequestAuthentication", spec: "jwtRules:\n- issuer: https://example.com\n  jwksUri: https://example.com/jwks.json\n  fromHeaders: [{name: x-jwt, prefix: 'Bearer '}]\n  outputClaimToHeaders: [{header: x-sub, claim: sub}]\n"},
 		{name: "problems", kind: "RequestAuthentication", spec: "jwtRules:\n- jwksUri: ftp://x\n  fromHeaders: [{prefix: x}]\n",
-			want: []string{"spec.jwtRules[0].issuer", "spec.jwtRules[0].jwksUri", "spec.jwtRules[0].fromHeaders[0].name"}},
+			want: []string{"spec.jwtRules[0].jwksUri", "spec.jwtRules[0].fromHeaders[0].name"}},
+		{name: "empty values", kind: "RequestAuthentication", spec: `
+targetRef: {kind: Service, name: svc}
+jwtRules:
+- audiences: ['']
+  fromCookies: ['']
+  fromParams: ['']
+  outputClaimToHeaders: [{header: ':authority', claim: sub}, {header: x-a}]
+`, want: []string{"spec.jwtRules[0].issuer", "spec.jwtRules[0].audiences[0]", "spec.jwtRules[0].fromCookies[0]", "spec.jwtRules[0].fromParams[0]",
+			"spec.jwtRules[0].outputClaimToHeaders[0].header", "spec.jwtRules[0].outputClaimToHeaders[1]"}},
+		{name: "targetRef to a Deployment", kind: "RequestAuthentication", spec: "targetRef: {group: apps, kind: Deployment, name: d}\n", want: []string{"spec.targetRef.kind"}},
+		{name: "private jwks", kind: "RequestAuthentication", spec: `jwtRules: [{issuer: i, jwks: '{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}'}]`, warn: []string{"spec.jwtRules[0].jwks"}},
+		{name: "bad jwks", kind: "RequestAuthentication", spec: `jwtRules: [{issuer: i, jwks: 'not json'}]`, want: []string{"spec.jwtRules[0].jwks"}},
 	})
 }
 
@@ -310,7 +376,7 @@ func TestValidateMessage(t *testing.T) {
 	if len(errs) > 0 || len(cfgs) != 1 {
 		t.Fatalf("parse: %v %v", cfgs, errs)
 	}
-	err := Validate(cfgs[0])
+	_, err := Validate(cfgs[0])
 	const want = "conf/reviews.yaml: document 1: VirtualService ns/x: spec.http[0].route[0].weight: must be between 0 and 100, got 150"
 	if err == nil || err.Error() != want {
 		t.Fatalf("got %v\nwant %s", err, want)

@@ -4,6 +4,7 @@
 package schema
 
 import (
+	"slices"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
@@ -26,6 +27,14 @@ type Kind struct {
 	New func() proto.Message
 	// ClusterScoped kinds are named "name" on the bus; the others "namespace/name".
 	ClusterScoped bool
+	// OlderVersions are the other API versions a document of this kind may carry, as the
+	// Kubernetes API server serves them ("v1beta1"); Istio <= 1.23 also used them in bus type URLs.
+	OlderVersions []string
+}
+
+// Versions lists every API version the kind is read in, the bus version first.
+func (k Kind) Versions() []string {
+	return append([]string{k.Version}, k.OlderVersions...)
 }
 
 // APIVersion is the "group/version" a YAML document of this kind carries.
@@ -37,9 +46,13 @@ func (k Kind) APIVersion() string {
 }
 
 func istio(group, kind, plural string, newFn func() proto.Message) Kind {
+	older := []string{"v1alpha3", "v1beta1"}
+	if group == "security.istio.io" {
+		older = []string{"v1beta1"}
+	}
 	return Kind{
 		Group: group, Version: "v1", Kind: kind, Plural: plural,
-		TypeURL: group + "/v1/" + kind, New: newFn,
+		TypeURL: group + "/v1/" + kind, New: newFn, OlderVersions: older,
 	}
 }
 
@@ -95,9 +108,6 @@ var IstioConfig = []Kind{
 // All lists every kind known to Sailplane.
 var All = append(append([]Kind{}, IstioConfig...), MeshConfig, Service, Endpoints)
 
-// Older API versions still accepted on input; Istio <= 1.23 also used them in bus type URLs.
-var legacyVersions = map[string]bool{"v1alpha3": true, "v1beta1": true, "v1": true}
-
 // ByTypeURL finds a kind by its bus type URL, accepting the legacy versions of Istio kinds
 // ("networking.istio.io/v1alpha3/VirtualService").
 func ByTypeURL(typeURL string) (Kind, bool) {
@@ -107,14 +117,20 @@ func ByTypeURL(typeURL string) (Kind, bool) {
 		}
 	}
 	parts := strings.Split(typeURL, "/")
-	if len(parts) != 3 || !legacyVersions[parts[1]] {
+	if len(parts) != 3 {
 		return Kind{}, false
 	}
-	return ByAPIVersionKind(parts[0]+"/"+parts[1], parts[2])
+	for _, k := range IstioConfig {
+		if k.Group == parts[0] && k.Kind == parts[2] && slices.Contains(k.OlderVersions, parts[1]) {
+			return k, true
+		}
+	}
+	return Kind{}, false
 }
 
-// ByAPIVersionKind finds a kind from a YAML document's apiVersion and kind, accepting
-// v1, v1beta1 and v1alpha3 for Istio kinds.
+// ByAPIVersionKind finds a kind from a YAML document's apiVersion and kind, accepting the
+// kind's older versions (Kind.Versions): v1alpha3 and v1beta1 for networking.istio.io, v1beta1
+// for security.istio.io, as Istio does.
 func ByAPIVersionKind(apiVersion, kind string) (Kind, bool) {
 	group, version, ok := strings.Cut(apiVersion, "/")
 	if !ok {
@@ -124,7 +140,7 @@ func ByAPIVersionKind(apiVersion, kind string) (Kind, bool) {
 		if k.Kind != kind || k.Group != group {
 			continue
 		}
-		if version == k.Version || (k.Group != "" && strings.HasSuffix(k.Group, ".istio.io") && legacyVersions[version]) {
+		if slices.Contains(k.Versions(), version) {
 			return k, true
 		}
 	}

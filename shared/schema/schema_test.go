@@ -13,6 +13,8 @@ func TestByAPIVersionKind(t *testing.T) {
 		{"security.istio.io/v1beta1", "AuthorizationPolicy", AuthorizationPolicy.TypeURL},
 		{"networking.istio.io/v2", "VirtualService", ""},
 		{"security.istio.io/v1", "VirtualService", ""},
+		{"security.istio.io/v1alpha3", "PeerAuthentication", ""},
+		{"security.istio.io/v1", "PeerAuthentication", PeerAuthentication.TypeURL},
 		{"sailplane.dev/v1", "Service", Service.TypeURL},
 		{"v1", "Service", ""},
 	}
@@ -34,6 +36,8 @@ func TestByTypeURL(t *testing.T) {
 		{"core/v1alpha1/MeshConfig", MeshConfig.TypeURL},
 		{"sailplane.dev/discovery/v1/Endpoints", Endpoints.TypeURL},
 		{"networking.istio.io/v1alpha3/Nope", ""},
+		{"security.istio.io/v1alpha3/PeerAuthentication", ""},
+		{"sailplane.dev/v1/Service", ""},
 		{"example.com/v1/Unknown", ""},
 	}
 	for _, tt := range tests {

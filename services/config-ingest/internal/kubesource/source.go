@@ -415,7 +415,11 @@ func (s *Source) syncLocked(ks *kindState, i int, key string) {
 		return
 	}
 	s.enqueueStatusLocked(statusKey{kind: i, ns: ns, name: name})
-	if err := config.Validate(c); err != nil {
+	warnings, err := config.Validate(c)
+	for _, w := range warnings {
+		s.log.Warn("config warning", "warning", w.String())
+	}
+	if err != nil {
 		prev := ks.invalid[busName]
 		ks.invalid[busName] = err
 		if prev == nil || prev.Error() != err.Error() {
@@ -585,7 +589,8 @@ func (s *Source) writeStatus(ctx context.Context, k statusKey) error {
 	if !ok || !ok2 {
 		return nil
 	}
-	patch, err := statusPatch(status, config.Validate(c), meta.GetResourceVersion(), time.Now())
+	_, invalid := config.Validate(c)
+	patch, err := statusPatch(status, invalid, meta.GetResourceVersion(), time.Now())
 	if err != nil || patch == nil {
 		return err
 	}

@@ -204,7 +204,11 @@ func (t *Tree) parse(path string, data []byte, prev *file) *file {
 			f.problems = append(f.problems, duplicate(c, first.Source))
 			continue
 		}
-		if err := config.Validate(c); err != nil {
+		warnings, err := config.Validate(c)
+		for _, w := range warnings {
+			t.logger.Warn("config warning", "warning", w.String())
+		}
+		if err != nil {
 			for _, e := range config.Errors(err) {
 				f.problems = append(f.problems, e)
 			}
