@@ -16,7 +16,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func gwDoc(name string) string {
-	return "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: " + name + "}\nspec:\n  servers:\n  - port: {number: 80, protocol: HTTP}\n    hosts: ['*']\n"
+	return "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: " + name + "}\nspec:\n  servers:\n  - port: {number: 80, name: http, protocol: HTTP}\n    hosts: ['*']\n"
 }
 
 func put(t *testing.T, p, s string) {
