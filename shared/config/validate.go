@@ -132,23 +132,13 @@ func (v *validator) metadata(c Config) {
 func idx(path string, i int) string { return path + "[" + strconv.Itoa(i) + "]" }
 func key(path, k string) string     { return path + "[" + k + "]" }
 
-var (
-	dnsLabelRE = regexp.MustCompile(`^(?i)[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	portNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$`)
-)
+var dnsLabelRE = regexp.MustCompile(`^(?i)[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 
-// dns1123Label returns why s is not a Kubernetes DNS-1123 label, or "".
-func dns1123Label(s string) string {
-	if msgs := validation.IsDNS1123Label(s); len(msgs) > 0 {
-		return fmt.Sprintf("%q is not a valid DNS-1123 label: %s", s, strings.Join(msgs, "; "))
-	}
-	return ""
-}
-
-// dns1123Subdomain returns why s is not a Kubernetes object name (DNS-1123 subdomain), or "".
-func dns1123Subdomain(s string) string {
-	if msgs := validation.IsDNS1123Subdomain(s); len(msgs) > 0 {
-		return fmt.Sprintf("%q is not a valid DNS-1123 subdomain: %s", s, strings.Join(msgs, "; "))
+// dnsLabel returns why s is not a DNS label as Istio checks them in specs (port, subset and
+// gateway names, namespaces): RFC 1123, at most 63 characters, in either case; or "".
+func dnsLabel(s string) string {
+	if len(s) > 63 || !dnsLabelRE.MatchString(s) {
+		return fmt.Sprintf("%q is not a valid DNS label (letters, digits and '-', at most 63)", s)
 	}
 	return ""
 }
@@ -258,7 +248,7 @@ func (v *validator) exportTo(path string, list []string) {
 		switch e {
 		case ".", "*", "~":
 		default:
-			if msg := dns1123Label(e); msg != "" {
+			if msg := dnsLabel(e); msg != "" {
 				v.add(p, "must be \".\", \"*\", \"~\" or a namespace: %s", msg)
 				continue
 			}

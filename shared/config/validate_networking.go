@@ -82,19 +82,23 @@ func (v *validator) virtualService(s *networking.VirtualService) {
 	v.exportTo("spec.exportTo", s.ExportTo)
 }
 
-// gatewayRef checks a gateway reference: "mesh", "name", "namespace/name".
+// gatewayRef checks a gateway reference: "mesh", "namespace/name", or the legacy FQDN form.
 func (v *validator) gatewayRef(path, g string) {
 	if g == "mesh" {
 		return
 	}
 	ns, name, ok := strings.Cut(g, "/")
 	if !ok {
-		name = g
-	} else if msg := dns1123Label(ns); msg != "" {
-		v.add(path, "invalid gateway namespace: %s", msg)
+		if first, rest, dotted := strings.Cut(g, "."); dotted {
+			v.warn(path, "legacy gateway name %q: prefer namespace/name, %q", g, strings.Split(rest, ".")[0]+"/"+first)
+		}
+		v.addMsg(path, dnsName(g))
 		return
 	}
-	if msg := dns1123Subdomain(name); msg != "" {
+	if msg := dnsLabel(ns); msg != "" {
+		v.add(path, "invalid gateway namespace: %s", msg)
+	}
+	if msg := dnsLabel(name); msg != "" {
 		v.add(path, "invalid gateway name: %s", msg)
 	}
 }
@@ -141,10 +145,10 @@ func (v *validator) httpRoute(p string, r *networking.HTTPRoute) {
 		if d.Name == "" {
 			v.add(p+".delegate.name", "required")
 		} else {
-			v.addMsg(p+".delegate.name", dns1123Subdomain(d.Name))
+			v.addMsg(p+".delegate.name", dnsName(d.Name))
 		}
 		if d.Namespace != "" {
-			v.addMsg(p+".delegate.namespace", dns1123Label(d.Namespace))
+			v.addMsg(p+".delegate.namespace", dnsLabel(d.Namespace))
 		}
 	}
 	v.duration(p+".timeout", r.Timeout, true)
@@ -295,7 +299,7 @@ func (v *validator) httpMatch(p string, m *networking.HTTPMatchRequest) {
 		v.gatewayRef(idx(p+".gateways", k), g)
 	}
 	if m.SourceNamespace != "" {
-		v.addMsg(p+".sourceNamespace", dns1123Label(m.SourceNamespace))
+		v.addMsg(p+".sourceNamespace", dnsLabel(m.SourceNamespace))
 	}
 }
 
@@ -381,7 +385,7 @@ func (v *validator) destination(p string, d *networking.Destination) {
 		v.addMsg(p+".host", hostName(d.Host, false))
 	}
 	if d.Subset != "" {
-		v.addMsg(p+".subset", dns1123Label(d.Subset))
+		v.addMsg(p+".subset", dnsLabel(d.Subset))
 	}
 	if d.Port != nil {
 		v.addMsg(p+".port.number", portNumber(d.Port.Number))
@@ -404,7 +408,7 @@ func (v *validator) destinationRule(s *networking.DestinationRule) {
 		case names[ss.Name]:
 			v.add(p+".name", "duplicate subset name %q", ss.Name)
 		default:
-			v.addMsg(p+".name", dns1123Label(ss.Name))
+			v.addMsg(p+".name", dnsLabel(ss.Name))
 		}
 		names[ss.Name] = true
 		v.labels(p+".labels", ss.Labels)
@@ -607,8 +611,8 @@ func (v *validator) serviceEntry(s *networking.ServiceEntry) {
 			v.add(p+".name", "required")
 		case portNames[sp.Name]:
 			v.add(p+".name", "duplicate port name %q", sp.Name)
-		case !portNameRE.MatchString(sp.Name):
-			v.add(p+".name", "invalid port name %q", sp.Name)
+		default:
+			v.addMsg(p+".name", dnsLabel(sp.Name))
 		}
 		portNames[sp.Name] = true
 		v.protocol(p+".protocol", sp.Protocol, false)
@@ -693,13 +697,10 @@ func (v *validator) workloadEntry(p string, we *networking.WorkloadEntry, inServ
 		}
 	}
 	for name, port := range we.Ports {
-		v.addMsg(key(p+".ports", name), dns1123Label(name))
+		v.addMsg(key(p+".ports", name), dnsLabel(name))
 		v.addMsg(key(p+".ports", name), portNumber(port))
 	}
 	v.labels(p+".labels", we.Labels)
-	if we.ServiceAccount != "" {
-		v.addMsg(p+".serviceAccount", dns1123Subdomain(we.ServiceAccount))
-	}
 }
 
 // unixAddress returns why path (after "unix://") is not a socket path: absolute, not a
@@ -770,8 +771,8 @@ var probeHeaderNameRE = regexp.MustCompile(`^[-A-Za-z0-9]+$`)
 
 func (v *validator) gateway(name string, s *networking.Gateway) {
 	// Gateway names end up in DNS-label positions (route and listener names): no dots.
-	if msg := dns1123Label(name); msg != "" {
-		v.add("metadata.name", "a Gateway name must be a DNS-1123 label: %s", msg)
+	if msg := dnsLabel(name); msg != "" {
+		v.add("metadata.name", "a Gateway name must be a DNS label: %s", msg)
 	}
 	if len(s.Servers) == 0 {
 		v.add("spec.servers", "at least one server is required")
@@ -848,7 +849,7 @@ func (v *validator) namespacedHost(p, h string, required bool) {
 		switch ns {
 		case "*", ".", "~":
 		default:
-			if msg := dns1123Label(ns); msg != "" {
+			if msg := dnsLabel(ns); msg != "" {
 				v.add(p, "invalid namespace in %q: %s", h, msg)
 				return
 			}

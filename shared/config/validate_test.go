@@ -83,7 +83,7 @@ func TestValidateVirtualService(t *testing.T) {
 		{name: "bad host", kind: "VirtualService", spec: "hosts: [bad_host!]\n" + route, want: []string{"spec.hosts[0]"}},
 		{name: "star on mesh", kind: "VirtualService", spec: "hosts: ['*']\n" + route, want: []string{"spec.hosts[0]"}},
 		{name: "star on gateway", kind: "VirtualService", spec: "hosts: ['*']\ngateways: [istio-system/gw]\n" + route},
-		{name: "bad gateway", kind: "VirtualService", spec: "hosts: [a]\ngateways: [Bad/gw, ok/gw, mesh]\n" + route, want: []string{"spec.gateways[0]"}},
+		{name: "bad gateway", kind: "VirtualService", spec: "hosts: [a]\ngateways: [bad_ns/gw, ok/gw, mesh]\n" + route, want: []string{"spec.gateways[0]"}},
 		{name: "no routes", kind: "VirtualService", spec: "hosts: [a]", want: []string{"spec"}},
 		{name: "empty http route", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- name: r\n", want: []string{"spec.http[0]"}},
 		{name: "route and redirect", kind: "VirtualService", spec: "hosts: [a]\n" + route + "  redirect: {uri: /x}\n", want: []string{"spec.http[0]"}},
@@ -120,7 +120,7 @@ func TestValidateVirtualService(t *testing.T) {
 		{name: "tcp", kind: "VirtualService", spec: "hosts: [a]\ntcp:\n- match:\n  - port: 0\n  route: []\n", want: []string{"spec.tcp[0].route"}},
 		{name: "good tcp", kind: "VirtualService", spec: "hosts: [a]\ntcp:\n- match:\n  - port: 27017\n  route:\n  - destination: {host: mongo, port: {number: 5555}}\n"},
 		{name: "tls without sni", kind: "VirtualService", spec: "hosts: [a]\ntls:\n- match:\n  - port: 443\n  route:\n  - destination: {host: a}\n", want: []string{"spec.tls[0].match[0].sniHosts"}},
-		{name: "exportTo", kind: "VirtualService", spec: "hosts: [a]\nexportTo: ['*', 'Bad']\n" + route, want: []string{"spec.exportTo[1]", "spec.exportTo"}},
+		{name: "exportTo", kind: "VirtualService", spec: "hosts: [a]\nexportTo: ['*', 'bad_ns']\n" + route, want: []string{"spec.exportTo[1]", "spec.exportTo"}},
 	})
 }
 

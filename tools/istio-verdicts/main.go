@@ -199,8 +199,8 @@ func oneLine(s string) string {
 	for _, p := range []string{"Error: 1 error occurred: * ", "Error: ", "\"FILE\" has warnings: * "} {
 		s = strings.TrimPrefix(s, p)
 	}
-	if len(s) > maxMessage {
-		s = s[:maxMessage] + "…"
+	if r := []rune(s); len(r) > maxMessage {
+		s = string(r[:maxMessage]) + "…"
 	}
 	return s
 }
