@@ -27,7 +27,7 @@ func Validate(c Config) ([]*Warning, error) {
 	case *networking.DestinationRule:
 		v.destinationRule(s)
 	case *networking.ServiceEntry:
-		v.serviceEntry(s)
+		v.serviceEntry(s, c.Labels)
 	case *networking.WorkloadEntry:
 		v.workloadEntry("spec", s, false)
 	case *networking.WorkloadGroup:
@@ -272,7 +272,11 @@ var knownProtocols = map[string]bool{
 	"UNSUPPORTED": true,
 }
 
-var httpProtocols = map[string]bool{"HTTP": true, "HTTP2": true, "GRPC": true, "GRPC-WEB": true}
+var (
+	httpProtocols = map[string]bool{"HTTP": true, "HTTP2": true, "GRPC": true, "GRPC-WEB": true, "HTTP_PROXY": true}
+	// tcpProtocols are carried over TCP without Envoy's HTTP processing.
+	tcpProtocols = map[string]bool{"TCP": true, "HTTPS": true, "TLS": true, "MONGO": true, "REDIS": true, "MYSQL": true}
+)
 
 func (v *validator) protocol(path, p string, required bool) {
 	if p == "" {

@@ -23,13 +23,27 @@ func (v *validator) virtualService(s *networking.VirtualService) {
 			meshBound = true
 		}
 	}
+	hostsValid := true
 	for i, h := range s.Hosts {
 		p := idx("spec.hosts", i)
-		if h == "*" && meshBound {
-			v.add(p, `"*" is not allowed for VirtualServices bound to the mesh (sidecars)`)
-			continue
+		msg := hostName(h, true)
+		if msg != "" && isIP(h) {
+			msg = ""
 		}
-		v.addMsg(p, hostName(h, true))
+		if msg == "" && h == "*" && meshBound {
+			msg = `"*" is not allowed for VirtualServices bound to the mesh (sidecars)`
+		}
+		v.addMsg(p, msg)
+		hostsValid = hostsValid && msg == ""
+	}
+	if hostsValid {
+		for i, a := range s.Hosts {
+			for _, b := range s.Hosts[i+1:] {
+				if hostsOverlap(a, b) {
+					v.add(idx("spec.hosts", i), "hosts %q and %q overlap: each host may appear once", a, b)
+				}
+			}
+		}
 	}
 	for i, g := range s.Gateways {
 		v.gatewayRef(idx("spec.gateways", i), g)
@@ -38,7 +52,7 @@ func (v *validator) virtualService(s *networking.VirtualService) {
 		v.add("spec", "at least one of http, tcp or tls routes is required")
 	}
 	for i, r := range s.Http {
-		v.httpRoute(idx("spec.http", i), r)
+		v.httpRoute(idx("spec.http", i), r, !meshBound)
 	}
 	for i, r := range s.Tcp {
 		p := idx("spec.tcp", i)
@@ -80,6 +94,7 @@ func (v *validator) virtualService(s *networking.VirtualService) {
 		v.routeDestinations(p+".route", r.GetRoute())
 	}
 	v.exportTo("spec.exportTo", s.ExportTo)
+	v.unusedRoutes(s)
 }
 
 // gatewayRef checks a gateway reference: "mesh", "namespace/name", or the legacy FQDN form.
@@ -103,7 +118,7 @@ func (v *validator) gatewayRef(path, g string) {
 	}
 }
 
-func (v *validator) httpRoute(p string, r *networking.HTTPRoute) {
+func (v *validator) httpRoute(p string, r *networking.HTTPRoute, gateway bool) {
 	set := 0
 	for _, b := range []bool{len(r.Route) > 0, r.Redirect != nil, r.DirectResponse != nil, r.Delegate != nil} {
 		if b {
@@ -117,7 +132,7 @@ func (v *validator) httpRoute(p string, r *networking.HTTPRoute) {
 		v.add(p, "route, redirect, directResponse and delegate are mutually exclusive")
 	}
 	for j, m := range r.Match {
-		v.httpMatch(idx(p+".match", j), m)
+		v.httpMatch(idx(p+".match", j), m, gateway)
 	}
 	v.routeDestinations(p+".route", httpDestinations(r.Route))
 	for j, d := range r.Route {
@@ -233,41 +248,59 @@ func (v *validator) httpRoute(p string, r *networking.HTTPRoute) {
 	v.headers(p+".headers", r.Headers)
 }
 
-var headerNameRE = regexp.MustCompile(`^:?[0-9a-z!#$%&'*+\-.^_|~` + "`" + `]+$`)
+// headerNameRE is RFC 7230's token: what a header name may be made of.
+var headerNameRE = regexp.MustCompile("^[!#$%&'*+\\-.^_`|~A-Za-z0-9]+$")
 
+// headers checks header operations as Istio does: request headers may be added or set except
+// pseudo-headers other than :authority; removed request headers and all response headers may
+// not be Host or pseudo-headers.
 func (v *validator) headers(p string, h *networking.Headers) {
 	if h == nil {
 		return
 	}
+	check := func(path, name string, authorityAllowed bool) {
+		switch {
+		case name == "":
+			v.add(path, "header name must not be empty")
+		case authorityAllowed && (strings.EqualFold(name, ":authority") || strings.EqualFold(name, "host")):
+		case strings.EqualFold(name, "host"):
+			v.add(path, "the Host header cannot be changed here")
+		case strings.HasPrefix(name, ":"):
+			v.add(path, "pseudo-header %q cannot be changed", name)
+		}
+	}
 	for _, op := range []struct {
-		name string
-		o    *networking.Headers_HeaderOperations
-	}{{"request", h.Request}, {"response", h.Response}} {
+		name    string
+		o       *networking.Headers_HeaderOperations
+		request bool
+	}{{"request", h.Request, true}, {"response", h.Response, false}} {
 		if op.o == nil {
 			continue
 		}
-		op := op
-		check := func(field, name string) {
-			if !headerNameRE.MatchString(strings.ToLower(name)) {
-				v.add(key(p+"."+op.name+"."+field, name), "invalid header name %q", name)
-			}
-		}
 		for k := range op.o.Set {
-			check("set", k)
+			check(key(p+"."+op.name+".set", k), k, op.request)
 		}
 		for k := range op.o.Add {
-			check("add", k)
+			check(key(p+"."+op.name+".add", k), k, op.request)
 		}
 		for i, k := range op.o.Remove {
-			if !headerNameRE.MatchString(strings.ToLower(k)) {
-				v.add(idx(p+"."+op.name+".remove", i), "invalid header name %q", k)
-			}
+			check(idx(p+"."+op.name+".remove", i), k, false)
 		}
 	}
 }
 
-func (v *validator) httpMatch(p string, m *networking.HTTPMatchRequest) {
-	v.stringMatch(p+".uri", m.Uri, false)
+var pseudoHeaders = map[string]bool{":method": true, ":scheme": true, ":authority": true, ":path": true, ":status": true}
+
+// jwtClaimHeader reports whether a header match name routes on a JWT claim
+// ("@request.auth.claims.groups"), which only gateways support.
+func jwtClaimHeader(name string) bool {
+	rest, ok := strings.CutPrefix(strings.ToLower(name), "@request.auth.claims")
+	return ok && len(rest) > 1 && (rest[0] == '.' || (rest[0] == '[' && strings.HasSuffix(rest, "]")))
+}
+
+func (v *validator) httpMatch(p string, m *networking.HTTPMatchRequest, gateway bool) {
+	// Envoy allows an empty URI prefix (it matches everything); not for the other fields.
+	v.stringMatch(p+".uri", m.Uri, true)
 	v.stringMatch(p+".scheme", m.Scheme, false)
 	v.stringMatch(p+".method", m.Method, false)
 	v.stringMatch(p+".authority", m.Authority, false)
@@ -277,19 +310,26 @@ func (v *validator) httpMatch(p string, m *networking.HTTPMatchRequest) {
 	}{{"headers", m.Headers}, {"withoutHeaders", m.WithoutHeaders}} {
 		for name, sm := range hm.m {
 			hp := key(p+"."+hm.field, name)
-			if name == "" {
+			switch {
+			case name == "":
 				v.add(hp, "header name must not be empty")
+			case jwtClaimHeader(name):
+				if !gateway {
+					v.add(hp, "routing on JWT claims is only supported on gateways")
+				}
+			case pseudoHeaders[name]:
+			case !headerNameRE.MatchString(name):
+				v.add(hp, "%q is not a valid header name", name)
+			}
+			// "*" in withoutHeaders is not a regular expression: it means "is present".
+			if hm.field == "withoutHeaders" && sm.GetRegex() == "*" {
 				continue
 			}
-			if strings.ToLower(name) != name {
-				v.add(hp, "header name %q must be lowercase", name)
-			}
-			// An empty match ({}) tests that the header is present.
-			v.stringMatch(hp, sm, true)
+			v.stringMatch(hp, sm, false)
 		}
 	}
 	for name, sm := range m.QueryParams {
-		v.stringMatch(key(p+".queryParams", name), sm, true)
+		v.stringMatch(key(p+".queryParams", name), sm, false)
 	}
 	if m.Port != 0 {
 		v.addMsg(p+".port", portNumber(m.Port))
@@ -303,31 +343,28 @@ func (v *validator) httpMatch(p string, m *networking.HTTPMatchRequest) {
 	}
 }
 
-// stringMatch checks an exact/prefix/regex match. presence allows an empty match, which means
-// "is present" for headers and query parameters.
-func (v *validator) stringMatch(p string, sm *networking.StringMatch, presence bool) {
-	if sm == nil {
-		return
-	}
-	switch t := sm.MatchType.(type) {
-	case nil:
-		if !presence {
-			v.add(p, "one of exact, prefix or regex is required")
-		}
-	case *networking.StringMatch_Exact:
-		if t.Exact == "" && !presence {
-			v.add(p+".exact", "must not be empty")
-		}
+// maxRegexLength approximates Envoy's limit on a regular expression's RE2 program size.
+const maxRegexLength = 1024
+
+// stringMatch checks an exact/prefix/regex match as Istio does: an empty match or exact value
+// is allowed (it tests presence), an empty prefix only where emptyPrefix, a regex must be RE2.
+func (v *validator) stringMatch(p string, sm *networking.StringMatch, emptyPrefix bool) {
+	switch t := sm.GetMatchType().(type) {
 	case *networking.StringMatch_Prefix:
-		if t.Prefix == "" && !presence {
+		if t.Prefix == "" && !emptyPrefix {
 			v.add(p+".prefix", "must not be empty")
 		}
 	case *networking.StringMatch_Regex:
-		if t.Regex == "" {
+		switch {
+		case t.Regex == "":
 			v.add(p+".regex", "must not be empty")
-		} else if _, err := regexp.Compile(t.Regex); err != nil {
+		case len(t.Regex) > maxRegexLength:
+			v.add(p+".regex", "longer than %d characters", maxRegexLength)
+		default:
 			// Envoy uses RE2, as Go's regexp does.
-			v.add(p+".regex", "invalid RE2 regular expression: %v", err)
+			if _, err := regexp.Compile(t.Regex); err != nil {
+				v.add(p+".regex", "invalid RE2 regular expression: %v", err)
+			}
 		}
 	}
 }
@@ -583,13 +620,23 @@ func (v *validator) clientTLS(p string, t *networking.ClientTLSSettings) {
 	}
 }
 
-func (v *validator) serviceEntry(s *networking.ServiceEntry) {
+// autoAllocateLabel opts a ServiceEntry out of Istio's automatic address allocation ("false").
+const autoAllocateLabel = "networking.istio.io/enable-autoallocate-ip"
+
+func (v *validator) serviceEntry(s *networking.ServiceEntry, labels map[string]string) {
 	if len(s.Hosts) == 0 {
 		v.add("spec.hosts", "at least one host is required")
 	}
 	for i, h := range s.Hosts {
-		v.addMsg(idx("spec.hosts", i), hostName(h, false))
+		msg := hostName(h, false)
+		v.addMsg(idx("spec.hosts", i), msg)
+		if msg == "" && strings.Contains(h, "*") && !strings.HasPrefix(h, "*.") && s.Resolution != networking.ServiceEntry_DYNAMIC_DNS {
+			v.warn(idx("spec.hosts", i), "partial wildcard %q: only \"*.\" prefixes are supported", h)
+		}
 	}
+	// Istio allocates addresses to ServiceEntries without any, unless resolution is NONE or the
+	// label opts out; TCP needs an address to tell services apart.
+	autoAllocate := s.Resolution != networking.ServiceEntry_NONE && !strings.EqualFold(labels[autoAllocateLabel], "false")
 	hasCIDR := false
 	for i, a := range s.Addresses {
 		v.addMsg(idx("spec.addresses", i), ipOrCIDR(a))
@@ -619,25 +666,43 @@ func (v *validator) serviceEntry(s *networking.ServiceEntry) {
 		if sp.TargetPort != 0 {
 			v.addMsg(p+".targetPort", portNumber(sp.TargetPort))
 		}
+		if len(s.Addresses) == 0 && !autoAllocate && (sp.Protocol == "" || sp.Protocol == "TCP") {
+			v.warn(p, "a TCP (or unset) protocol port needs spec.addresses when addresses are not allocated automatically")
+		}
+	}
+	if s.Resolution != networking.ServiceEntry_NONE && len(s.Hosts) > 1 {
+		for i, sp := range s.Ports {
+			if proto := strings.ToUpper(sp.Protocol); !httpProtocols[proto] && proto != "HTTPS" && proto != "TLS" {
+				v.add(idx("spec.ports", i)+".protocol", "several hosts need HTTP or TLS ports to be told apart, not %q (or use resolution NONE)", sp.Protocol)
+				break
+			}
+		}
 	}
 	if s.WorkloadSelector != nil && len(s.Endpoints) > 0 {
 		v.add("spec.workloadSelector", "workloadSelector and endpoints are mutually exclusive")
 	}
 	if s.WorkloadSelector != nil {
 		v.labels("spec.workloadSelector.labels", s.WorkloadSelector.Labels)
+		if len(s.WorkloadSelector.Labels) == 0 {
+			v.warn("spec.workloadSelector", "no labels: the ServiceEntry selects every workload in the namespace")
+		}
 	}
 	switch s.Resolution {
 	case networking.ServiceEntry_NONE:
 		if len(s.Endpoints) > 0 {
 			v.add("spec.endpoints", "not allowed with resolution NONE")
 		}
-	case networking.ServiceEntry_STATIC:
-		if len(s.Endpoints) == 0 && s.WorkloadSelector == nil {
-			v.add("spec.endpoints", "required with resolution STATIC (or use workloadSelector)")
+		if s.WorkloadSelector != nil {
+			v.warn("spec.workloadSelector", "has no effect with resolution NONE")
 		}
+	case networking.ServiceEntry_STATIC:
 		for i, ep := range s.Endpoints {
-			if a := ep.GetAddress(); a != "" && !isIP(a) && !strings.HasPrefix(a, "unix://") {
+			a := ep.GetAddress()
+			if a != "" && !isIP(a) && !strings.HasPrefix(a, "unix://") {
 				v.add(idx("spec.endpoints", i)+".address", "%q must be an IP address or unix:// path with resolution STATIC", a)
+			}
+			if strings.HasPrefix(a, "unix://") && len(s.Ports) != 1 {
+				v.add(idx("spec.endpoints", i)+".address", "a unix:// endpoint needs exactly one port in spec.ports")
 			}
 		}
 	case networking.ServiceEntry_DNS, networking.ServiceEntry_DNS_ROUND_ROBIN:
@@ -659,12 +724,20 @@ func (v *validator) serviceEntry(s *networking.ServiceEntry) {
 				v.addMsg(idx("spec.endpoints", i)+".address", dnsName(a))
 			}
 		}
+		if len(s.Addresses) > 0 && len(s.Hosts) > 1 {
+			for _, sp := range s.Ports {
+				if tcpProtocols[strings.ToUpper(sp.Protocol)] {
+					v.warn("spec.hosts", "several hosts with addresses and a TCP port cannot be told apart")
+					break
+				}
+			}
+		}
 	}
 	for i, ep := range s.Endpoints {
 		p := idx("spec.endpoints", i)
 		v.workloadEntry(p, ep, true)
 		for name := range ep.GetPorts() {
-			if len(s.Ports) > 0 && !portNames[name] {
+			if !portNames[name] {
 				v.add(key(p+".ports", name), "no port named %q in spec.ports", name)
 			}
 		}
