@@ -10,6 +10,10 @@
 // are never validated whole. Documents are split as Sailplane splits them
 // (config.SplitDocuments), so the test finds them by file and index. Go templates ("{{") are
 // skipped: they are not Istio config until rendered.
+//
+// Istio's CRD test data states each document's expected error in a top-level "_err" key, which
+// alone makes the document invalid. Such a document is recorded twice: as it is, and without
+// its "_err" line (index "N-_err"), so that the rule it was written for is compared too.
 package main
 
 import (
@@ -27,6 +31,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -55,7 +60,7 @@ func main() {
 // Document is one selected document of the corpus.
 type Document struct {
 	Path string // slash-separated, relative to the module root
-	Doc  int    // 1-based index among the file's non-empty documents
+	Doc  string // 1-based index among the file's non-empty documents; "N-_err" without _err
 	Text []byte
 }
 
@@ -108,7 +113,7 @@ func run(istioctl, module string, workers int) error {
 	fmt.Fprintf(&out, "module %s\n", module)
 	for i, d := range docs {
 		sum := sha256.Sum256(d.Text)
-		line := fmt.Sprintf("%s %d %s %s", d.Path, d.Doc, hex.EncodeToString(sum[:6]), verdicts[i].kind)
+		line := fmt.Sprintf("%s %s %s %s", d.Path, d.Doc, hex.EncodeToString(sum[:6]), verdicts[i].kind)
 		if m := verdicts[i].message; m != "" {
 			line += " " + m
 		}
@@ -134,6 +139,8 @@ func moduleDir(module string) (string, error) {
 var (
 	apiVersionRE = regexp.MustCompile(`(?m)^apiVersion:\s*["']?(networking|security)\.istio\.io/`)
 	kindRE       = regexp.MustCompile(`(?m)^kind:\s*["']?([A-Za-z]+)`)
+	// errLineRE is the "_err" line of Istio's CRD test data (TestIstioConformance strips it alike).
+	errLineRE = regexp.MustCompile(`(?m)^_err:.*\n?`)
 )
 
 // corpus lists the documents of dir's YAML files whose apiVersion is an Istio networking or
@@ -161,7 +168,11 @@ func corpus(dir string) ([]Document, error) {
 			if !apiVersionRE.Match(doc) || k == nil || !kinds[string(k[1])] || bytes.Contains(doc, []byte("{{")) {
 				continue
 			}
-			docs = append(docs, Document{Path: filepath.ToSlash(rel), Doc: i + 1, Text: doc})
+			d := Document{Path: filepath.ToSlash(rel), Doc: strconv.Itoa(i + 1), Text: doc}
+			docs = append(docs, d)
+			if errLineRE.Match(doc) {
+				docs = append(docs, Document{Path: d.Path, Doc: d.Doc + "-_err", Text: errLineRE.ReplaceAll(doc, nil)})
+			}
 		}
 		return nil
 	})
