@@ -26,9 +26,9 @@ type recordedVerdict struct {
 	// withoutErr: the document without its "_err" line, the expected error Istio's CRD test
 	// data writes into each document (see tools/istio-verdicts).
 	withoutErr bool
-	sum     string
-	verdict string // valid, warning or error
-	message string
+	sum        string
+	verdict    string // valid, warning or error
+	message    string
 }
 
 // TestIstioConformance checks that Sailplane accepts exactly the documents Istio accepts, and

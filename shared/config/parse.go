@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -103,6 +104,8 @@ func emptyDoc(doc []byte) bool {
 // and would not fit in one bus message either.
 const MaxResourceBytes = 3 << 19
 
+var lineRE = regexp.MustCompile(`line (\d+)`)
+
 // topLevelFields are the keys a Kubernetes object may have; anything else (a misspelled "spec:")
 // would otherwise be silently dropped.
 var topLevelFields = map[string]bool{"apiVersion": true, "kind": true, "metadata": true, "spec": true, "status": true}
@@ -193,7 +196,14 @@ func parseHeader(doc []byte) (header, *Error) {
 	if err != nil {
 		msg := strings.TrimPrefix(err.Error(), "error converting YAML to JSON: ")
 		msg = strings.ReplaceAll(strings.TrimPrefix(msg, "yaml: unmarshal errors:\n"), "\n", ";")
-		return h, &Error{Err: fmt.Errorf("%w: %s", ErrMalformed, strings.TrimSpace(msg))}
+		msg = lineRE.ReplaceAllString(strings.TrimSpace(msg), "line $1 of the document")
+		e := &Error{Err: fmt.Errorf("%w: %s", ErrMalformed, msg)}
+		// A duplicate key still leaves a readable document: name the resource, so that its
+		// last good version is kept.
+		if lax, err := yaml.YAMLToJSON(doc); err == nil && json.Unmarshal(lax, &h) == nil {
+			e.Kind, e.Namespace, e.Name = h.Kind, h.Metadata.Namespace, h.Metadata.Name
+		}
+		return h, e
 	}
 	js = bytes.TrimSpace(js)
 	if len(js) == 0 || js[0] != '{' {

@@ -158,7 +158,7 @@ metadata: {name: old}
 		{7, nil, "metadata.name", "PeerAuthentication: metadata.name: required"},
 		{8, ErrSchema, "spec.trafficPolicy.loadBalancer.simple", `unknown value "ROUNDROBIN"`},
 		{10, ErrMalformed, "", "must be a mapping"},
-		{12, ErrMalformed, "", `key "spec" already set`},
+		{12, ErrMalformed, "", `DestinationRule default/twice: malformed YAML: line 7 of the document: key "spec" already set`},
 		{13, ErrSchema, "sepc", `DestinationRule default/misspelled: sepc: does not match schema: unknown field "sepc"`},
 		{14, ErrUnknownKind, "", "security.istio.io has no security.istio.io/v1alpha3 (versions: v1, v1beta1)"},
 	}

@@ -97,13 +97,11 @@ var internalAnnotations = []string{"internal.istio.io/parent-namespace", "intern
 // metadata checks the name, namespace and annotations. Names the Kubernetes API server would
 // refuse are only warnings: they cannot come from a cluster, and Istio accepts them from files.
 func (v *validator) metadata(c Config) {
-	if msgs := validation.IsDNS1123Subdomain(c.Name); len(msgs) > 0 {
-		v.warn("metadata.name", "%q is not a valid Kubernetes object name: %s", c.Name, strings.Join(msgs, "; "))
+	if len(validation.IsDNS1123Subdomain(c.Name)) > 0 {
+		v.warn("metadata.name", "%q is not a name the Kubernetes API server accepts (a DNS-1123 subdomain: lowercase letters, digits, '-' and '.')", c.Name)
 	}
-	if c.Namespace != "" {
-		if msgs := validation.IsDNS1123Label(c.Namespace); len(msgs) > 0 {
-			v.warn("metadata.namespace", "%q is not a valid Kubernetes namespace: %s", c.Namespace, strings.Join(msgs, "; "))
-		}
+	if c.Namespace != "" && len(validation.IsDNS1123Label(c.Namespace)) > 0 {
+		v.warn("metadata.namespace", "%q is not a namespace the Kubernetes API server accepts (a DNS-1123 label: lowercase letters, digits and '-')", c.Namespace)
 	}
 	if val, ok := c.Annotations[dryRunAnnotation]; ok {
 		p := key("metadata.annotations", dryRunAnnotation)
