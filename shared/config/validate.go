@@ -12,6 +12,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 	security "istio.io/api/security/v1beta1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 // Validate checks c the way Istio's validating webhook does (the rules that matter to a control
@@ -29,7 +30,7 @@ func Validate(c Config) ([]*Warning, error) {
 	case *networking.ServiceEntry:
 		v.serviceEntry(s, c.Labels)
 	case *networking.WorkloadEntry:
-		v.workloadEntry("spec", s, false)
+		v.workloadEntry(specPath, s, false)
 	case *networking.WorkloadGroup:
 		v.workloadGroup(s)
 	case *networking.Gateway:
@@ -43,9 +44,9 @@ func Validate(c Config) ([]*Warning, error) {
 	case *security.RequestAuthentication:
 		v.requestAuthentication(s)
 	case nil:
-		v.add("spec", "required")
+		v.add(specPath, "required")
 	default:
-		v.add("spec", "unexpected spec type %T for %s", c.Spec, c.Kind.Kind)
+		v.add(specPath, "unexpected spec type %T for %s", c.Spec, c.Kind.Kind)
 	}
 	for _, w := range v.warns {
 		w.File, w.Doc = c.Source.File, c.Source.Doc
@@ -66,24 +67,30 @@ func Validate(c Config) ([]*Warning, error) {
 	return v.warns, errors.Join(errs...)
 }
 
+// The roots of every field path.
+var (
+	specPath     = field.NewPath("spec")
+	metadataPath = field.NewPath("metadata")
+)
+
 type validator struct {
 	errs  []*Error
 	warns []*Warning
 }
 
-func (v *validator) add(path, format string, args ...any) {
-	v.errs = append(v.errs, &Error{Field: path, Err: fmt.Errorf(format, args...)})
+func (v *validator) add(path *field.Path, format string, args ...any) {
+	v.errs = append(v.errs, &Error{Field: path.String(), Err: fmt.Errorf(format, args...)})
 }
 
 // addMsg adds msg when not empty, for the helpers that return a message.
-func (v *validator) addMsg(path, msg string) {
+func (v *validator) addMsg(path *field.Path, msg string) {
 	if msg != "" {
-		v.errs = append(v.errs, &Error{Field: path, Err: errors.New(msg)})
+		v.errs = append(v.errs, &Error{Field: path.String(), Err: errors.New(msg)})
 	}
 }
 
-func (v *validator) warn(path, format string, args ...any) {
-	v.warns = append(v.warns, &Warning{Field: path, Message: fmt.Sprintf(format, args...)})
+func (v *validator) warn(path *field.Path, format string, args ...any) {
+	v.warns = append(v.warns, &Warning{Field: path.String(), Message: fmt.Sprintf(format, args...)})
 }
 
 // Annotations Istio reserves for itself; a user's resource carrying one is refused.
@@ -98,13 +105,13 @@ var internalAnnotations = []string{"internal.istio.io/parent-namespace", "intern
 // refuse are only warnings: they cannot come from a cluster, and Istio accepts them from files.
 func (v *validator) metadata(c Config) {
 	if len(validation.IsDNS1123Subdomain(c.Name)) > 0 {
-		v.warn("metadata.name", "%q is not a name the Kubernetes API server accepts (a DNS-1123 subdomain: lowercase letters, digits, '-' and '.')", c.Name)
+		v.warn(metadataPath.Child("name"), "%q is not a name the Kubernetes API server accepts (a DNS-1123 subdomain: lowercase letters, digits, '-' and '.')", c.Name)
 	}
 	if c.Namespace != "" && len(validation.IsDNS1123Label(c.Namespace)) > 0 {
-		v.warn("metadata.namespace", "%q is not a namespace the Kubernetes API server accepts (a DNS-1123 label: lowercase letters, digits and '-')", c.Namespace)
+		v.warn(metadataPath.Child("namespace"), "%q is not a namespace the Kubernetes API server accepts (a DNS-1123 label: lowercase letters, digits and '-')", c.Namespace)
 	}
 	if val, ok := c.Annotations[dryRunAnnotation]; ok {
-		p := key("metadata.annotations", dryRunAnnotation)
+		p := metadataPath.Child("annotations").Key(dryRunAnnotation)
 		ap, isAuthz := c.Spec.(*security.AuthorizationPolicy)
 		switch {
 		case !isAuthz:
@@ -118,17 +125,14 @@ func (v *validator) metadata(c Config) {
 		}
 	}
 	if _, ok := c.Annotations[alwaysReject]; ok {
-		v.add(key("metadata.annotations", alwaysReject), "resources with this annotation are always rejected")
+		v.add(metadataPath.Child("annotations").Key(alwaysReject), "resources with this annotation are always rejected")
 	}
 	for _, a := range internalAnnotations {
 		if _, ok := c.Annotations[a]; ok {
-			v.add(key("metadata.annotations", a), "reserved for resources Istio generates; users may not set it")
+			v.add(metadataPath.Child("annotations").Key(a), "reserved for resources Istio generates; users may not set it")
 		}
 	}
 }
-
-func idx(path string, i int) string { return path + "[" + strconv.Itoa(i) + "]" }
-func key(path, k string) string     { return path + "[" + k + "]" }
 
 var dnsLabelRE = regexp.MustCompile(`^(?i)[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 
@@ -190,7 +194,7 @@ func percent(p float64) string {
 	return ""
 }
 
-func (v *validator) duration(path string, d *durationpb.Duration, allowZero bool) {
+func (v *validator) duration(path *field.Path, d *durationpb.Duration, allowZero bool) {
 	if d == nil {
 		return
 	}
@@ -207,14 +211,14 @@ func (v *validator) duration(path string, d *durationpb.Duration, allowZero bool
 	}
 }
 
-func (v *validator) labels(path string, labels map[string]string) {
+func (v *validator) labels(path *field.Path, labels map[string]string) {
 	for k, val := range labels {
 		if msgs := validation.IsQualifiedName(k); len(msgs) > 0 {
-			v.add(key(path, k), "invalid label key %q: %s", k, strings.Join(msgs, "; "))
+			v.add(path.Key(k), "invalid label key %q: %s", k, strings.Join(msgs, "; "))
 			continue
 		}
 		if msgs := validation.IsValidLabelValue(val); len(msgs) > 0 {
-			v.add(key(path, k), "invalid label value %q: %s", val, strings.Join(msgs, "; "))
+			v.add(path.Key(k), "invalid label value %q: %s", val, strings.Join(msgs, "; "))
 		}
 	}
 }
@@ -239,10 +243,10 @@ func isIP(s string) bool {
 }
 
 // exportTo checks the exportTo entries: ".", "*", "~" or a namespace.
-func (v *validator) exportTo(path string, list []string) {
+func (v *validator) exportTo(path *field.Path, list []string) {
 	seen := map[string]bool{}
 	for i, e := range list {
-		p := idx(path, i)
+		p := path.Index(i)
 		switch e {
 		case ".", "*", "~":
 		default:
@@ -276,7 +280,7 @@ var (
 	tcpProtocols = map[string]bool{"TCP": true, "HTTPS": true, "TLS": true, "MONGO": true, "REDIS": true, "MYSQL": true}
 )
 
-func (v *validator) protocol(path, p string, required bool) {
+func (v *validator) protocol(path *field.Path, p string, required bool) {
 	if p == "" {
 		if required {
 			v.add(path, "required")

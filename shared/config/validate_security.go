@@ -9,16 +9,17 @@ import (
 
 	security "istio.io/api/security/v1beta1"
 	typev1beta1 "istio.io/api/type/v1beta1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 // workloadSelector checks a policy's selector as Istio does: no empty keys, no wildcards, and a
 // warning when it selects nothing in particular.
-func (v *validator) workloadSelector(p string, s *typev1beta1.WorkloadSelector) {
+func (v *validator) workloadSelector(p *field.Path, s *typev1beta1.WorkloadSelector) {
 	if s == nil {
 		return
 	}
 	for k, val := range s.MatchLabels {
-		lp := key(p+".matchLabels", k)
+		lp := p.Child("matchLabels").Key(k)
 		if k == "" {
 			v.add(lp, "empty label key")
 		}
@@ -45,62 +46,62 @@ func (v *validator) targets(sel *typev1beta1.WorkloadSelector, ref *typev1beta1.
 		}
 	}
 	if set > 1 {
-		v.add("spec", "only one of selector, targetRef and targetRefs may be set")
+		v.add(specPath, "only one of selector, targetRef and targetRefs may be set")
 	}
-	check := func(p string, r *typev1beta1.PolicyTargetReference) {
+	check := func(p *field.Path, r *typev1beta1.PolicyTargetReference) {
 		if r == nil {
 			return
 		}
 		if r.Name == "" {
-			v.add(p+".name", "required")
+			v.add(p.Child("name"), "required")
 		}
 		if r.Namespace != "" {
-			v.add(p+".namespace", "must not be set: cross-namespace references are not supported")
+			v.add(p.Child("namespace"), "must not be set: cross-namespace references are not supported")
 		}
 		group := r.Group
 		if group == "core" {
 			group = ""
 		}
 		if !policyTargets[group+"/"+r.Kind] {
-			v.add(p+".kind", "must be a Service, ServiceEntry, Gateway or GatewayClass (group %q, kind %q)", r.Group, r.Kind)
+			v.add(p.Child("kind"), "must be a Service, ServiceEntry, Gateway or GatewayClass (group %q, kind %q)", r.Group, r.Kind)
 		}
 	}
-	check("spec.targetRef", ref)
+	check(specPath.Child("targetRef"), ref)
 	for i, r := range refs {
-		check(idx("spec.targetRefs", i), r)
+		check(specPath.Child("targetRefs").Index(i), r)
 	}
 }
 
 func (v *validator) peerAuthentication(s *security.PeerAuthentication) {
-	v.workloadSelector("spec.selector", s.Selector)
+	v.workloadSelector(specPath.Child("selector"), s.Selector)
 	if len(s.PortLevelMtls) > 0 && len(s.GetSelector().GetMatchLabels()) == 0 {
-		v.add("spec.portLevelMtls", "requires a selector with matchLabels (a mesh or namespace policy cannot set port-level mTLS)")
+		v.add(specPath.Child("portLevelMtls"), "requires a selector with matchLabels (a mesh or namespace policy cannot set port-level mTLS)")
 	}
 	if s.PortLevelMtls != nil && len(s.PortLevelMtls) == 0 {
-		v.add("spec.portLevelMtls", "must have at least one entry when set")
+		v.add(specPath.Child("portLevelMtls"), "must have at least one entry when set")
 	}
 	for port := range s.PortLevelMtls {
-		v.addMsg(key("spec.portLevelMtls", strconv.FormatUint(uint64(port), 10)), portNumber(port))
+		v.addMsg(specPath.Child("portLevelMtls").Key(strconv.FormatUint(uint64(port), 10)), portNumber(port))
 	}
 }
 
 func (v *validator) authorizationPolicy(s *security.AuthorizationPolicy) {
 	v.targets(s.Selector, s.TargetRef, s.TargetRefs)
-	v.workloadSelector("spec.selector", s.Selector)
+	v.workloadSelector(specPath.Child("selector"), s.Selector)
 	custom := s.Action == security.AuthorizationPolicy_CUSTOM
 	switch {
 	case custom && s.Rules == nil:
-		v.add("spec.rules", "required with action CUSTOM (add an empty rule {} to apply it to every request)")
+		v.add(specPath.Child("rules"), "required with action CUSTOM (add an empty rule {} to apply it to every request)")
 	case custom && s.GetProvider().GetName() == "":
-		v.add("spec.provider.name", "required with action CUSTOM")
+		v.add(specPath.Child("provider", "name"), "required with action CUSTOM")
 	case !custom && s.GetProvider() != nil:
-		v.add("spec.provider", "only allowed with action CUSTOM, not %s", s.Action)
+		v.add(specPath.Child("provider"), "only allowed with action CUSTOM, not %s", s.Action)
 	}
 	if s.Action == security.AuthorizationPolicy_DENY && s.Rules == nil {
-		v.add("spec.rules", "required with action DENY (add an empty rule {} to deny every request)")
+		v.add(specPath.Child("rules"), "required with action DENY (add an empty rule {} to deny every request)")
 	}
 	for i, r := range s.Rules {
-		p := idx("spec.rules", i)
+		p := specPath.Child("rules").Index(i)
 		if r == nil {
 			v.add(p, "must not be null")
 			continue
@@ -109,7 +110,7 @@ func (v *validator) authorizationPolicy(s *security.AuthorizationPolicy) {
 		// traffic, which Istio warns about.
 		var hasFrom, hasTo, tcpFrom, tcpTo bool
 		for j, f := range r.From {
-			fp := idx(p+".from", j) + ".source"
+			fp := p.Child("from").Index(j).Child("source")
 			src := f.GetSource()
 			if src == nil {
 				v.add(fp, "required")
@@ -122,7 +123,7 @@ func (v *validator) authorizationPolicy(s *security.AuthorizationPolicy) {
 				src.NotRemoteIpBlocks != nil || src.ServiceAccounts != nil || src.NotServiceAccounts != nil
 		}
 		for j, t := range r.To {
-			tp := idx(p+".to", j) + ".operation"
+			tp := p.Child("to").Index(j).Child("operation")
 			op := t.GetOperation()
 			if op == nil {
 				v.add(tp, "required")
@@ -133,7 +134,7 @@ func (v *validator) authorizationPolicy(s *security.AuthorizationPolicy) {
 			tcpTo = tcpTo || op.Ports != nil || op.NotPorts != nil
 		}
 		for j, c := range r.When {
-			v.condition(idx(p+".when", j), c, custom)
+			v.condition(p.Child("when").Index(j), c, custom)
 		}
 		if s.Action == security.AuthorizationPolicy_DENY && ((hasFrom && !hasTo && !tcpFrom) || (hasTo && !tcpTo)) {
 			v.warn(p, "this DENY rule uses only HTTP attributes, so it denies all traffic to TCP ports in its scope; name the ports explicitly")
@@ -141,7 +142,7 @@ func (v *validator) authorizationPolicy(s *security.AuthorizationPolicy) {
 	}
 }
 
-func (v *validator) source(p string, src *security.Source, custom bool) {
+func (v *validator) source(p *field.Path, src *security.Source, custom bool) {
 	type list struct {
 		name   string
 		values []string
@@ -161,13 +162,13 @@ func (v *validator) source(p string, src *security.Source, custom bool) {
 			continue
 		}
 		empty = false
-		lp := p + "." + l.name
+		lp := p.Child(l.name)
 		// CUSTOM policies are checked by an external authorizer that sees only the request.
 		if custom && !strings.Contains(strings.ToLower(l.name), "ipblocks") {
 			v.add(lp, "not supported with action CUSTOM")
 		}
 		for k, val := range l.values {
-			ep := idx(lp, k)
+			ep := lp.Index(k)
 			switch {
 			case val == "":
 				v.add(ep, "must not be empty")
@@ -191,7 +192,7 @@ func (v *validator) source(p string, src *security.Source, custom bool) {
 	}
 	if len(src.Principals)+len(src.NotPrincipals)+len(src.Namespaces)+len(src.NotNamespaces) > 0 &&
 		len(src.ServiceAccounts)+len(src.NotServiceAccounts) > 0 {
-		v.add(p+".serviceAccounts", "cannot be combined with namespaces or principals")
+		v.add(p.Child("serviceAccounts"), "cannot be combined with namespaces or principals")
 	}
 }
 
@@ -220,7 +221,7 @@ func wildcardValue(s string) string {
 	return ""
 }
 
-func (v *validator) operation(p string, op *security.Operation) {
+func (v *validator) operation(p *field.Path, op *security.Operation) {
 	type list struct {
 		name   string
 		values []string
@@ -233,7 +234,7 @@ func (v *validator) operation(p string, op *security.Operation) {
 	for _, l := range lists {
 		empty = empty && len(l.values) == 0
 		for k, val := range l.values {
-			ep := idx(p+"."+l.name, k)
+			ep := p.Child(l.name).Index(k)
 			switch {
 			case val == "":
 				v.add(ep, "must not be empty")
@@ -277,25 +278,25 @@ func pathTemplate(path string) string {
 }
 
 // condition checks a when clause; see Istio's list of authorization attributes.
-func (v *validator) condition(p string, c *security.Condition, custom bool) {
+func (v *validator) condition(p *field.Path, c *security.Condition, custom bool) {
 	if c == nil {
 		v.add(p, "must not be null")
 		return
 	}
 	if c.Key == "" {
-		v.add(p+".key", "required")
+		v.add(p.Child("key"), "required")
 		return
 	}
 	if custom && (c.Key == "source.namespace" || c.Key == "source.serviceAccount" || c.Key == "source.trustDomain" ||
 		c.Key == "source.principal" || strings.HasPrefix(c.Key, "request.auth.")) {
-		v.add(p+".key", "%s is not supported with action CUSTOM", c.Key)
+		v.add(p.Child("key"), "%s is not supported with action CUSTOM", c.Key)
 	}
 	if len(c.Values) == 0 && len(c.NotValues) == 0 {
 		v.add(p, "one of values or notValues is required")
 		return
 	}
 	if msg := attributeKey(c.Key); msg != "" {
-		v.add(p+".key", "%s", msg)
+		v.add(p.Child("key"), "%s", msg)
 		return
 	}
 	for _, l := range []struct {
@@ -303,10 +304,10 @@ func (v *validator) condition(p string, c *security.Condition, custom bool) {
 		values []string
 	}{{"values", c.Values}, {"notValues", c.NotValues}} {
 		for i, val := range l.values {
-			v.addMsg(idx(p+"."+l.name, i), attributeValue(c.Key, val))
+			v.addMsg(p.Child(l.name).Index(i), attributeValue(c.Key, val))
 		}
 		if c.Key == "source.serviceAccount" && len(l.values) > 16 {
-			v.add(p+"."+l.name, "at most 16 service accounts, got %d", len(l.values))
+			v.add(p.Child(l.name), "at most 16 service accounts, got %d", len(l.values))
 		}
 	}
 }
@@ -361,67 +362,67 @@ var strictHeaderNameRE = regexp.MustCompile(`^[-_A-Za-z0-9]+$`)
 
 func (v *validator) requestAuthentication(s *security.RequestAuthentication) {
 	v.targets(s.Selector, s.TargetRef, s.TargetRefs)
-	v.workloadSelector("spec.selector", s.Selector)
+	v.workloadSelector(specPath.Child("selector"), s.Selector)
 	for i, r := range s.JwtRules {
-		p := idx("spec.jwtRules", i)
+		p := specPath.Child("jwtRules").Index(i)
 		if r == nil {
 			continue
 		}
 		for j, a := range r.Audiences {
 			if a == "" {
-				v.add(idx(p+".audiences", j), "must not be empty")
+				v.add(p.Child("audiences").Index(j), "must not be empty")
 			}
 		}
 		if r.Issuer == "" && r.JwksUri == "" {
-			v.add(p+".issuer", "issuer or jwksUri is required")
+			v.add(p.Child("issuer"), "issuer or jwksUri is required")
 		}
 		if r.JwksUri != "" {
 			if u, err := url.Parse(r.JwksUri); err != nil || (u.Scheme != "http" && u.Scheme != "https") {
-				v.add(p+".jwksUri", "%q is not an http(s) URL", r.JwksUri)
+				v.add(p.Child("jwksUri"), "%q is not an http(s) URL", r.JwksUri)
 			} else if port := u.Port(); port != "" {
 				if _, err := strconv.Atoi(port); err != nil {
-					v.add(p+".jwksUri", "invalid port in %q", r.JwksUri)
+					v.add(p.Child("jwksUri"), "invalid port in %q", r.JwksUri)
 				}
 			}
 		}
 		if r.Jwks != "" {
-			v.jwks(p+".jwks", r.Jwks)
+			v.jwks(p.Child("jwks"), r.Jwks)
 		}
 		for j, h := range r.FromHeaders {
 			if h.GetName() == "" {
-				v.add(idx(p+".fromHeaders", j)+".name", "required")
+				v.add(p.Child("fromHeaders").Index(j).Child("name"), "required")
 			}
 		}
 		for j, q := range r.FromParams {
 			if q == "" {
-				v.add(idx(p+".fromParams", j), "must not be empty")
+				v.add(p.Child("fromParams").Index(j), "must not be empty")
 			}
 		}
 		for j, c := range r.FromCookies {
 			if c == "" {
-				v.add(idx(p+".fromCookies", j), "must not be empty")
+				v.add(p.Child("fromCookies").Index(j), "must not be empty")
 			}
 		}
 		for j, ch := range r.OutputClaimToHeaders {
-			cp := idx(p+".outputClaimToHeaders", j)
+			cp := p.Child("outputClaimToHeaders").Index(j)
 			switch {
 			case ch == nil:
 				v.add(cp, "must not be null")
 			case ch.Claim == "" || ch.Header == "":
 				v.add(cp, "claim and header are required")
 			case !strictHeaderNameRE.MatchString(ch.Header):
-				v.add(cp+".header", "%q is not a valid header name (letters, digits, '-' and '_')", ch.Header)
+				v.add(cp.Child("header"), "%q is not a valid header name (letters, digits, '-' and '_')", ch.Header)
 			}
 		}
 		if r.Timeout != nil {
-			v.duration(p+".timeout", r.Timeout, false)
+			v.duration(p.Child("timeout"), r.Timeout, false)
 		}
 	}
 }
 
 // jwks checks an inline JSON Web Key Set (or single key) and warns about private key material,
 // which verification never needs.
-func (v *validator) jwks(p, jwks string) {
+func (v *validator) jwks(p *field.Path, jwks string) {
 	var set struct {
 		Keys []map[string]any `json:"keys"`
 	}
@@ -440,7 +441,7 @@ func (v *validator) jwks(p, jwks string) {
 	}
 	for i, k := range keys {
 		if _, ok := k["kty"].(string); !ok {
-			v.add(idx(p+".keys", i)+".kty", "required")
+			v.add(p.Child("keys").Index(i).Child("kty"), "required")
 			continue
 		}
 		if _, private := k["d"]; private || k["kty"] == "oct" {

@@ -124,6 +124,15 @@ func TestValidateVirtualService(t *testing.T) {
 		{name: "tcp", kind: "VirtualService", spec: "hosts: [a]\ntcp:\n- match:\n  - port: 0\n  route: []\n", want: []string{"spec.tcp[0].route"}},
 		{name: "good tcp", kind: "VirtualService", spec: "hosts: [a]\ntcp:\n- match:\n  - port: 27017\n  route:\n  - destination: {host: mongo, port: {number: 5555}}\n"},
 		{name: "tls without sni", kind: "VirtualService", spec: "hosts: [a]\ntls:\n- match:\n  - port: 443\n  route:\n  - destination: {host: a}\n", want: []string{"spec.tls[0].match[0].sniHosts"}},
+		{name: "overlapping hosts", kind: "VirtualService", spec: "hosts: ['*.example.com', api.example.com]\n" + route, want: []string{"spec.hosts[0]"}},
+		{name: "rule after catch-all", kind: "VirtualService", spec: "hosts: [a]\n" + route + "- match:\n  - uri: {prefix: /v2}\n  route:\n  - destination: {host: b}\n", warn: []string{"spec.http[1]"}},
+		{name: "duplicate match", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- match:\n  - uri: {exact: /x}\n  route:\n  - destination: {host: a}\n- match:\n  - {name: again, uri: {exact: /x}}\n  route:\n  - destination: {host: b}\n",
+			warn: []string{"spec.http[1]", "spec.http[1].match[0]"}},
+		{name: "covered prefix", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- match:\n  - uri: {prefix: /api}\n  route:\n  - destination: {host: a}\n- match:\n  - uri: {prefix: /api/v1}\n  - uri: {prefix: /other}\n  route:\n  - destination: {host: b}\n",
+			warn: []string{"spec.http[1].match[0]"}},
+		{name: "prefix with other method", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- match:\n  - uri: {prefix: /api}\n  route:\n  - destination: {host: a}\n- match:\n  - uri: {prefix: /api/v1}\n    method: {exact: POST}\n  route:\n  - destination: {host: b}\n"},
+		{name: "tcp after catch-all", kind: "VirtualService", spec: "hosts: [a]\ntcp:\n- route:\n  - destination: {host: a}\n- route:\n  - destination: {host: b}\n", warn: []string{"spec.tcp[1]"}},
+		{name: "legacy gateway name", kind: "VirtualService", spec: "hosts: [a]\ngateways: [gw.istio-system]\n" + route, warn: []string{"spec.gateways[0]"}},
 		{name: "exportTo", kind: "VirtualService", spec: "hosts: [a]\nexportTo: ['*', 'bad_ns']\n" + route, want: []string{"spec.exportTo[1]", "spec.exportTo"}},
 	})
 }

@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 	networking "istio.io/api/networking/v1alpha3"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 // Istio warns about VirtualService rules and matches that can never be used: routes are tried in
@@ -15,48 +16,46 @@ import (
 
 // routeRule is what the analysis needs of an HTTP, TCP or TLS route.
 type routeRule struct {
-	path    string // "spec.http[2]"
-	name    string // the route's name, quoted, or "#2"
+	path    *field.Path // spec.http[2]
+	name    string      // the route's name, quoted, or "#2"
 	matches []routeMatch
 }
 
 type routeMatch struct {
-	path string // "spec.http[2].match[0]"
-	name string // the match's name, quoted, or "#0"
-	key  string // identity of what it matches, the name left out
+	path *field.Path // spec.http[2].match[0]
+	name string      // the match's name, quoted, or "#0"
+	key  string      // identity of what it matches, the name left out
 	http *networking.HTTPMatchRequest
 }
 
 func (v *validator) unusedRoutes(s *networking.VirtualService) {
 	var httpRules []routeRule
 	for i, r := range s.Http {
-		rr := routeRule{path: idx("spec.http", i), name: ruleName(r.GetName(), i)}
+		rr := routeRule{path: specPath.Child("http").Index(i), name: ruleName(r.GetName(), i)}
 		for j, m := range r.GetMatch() {
 			unnamed := proto.Clone(m).(*networking.HTTPMatchRequest)
 			unnamed.Name = ""
-			rr.matches = append(rr.matches, routeMatch{path: idx(rr.path+".match", j), name: ruleName(m.GetName(), j), key: matchKey(unnamed), http: m})
+			rr.matches = append(rr.matches, routeMatch{path: rr.path.Child("match").Index(j), name: ruleName(m.GetName(), j), key: matchKey(unnamed), http: m})
 		}
 		httpRules = append(httpRules, rr)
 	}
 	v.overlappingPrefixes(v.unusedRules(httpRules))
 
-	var tcpRules, tlsRules []routeRule
-	for i, r := range s.Tcp {
-		rr := routeRule{path: idx("spec.tcp", i), name: ruleName("", i)}
+	v.unusedRules(l4Rules[*networking.L4MatchAttributes](specPath.Child("tcp"), s.Tcp))
+	v.unusedRules(l4Rules[*networking.TLSMatchAttributes](specPath.Child("tls"), s.Tls))
+}
+
+// l4Rules describes TCP or TLS routes, which have no names.
+func l4Rules[M proto.Message, R interface{ GetMatch() []M }](p *field.Path, routes []R) []routeRule {
+	var rules []routeRule
+	for i, r := range routes {
+		rr := routeRule{path: p.Index(i), name: ruleName("", i)}
 		for j, m := range r.GetMatch() {
-			rr.matches = append(rr.matches, routeMatch{path: idx(rr.path+".match", j), name: ruleName("", j), key: matchKey(m)})
+			rr.matches = append(rr.matches, routeMatch{path: rr.path.Child("match").Index(j), name: ruleName("", j), key: matchKey(m)})
 		}
-		tcpRules = append(tcpRules, rr)
+		rules = append(rules, rr)
 	}
-	v.unusedRules(tcpRules)
-	for i, r := range s.Tls {
-		rr := routeRule{path: idx("spec.tls", i), name: ruleName("", i)}
-		for j, m := range r.GetMatch() {
-			rr.matches = append(rr.matches, routeMatch{path: idx(rr.path+".match", j), name: ruleName("", j), key: matchKey(m)})
-		}
-		tlsRules = append(tlsRules, rr)
-	}
-	v.unusedRules(tlsRules)
+	return rules
 }
 
 func ruleName(name string, i int) string {
