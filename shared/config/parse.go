@@ -123,16 +123,17 @@ type header struct {
 }
 
 func parseDocument(doc []byte, defaultNamespace string) (Config, *Error) {
-	h, err := parseHeader(doc)
 	if len(doc) > MaxResourceBytes {
-		// Named when the header could be read, so that the resource's last good version is kept.
-		ns := h.Metadata.Namespace
-		if ns == "" && h.Metadata.Name != "" {
+		// Named, so that the resource's last good version is kept, but not parsed: that is what
+		// the limit protects.
+		kind, ns, name := identify(doc)
+		if ns == "" && name != "" {
 			ns = defaultNamespace
 		}
-		return Config{}, &Error{Kind: h.Kind, Namespace: ns, Name: h.Metadata.Name, Err: fmt.Errorf(
+		return Config{}, &Error{Kind: kind, Namespace: ns, Name: name, Err: fmt.Errorf(
 			"%w: the document is %d bytes, more than the %d bytes (1.5 MiB) a resource may have", ErrTooLarge, len(doc), MaxResourceBytes)}
 	}
+	h, err := parseHeader(doc)
 	if err != nil {
 		if err.Name != "" && err.Namespace == "" {
 			err.Namespace = defaultNamespace
@@ -228,6 +229,34 @@ func parseHeader(doc []byte) (header, *Error) {
 		}
 	}
 	return h, nil
+}
+
+// identify reads kind, namespace and name from the top-level lines of a document and the
+// direct children of its metadata, without parsing the rest (an oversized annotation, say).
+func identify(doc []byte) (kind, namespace, name string) {
+	var head bytes.Buffer
+	inMetadata, childIndent := false, -1
+	for line := range bytes.Lines(doc) {
+		trimmed := bytes.TrimLeft(line, " ")
+		indent := len(line) - len(trimmed)
+		switch {
+		case indent == 0:
+			inMetadata = bytes.HasPrefix(line, []byte("metadata:"))
+			if inMetadata || bytes.HasPrefix(line, []byte("kind:")) {
+				head.Write(line)
+			}
+		case inMetadata && (childIndent < 0 || indent == childIndent):
+			childIndent = indent
+			if bytes.HasPrefix(trimmed, []byte("name:")) || bytes.HasPrefix(trimmed, []byte("namespace:")) {
+				head.Write(line)
+			}
+		}
+	}
+	var h header
+	if js, err := yaml.YAMLToJSON(head.Bytes()); err == nil {
+		_ = json.Unmarshal(js, &h) // best effort: an unnamed error is still an error
+	}
+	return h.Kind, h.Metadata.Namespace, h.Metadata.Name
 }
 
 func kindNamed(kind string) (schema.Kind, bool) {
