@@ -9,19 +9,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	"k8s.io/client-go/rest"
 
 	"sailplane.dev/services/config-ingest/internal/kubesource"
 	"sailplane.dev/services/config-ingest/internal/tree"
 	"sailplane.dev/shared/bus"
-	"sailplane.dev/shared/mesh"
 	"sailplane.dev/shared/schema"
 )
 
@@ -52,6 +49,13 @@ type Config struct {
 	DefaultNamespace string
 	// Debounce is how long the files must stay quiet before a rescan; 100ms when zero.
 	Debounce time.Duration
+	// Settle is how long a file that shrank (fewer documents or resources, as a file written
+	// in place is halfway) must stay unchanged before its removals are published; 1s when zero.
+	Settle time.Duration
+	// StateDir, when set, is the folder where the last valid version of every file's resources
+	// is saved (StateFile), so that a restart serves exactly what was served before even when
+	// files became invalid or unreadable meanwhile. Empty: nothing is saved.
+	StateDir string
 
 	// Kube, when set, selects Kubernetes mode: the Istio config kinds are read from this API
 	// server (ConfigDirs and the mesh config's configSources are ignored) and the mesh config
@@ -99,6 +103,9 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	if cfg.Debounce <= 0 {
 		cfg.Debounce = 100 * time.Millisecond
+	}
+	if cfg.Settle <= 0 {
+		cfg.Settle = tree.DefaultSettle
 	}
 	s := &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, ready: make(chan struct{})}
 	if cfg.Kube != nil {
@@ -148,9 +155,6 @@ func (s *Service) Problems() []error {
 	return append(slices.Clone(s.meshProblems), s.treeProblems...)
 }
 
-// maxDelay bounds how long a continuous stream of events can postpone a rescan.
-const maxDelay = time.Second
-
 // Run loads the mesh config and the config folders, publishes them, then follows changes until
 // ctx is done. It fails only when the mesh file cannot be loaded at start or the folders cannot
 // be watched at all.
@@ -162,199 +166,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.kube != nil {
 		return s.kube.Run(ctx)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	// The mesh file: watched by mesh.Watcher, which hands us each new config.
-	meshCh := make(chan *meshv1alpha1.MeshConfig, 1)
-	watchErr := make(chan error, 1)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	var current *meshv1alpha1.MeshConfig
-	if s.cfg.MeshFile != "" {
-		w := mesh.NewWatcher(s.cfg.MeshFile, func(m *meshv1alpha1.MeshConfig) {
-			// Only the latest config matters: replace one not yet taken.
-			select {
-			case <-meshCh:
-			default:
-			}
-			meshCh <- m
-		}, mesh.WithLogger(s.log), mesh.WithDebounce(s.cfg.Debounce), mesh.WithReloadErrors(func(err error) {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			s.meshProblems = nil
-			if err != nil {
-				s.meshProblems = []error{err}
-			}
-		}))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			watchErr <- w.Run(ctx)
-		}()
-		select {
-		case current = <-meshCh:
-		case err := <-watchErr:
-			if err == nil {
-				return nil
-			}
-			return err
-		case <-ctx.Done():
-			return nil
-		}
-	} else {
-		current = mesh.Default()
-	}
-	s.pub.Replace(schema.MeshConfig.TypeURL, []*bus.Resource{meshResource(current)})
-
-	fw, err := fsnotify.NewWatcher()
-	if err != nil {
-		return err
-	}
-	defer fw.Close()
-	watched := map[string]bool{}
-
-	t := tree.New(s.cfg.DefaultNamespace, s.log)
-	roots := s.roots(current)
-	t.Scan(roots)
-	s.watch(fw, watched, roots, t.Dirs())
-	s.setProblems(t.Problems())
-	for _, k := range schema.IstioConfig {
-		s.pub.Replace(k.TypeURL, t.State(k.TypeURL))
-	}
-	close(s.ready)
-	s.log.Info("config published", "folders", roots, "resources", len(t.Published()), "problems", len(t.Problems()))
-
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	var first time.Time // of the pending burst; zero when none is pending
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case err := <-watchErr:
-			if err != nil {
-				return err
-			}
-			return nil
-		case m := <-meshCh:
-			current = m
-			s.pub.Upsert(schema.MeshConfig.TypeURL, meshResource(m))
-			if nr := s.roots(m); !slices.Equal(nr, roots) {
-				s.log.Info("config folders changed", "folders", nr)
-				roots = nr
-				s.rescan(t, fw, watched, roots)
-			}
-		case ev, ok := <-fw.Events:
-			if !ok {
-				return nil
-			}
-			s.log.Debug("config folder event", "event", ev.String())
-			// Debounce: wait until the burst (an editor's save, a git checkout) settles, but not
-			// longer than maxDelay.
-			now := time.Now()
-			if first.IsZero() {
-				first = now
-			}
-			if now.Sub(first) < maxDelay {
-				timer.Reset(s.cfg.Debounce)
-			}
-		case err, ok := <-fw.Errors:
-			if !ok {
-				return nil
-			}
-			// Events may have been lost (queue overflow): a rescan catches up.
-			s.log.Warn("config folder watch error", "error", err)
-			timer.Reset(s.cfg.Debounce)
-		case <-timer.C:
-			first = time.Time{}
-			s.rescan(t, fw, watched, roots)
-		}
-	}
-}
-
-func (s *Service) rescan(t *tree.Tree, fw *fsnotify.Watcher, watched map[string]bool, roots []string) {
-	changes := t.Scan(roots)
-	s.watch(fw, watched, roots, t.Dirs())
-	s.setProblems(t.Problems())
-	for _, c := range changes {
-		if len(c.Upsert) > 0 {
-			s.pub.Upsert(c.TypeURL, c.Upsert...)
-		}
-		if len(c.Delete) > 0 {
-			s.pub.Delete(c.TypeURL, c.Delete...)
-		}
-		s.log.Info("config changed", "type", c.TypeURL, "updated", len(c.Upsert), "deleted", len(c.Delete))
-	}
-}
-
-// roots returns the folders to read: Config.ConfigDirs, else the mesh config's fs:// sources.
-func (s *Service) roots(m *meshv1alpha1.MeshConfig) []string {
-	var dirs []string
-	var err error
-	if len(s.cfg.ConfigDirs) > 0 {
-		dirs = s.cfg.ConfigDirs
-	} else {
-		dirs, err = mesh.ConfigSourceDirs(m, filepath.Dir(s.cfg.MeshFile))
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	// Keep the mesh file's reload error, replace the config-source one.
-	kept := s.meshProblems[:0:0]
-	for _, p := range s.meshProblems {
-		var ue *mesh.UnsupportedSourcesError
-		if !errors.As(p, &ue) {
-			kept = append(kept, p)
-		}
-	}
-	s.meshProblems = kept
-	if err != nil {
-		s.log.Warn("config sources ignored", "error", err)
-		s.meshProblems = append(s.meshProblems, err)
-	}
-	out := make([]string, len(dirs))
-	for i, d := range dirs {
-		out[i] = filepath.Clean(d)
-	}
-	return out
-}
-
-// watch makes fw watch the roots and every folder under them, and stops watching the others.
-func (s *Service) watch(fw *fsnotify.Watcher, watched map[string]bool, roots, dirs []string) {
-	want := map[string]bool{}
-	for _, d := range dirs {
-		want[d] = true
-	}
-	for _, r := range roots {
-		// A root that does not exist yet is noticed when its parent changes.
-		if !slices.Contains(dirs, r) {
-			want[filepath.Dir(r)] = true
-		}
-	}
-	for d := range want {
-		if watched[d] {
-			continue
-		}
-		if err := fw.Add(d); err != nil {
-			s.log.Warn("cannot watch config folder", "dir", d, "error", err)
-			continue
-		}
-		watched[d] = true
-	}
-	for d := range watched {
-		if !want[d] {
-			_ = fw.Remove(d) // fails when the folder is already gone, which is fine
-			delete(watched, d)
-		}
-	}
-}
-
-func (s *Service) setProblems(p []error) {
-	s.mu.Lock()
-	s.treeProblems = p
-	s.mu.Unlock()
+	return s.runFiles(ctx)
 }
 
 func meshResource(m *meshv1alpha1.MeshConfig) *bus.Resource {

@@ -143,11 +143,19 @@ func (e *UnsupportedSourcesError) Error() string {
 	return fmt.Sprintf("config sources %s: only fs:// is supported yet (k8s:// and xds:// are not supported yet)", strings.Join(e.Addresses, ", "))
 }
 
+// DefaultConfigDir is the folder, beside the mesh file, read when the mesh config names no
+// configSources: etc/sailplane/conf/ for etc/sailplane/mesh.yaml.
+const DefaultConfigDir = "conf"
+
 // ConfigSourceDirs returns the local folders named by m.configSources with the fs:// scheme:
 // "fs:///abs/dir" is absolute, "fs://rel/dir" is relative to baseDir (the mesh file's folder).
-// Sources with other schemes (k8s://, xds://) are listed in an *UnsupportedSourcesError,
-// returned together with the folders, which are still usable.
+// With no configSources at all, it is baseDir's DefaultConfigDir. Sources with other schemes
+// (k8s://, xds://) are listed in an *UnsupportedSourcesError, returned together with the
+// folders, which are still usable.
 func ConfigSourceDirs(m *meshv1alpha1.MeshConfig, baseDir string) ([]string, error) {
+	if len(m.GetConfigSources()) == 0 {
+		return []string{filepath.Join(baseDir, DefaultConfigDir)}, nil
+	}
 	var dirs, unsupported []string
 	for _, s := range m.GetConfigSources() {
 		rest, ok := strings.CutPrefix(s.GetAddress(), "fs://")

@@ -124,8 +124,14 @@ func TestConfigSourceDirs(t *testing.T) {
 	if !errors.As(err, &ue) || len(ue.Addresses) != 2 || !strings.Contains(err.Error(), "not supported yet") {
 		t.Fatalf("err = %v", err)
 	}
-	if dirs, err := ConfigSourceDirs(Default(), "/base"); err != nil || len(dirs) != 0 {
+	// No configSources: the conf folder beside the mesh file, as `hyper` with no flags expects.
+	if dirs, err := ConfigSourceDirs(Default(), "/base"); err != nil || len(dirs) != 1 || dirs[0] != "/base/conf" {
 		t.Fatalf("default: %v %v", dirs, err)
+	}
+	// Only unsupported sources: no folder, and the error says why.
+	m = &meshv1alpha1.MeshConfig{ConfigSources: []*meshv1alpha1.ConfigSource{{Address: "k8s://"}}}
+	if dirs, err := ConfigSourceDirs(m, "/base"); !errors.As(err, &ue) || len(dirs) != 0 {
+		t.Fatalf("unsupported only: %v %v", dirs, err)
 	}
 }
 
@@ -243,6 +249,44 @@ func TestWatcherKeepsLastGood(t *testing.T) {
 	}
 	if w.Current().RootNamespace != "better" {
 		t.Fatal(w.Current())
+	}
+}
+
+// A mesh file that is empty from the start holds Istio's defaults: reloads of it change
+// nothing and report no problem. Once it had content, emptying it is a write in progress.
+func TestWatcherEmptyAtStart(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "mesh.yaml")
+	write(t, p, "")
+	calls := make(chan string, 10)
+	reloadErrs := make(chan error, 10)
+	w := NewWatcher(p, func(m *meshv1alpha1.MeshConfig) { calls <- m.RootNamespace }, WithLogger(testLogger(t)),
+		WithDebounce(10*time.Millisecond), WithReloadErrors(func(err error) { reloadErrs <- err }))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	if ns := <-calls; ns != "istio-system" {
+		t.Fatalf("first = %q, want the defaults", ns)
+	}
+	write(t, p, "\n") // still empty: reloaded as the defaults, without error
+	if err := <-reloadErrs; err != nil {
+		t.Fatalf("reload of an empty mesh file: %v", err)
+	}
+	write(t, p, "rootNamespace: set\n")
+	if ns := <-calls; ns != "set" {
+		t.Fatalf("second = %q", ns)
+	}
+	<-reloadErrs
+	// Emptied after it had content: a write in progress, the config stays (no reload at all).
+	write(t, p, "")
+	write(t, filepath.Join(dir, "marker"), "x")
+	write(t, p, "rootNamespace: again\n")
+	if ns := <-calls; ns != "again" {
+		t.Fatalf("third = %q", ns)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -25,6 +25,9 @@ type Watcher struct {
 
 	mu      sync.Mutex
 	current *meshv1alpha1.MeshConfig
+	// hadContent: the current config was read from a file that was not empty. Only then is an
+	// empty file taken as a write in progress; a file empty from the start holds the defaults.
+	hadContent bool
 }
 
 // WatcherOption configures a Watcher.
@@ -72,10 +75,15 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if err := fw.Add(filepath.Dir(w.path)); err != nil {
 		return fmt.Errorf("mesh watcher: %w", err)
 	}
+	data, err := os.ReadFile(w.path)
+	if err != nil {
+		return fmt.Errorf("mesh config: %w", err)
+	}
 	first, err := Load(w.path)
 	if err != nil {
 		return err
 	}
+	w.hadContent = len(bytes.TrimSpace(data)) > 0
 	w.set(first)
 	w.onChange(first)
 
@@ -104,10 +112,12 @@ func (w *Watcher) Run(ctx context.Context) error {
 }
 
 func (w *Watcher) reload() {
-	// Editors that write in place truncate the file first: an empty read is taken as a write in
-	// progress, and the write that follows brings another event. A mesh file meant to hold
-	// Istio's defaults says so with "{}".
-	if data, err := os.ReadFile(w.path); err == nil && len(bytes.TrimSpace(data)) == 0 {
+	// Editors that write in place truncate the file first: a file that had content and reads
+	// empty is taken as a write in progress, and the write that follows brings another event. A
+	// mesh file meant to go back to Istio's defaults says so with "{}".
+	data, err := os.ReadFile(w.path)
+	empty := err == nil && len(bytes.TrimSpace(data)) == 0
+	if empty && w.hadContent {
 		w.logger.Warn(`mesh file is empty, keeping the current mesh config (write "{}" for Istio's defaults)`, "file", w.path)
 		return
 	}
@@ -117,6 +127,7 @@ func (w *Watcher) reload() {
 		w.logger.Error("mesh config not reloaded, keeping the previous one", "file", w.path, "error", err)
 		return
 	}
+	w.hadContent = !empty
 	if proto.Equal(m, w.Current()) {
 		return
 	}

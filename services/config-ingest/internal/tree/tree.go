@@ -1,18 +1,23 @@
 // Package tree keeps the Istio config read from folders of YAML files: it rescans them, reparses
 // only the files whose content changed, resolves conflicts between files, and computes what to
 // publish since the last scan. It knows nothing of fsnotify or the bus transport.
+//
+// What cannot be read is unknown, never empty: a folder, subfolder, file or symlink that cannot
+// be read keeps what it last published, and so do the previous folders while a new one cannot be
+// read. A resource is deleted only when a readable file positively no longer defines it.
 package tree
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
@@ -25,6 +30,18 @@ var ErrDuplicate = errors.New("duplicate resource")
 // ErrEmpty: a file that held resources is now empty; they are kept. Deleting the file, or leaving
 // only a comment in it, removes them.
 var ErrEmpty = errors.New("file is empty, keeping the resources it held (delete the file, or leave a comment in it, to remove them)")
+
+// ErrSettling: a file now defines fewer documents or resources than before, as a file being
+// written in place does halfway; its new content is applied once it stays the same for the
+// settle window.
+var ErrSettling = errors.New("file shrank, possibly a write in progress: its new content waits until it stays unchanged (replace files by an atomic rename to avoid the wait)")
+
+// ErrUnreadable: a folder, file or symlink under the config folders cannot be read; what it held
+// stays published.
+var ErrUnreadable = errors.New("cannot be read, keeping what it held")
+
+// DefaultSettle is how long a shrunk file must stay unchanged before its removals are published.
+const DefaultSettle = time.Second
 
 // Key identifies a resource on the bus.
 type Key struct {
@@ -43,20 +60,33 @@ type Change struct {
 type Tree struct {
 	defaultNS string
 	logger    *slog.Logger
+	settle    time.Duration
+	now       func() time.Time
 
 	files     map[string]*file
 	published map[Key]config.Config
-	conflicts map[string]bool // messages of the conflicts already logged
-	problems  []error
-	dirs      []string
+	// roots are the folders of the last scan that could read every source; while a new source
+	// cannot be read, what the previous roots published stays.
+	roots    []string
+	logged   map[string]bool // scan problems already logged, so each is logged once while it lasts
+	problems []error
+	dirs     []string
+	settleAt time.Time
 }
 
 type file struct {
 	content []byte
+	docs    int // non-empty documents in content
 	order   []Key
 	valid   map[Key]config.Config
 	// problems of the last parse; kept while the content does not change.
 	problems []error
+	// shrunk is newer content defining fewer documents or resources than content, seen first
+	// at shrunkAt: held back until it stays the same for the settle window.
+	shrunk   []byte
+	shrunkAt time.Time
+	// restored: read from a saved state, content unknown until the file is read again.
+	restored bool
 }
 
 func (f *file) add(k Key, c config.Config) {
@@ -67,126 +97,170 @@ func (f *file) add(k Key, c config.Config) {
 	f.order = append(f.order, k)
 }
 
+// Option configures a Tree.
+type Option func(*Tree)
+
+// WithSettle sets how long a file that shrank must stay unchanged before its new content is
+// applied (default DefaultSettle).
+func WithSettle(d time.Duration) Option { return func(t *Tree) { t.settle = d } }
+
+// WithClock sets the clock (default time.Now), for tests.
+func WithClock(now func() time.Time) Option { return func(t *Tree) { t.now = now } }
+
 // New returns an empty Tree; resources without a namespace go to defaultNS.
-func New(defaultNS string, logger *slog.Logger) *Tree {
-	return &Tree{
+func New(defaultNS string, logger *slog.Logger, opts ...Option) *Tree {
+	t := &Tree{
 		defaultNS: defaultNS,
 		logger:    logger,
+		settle:    DefaultSettle,
+		now:       time.Now,
 		files:     map[string]*file{},
 		published: map[Key]config.Config{},
-		conflicts: map[string]bool{},
+		logged:    map[string]bool{},
 	}
+	for _, o := range opts {
+		o(t)
+	}
+	return t
 }
 
 // Problems returns the current problems: documents that could not be read or are invalid,
-// duplicates, unreadable folders.
+// duplicates, unreadable folders, files and symlinks, files held back as writes in progress.
 func (t *Tree) Problems() []error { return slices.Clone(t.problems) }
 
-// Dirs returns every folder under the roots seen by the last scan, to be watched.
+// Dirs returns the folders to watch after the last scan: every folder read (symlinks resolved)
+// and the folders of symlinked files' targets.
 func (t *Tree) Dirs() []string { return slices.Clone(t.dirs) }
+
+// SettleAt returns when a file held back as a possible write in progress is due to be re-read,
+// zero when none is.
+func (t *Tree) SettleAt() time.Time { return t.settleAt }
 
 // Published returns the resources the last scan settled on.
 func (t *Tree) Published() map[Key]config.Config { return t.published }
 
-// Scan reads the *.yaml and *.yml files under roots (recursively, skipping hidden entries such
-// as Kubernetes' "..data" folders), reparses those whose content changed, and returns what
-// changed since the previous scan, per type, for the types of schema.IstioConfig.
-func (t *Tree) Scan(roots []string) []Change {
-	var scanProblems []error
-	var paths []string
-	var dirs []string
-	failedRoots := map[string]bool{}
-	seen := map[string]bool{}
-	for _, root := range roots {
+// Scan reads the *.yaml and *.yml files under roots (recursively, following symlinks, skipping
+// hidden entries such as Kubernetes' "..data" folders), reparses those whose content changed,
+// and returns what changed since the previous scan, per type, for the types of
+// schema.IstioConfig. unreadableSources are sources that cannot be read at all (an unsupported
+// scheme): like a root that cannot be read, they keep the previous roots' resources published.
+func (t *Tree) Scan(roots []string, unreadableSources ...error) []Change {
+	now := t.now()
+	w := &walker{visited: map[string]bool{}, dirs: map[string]bool{}}
+	complete := len(unreadableSources) == 0
+	for _, err := range unreadableSources {
+		w.note("config source cannot be read, keeping what the previous sources published", "", err)
+	}
+	for i, root := range roots {
 		root = filepath.Clean(root)
-		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				if p == root {
-					return err
-				}
-				scanProblems = append(scanProblems, fmt.Errorf("config folder: %w", err))
-				t.logger.Warn("cannot read config path", "path", p, "error", err)
-				return nil
-			}
-			if p != root && strings.HasPrefix(d.Name(), ".") {
-				if d.IsDir() {
-					return filepath.SkipDir
-				}
-				return nil
-			}
-			if d.IsDir() {
-				dirs = append(dirs, p)
-				return nil
-			}
-			if ext := filepath.Ext(p); ext != ".yaml" && ext != ".yml" {
-				return nil
-			}
-			if d.Type()&fs.ModeSymlink != 0 {
-				if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() {
-					return nil
-				}
-			}
-			if !seen[p] {
-				seen[p] = true
-				paths = append(paths, p)
-			}
-			return nil
-		})
-		if err != nil {
+		roots[i] = root
+		if err := w.dir(root); err != nil {
 			// A folder that vanished or cannot be read keeps its resources: losing config because
 			// a mount is briefly missing would be worse than serving it a little longer.
-			failedRoots[root] = true
-			scanProblems = append(scanProblems, fmt.Errorf("config folder %s: %w", root, err))
-			t.logger.Warn("cannot read config folder, keeping its resources", "dir", root, "error", err)
+			complete = false
+			w.unreadable(root, "cannot read config folder, keeping its resources", err)
 		}
+	}
+	if !complete {
+		// The previous roots' files stay until every new source can be read.
+		for _, r := range t.roots {
+			if !slices.Contains(roots, r) {
+				w.unknown = append(w.unknown, r)
+			}
+		}
+	} else {
+		t.roots = slices.Clone(roots)
 	}
 
-	files := make(map[string]*file, len(paths))
-	for _, p := range paths {
-		prev := t.files[p]
-		data, err := os.ReadFile(p)
+	t.settleAt = time.Time{}
+	files := make(map[string]*file, len(w.paths))
+	problems := w.problems
+	for _, p := range w.paths {
+		f, err := t.read(p, now)
 		if err != nil {
-			// Unreadable (or removed between walk and read): keep what it held.
-			t.logger.Warn("cannot read config file, keeping its resources", "file", p, "error", err)
-			if prev != nil {
-				files[p] = prev
+			problems = append(problems, err)
+			if !errors.Is(err, ErrSettling) {
+				w.notes = append(w.notes, note{err: err})
 			}
-			scanProblems = append(scanProblems, &config.Error{File: p, Err: err})
-			continue
 		}
-		if prev != nil && bytes.Equal(prev.content, data) {
-			files[p] = prev
-			continue
+		if f != nil {
+			files[p] = f
 		}
-		if prev != nil && len(prev.valid) > 0 && len(bytes.TrimSpace(data)) == 0 {
-			// Editors that write in place truncate first: an empty file is taken as a write in
-			// progress (the write brings another event), never as "delete everything it held".
-			files[p] = prev
-			scanProblems = append(scanProblems, &config.Error{File: p, Err: ErrEmpty})
-			continue
-		}
-		files[p] = t.parse(p, data, prev)
 	}
-	for p, f := range t.files {
+	// Files not seen but under a path that could not be read: keep what they held.
+	paths := w.paths
+	for _, p := range slices.Sorted(maps.Keys(t.files)) {
 		if _, ok := files[p]; ok {
 			continue
 		}
-		for root := range failedRoots {
-			if strings.HasPrefix(p, root+string(filepath.Separator)) {
-				files[p] = f
+		for _, u := range w.unknown {
+			if p == u || strings.HasPrefix(p, u+string(filepath.Separator)) {
+				files[p] = t.files[p]
 				paths = append(paths, p)
+				break
 			}
 		}
 	}
 	t.files = files
-	t.dirs = dirs
-	return t.settle(paths, scanProblems)
+	t.dirs = slices.Sorted(maps.Keys(w.dirs))
+	changes, conflicts := t.settleFiles(paths, problems)
+	t.logOnce(append(w.notes, conflicts...))
+	return changes
+}
+
+// read returns the file at p's new state: its previous state when it cannot be read now, or is
+// emptied, or shrank less than the settle window ago; nil when it is new and unreadable.
+func (t *Tree) read(p string, now time.Time) (*file, error) {
+	prev := t.files[p]
+	data, err := os.ReadFile(p)
+	switch {
+	case err != nil:
+		// Unreadable (or removed between walk and read): keep what it held.
+		return prev, &config.Error{File: p, Err: fmt.Errorf("%w: %w", ErrUnreadable, err)}
+	case prev != nil && !prev.restored && bytes.Equal(prev.content, data):
+		prev.shrunk = nil // a write in progress that ended where it started
+		return prev, nil
+	case prev != nil && len(prev.valid) > 0 && len(bytes.TrimSpace(data)) == 0:
+		// Editors that write in place truncate first: an empty file is taken as a write in
+		// progress (the write brings another event), never as "delete everything it held".
+		return prev, &config.Error{File: p, Err: ErrEmpty}
+	}
+	f := t.parse(p, data, prev)
+	if prev != nil && shrinks(prev, f) {
+		if !bytes.Equal(prev.shrunk, data) {
+			prev.shrunk, prev.shrunkAt = data, now
+			t.logger.Info("config file shrank, holding its removals in case it is being written", "file", p, "settle", t.settle)
+		}
+		if due := prev.shrunkAt.Add(t.settle); now.Before(due) {
+			if t.settleAt.IsZero() || due.Before(t.settleAt) {
+				t.settleAt = due
+			}
+			return prev, &config.Error{File: p, Err: ErrSettling}
+		}
+	}
+	for _, e := range f.problems {
+		t.log(e)
+	}
+	return f, nil
+}
+
+// shrinks reports whether f defines fewer documents, or drops a resource, compared with prev.
+func shrinks(prev, f *file) bool {
+	if f.docs < prev.docs {
+		return true
+	}
+	for _, k := range prev.order {
+		if _, ok := f.valid[k]; !ok {
+			return true
+		}
+	}
+	return false
 }
 
 // parse reads one file's content. prev is the file's previous state, used to keep the last
 // valid version of what cannot be read now.
 func (t *Tree) parse(path string, data []byte, prev *file) *file {
-	f := &file{content: data, valid: map[Key]config.Config{}}
+	f := &file{content: data, docs: len(config.SplitDocuments(data)), valid: map[Key]config.Config{}}
 	cfgs, errs := config.ParseYAML(path, data, t.defaultNS)
 	held := map[Key]bool{}
 	partial := false
@@ -227,9 +301,6 @@ func (t *Tree) parse(path string, data []byte, prev *file) *file {
 			}
 		}
 	}
-	for _, p := range f.problems {
-		t.log(p)
-	}
 	return f
 }
 
@@ -263,11 +334,35 @@ func (t *Tree) log(err error) {
 	t.logger.Warn("config problem", attrs...)
 }
 
-// settle picks, for every resource, the first file (in paths order) defining it, and diffs the
-// result against what was published.
-func (t *Tree) settle(paths []string, problems []error) []Change {
+// logOnce logs the scan's notes that the previous scan did not have: a problem that lasts is
+// logged when it appears, not at every rescan.
+func (t *Tree) logOnce(notes []note) {
+	logged := make(map[string]bool, len(notes))
+	for _, n := range notes {
+		key := n.msg + "\x00" + n.path + "\x00" + fmt.Sprint(n.err)
+		logged[key] = true
+		if t.logged[key] {
+			continue
+		}
+		if n.msg == "" {
+			t.log(n.err)
+			continue
+		}
+		attrs := []any{"error", n.err}
+		if n.path != "" {
+			attrs = append([]any{"path", n.path}, attrs...)
+		}
+		t.logger.Warn(n.msg, attrs...)
+	}
+	t.logged = logged
+}
+
+// settleFiles picks, for every resource, the first file (in paths order) defining it, and diffs
+// the result against what was published. It returns the changes and the conflicts between files,
+// to be logged once.
+func (t *Tree) settleFiles(paths []string, problems []error) ([]Change, []note) {
 	desired := map[Key]config.Config{}
-	conflicts := map[string]bool{}
+	var conflicts []note
 	for _, p := range paths {
 		f := t.files[p]
 		if f == nil {
@@ -279,16 +374,12 @@ func (t *Tree) settle(paths []string, problems []error) []Change {
 			if first, ok := desired[k]; ok {
 				err := duplicate(c, first.Source)
 				problems = append(problems, err)
-				conflicts[err.Error()] = true
-				if !t.conflicts[err.Error()] {
-					t.log(err)
-				}
+				conflicts = append(conflicts, note{err: err})
 				continue
 			}
 			desired[k] = c
 		}
 	}
-	t.conflicts = conflicts
 	t.problems = problems
 
 	byType := map[string]*Change{}
@@ -322,7 +413,7 @@ func (t *Tree) settle(paths []string, problems []error) []Change {
 			out = append(out, *c)
 		}
 	}
-	return out
+	return out, conflicts
 }
 
 // State returns the published resources of one type, sorted by name, for a full Replace.

@@ -1,0 +1,366 @@
+package configingest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+
+	"sailplane.dev/services/config-ingest/internal/tree"
+	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/mesh"
+	"sailplane.dev/shared/schema"
+)
+
+// StateFile is the file, under Config.StateDir, holding the last valid version of every config
+// file's resources.
+const StateFile = "config-ingest-files.json"
+
+// maxDelay bounds how long a continuous stream of events can postpone a rescan.
+const maxDelay = time.Second
+
+// runFiles is Run in files mode.
+func (s *Service) runFiles(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	// The mesh file: watched by mesh.Watcher, which hands us each new config.
+	meshCh := make(chan *meshv1alpha1.MeshConfig, 1)
+	watchErr := make(chan error, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	var current *meshv1alpha1.MeshConfig
+	if s.cfg.MeshFile != "" {
+		w := mesh.NewWatcher(s.cfg.MeshFile, func(m *meshv1alpha1.MeshConfig) {
+			// Only the latest config matters: replace one not yet taken.
+			select {
+			case <-meshCh:
+			default:
+			}
+			meshCh <- m
+		}, mesh.WithLogger(s.log), mesh.WithDebounce(s.cfg.Debounce), mesh.WithReloadErrors(func(err error) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.meshProblems = nil
+			if err != nil {
+				s.meshProblems = []error{err}
+			}
+		}))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			watchErr <- w.Run(ctx)
+		}()
+		select {
+		case current = <-meshCh:
+		case err := <-watchErr:
+			return err
+		case <-ctx.Done():
+			return nil
+		}
+	} else {
+		current = mesh.Default()
+	}
+	s.pub.Replace(schema.MeshConfig.TypeURL, []*bus.Resource{meshResource(current)})
+
+	fw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return err
+	}
+	defer fw.Close()
+	f := &folders{s: s, fw: fw, watched: map[string]bool{},
+		tree: tree.New(s.cfg.DefaultNamespace, s.log, tree.WithSettle(s.cfg.Settle))}
+	f.restore()
+	f.setSources(current)
+	f.scan()
+	for _, k := range schema.IstioConfig {
+		s.pub.Replace(k.TypeURL, f.tree.State(k.TypeURL))
+	}
+	close(s.ready)
+	s.log.Info("config published", "folders", f.roots, "resources", len(f.tree.Published()), "problems", len(f.tree.Problems()))
+
+	debounce := time.NewTimer(time.Hour)
+	debounce.Stop()
+	defer debounce.Stop()
+	settle := time.NewTimer(time.Hour)
+	settle.Stop()
+	defer settle.Stop()
+	var first time.Time // of the pending burst; zero when none is pending
+	rescan := func() {
+		first = time.Time{}
+		f.publish(f.scan())
+		if f.newDirs {
+			// Files created in new folders before they were watched brought no event.
+			debounce.Reset(s.cfg.Debounce)
+		}
+		if at := f.tree.SettleAt(); !at.IsZero() {
+			settle.Reset(time.Until(at))
+		}
+	}
+	if f.newDirs || !f.tree.SettleAt().IsZero() {
+		rescan()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-watchErr:
+			return err
+		case m := <-meshCh:
+			current = m
+			s.pub.Upsert(schema.MeshConfig.TypeURL, meshResource(m))
+			if f.setSources(m) {
+				s.log.Info("config folders changed", "folders", f.roots)
+				rescan()
+			}
+		case ev, ok := <-fw.Events:
+			if !ok {
+				return nil
+			}
+			s.log.Debug("config folder event", "event", ev.String())
+			// Debounce: wait until the burst (an editor's save, a git checkout) settles, but not
+			// longer than maxDelay.
+			now := time.Now()
+			if first.IsZero() {
+				first = now
+			}
+			if now.Sub(first) < maxDelay {
+				debounce.Reset(s.cfg.Debounce)
+			}
+		case err, ok := <-fw.Errors:
+			if !ok {
+				return nil
+			}
+			// Events may have been lost (queue overflow): a rescan catches up.
+			s.log.Warn("config folder watch error", "error", err)
+			debounce.Reset(s.cfg.Debounce)
+		case <-debounce.C:
+			rescan()
+		case <-settle.C:
+			rescan()
+		}
+	}
+}
+
+// folders is the state of files mode: the tree of config files, what is watched, and what was
+// saved.
+type folders struct {
+	s       *Service
+	tree    *tree.Tree
+	fw      *fsnotify.Watcher
+	watched map[string]bool
+
+	roots       []string
+	unsupported []error // config sources that cannot be read at all
+	newDirs     bool    // the last scan found folders not watched before
+
+	saved      []byte // the state last written to the state file
+	saveFailed bool
+}
+
+// setSources takes the folders to read from m (or Config.ConfigDirs) and reports whether they
+// changed.
+func (f *folders) setSources(m *meshv1alpha1.MeshConfig) bool {
+	roots, err := f.s.sources(m)
+	f.unsupported = nil
+	if err != nil {
+		f.unsupported = []error{err}
+	}
+	changed := !slices.Equal(roots, f.roots)
+	f.roots = roots
+	return changed || err != nil
+}
+
+// scan rescans the folders, updates what is watched, the problems and the saved state.
+func (f *folders) scan() []tree.Change {
+	changes := f.tree.Scan(f.roots, f.unsupported...)
+	f.newDirs = f.watch()
+	f.s.setProblems(f.tree.Problems())
+	f.save()
+	return changes
+}
+
+func (f *folders) publish(changes []tree.Change) {
+	for _, c := range changes {
+		if len(c.Upsert) > 0 {
+			f.s.pub.Upsert(c.TypeURL, c.Upsert...)
+		}
+		if len(c.Delete) > 0 {
+			f.s.pub.Delete(c.TypeURL, c.Delete...)
+		}
+		f.s.log.Info("config changed", "type", c.TypeURL, "updated", len(c.Upsert), "deleted", len(c.Delete))
+	}
+}
+
+// watch makes fw watch the folders the tree read and, for a root that cannot be read, its
+// nearest existing parent (to notice it appear); it stops watching the others. It reports
+// whether it added a folder.
+func (f *folders) watch() bool {
+	want := map[string]bool{}
+	for _, d := range f.tree.Dirs() {
+		want[d] = true
+	}
+	for _, r := range f.roots {
+		if real, err := filepath.EvalSymlinks(r); err == nil && want[real] {
+			continue
+		}
+		for d := filepath.Dir(r); ; d = filepath.Dir(d) {
+			if st, err := os.Stat(d); err == nil && st.IsDir() {
+				want[d] = true
+				break
+			}
+			if d == filepath.Dir(d) {
+				break
+			}
+		}
+	}
+	added := false
+	for d := range want {
+		if f.watched[d] {
+			continue
+		}
+		if err := f.fw.Add(d); err != nil {
+			f.s.log.Warn("cannot watch config folder", "dir", d, "error", err)
+			continue
+		}
+		f.watched[d] = true
+		added = true
+	}
+	for d := range f.watched {
+		if !want[d] {
+			_ = f.fw.Remove(d) // fails when the folder is already gone, which is fine
+			delete(f.watched, d)
+		}
+	}
+	return added
+}
+
+func (f *folders) statePath() string { return filepath.Join(f.s.cfg.StateDir, StateFile) }
+
+// restore loads the saved state, if any, so that the first scan keeps the last valid version
+// of what is now invalid or unreadable, as the previous run did.
+func (f *folders) restore() {
+	if f.s.cfg.StateDir == "" {
+		return
+	}
+	data, err := os.ReadFile(f.statePath())
+	if errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	if err == nil {
+		err = f.tree.RestoreState(data)
+	}
+	if err != nil {
+		f.s.log.Warn("saved config state ignored: the last valid version of files that are now invalid is lost", "file", f.statePath(), "error", err)
+		return
+	}
+	f.saved = data
+	f.s.log.Info("saved config state restored", "file", f.statePath())
+}
+
+// save writes the tree's state when it changed. Failing to is logged once (until it works
+// again) and changes nothing else: it only weakens what a restart remembers.
+func (f *folders) save() {
+	if f.s.cfg.StateDir == "" {
+		return
+	}
+	data, err := f.tree.MarshalState()
+	if err == nil && bytes.Equal(data, f.saved) {
+		return
+	}
+	if err == nil {
+		err = writeAtomic(f.statePath(), data)
+	}
+	if err != nil {
+		if !f.saveFailed {
+			f.s.log.Warn("cannot save config state: after a restart, files that are invalid then lose their last valid version", "file", f.statePath(), "error", err)
+		}
+		f.saveFailed = true
+		return
+	}
+	if f.saveFailed {
+		f.s.log.Info("config state saved again", "file", f.statePath())
+	}
+	f.saveFailed = false
+	f.saved = data
+}
+
+// writeAtomic replaces path by data so that a crash leaves either the old or the new content:
+// a temporary file beside it, synced, then renamed over it.
+func writeAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // fails once renamed, which is fine
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		return err
+	}
+	// The rename itself is durable once the folder is synced.
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// sources returns the folders to read: Config.ConfigDirs, else the mesh config's fs://
+// sources (its "conf" folder when it names none), with an error listing the sources that
+// cannot be read at all.
+func (s *Service) sources(m *meshv1alpha1.MeshConfig) ([]string, error) {
+	var dirs []string
+	var err error
+	if len(s.cfg.ConfigDirs) > 0 {
+		dirs = s.cfg.ConfigDirs
+	} else {
+		dirs, err = mesh.ConfigSourceDirs(m, filepath.Dir(s.cfg.MeshFile))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Keep the mesh file's reload error, replace the config-source one.
+	kept := s.meshProblems[:0:0]
+	for _, p := range s.meshProblems {
+		var ue *mesh.UnsupportedSourcesError
+		if !errors.As(p, &ue) {
+			kept = append(kept, p)
+		}
+	}
+	s.meshProblems = kept
+	if err != nil {
+		s.meshProblems = append(s.meshProblems, err)
+	}
+	out := make([]string, len(dirs))
+	for i, d := range dirs {
+		out[i] = filepath.Clean(d)
+	}
+	return out, err
+}
+
+func (s *Service) setProblems(p []error) {
+	s.mu.Lock()
+	s.treeProblems = p
+	s.mu.Unlock()
+}
