@@ -2,11 +2,12 @@ package tree
 
 import (
 	"errors"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -29,9 +30,72 @@ func put(t *testing.T, p, s string) {
 	}
 }
 
+// clock is a test clock that moves only when told to.
+type clock struct{ now time.Time }
+
+func (c *clock) Now() time.Time            { return c.now }
+func (c *clock) Advance(d time.Duration) { c.now = c.now.Add(d) }
+
+// logs keeps what a Tree logged, one line per record, and shows it in the test's log.
+type logs struct {
+	t     *testing.T
+	lines []string
+}
+
+func (l *logs) Write(p []byte) (int, error) {
+	l.lines = append(l.lines, string(p))
+	l.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// count returns how many lines contain every part.
+func (l *logs) count(parts ...string) int {
+	n := 0
+	for _, line := range l.lines {
+		ok := true
+		for _, p := range parts {
+			ok = ok && strings.Contains(line, p)
+		}
+		if ok {
+			n++
+		}
+	}
+	return n
+}
+
+// newTree returns a Tree on a test clock, logging into the returned logs.
+func newTree(t *testing.T) (*Tree, *clock, *logs) {
+	c := &clock{now: time.Unix(1e9, 0)}
+	l := &logs{t: t}
+	return New("default", slog.New(slog.NewTextHandler(l, nil)), WithClock(c.Now)), c, l
+}
+
+// hasProblem reports whether a current problem's message contains every part.
+func hasProblem(tr *Tree, parts ...string) bool {
+	for _, p := range tr.Problems() {
+		ok := true
+		for _, s := range parts {
+			ok = ok && strings.Contains(p.Error(), s)
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+// names returns the published names of a type.
+func names(tr *Tree, typeURL string) []string {
+	var out []string
+	for _, r := range tr.State(typeURL) {
+		out = append(out, r.Name)
+	}
+	return out
+}
+
 func TestScan(t *testing.T) {
 	dir := t.TempDir()
-	tr := New("default", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	tr, clk, _ := newTree(t)
 	put(t, filepath.Join(dir, "a.yaml"), gwDoc("one")+"---\n"+gwDoc("one")+"---\n"+gwDoc("two"))
 	ch := tr.Scan([]string{dir})
 	if len(ch) != 1 || ch[0].TypeURL != schema.Gateway.TypeURL || len(ch[0].Upsert) != 2 {
@@ -60,6 +124,10 @@ func TestScan(t *testing.T) {
 		t.Fatalf("vanished folder: %+v %v", ch, tr.Problems())
 	}
 	put(t, filepath.Join(dir, "a.yaml"), gwDoc("two"))
+	if ch := tr.Scan([]string{dir}); len(ch) != 0 {
+		t.Fatalf("a file that shrank was applied before it settled: %+v", ch)
+	}
+	clk.Advance(DefaultSettle)
 	ch = tr.Scan([]string{dir})
 	if len(ch) != 1 || len(ch[0].Delete) != 1 || ch[0].Delete[0] != "default/one" || len(ch[0].Upsert) != 0 {
 		t.Fatalf("changes = %+v", ch)
@@ -71,7 +139,7 @@ func TestScan(t *testing.T) {
 func TestEmptyFileKeepsResources(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "gw.yaml")
-	tr := New("default", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	tr, clk, _ := newTree(t)
 	put(t, p, gwDoc("one"))
 	tr.Scan([]string{dir})
 
@@ -84,6 +152,8 @@ func TestEmptyFileKeepsResources(t *testing.T) {
 	}
 
 	put(t, p, "# nothing here any more\n")
+	tr.Scan([]string{dir})
+	clk.Advance(DefaultSettle)
 	ch := tr.Scan([]string{dir})
 	if len(ch) != 1 || len(ch[0].Delete) != 1 || ch[0].Delete[0] != "default/one" {
 		t.Fatalf("comment-only file: changes = %+v, want the Gateway deleted", ch)

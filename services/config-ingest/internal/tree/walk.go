@@ -45,20 +45,20 @@ func (w *walker) unreadable(path, msg string, err error) {
 // dir lists the folder at p (as reached, through symlinks or not) and, recursively, its
 // subfolders. It fails only when p itself cannot be read.
 func (w *walker) dir(p string) error {
-	real, err := filepath.EvalSymlinks(p)
+	resolved, err := filepath.EvalSymlinks(p)
 	if err != nil {
 		return err
 	}
-	if w.visited[real] {
+	if w.visited[resolved] {
 		w.note("config folder skipped", p, errAlreadyRead)
 		return nil
 	}
-	w.visited[real] = true
+	w.visited[resolved] = true
 	entries, err := os.ReadDir(p)
 	if err != nil {
 		return err
 	}
-	w.dirs[real] = true
+	w.dirs[resolved] = true
 	for _, e := range entries {
 		name := e.Name()
 		if strings.HasPrefix(name, ".") {

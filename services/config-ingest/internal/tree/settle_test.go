@@ -1,0 +1,70 @@
+package tree
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"sailplane.dev/shared/schema"
+)
+
+func gwHostDoc(name, host string) string {
+	return "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: " + name + "}\nspec:\n  servers:\n  - port: {number: 80, protocol: HTTP}\n    hosts: ['" + host + "']\n"
+}
+
+// A file written in place by a writer that pauses halfway is read while it holds only its
+// first part: valid YAML, with fewer resources. Nothing it held may be deleted or replaced
+// until it stays that way for the settle window.
+func TestShrunkFileSettles(t *testing.T) {
+	dir := t.TempDir()
+	tr, clk, _ := newTree(t)
+	p := filepath.Join(dir, "gw.yaml")
+	full := gwHostDoc("one", "a.example.com") + "---\n" + gwHostDoc("two", "b.example.com")
+	put(t, p, full)
+	tr.Scan([]string{dir})
+
+	// Halfway: the first document changed, the second is not written yet.
+	put(t, p, gwHostDoc("one", "new.example.com"))
+	if ch := tr.Scan([]string{dir}); len(ch) != 0 {
+		t.Fatalf("half-written file published: %+v", ch)
+	}
+	if pr := tr.Problems(); len(pr) != 1 || !errors.Is(pr[0], ErrSettling) {
+		t.Fatalf("problems = %v, want ErrSettling", pr)
+	}
+	if at := tr.SettleAt(); !at.Equal(clk.Now().Add(DefaultSettle)) {
+		t.Fatalf("SettleAt = %v, want now + %v", at, DefaultSettle)
+	}
+	// Other files are not held back meanwhile.
+	put(t, filepath.Join(dir, "other.yaml"), gwDoc("three"))
+	if ch := tr.Scan([]string{dir}); len(ch) != 1 || len(ch[0].Upsert) != 1 || ch[0].Upsert[0].Name != "default/three" {
+		t.Fatalf("other file: changes = %+v", ch)
+	}
+
+	// The writer finishes within the window: published as one update, nothing deleted.
+	clk.Advance(DefaultSettle / 2)
+	full = gwHostDoc("one", "new.example.com") + "---\n" + gwHostDoc("two", "b.example.com")
+	put(t, p, full)
+	ch := tr.Scan([]string{dir})
+	if len(ch) != 1 || len(ch[0].Upsert) != 1 || ch[0].Upsert[0].Name != "default/one" || len(ch[0].Delete) != 0 {
+		t.Fatalf("completed write: changes = %+v", ch)
+	}
+	if len(tr.Problems()) != 0 || !tr.SettleAt().IsZero() {
+		t.Fatalf("after the write: problems %v, SettleAt %v", tr.Problems(), tr.SettleAt())
+	}
+
+	// A removal meant as one: applied when the file is re-read after the window.
+	put(t, p, gwHostDoc("one", "new.example.com"))
+	tr.Scan([]string{dir})
+	clk.Advance(DefaultSettle - 1)
+	if ch := tr.Scan([]string{dir}); len(ch) != 0 {
+		t.Fatalf("applied before the window ended: %+v", ch)
+	}
+	clk.Advance(1)
+	ch = tr.Scan([]string{dir})
+	if len(ch) != 1 || len(ch[0].Delete) != 1 || ch[0].Delete[0] != "default/two" {
+		t.Fatalf("settled removal: changes = %+v", ch)
+	}
+	if got := names(tr, schema.Gateway.TypeURL); len(got) != 2 {
+		t.Fatalf("published %v, want one and three", got)
+	}
+}
