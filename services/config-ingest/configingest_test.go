@@ -413,11 +413,21 @@ func TestMeshConfigReload(t *testing.T) {
 	write(t, filepath.Join(other, "x.yaml"), vsDoc("other", "other", 100))
 	e.write("a.yaml", vsDoc("reviews", "reviews", 100))
 	eventually(t, "first folder", func() bool { return e.vs("default/reviews") != nil })
+	// A source that cannot be read (k8s:// is not supported in files mode) is unknown: what
+	// the previous folder published stays until every source can be read.
 	write(t, e.mesh, "rootNamespace: sailplane\nconfigSources:\n- address: fs://other\n- address: k8s://\n")
-	eventually(t, "folders switched", func() bool { return e.vs("default/other") != nil && e.vs("default/reviews") == nil })
 	eventually(t, "unsupported source reported", func() bool { return e.problem("k8s://", "not supported yet") != nil })
+	eventually(t, "new folder read", func() bool { return e.vs("default/other") != nil })
+	if e.vs("default/reviews") == nil {
+		t.Fatal("the previous folder's resources were dropped while a source cannot be read")
+	}
 	if e.problem("malformed") != nil {
 		t.Fatal("stale mesh problem")
+	}
+	write(t, e.mesh, "rootNamespace: sailplane\nconfigSources:\n- address: fs://other\n")
+	eventually(t, "folders switched", func() bool { return e.vs("default/other") != nil && e.vs("default/reviews") == nil })
+	if e.problem("k8s://") != nil {
+		t.Fatal("stale unsupported-source problem")
 	}
 }
 

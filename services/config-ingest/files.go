@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -19,6 +20,10 @@ import (
 	"sailplane.dev/shared/mesh"
 	"sailplane.dev/shared/schema"
 )
+
+// DefaultStateDir is the mains' --state-dir: relative to the working folder, like the default
+// mesh file etc/sailplane/mesh.yaml, so /var/lib/sailplane when run from /.
+const DefaultStateDir = "var/lib/sailplane"
 
 // StateFile is the file, under Config.StateDir, holding the last valid version of every config
 // file's resources.
@@ -171,13 +176,13 @@ type folders struct {
 // changed.
 func (f *folders) setSources(m *meshv1alpha1.MeshConfig) bool {
 	roots, err := f.s.sources(m)
-	f.unsupported = nil
+	var unsupported []error
 	if err != nil {
-		f.unsupported = []error{err}
+		unsupported = []error{err}
 	}
-	changed := !slices.Equal(roots, f.roots)
-	f.roots = roots
-	return changed || err != nil
+	changed := !slices.Equal(roots, f.roots) || fmt.Sprint(unsupported) != fmt.Sprint(f.unsupported)
+	f.roots, f.unsupported = roots, unsupported
+	return changed
 }
 
 // scan rescans the folders, updates what is watched, the problems and the saved state.

@@ -19,6 +19,7 @@ func main() {
 	var (
 		logOpts    cli.LogOptions
 		meshFile   string
+		stateDir   string
 		configDirs []string
 		busListen  string
 		kubeconfig string
@@ -34,7 +35,7 @@ func main() {
 			if err != nil {
 				return err
 			}
-			cfg := configingest.Config{MeshFile: meshFile, ConfigDirs: configDirs, Namespace: namespace, PodName: podName}
+			cfg := configingest.Config{MeshFile: meshFile, ConfigDirs: configDirs, StateDir: stateDir, Namespace: namespace, PodName: podName}
 			kubeCfg, chosen, err := configingest.ResolveSource(source, kubeconfig)
 			if err != nil {
 				return err
@@ -67,6 +68,7 @@ func main() {
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
 	cmd.Flags().StringVar(&namespace, "namespace", cli.EnvOr("POD_NAMESPACE", "istio-system"), "control plane namespace (Kubernetes): the istio ConfigMap and the status Lease")
 	cmd.Flags().StringVar(&podName, "pod-name", os.Getenv("POD_NAME"), "identity in the status Lease (default: the host name)")
+	cmd.Flags().StringVar(&stateDir, "state-dir", configingest.DefaultStateDir, "folder keeping the last valid version of every config file's resources across restarts (files mode); empty: none")
 	cmd.Flags().StringSliceVar(&configDirs, "config-dir", nil, "config folders to read, overriding the mesh config's fs:// configSources")
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the config bus (MCP over xDS)")
 	cli.Execute(cmd)

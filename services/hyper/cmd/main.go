@@ -22,6 +22,7 @@ func main() {
 	var (
 		logOpts    cli.LogOptions
 		meshFile   string
+		stateDir   string
 		configDirs []string
 		xdsCfg     xdsserver.Config
 		pprofAddr  string
@@ -47,7 +48,7 @@ func main() {
 			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
 			local := bus.Local(store)
 
-			ingestCfg := configingest.Config{MeshFile: meshFile, ConfigDirs: configDirs, Namespace: namespace, PodName: podName}
+			ingestCfg := configingest.Config{MeshFile: meshFile, ConfigDirs: configDirs, StateDir: stateDir, Namespace: namespace, PodName: podName}
 			watcherCfg := endpointwatcher.Config{ClusterID: clusterID, Namespace: namespace}
 			if consulAddr != "" {
 				// The ACL token comes from CONSUL_HTTP_TOKEN only, never a flag: flags show in ps.
@@ -104,6 +105,7 @@ func main() {
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
 	cmd.Flags().StringVar(&namespace, "namespace", cli.EnvOr("POD_NAMESPACE", "istio-system"), "control plane namespace (Kubernetes): the istio ConfigMap, the status Lease, remote-cluster Secrets")
 	cmd.Flags().StringVar(&podName, "pod-name", os.Getenv("POD_NAME"), "identity in the status Lease (default: the host name)")
+	cmd.Flags().StringVar(&stateDir, "state-dir", configingest.DefaultStateDir, "folder keeping the last valid version of every config file's resources across restarts (files mode); empty: none")
 	cmd.Flags().StringSliceVar(&configDirs, "config-dir", nil, "config folders to read, overriding the mesh config's fs:// configSources")
 	xdsCfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")

@@ -33,7 +33,7 @@ func put(t *testing.T, p, s string) {
 // clock is a test clock that moves only when told to.
 type clock struct{ now time.Time }
 
-func (c *clock) Now() time.Time            { return c.now }
+func (c *clock) Now() time.Time          { return c.now }
 func (c *clock) Advance(d time.Duration) { c.now = c.now.Add(d) }
 
 // logs keeps what a Tree logged, one line per record, and shows it in the test's log.

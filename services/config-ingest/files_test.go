@@ -1,0 +1,225 @@
+package configingest_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	networking "istio.io/api/networking/v1alpha3"
+
+	configingest "sailplane.dev/services/config-ingest"
+	"sailplane.dev/services/config-ingest/internal/tree"
+	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/testlog"
+)
+
+// run starts a Service with cfg until the returned stop is called (or the test ends).
+func run(t *testing.T, cfg configingest.Config, rec *recorder) (svc *configingest.Service, stop func()) {
+	t.Helper()
+	if cfg.Debounce == 0 {
+		cfg.Debounce = 20 * time.Millisecond
+	}
+	svc, err := configingest.New(cfg, configingest.Deps{Logger: testlog.New(t, slog.LevelDebug), Publisher: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	select {
+	case <-svc.Ready():
+	case err := <-done:
+		t.Fatalf("Run returned before ready: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("not ready")
+	}
+	return svc, stop
+}
+
+func weights(rec *recorder, name string) []int32 {
+	r := rec.get(schema.VirtualService, name)
+	if r == nil {
+		return nil
+	}
+	var out []int32
+	for _, d := range r.Body.(*networking.VirtualService).Http[0].Route {
+		out = append(out, d.Weight)
+	}
+	return out
+}
+
+func split(name string, w1, w2 int) string {
+	return `apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: ` + name + `}
+spec:
+  hosts: [echo]
+  http:
+  - route:
+    - {destination: {host: echo, subset: v1}, weight: ` + itoa(w1) + `}
+    - {destination: {host: echo, subset: v2}, weight: ` + itoa(w2) + `}
+`
+}
+
+func hasProblem(svc *configingest.Service, target error, parts ...string) bool {
+	for _, p := range svc.Problems() {
+		if target != nil && !errors.Is(p, target) {
+			continue
+		}
+		ok := true
+		for _, s := range parts {
+			ok = ok && strings.Contains(p.Error(), s)
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *recorder) deleted(k schema.Kind) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.deletes[k.TypeURL]
+}
+
+// A restart serves what was served before: a VirtualService whose file became invalid while
+// config-ingest was stopped keeps its last valid version, from the state directory.
+func TestRestartKeepsLastValid(t *testing.T) {
+	root := t.TempDir()
+	mesh, state := filepath.Join(root, "mesh.yaml"), filepath.Join(root, "state")
+	write(t, mesh, "")
+	write(t, filepath.Join(root, "conf", "split.yaml"), split("split", 80, 20))
+	cfg := configingest.Config{MeshFile: mesh, StateDir: state}
+
+	rec := newRecorder()
+	_, stop := run(t, cfg, rec)
+	if got := weights(rec, "default/split"); len(got) != 2 || got[0] != 80 {
+		t.Fatalf("first run: weights %v", got)
+	}
+	// Invalid while running: the last valid version stays (and is what gets saved).
+	write(t, filepath.Join(root, "conf", "split.yaml"), split("split", 180, 20))
+	stop()
+	if _, err := os.Stat(filepath.Join(state, configingest.StateFile)); err != nil {
+		t.Fatalf("no state saved: %v", err)
+	}
+
+	rec = newRecorder()
+	svc, _ := run(t, cfg, rec)
+	if got := weights(rec, "default/split"); len(got) != 2 || got[0] != 80 || got[1] != 20 {
+		t.Fatalf("after restart, weights %v, want the last valid 80/20", got)
+	}
+	if !hasProblem(svc, nil, "split.yaml", "weight") {
+		t.Fatalf("problems = %v, want the invalid file named", svc.Problems())
+	}
+	// Fixing the file takes effect as usual.
+	write(t, filepath.Join(root, "conf", "split.yaml"), split("split", 50, 50))
+	eventually(t, "fixed", func() bool { w := weights(rec, "default/split"); return len(w) == 2 && w[0] == 50 })
+}
+
+// Without configSources, the conf folder beside the mesh file is read; an empty mesh file is
+// Istio's defaults.
+func TestDefaultConfigFolder(t *testing.T) {
+	root := t.TempDir()
+	write(t, filepath.Join(root, "mesh.yaml"), "")
+	write(t, filepath.Join(root, "conf", "split.yaml"), split("split", 80, 20))
+	rec := newRecorder()
+	svc, _ := run(t, configingest.Config{MeshFile: filepath.Join(root, "mesh.yaml")}, rec)
+	if rec.get(schema.VirtualService, "default/split") == nil || rec.get(schema.MeshConfig, "mesh") == nil {
+		t.Fatalf("state = %v, problems = %v", rec.state, svc.Problems())
+	}
+	if p := svc.Problems(); len(p) != 0 {
+		t.Fatalf("problems = %v", p)
+	}
+}
+
+// mesh.yaml switched to a folder that does not exist keeps what was served, says so, and
+// switches by itself when the folder appears.
+func TestMissingConfigSource(t *testing.T) {
+	root := t.TempDir()
+	mesh := filepath.Join(root, "mesh.yaml")
+	write(t, mesh, "configSources: [{address: fs://conf}]\n")
+	write(t, filepath.Join(root, "conf", "split.yaml"), split("split", 80, 20))
+	rec := newRecorder()
+	svc, _ := run(t, configingest.Config{MeshFile: mesh}, rec)
+
+	write(t, mesh, "configSources: [{address: fs://later/conf}]\n")
+	eventually(t, "missing folder reported", func() bool { return hasProblem(svc, tree.ErrUnreadable, "later/conf") })
+	if rec.get(schema.VirtualService, "default/split") == nil || rec.deleted(schema.VirtualService) != 0 {
+		t.Fatal("resources deleted while the configured folder does not exist")
+	}
+	write(t, filepath.Join(root, "later", "conf", "other.yaml"), split("other", 50, 50))
+	eventually(t, "switched", func() bool {
+		return rec.get(schema.VirtualService, "default/other") != nil && rec.get(schema.VirtualService, "default/split") == nil
+	})
+}
+
+// A file written in place by a writer that pauses halfway: the half that is valid YAML is not
+// taken for the whole file, nothing it held is deleted.
+func TestFileBeingWritten(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "conf", "vs.yaml")
+	write(t, filepath.Join(root, "mesh.yaml"), "")
+	full := split("one", 80, 20) + "---\n" + split("two", 80, 20)
+	write(t, p, full)
+	rec := newRecorder()
+	svc, _ := run(t, configingest.Config{MeshFile: filepath.Join(root, "mesh.yaml"), Settle: time.Minute}, rec)
+
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(split("one", 80, 20) + "---\n"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "half-written file noticed", func() bool { return hasProblem(svc, tree.ErrSettling, "vs.yaml") })
+	if rec.get(schema.VirtualService, "default/two") == nil {
+		t.Fatal("half-written file deleted a resource")
+	}
+	if _, err := f.WriteString(split("two", 70, 30)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "write completed", func() bool { w := weights(rec, "default/two"); return len(w) == 2 && w[0] == 70 })
+	if n := rec.deleted(schema.VirtualService); n != 0 {
+		t.Fatalf("%d deletions published while the file was written", n)
+	}
+	eventually(t, "problem cleared", func() bool { return len(svc.Problems()) == 0 })
+}
+
+// A symlinked file whose target lives outside the config folder: editing the target is seen.
+func TestSymlinkTargetOutside(t *testing.T) {
+	root, outside := t.TempDir(), t.TempDir()
+	write(t, filepath.Join(root, "mesh.yaml"), "")
+	write(t, filepath.Join(outside, "split.yaml"), split("split", 80, 20))
+	if err := os.MkdirAll(filepath.Join(root, "conf"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(outside, "split.yaml"), filepath.Join(root, "conf", "split.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	run(t, configingest.Config{MeshFile: filepath.Join(root, "mesh.yaml")}, rec)
+	if w := weights(rec, "default/split"); len(w) != 2 || w[0] != 80 {
+		t.Fatalf("weights %v", w)
+	}
+	write(t, filepath.Join(outside, "split.yaml"), split("split", 10, 90))
+	eventually(t, "target edit seen", func() bool { w := weights(rec, "default/split"); return len(w) == 2 && w[0] == 10 })
+}
