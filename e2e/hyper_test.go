@@ -13,7 +13,8 @@ import (
 )
 
 // TestHyperNoFlags runs ./hyper with no flags from a folder holding etc/sailplane/, as a person
-// trying Sailplane would, and expects it to serve that config on the default port.
+// trying Sailplane would, and expects it to serve that config on the default port. The mesh
+// file is empty (Istio's defaults), so the config comes from etc/sailplane/conf/ beside it.
 func TestHyperNoFlags(t *testing.T) {
 	const defaultXDS = "127.0.0.1:15010"
 	for _, addr := range []string{defaultXDS, "127.0.0.1:15051"} {
@@ -26,7 +27,7 @@ func TestHyperNoFlags(t *testing.T) {
 	v1 := framework.StartEcho(t, "v1", "127.0.0.1:0")
 	v2 := framework.StartEcho(t, "v2", "127.0.0.1:0")
 	dir := t.TempDir()
-	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", meshYAML)
+	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", "")
 	framework.WriteFile(t, dir, "etc/sailplane/conf/service.yaml", serviceYAML(v1, v2))
 	framework.WriteFile(t, dir, "etc/sailplane/conf/traffic.yaml", trafficYAML(0, 100))
 	framework.Start(t, dir, framework.Binary(t, "hyper"))
