@@ -77,6 +77,13 @@ type Process struct {
 // Start runs a binary in dir with args; it is stopped (SIGTERM, then SIGKILL) when the test ends.
 func Start(t testing.TB, dir, bin string, args ...string) *Process {
 	t.Helper()
+	return StartAs(t, nil, dir, bin, args...)
+}
+
+// StartAs is Start running the binary as the given user (nil: the test's own), for what only
+// holds for a control plane that does not run as root, such as file permissions.
+func StartAs(t testing.TB, user *syscall.Credential, dir, bin string, args ...string) *Process {
+	t.Helper()
 	name := filepath.Base(bin)
 	logFile := filepath.Join(t.TempDir(), name+".log")
 	f, err := os.Create(logFile)
@@ -86,7 +93,7 @@ func Start(t testing.TB, dir, bin string, args ...string) *Process {
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: user}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		t.Fatalf("start %s: %v", name, err)
