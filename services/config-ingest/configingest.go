@@ -26,6 +26,15 @@ import (
 // first by path order wins.
 var ErrDuplicate = tree.ErrDuplicate
 
+// Files-mode problems that keep what was served: ErrUnreadable, a folder, file or symlink that
+// cannot be read; ErrEmpty, a file emptied (a write in progress until it gets content or is
+// deleted); ErrSettling, a file that shrank, applied once it stays unchanged for Config.Settle.
+var (
+	ErrUnreadable = tree.ErrUnreadable
+	ErrEmpty      = tree.ErrEmpty
+	ErrSettling   = tree.ErrSettling
+)
+
 // In Kubernetes mode, problems wrapping ErrKubernetes say the API server is unreachable or a
 // resource cannot be listed (RBAC), and ErrMeshConfigMap that the mesh ConfigMap is unusable
 // (the last good mesh config stays in effect).
@@ -143,8 +152,9 @@ func (s *Service) Ready() <-chan struct{} {
 }
 
 // Problems returns the current problems: unreadable or invalid documents (as *config.Error),
-// duplicates (wrapping ErrDuplicate), unreadable folders, a mesh file that failed to reload,
-// unsupported config sources. In Kubernetes mode: invalid resources (*config.Error), an unusable
+// duplicates (wrapping ErrDuplicate), folders, files and symlinks that cannot be read (wrapping
+// ErrUnreadable), files held back as possible writes in progress (ErrSettling, ErrEmpty), a mesh
+// file that failed to reload, unsupported config sources. In Kubernetes mode: invalid resources (*config.Error), an unusable
 // mesh ConfigMap (ErrMeshConfigMap), the API server unreachable or a kind not listable (ErrKubernetes).
 func (s *Service) Problems() []error {
 	if s.kube != nil {

@@ -13,7 +13,6 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	configingest "sailplane.dev/services/config-ingest"
-	"sailplane.dev/services/config-ingest/internal/tree"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/testlog"
 )
@@ -161,7 +160,7 @@ func TestMissingConfigSource(t *testing.T) {
 	svc, _ := run(t, configingest.Config{MeshFile: mesh}, rec)
 
 	write(t, mesh, "configSources: [{address: fs://later/conf}]\n")
-	eventually(t, "missing folder reported", func() bool { return hasProblem(svc, tree.ErrUnreadable, "later/conf") })
+	eventually(t, "missing folder reported", func() bool { return hasProblem(svc, configingest.ErrUnreadable, "later/conf") })
 	if rec.get(schema.VirtualService, "default/split") == nil || rec.deleted(schema.VirtualService) != 0 {
 		t.Fatal("resources deleted while the configured folder does not exist")
 	}
@@ -190,7 +189,7 @@ func TestFileBeingWritten(t *testing.T) {
 	if _, err := f.WriteString(split("one", 80, 20) + "---\n"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "half-written file noticed", func() bool { return hasProblem(svc, tree.ErrSettling, "vs.yaml") })
+	eventually(t, "half-written file noticed", func() bool { return hasProblem(svc, configingest.ErrSettling, "vs.yaml") })
 	if rec.get(schema.VirtualService, "default/two") == nil {
 		t.Fatal("half-written file deleted a resource")
 	}

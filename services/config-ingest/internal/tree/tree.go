@@ -151,6 +151,7 @@ func (t *Tree) Scan(roots []string, unreadableSources ...error) []Change {
 	for _, err := range unreadableSources {
 		w.note("config source cannot be read, keeping what the previous sources published", "", err)
 	}
+	roots = slices.Clone(roots)
 	for i, root := range roots {
 		root = filepath.Clean(root)
 		roots[i] = root
