@@ -166,8 +166,8 @@ func (s *Service) Problems() []error {
 }
 
 // Run loads the mesh config and the config folders, publishes them, then follows changes until
-// ctx is done. It fails only when the mesh file cannot be loaded at start or the folders cannot
-// be watched at all.
+// ctx is done. It fails only when the mesh file cannot be loaded at start and no mesh config was
+// saved in StateDir by a previous run, or when the folders cannot be watched at all.
 //
 // In Kubernetes mode it publishes once the informers have synced and follows the API server,
 // riding out its outages (nothing is deleted while it is unreachable); it fails only when a

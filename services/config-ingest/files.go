@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"google.golang.org/protobuf/encoding/protojson"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 
 	"sailplane.dev/services/config-ingest/internal/tree"
@@ -24,6 +25,10 @@ import (
 // DefaultStateDir is the mains' --state-dir: relative to the working folder, like the default
 // mesh file etc/sailplane/mesh.yaml, so /var/lib/sailplane when run from /.
 const DefaultStateDir = "var/lib/sailplane"
+
+// MeshStateFile is the file, under Config.StateDir, holding the last good mesh config: used at
+// start when the mesh file cannot be loaded.
+const MeshStateFile = "config-ingest-mesh.json"
 
 // StateFile is the file, under Config.StateDir, holding the last valid version of every config
 // file's resources.
@@ -45,6 +50,17 @@ func (s *Service) runFiles(ctx context.Context) error {
 	defer cancel()
 	var current *meshv1alpha1.MeshConfig
 	if s.cfg.MeshFile != "" {
+		opts := []mesh.WatcherOption{mesh.WithLogger(s.log), mesh.WithDebounce(s.cfg.Debounce), mesh.WithReloadErrors(func(err error) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.meshProblems = nil
+			if err != nil {
+				s.meshProblems = []error{err}
+			}
+		})}
+		if saved := s.savedMesh(); saved != nil {
+			opts = append(opts, mesh.WithFallback(saved))
+		}
 		w := mesh.NewWatcher(s.cfg.MeshFile, func(m *meshv1alpha1.MeshConfig) {
 			// Only the latest config matters: replace one not yet taken.
 			select {
@@ -52,14 +68,7 @@ func (s *Service) runFiles(ctx context.Context) error {
 			default:
 			}
 			meshCh <- m
-		}, mesh.WithLogger(s.log), mesh.WithDebounce(s.cfg.Debounce), mesh.WithReloadErrors(func(err error) {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			s.meshProblems = nil
-			if err != nil {
-				s.meshProblems = []error{err}
-			}
-		}))
+		}, opts...)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -76,6 +85,7 @@ func (s *Service) runFiles(ctx context.Context) error {
 		current = mesh.Default()
 	}
 	s.pub.Replace(schema.MeshConfig.TypeURL, []*bus.Resource{meshResource(current)})
+	s.saveMesh(current)
 
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -123,6 +133,7 @@ func (s *Service) runFiles(ctx context.Context) error {
 		case m := <-meshCh:
 			current = m
 			s.pub.Upsert(schema.MeshConfig.TypeURL, meshResource(m))
+			s.saveMesh(m)
 			if f.setSources(m) {
 				s.log.Info("config folders changed", "folders", f.roots)
 				rescan()
@@ -297,6 +308,43 @@ func (f *folders) save() {
 	}
 	f.saveFailed = false
 	f.saved = data
+}
+
+// savedMesh returns the mesh config saved by a previous run, nil when there is none (or no
+// StateDir).
+func (s *Service) savedMesh() *meshv1alpha1.MeshConfig {
+	if s.cfg.StateDir == "" {
+		return nil
+	}
+	path := filepath.Join(s.cfg.StateDir, MeshStateFile)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	m := &meshv1alpha1.MeshConfig{}
+	if err == nil {
+		err = protojson.Unmarshal(data, m)
+	}
+	if err != nil {
+		s.log.Warn("saved mesh config ignored", "file", path, "error", err)
+		return nil
+	}
+	return m
+}
+
+// saveMesh saves m as the last good mesh config; failing to is logged.
+func (s *Service) saveMesh(m *meshv1alpha1.MeshConfig) {
+	if s.cfg.StateDir == "" {
+		return
+	}
+	path := filepath.Join(s.cfg.StateDir, MeshStateFile)
+	data, err := protojson.Marshal(m)
+	if err == nil {
+		err = writeAtomic(path, data)
+	}
+	if err != nil {
+		s.log.Warn("cannot save the mesh config: after a restart, a mesh file that cannot be loaded then stops config-ingest", "file", path, "error", err)
+	}
 }
 
 // writeAtomic replaces path by data so that a crash leaves either the old or the new content:

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 
 	configingest "sailplane.dev/services/config-ingest"
@@ -221,4 +222,36 @@ func TestSymlinkTargetOutside(t *testing.T) {
 	}
 	write(t, filepath.Join(outside, "split.yaml"), split("split", 10, 90))
 	eventually(t, "target edit seen", func() bool { w := weights(rec, "default/split"); return len(w) == 2 && w[0] == 10 })
+}
+
+// A mesh file broken while config-ingest was stopped: the restart uses the mesh config saved
+// by the previous run (and so reads the same folders), reports the file, and reloads it once
+// fixed.
+func TestRestartWithBrokenMeshFile(t *testing.T) {
+	root := t.TempDir()
+	mesh, state := filepath.Join(root, "mesh.yaml"), filepath.Join(root, "state")
+	write(t, mesh, "rootNamespace: sailplane\nconfigSources: [{address: fs://custom}]\n")
+	write(t, filepath.Join(root, "custom", "split.yaml"), split("split", 80, 20))
+	cfg := configingest.Config{MeshFile: mesh, StateDir: state}
+	_, stop := run(t, cfg, newRecorder())
+	stop()
+
+	write(t, mesh, "rootNamespace: [broken\n")
+	rec := newRecorder()
+	svc, _ := run(t, cfg, rec)
+	rootNS := func() string {
+		r := rec.get(schema.MeshConfig, "mesh")
+		if r == nil {
+			return ""
+		}
+		return r.Body.(*meshv1alpha1.MeshConfig).RootNamespace
+	}
+	if rootNS() != "sailplane" || rec.get(schema.VirtualService, "default/split") == nil {
+		t.Fatalf("after restart: root namespace %q, state %v", rootNS(), rec.state)
+	}
+	if !hasProblem(svc, nil, "mesh.yaml", "malformed") {
+		t.Fatalf("problems = %v, want the mesh file named", svc.Problems())
+	}
+	write(t, mesh, "rootNamespace: fixed\nconfigSources: [{address: fs://custom}]\n")
+	eventually(t, "mesh file fixed", func() bool { return rootNS() == "fixed" && len(svc.Problems()) == 0 })
 }

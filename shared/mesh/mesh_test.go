@@ -290,6 +290,37 @@ func TestWatcherEmptyAtStart(t *testing.T) {
 	}
 }
 
+// With a fallback, a mesh file that cannot be loaded at start is reported, the fallback used,
+// and the file reloaded once fixed.
+func TestWatcherFallback(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "mesh.yaml")
+	write(t, p, "nope: 1\n")
+	calls := make(chan string, 10)
+	reloadErrs := make(chan error, 10)
+	fallback := Default()
+	fallback.RootNamespace = "saved"
+	w := NewWatcher(p, func(m *meshv1alpha1.MeshConfig) { calls <- m.RootNamespace }, WithLogger(testLogger(t)),
+		WithDebounce(10*time.Millisecond), WithReloadErrors(func(err error) { reloadErrs <- err }), WithFallback(fallback))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	if err := <-reloadErrs; err == nil || !strings.Contains(err.Error(), `unknown field "nope"`) {
+		t.Fatalf("start error = %v", err)
+	}
+	if ns := <-calls; ns != "saved" {
+		t.Fatalf("first = %q, want the fallback", ns)
+	}
+	write(t, p, "rootNamespace: fixed\n")
+	if ns := <-calls; ns != "fixed" {
+		t.Fatalf("second = %q", ns)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestWatcherInitialError(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "mesh.yaml")

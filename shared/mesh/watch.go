@@ -22,6 +22,7 @@ type Watcher struct {
 	logger   *slog.Logger
 	debounce time.Duration
 	onError  func(error)
+	fallback *meshv1alpha1.MeshConfig
 
 	mu      sync.Mutex
 	current *meshv1alpha1.MeshConfig
@@ -44,6 +45,14 @@ func WithDebounce(d time.Duration) WatcherOption { return func(w *Watcher) { w.d
 // reload succeeded, so a caller can show the mesh file's current problem.
 func WithReloadErrors(f func(error)) WatcherOption { return func(w *Watcher) { w.onError = f } }
 
+// WithFallback sets the config to use when the file cannot be loaded at start (missing,
+// unreadable, invalid): typically the last good config saved before a restart. Run then logs
+// the error, reports it through WithReloadErrors, starts with fallback and keeps watching,
+// instead of failing.
+func WithFallback(m *meshv1alpha1.MeshConfig) WatcherOption {
+	return func(w *Watcher) { w.fallback = m }
+}
+
 // NewWatcher returns a Watcher of the mesh file at path. onChange is called from Run's goroutine
 // with the first config, then with every config that differs from the previous one; it must not
 // modify it.
@@ -62,8 +71,9 @@ func (w *Watcher) Current() *meshv1alpha1.MeshConfig {
 	return w.current
 }
 
-// Run loads the file (failing if it cannot), calls onChange, then watches the file until ctx is
-// done. A reload that fails is logged and the last good config stays current.
+// Run loads the file (failing if it cannot, unless WithFallback), calls onChange, then watches
+// the file until ctx is done. A reload that fails is logged and the last good config stays
+// current.
 func (w *Watcher) Run(ctx context.Context) error {
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -75,15 +85,15 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if err := fw.Add(filepath.Dir(w.path)); err != nil {
 		return fmt.Errorf("mesh watcher: %w", err)
 	}
-	data, err := os.ReadFile(w.path)
-	if err != nil {
-		return fmt.Errorf("mesh config: %w", err)
-	}
-	first, err := Load(w.path)
-	if err != nil {
+	first, err := w.load()
+	if err != nil && w.fallback == nil {
 		return err
 	}
-	w.hadContent = len(bytes.TrimSpace(data)) > 0
+	if err != nil {
+		w.logger.Error("mesh config cannot be loaded, using the last good one (the fallback)", "file", w.path, "error", err)
+		w.onError(err)
+		first = w.fallback
+	}
 	w.set(first)
 	w.onChange(first)
 
@@ -134,6 +144,20 @@ func (w *Watcher) reload() {
 	w.logger.Info("mesh config reloaded", "file", w.path)
 	w.set(m)
 	w.onChange(m)
+}
+
+// load reads the file at start.
+func (w *Watcher) load() (*meshv1alpha1.MeshConfig, error) {
+	data, err := os.ReadFile(w.path)
+	if err != nil {
+		return nil, fmt.Errorf("mesh config: %w", err)
+	}
+	m, err := Load(w.path)
+	if err != nil {
+		return nil, err
+	}
+	w.hadContent = len(bytes.TrimSpace(data)) > 0
+	return m, nil
 }
 
 func (w *Watcher) set(m *meshv1alpha1.MeshConfig) {
