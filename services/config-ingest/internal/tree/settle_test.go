@@ -2,6 +2,7 @@ package tree
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -66,5 +67,24 @@ func TestShrunkFileSettles(t *testing.T) {
 	}
 	if got := names(tr, schema.Gateway.TypeURL); len(got) != 2 {
 		t.Fatalf("published %v, want one and three", got)
+	}
+}
+
+// A file replaced by a rename was written whole: what it no longer defines goes at once.
+func TestReplacedFileAppliesAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	tr, _, _ := newTree(t)
+	p := filepath.Join(dir, "gw.yaml")
+	put(t, p, gwDoc("one")+"---\n"+gwDoc("two"))
+	tr.Scan([]string{dir})
+
+	tmp := filepath.Join(dir, ".gw.yaml.tmp")
+	put(t, tmp, gwDoc("one"))
+	if err := os.Rename(tmp, p); err != nil {
+		t.Fatal(err)
+	}
+	ch := tr.Scan([]string{dir})
+	if len(ch) != 1 || len(ch[0].Delete) != 1 || ch[0].Delete[0] != "default/two" {
+		t.Fatalf("replaced file: changes = %+v, problems %v", ch, tr.Problems())
 	}
 }

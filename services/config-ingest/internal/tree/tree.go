@@ -11,12 +11,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"sailplane.dev/shared/bus"
@@ -31,9 +33,9 @@ var ErrDuplicate = errors.New("duplicate resource")
 // only a comment in it, removes them.
 var ErrEmpty = errors.New("file is empty, keeping the resources it held (delete the file, or leave a comment in it, to remove them)")
 
-// ErrSettling: a file now defines fewer documents or resources than before, as a file being
-// written in place does halfway; its new content is applied once it stays the same for the
-// settle window.
+// ErrSettling: a file written in place now defines fewer documents or resources than before,
+// as a file being written does halfway; its new content is applied once it stays the same for
+// the settle window. A file replaced by a rename is applied at once.
 var ErrSettling = errors.New("file shrank, possibly a write in progress: its new content waits until it stays unchanged (replace files by an atomic rename to avoid the wait)")
 
 // ErrUnreadable: a folder, file or symlink under the config folders cannot be read; what it held
@@ -87,6 +89,28 @@ type file struct {
 	shrunkAt time.Time
 	// restored: read from a saved state, content unknown until the file is read again.
 	restored bool
+	// id is the file read (device and inode), zero when unknown: new content under a new id was
+	// written whole and renamed into place, never halfway.
+	id fileID
+}
+
+type fileID struct{ dev, ino uint64 }
+
+// readFile returns the content of the file at p and which file it was.
+func readFile(p string) ([]byte, fileID, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, fileID{}, err
+	}
+	defer f.Close()
+	var id fileID
+	if fi, err := f.Stat(); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			id = fileID{dev: uint64(st.Dev), ino: st.Ino}
+		}
+	}
+	data, err := io.ReadAll(f)
+	return data, id, err
 }
 
 func (f *file) add(k Key, c config.Config) {
@@ -213,13 +237,14 @@ func (t *Tree) Scan(roots []string, unreadableSources ...error) []Change {
 // emptied, or shrank less than the settle window ago; nil when it is new and unreadable.
 func (t *Tree) read(p string, now time.Time) (*file, error) {
 	prev := t.files[p]
-	data, err := os.ReadFile(p)
+	data, id, err := readFile(p)
 	switch {
 	case err != nil:
 		// Unreadable (or removed between walk and read): keep what it held.
 		return prev, &config.Error{File: p, Err: fmt.Errorf("%w: %w", ErrUnreadable, err)}
 	case prev != nil && !prev.restored && bytes.Equal(prev.content, data):
 		prev.shrunk = nil // a write in progress that ended where it started
+		prev.id = id
 		return prev, nil
 	case prev != nil && len(prev.valid) > 0 && len(bytes.TrimSpace(data)) == 0:
 		// Editors that write in place truncate first: an empty file is taken as a write in
@@ -227,7 +252,10 @@ func (t *Tree) read(p string, now time.Time) (*file, error) {
 		return prev, &config.Error{File: p, Err: ErrEmpty}
 	}
 	f := t.parse(p, data, prev)
-	if prev != nil && shrinks(prev, f) {
+	f.id = id
+	// A file replaced by a rename was written whole: only one written in place can be halfway.
+	replaced := prev != nil && prev.id != (fileID{}) && prev.id != id
+	if prev != nil && !replaced && shrinks(prev, f) {
 		if !bytes.Equal(prev.shrunk, data) {
 			prev.shrunk, prev.shrunkAt = data, now
 			t.logger.Info("config file shrank, holding its removals in case it is being written", "file", p, "settle", t.settle)
