@@ -194,8 +194,15 @@ func (e *env) vs(name string) *networking.VirtualService {
 }
 
 // problem finds a current problem whose message contains every part.
-func (e *env) problem(parts ...string) error {
-	for _, p := range e.svc.Problems() {
+func (e *env) problem(parts ...string) error { return findProblem(e.svc, nil, parts...) }
+
+// findProblem finds a current problem of svc that is target (any when nil) and whose message
+// contains every part.
+func findProblem(svc *configingest.Service, target error, parts ...string) error {
+	for _, p := range svc.Problems() {
+		if target != nil && !errors.Is(p, target) {
+			continue
+		}
 		ok := true
 		for _, s := range parts {
 			ok = ok && strings.Contains(p.Error(), s)

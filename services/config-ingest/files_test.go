@@ -2,11 +2,9 @@ package configingest_test
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -79,19 +77,7 @@ spec:
 }
 
 func hasProblem(svc *configingest.Service, target error, parts ...string) bool {
-	for _, p := range svc.Problems() {
-		if target != nil && !errors.Is(p, target) {
-			continue
-		}
-		ok := true
-		for _, s := range parts {
-			ok = ok && strings.Contains(p.Error(), s)
-		}
-		if ok {
-			return true
-		}
-	}
-	return false
+	return findProblem(svc, target, parts...) != nil
 }
 
 func (r *recorder) deleted(k schema.Kind) int {

@@ -209,17 +209,30 @@ func TestWatcher(t *testing.T) {
 	}
 }
 
+// runWatcher runs a Watcher of p until stop, which checks Run's result; it returns the root
+// namespaces handed to the callback and the reload errors, in order.
+func runWatcher(t *testing.T, p string, opts ...WatcherOption) (w *Watcher, calls chan string, reloadErrs chan error, stop func()) {
+	t.Helper()
+	calls, reloadErrs = make(chan string, 10), make(chan error, 10)
+	opts = append([]WatcherOption{WithLogger(testLogger(t)), WithDebounce(10 * time.Millisecond),
+		WithReloadErrors(func(err error) { reloadErrs <- err })}, opts...)
+	w = NewWatcher(p, func(m *meshv1alpha1.MeshConfig) { calls <- m.RootNamespace }, opts...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	return w, calls, reloadErrs, func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestWatcherKeepsLastGood(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "mesh.yaml")
 	write(t, p, "rootNamespace: good\n")
-	calls := make(chan string, 10)
-	reloadErrs := make(chan error, 10)
-	w := NewWatcher(p, func(m *meshv1alpha1.MeshConfig) { calls <- m.RootNamespace }, WithLogger(testLogger(t)),
-		WithDebounce(10*time.Millisecond), WithReloadErrors(func(err error) { reloadErrs <- err }))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+	w, calls, reloadErrs, stop := runWatcher(t, p)
 	if ns := <-calls; ns != "good" {
 		t.Fatalf("first = %q", ns)
 	}
@@ -243,10 +256,7 @@ func TestWatcherKeepsLastGood(t *testing.T) {
 	if ns := <-calls; ns != "better" {
 		t.Fatalf("second = %q", ns)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	if w.Current().RootNamespace != "better" {
 		t.Fatal(w.Current())
 	}
@@ -258,13 +268,7 @@ func TestWatcherEmptyAtStart(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "mesh.yaml")
 	write(t, p, "")
-	calls := make(chan string, 10)
-	reloadErrs := make(chan error, 10)
-	w := NewWatcher(p, func(m *meshv1alpha1.MeshConfig) { calls <- m.RootNamespace }, WithLogger(testLogger(t)),
-		WithDebounce(10*time.Millisecond), WithReloadErrors(func(err error) { reloadErrs <- err }))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+	_, calls, reloadErrs, stop := runWatcher(t, p)
 	if ns := <-calls; ns != "istio-system" {
 		t.Fatalf("first = %q, want the defaults", ns)
 	}
@@ -284,10 +288,7 @@ func TestWatcherEmptyAtStart(t *testing.T) {
 	if ns := <-calls; ns != "again" {
 		t.Fatalf("third = %q", ns)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 }
 
 // With a fallback, a mesh file that cannot be loaded at start is reported, the fallback used,
@@ -296,15 +297,9 @@ func TestWatcherFallback(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "mesh.yaml")
 	write(t, p, "nope: 1\n")
-	calls := make(chan string, 10)
-	reloadErrs := make(chan error, 10)
 	fallback := Default()
 	fallback.RootNamespace = "saved"
-	w := NewWatcher(p, func(m *meshv1alpha1.MeshConfig) { calls <- m.RootNamespace }, WithLogger(testLogger(t)),
-		WithDebounce(10*time.Millisecond), WithReloadErrors(func(err error) { reloadErrs <- err }), WithFallback(fallback))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+	_, calls, reloadErrs, stop := runWatcher(t, p, WithFallback(fallback))
 	if err := <-reloadErrs; err == nil || !strings.Contains(err.Error(), `unknown field "nope"`) {
 		t.Fatalf("start error = %v", err)
 	}
@@ -315,10 +310,7 @@ func TestWatcherFallback(t *testing.T) {
 	if ns := <-calls; ns != "fixed" {
 		t.Fatalf("second = %q", ns)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 }
 
 func TestWatcherInitialError(t *testing.T) {
