@@ -9,10 +9,6 @@ import (
 	"sailplane.dev/shared/schema"
 )
 
-func gwHostDoc(name, host string) string {
-	return "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: " + name + "}\nspec:\n  servers:\n  - port: {number: 80, protocol: HTTP}\n    hosts: ['" + host + "']\n"
-}
-
 // A file written in place by a writer that pauses halfway is read while it holds only its
 // first part: valid YAML, with fewer resources. Nothing it held may be deleted or replaced
 // until it stays that way for the settle window.

@@ -81,8 +81,9 @@ type file struct {
 	docs    int // non-empty documents in content
 	order   []Key
 	valid   map[Key]config.Config
-	// problems of the last parse; kept while the content does not change.
+	// problems and warnings of the last parse; kept while the content does not change.
 	problems []error
+	warnings []string
 	// shrunk is newer content defining fewer documents or resources than content, seen first
 	// at shrunkAt: held back until it stays the same for the settle window.
 	shrunk   []byte
@@ -270,6 +271,9 @@ func (t *Tree) read(p string, now time.Time) (*file, error) {
 	for _, e := range f.problems {
 		t.log(e)
 	}
+	for _, w := range f.warnings {
+		t.logger.Warn("config warning", "warning", w)
+	}
 	return f, nil
 }
 
@@ -309,7 +313,7 @@ func (t *Tree) parse(path string, data []byte, prev *file) *file {
 		}
 		warnings, err := config.Validate(c)
 		for _, w := range warnings {
-			t.logger.Warn("config warning", "warning", w.String())
+			f.warnings = append(f.warnings, w.String())
 		}
 		if err != nil {
 			for _, e := range config.Errors(err) {

@@ -17,7 +17,11 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func gwDoc(name string) string {
-	return "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: " + name + "}\nspec:\n  servers:\n  - port: {number: 80, name: http, protocol: HTTP}\n    hosts: ['*']\n"
+	return gwHostDoc(name, "*")
+}
+
+func gwHostDoc(name, host string) string {
+	return "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: " + name + "}\nspec:\n  servers:\n  - port: {number: 80, name: http, protocol: HTTP}\n    hosts: ['" + host + "']\n"
 }
 
 func put(t *testing.T, p, s string) {
