@@ -5,12 +5,15 @@
 package configingest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,6 +24,7 @@ import (
 	"sailplane.dev/services/config-ingest/internal/kubesource"
 	"sailplane.dev/services/config-ingest/internal/tree"
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/mesh"
 	"sailplane.dev/shared/schema"
 )
@@ -84,6 +88,8 @@ type Service struct {
 	mu           sync.Mutex
 	treeProblems []error
 	meshProblems []error
+	// busProblems are the resources the bus refused (too large), until published or removed.
+	busProblems map[tree.Key]error
 }
 
 // New checks cfg and returns a Service; nothing is read before Run.
@@ -100,7 +106,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if cfg.Debounce <= 0 {
 		cfg.Debounce = 100 * time.Millisecond
 	}
-	s := &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, ready: make(chan struct{})}
+	s := &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, ready: make(chan struct{}), busProblems: map[tree.Key]error{}}
 	if cfg.Kube != nil {
 		src, err := kubesource.New(cfg.Kube, kubesource.Config{
 			Namespace: cfg.Namespace, Identity: cfg.PodName, MeshFile: cfg.MeshFile, Debounce: cfg.Debounce,
@@ -137,7 +143,8 @@ func (s *Service) Ready() <-chan struct{} {
 
 // Problems returns the current problems: unreadable or invalid documents (as *config.Error),
 // duplicates (wrapping ErrDuplicate), unreadable folders, a mesh file that failed to reload,
-// unsupported config sources. In Kubernetes mode: invalid resources (*config.Error), an unusable
+// unsupported config sources, resources the bus refused (*config.Error wrapping
+// *bus.TooLargeError). In Kubernetes mode: invalid resources (*config.Error), an unusable
 // mesh ConfigMap (ErrMeshConfigMap), the API server unreachable or a kind not listable (ErrKubernetes).
 func (s *Service) Problems() []error {
 	if s.kube != nil {
@@ -145,7 +152,13 @@ func (s *Service) Problems() []error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append(slices.Clone(s.meshProblems), s.treeProblems...)
+	out := append(slices.Clone(s.meshProblems), s.treeProblems...)
+	for _, k := range slices.SortedFunc(maps.Keys(s.busProblems), func(a, b tree.Key) int {
+		return cmp.Or(strings.Compare(a.TypeURL, b.TypeURL), strings.Compare(a.Name, b.Name))
+	}) {
+		out = append(out, s.busProblems[k])
+	}
+	return out
 }
 
 // maxDelay bounds how long a continuous stream of events can postpone a rescan.
@@ -206,7 +219,8 @@ func (s *Service) Run(ctx context.Context) error {
 	} else {
 		current = mesh.Default()
 	}
-	s.pub.Replace(schema.MeshConfig.TypeURL, []*bus.Resource{meshResource(current)})
+	meshState := []*bus.Resource{meshResource(current)}
+	s.published(nil, schema.MeshConfig.TypeURL, meshState, s.pub.Replace(schema.MeshConfig.TypeURL, meshState))
 
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -221,7 +235,8 @@ func (s *Service) Run(ctx context.Context) error {
 	s.watch(fw, watched, roots, t.Dirs())
 	s.setProblems(t.Problems())
 	for _, k := range schema.IstioConfig {
-		s.pub.Replace(k.TypeURL, t.State(k.TypeURL))
+		state := t.State(k.TypeURL)
+		s.published(t, k.TypeURL, state, s.pub.Replace(k.TypeURL, state))
 	}
 	close(s.ready)
 	s.log.Info("config published", "folders", roots, "resources", len(t.Published()), "problems", len(t.Problems()))
@@ -241,7 +256,8 @@ func (s *Service) Run(ctx context.Context) error {
 			return nil
 		case m := <-meshCh:
 			current = m
-			s.pub.Upsert(schema.MeshConfig.TypeURL, meshResource(m))
+			mr := meshResource(m)
+			s.published(nil, schema.MeshConfig.TypeURL, []*bus.Resource{mr}, s.pub.Upsert(schema.MeshConfig.TypeURL, mr))
 			if nr := s.roots(m); !slices.Equal(nr, roots) {
 				s.log.Info("config folders changed", "folders", nr)
 				roots = nr
@@ -281,10 +297,11 @@ func (s *Service) rescan(t *tree.Tree, fw *fsnotify.Watcher, watched map[string]
 	s.setProblems(t.Problems())
 	for _, c := range changes {
 		if len(c.Upsert) > 0 {
-			s.pub.Upsert(c.TypeURL, c.Upsert...)
+			s.published(t, c.TypeURL, c.Upsert, s.pub.Upsert(c.TypeURL, c.Upsert...))
 		}
 		if len(c.Delete) > 0 {
 			s.pub.Delete(c.TypeURL, c.Delete...)
+			s.forget(c.TypeURL, c.Delete)
 		}
 		s.log.Info("config changed", "type", c.TypeURL, "updated", len(c.Upsert), "deleted", len(c.Delete))
 	}
@@ -349,6 +366,62 @@ func (s *Service) watch(fw *fsnotify.Watcher, watched map[string]bool, roots, di
 			delete(watched, d)
 		}
 	}
+}
+
+// published reports what the bus refused of a publish of resources (of t's files; t is nil for
+// the mesh config): each refused resource is logged with its file and kept as a problem until
+// it is published or removed, while the bus keeps serving its previous version.
+func (s *Service) published(t *tree.Tree, typeURL string, resources []*bus.Resource, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range resources {
+		delete(s.busProblems, tree.Key{TypeURL: typeURL, Name: r.Name})
+	}
+	if err == nil {
+		return
+	}
+	for _, e := range flatten(err) {
+		var tooLarge *bus.TooLargeError
+		if !errors.As(e, &tooLarge) {
+			s.log.Error("config not published", "type", typeURL, "error", e)
+			continue
+		}
+		k := tree.Key{TypeURL: typeURL, Name: tooLarge.Name}
+		problem := &config.Error{Name: tooLarge.Name, Err: e}
+		if kind, ok := schema.ByTypeURL(typeURL); ok {
+			problem.Kind = kind.Kind
+			problem.Namespace, problem.Name = schema.SplitName(tooLarge.Name)
+			if kind.ClusterScoped {
+				problem.Namespace, problem.Name = "", tooLarge.Name
+			}
+		}
+		if t != nil {
+			if c, ok := t.Published()[k]; ok {
+				problem.File, problem.Doc = c.Source.File, c.Source.Doc
+			}
+		}
+		s.busProblems[k] = problem
+		s.log.Error("config not published: too large for the bus; its previous version, if any, stays served",
+			"file", problem.File, "doc", problem.Doc, "kind", problem.Kind, "name", tooLarge.Name,
+			"bytes", tooLarge.Size, "limit", tooLarge.Limit)
+	}
+}
+
+// forget drops the bus problems of removed resources.
+func (s *Service) forget(typeURL string, names []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range names {
+		delete(s.busProblems, tree.Key{TypeURL: typeURL, Name: n})
+	}
+}
+
+// flatten lists the errors joined in err.
+func flatten(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
 }
 
 func (s *Service) setProblems(p []error) {

@@ -55,6 +55,8 @@ type dialConfig struct {
 	creds                      credentials.TransportCredentials
 	backoffInitial, backoffMax time.Duration
 	grpcOpts                   []grpc.DialOption
+	// maxInitialVersions is maxInitialVersionsBytes; tests lower it.
+	maxInitialVersions int
 }
 
 // WithDialLogger sets the consumer's logger.
@@ -88,10 +90,11 @@ func WithGRPCDialOptions(opts ...grpc.DialOption) DialOption {
 
 func newDialConfig(opts []DialOption) *dialConfig {
 	c := &dialConfig{
-		log:            slog.New(slog.DiscardHandler),
-		creds:          insecure.NewCredentials(),
-		backoffInitial: DefaultBackoffInitial,
-		backoffMax:     DefaultBackoffMax,
+		log:                slog.New(slog.DiscardHandler),
+		creds:              insecure.NewCredentials(),
+		backoffInitial:     DefaultBackoffInitial,
+		backoffMax:         DefaultBackoffMax,
+		maxInitialVersions: maxInitialVersionsBytes,
 	}
 	if h, err := os.Hostname(); err == nil {
 		c.nodeID = h
@@ -145,7 +148,7 @@ func (c *dialConfig) run(ctx context.Context, target string, session func(contex
 			r.reset()
 		}
 		wait := r.wait()
-		c.log.Warn(fmt.Sprintf("bus: peer unreachable, retrying in %s", wait.Round(time.Millisecond)),
+		c.log.Warn(fmt.Sprintf("bus: peer unreachable or stream failed, retrying in %s", wait.Round(time.Millisecond)),
 			"target", target, "err", err)
 		t := time.NewTimer(wait)
 		select {
@@ -279,7 +282,7 @@ func (dc *deltaClient) session(ctx context.Context, conn *grpc.ClientConn, cs *c
 			ResourceNamesSubscribe:  []string{"*"},
 			InitialResourceVersions: maps.Clone(v.have),
 		}
-		if size := versionsSize(v.have); size > maxInitialVersionsBytes {
+		if size := versionsSize(v.have); size > dc.cfg.maxInitialVersions {
 			dc.cfg.log.Info("bus: resubscribing without initial versions, too many to send; receiving the whole state",
 				"type", v.wireURL, "resources", len(v.have), "bytes", size)
 			req.InitialResourceVersions = nil
