@@ -266,7 +266,8 @@ type deltaItem struct {
 // in parts of at most maxResponseBytes. Nothing is sent when there is no difference, unless
 // always.
 func (ds *deltaStream) send(dt *deltaType, found []*entry, missing []string, always bool) error {
-	var updates, removals []deltaItem
+	updates := make([]deltaItem, 0, len(found))
+	var removals []deltaItem
 	for _, e := range found {
 		r := e.res
 		if !dt.subscribed(r.Name) {
@@ -306,7 +307,8 @@ func (ds *deltaStream) send(dt *deltaType, found []*entry, missing []string, alw
 		if len(parts) > 1 {
 			resp.SystemVersionInfo = partPrefix + strconv.Itoa(i+1) + "/" + strconv.Itoa(len(parts))
 		}
-		p := &deltaPending{}
+		p := &deltaPending{updated: make([]deltaSent, 0, len(part))}
+		resp.Resources = make([]*discoveryv3.Resource, 0, len(part))
 		for _, it := range part {
 			if it.res != nil {
 				resp.Resources = append(resp.Resources, it.res)
@@ -329,19 +331,16 @@ func (ds *deltaStream) send(dt *deltaType, found []*entry, missing []string, alw
 }
 
 // splitParts cuts items into consecutive parts of at most maxResponseBytes each (an item larger
-// than that alone in its part); no items make one empty part.
+// than that alone in its part); no items make one empty part. Parts share items' array.
 func splitParts(items []deltaItem) [][]deltaItem {
-	parts := [][]deltaItem{nil}
-	size := 0
+	var parts [][]deltaItem
+	start, size := 0, 0
 	for i, it := range items {
-		last := len(parts) - 1
-		if len(parts[last]) > 0 && size+it.size > maxResponseBytes {
-			parts = append(parts, nil)
-			last++
-			size = 0
+		if i > start && size+it.size > maxResponseBytes {
+			parts = append(parts, items[start:i])
+			start, size = i, 0
 		}
-		parts[last] = append(parts[last], items[i])
 		size += it.size
 	}
-	return parts
+	return append(parts, items[start:])
 }
