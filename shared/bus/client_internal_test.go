@@ -10,10 +10,31 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 	networking "istio.io/api/networking/v1alpha3"
 
 	"sailplane.dev/shared/schema"
 )
+
+// The size the Store checks without encoding is the size of the encoding.
+func TestWireSize(t *testing.T) {
+	for _, r := range []*Resource{
+		{Name: "ns/empty"},
+		{Name: "ns/vs", Version: "v1", Body: &networking.VirtualService{Hosts: []string{"a", "b"}}},
+		{Name: "ns/meta", Version: "123abc", CreateTime: time.Unix(1700000000, 5),
+			Labels: map[string]string{"app": "x"}, Annotations: map[string]string{"note": string(make([]byte, 300))},
+			Body: &networking.VirtualService{Hosts: []string{string(make([]byte, 20000))}}},
+	} {
+		m, err := toMCP(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := proto.Size(m)
+		if got := wireSize(r, r.Version, -1); got != want {
+			t.Errorf("%s: wireSize = %d, encoding is %d bytes", r.Name, got, want)
+		}
+	}
+}
 
 func TestRetryScheduleCappedAndJittered(t *testing.T) {
 	r := retry{initial: DefaultBackoffInitial, max: DefaultBackoffMax}
