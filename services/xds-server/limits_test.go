@@ -195,7 +195,11 @@ func TestLongNACKTruncatedInLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := serve(t, srv)
-	<-srv.Ready()
+	select {
+	case <-srv.Ready():
+	case <-time.After(waitFor):
+		t.Fatal("server not ready")
+	}
 
 	stream, err := adsClient(t, addr).StreamAggregatedResources(streamContext(t))
 	if err != nil {
