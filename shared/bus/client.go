@@ -282,7 +282,7 @@ func (dc *deltaClient) session(ctx context.Context, conn *grpc.ClientConn, cs *c
 			ResourceNamesSubscribe:  []string{"*"},
 			InitialResourceVersions: maps.Clone(v.have),
 		}
-		if size := versionsSize(v.have); size > dc.cfg.maxInitialVersions {
+		if size := mapField(v.have); size > dc.cfg.maxInitialVersions {
 			dc.cfg.log.Info("bus: resubscribing without initial versions, too many to send; receiving the whole state",
 				"type", v.wireURL, "resources", len(v.have), "bytes", size)
 			req.InitialResourceVersions = nil
@@ -361,13 +361,4 @@ func decodeDelta(v *consumerView, resp *discoveryv3.DeltaDiscoveryResponse) (Cha
 		all[dr.GetName()] = dr.GetVersion()
 	}
 	return c, all, firstErr
-}
-
-// versionsSize is about what initial_resource_versions holding versions takes on the wire.
-func versionsSize(versions map[string]string) int {
-	n := 0
-	for name, v := range versions {
-		n += lengthDelimited(lengthDelimited(len(name)) + lengthDelimited(len(v)))
-	}
-	return n
 }

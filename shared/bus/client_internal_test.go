@@ -21,6 +21,8 @@ func TestWireSize(t *testing.T) {
 	for _, r := range []*Resource{
 		{Name: "ns/empty"},
 		{Name: "ns/vs", Version: "v1", Body: &networking.VirtualService{Hosts: []string{"a", "b"}}},
+		{Name: "ns/empty-map-entries", Version: "v", CreateTime: time.Unix(1700000000, 0),
+			Labels: map[string]string{"": "", "k": ""}, Annotations: map[string]string{"": "v"}},
 		{Name: "ns/meta", Version: "123abc", CreateTime: time.Unix(1700000000, 5),
 			Labels: map[string]string{"app": "x"}, Annotations: map[string]string{"note": string(make([]byte, 300))},
 			Body: &networking.VirtualService{Hosts: []string{string(make([]byte, 20000))}}},

@@ -71,16 +71,45 @@ func mcpMetadata(r *Resource, version string) *mcp.Metadata {
 	return md
 }
 
-// wireSize is the size of r's MCP encoding with the given version, computed without encoding it;
-// bodySize is the size of the body's encoding, or -1 to measure it.
+// wireSize is the size of r's MCP encoding with the given version, computed without encoding it
+// (nor allocating); bodySize is the size of the body's encoding, or -1 to measure it.
 func wireSize(r *Resource, version string, bodySize int) int {
-	n := lengthDelimited(proto.Size(mcpMetadata(r, version)))
+	meta := stringField(r.Name) + stringField(version) + mapField(r.Labels) + mapField(r.Annotations)
+	if !r.CreateTime.IsZero() {
+		ts := 0
+		if s := r.CreateTime.Unix(); s != 0 {
+			ts += 1 + protowire.SizeVarint(uint64(s))
+		}
+		if n := r.CreateTime.Nanosecond(); n != 0 {
+			ts += 1 + protowire.SizeVarint(uint64(n))
+		}
+		meta += lengthDelimited(ts)
+	}
+	n := lengthDelimited(meta)
 	if r.Body != nil {
 		if bodySize < 0 {
 			bodySize = proto.Size(r.Body)
 		}
 		typeURL := len("type.googleapis.com/") + len(r.Body.ProtoReflect().Descriptor().FullName())
 		n += lengthDelimited(lengthDelimited(typeURL) + lengthDelimited(bodySize))
+	}
+	return n
+}
+
+// stringField is the size of a proto3 string field (absent when empty).
+func stringField(s string) int {
+	if s == "" {
+		return 0
+	}
+	return lengthDelimited(len(s))
+}
+
+// mapField is the size of a map<string, string> field: one entry message per key, holding the
+// key and the value (always both).
+func mapField(m map[string]string) int {
+	n := 0
+	for k, v := range m {
+		n += lengthDelimited(lengthDelimited(len(k)) + lengthDelimited(len(v)))
 	}
 	return n
 }
