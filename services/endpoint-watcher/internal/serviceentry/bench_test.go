@@ -12,7 +12,7 @@ import (
 type discardPublisher struct{}
 
 func (discardPublisher) Upsert(string, ...*bus.Resource) error { return nil }
-func (discardPublisher) Delete(string, ...string)        {}
+func (discardPublisher) Delete(string, ...string)              {}
 func (discardPublisher) Replace(string, []*bus.Resource) error { return nil }
 
 // BenchmarkWorkloadEntryChange measures one WE address change in a namespace of 100 selector
