@@ -5,11 +5,14 @@
 package configingest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +22,7 @@ import (
 	"sailplane.dev/services/config-ingest/internal/kubesource"
 	"sailplane.dev/services/config-ingest/internal/tree"
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/schema"
 )
 
@@ -97,6 +101,8 @@ type Service struct {
 	mu           sync.Mutex
 	treeProblems []error
 	meshProblems []error
+	// busProblems are the resources the bus refused (too large), until published or removed.
+	busProblems map[tree.Key]error
 }
 
 // New checks cfg and returns a Service; nothing is read before Run.
@@ -116,7 +122,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if cfg.Settle <= 0 {
 		cfg.Settle = tree.DefaultSettle
 	}
-	s := &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, ready: make(chan struct{})}
+	s := &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, ready: make(chan struct{}), busProblems: map[tree.Key]error{}}
 	if cfg.Kube != nil {
 		src, err := kubesource.New(cfg.Kube, kubesource.Config{
 			Namespace: cfg.Namespace, Identity: cfg.PodName, MeshFile: cfg.MeshFile, Debounce: cfg.Debounce,
@@ -154,7 +160,8 @@ func (s *Service) Ready() <-chan struct{} {
 // Problems returns the current problems: unreadable or invalid documents (as *config.Error),
 // duplicates (wrapping ErrDuplicate), folders, files and symlinks that cannot be read (wrapping
 // ErrUnreadable), files held back as possible writes in progress (ErrSettling, ErrEmpty), a mesh
-// file that failed to reload, unsupported config sources. In Kubernetes mode: invalid resources (*config.Error), an unusable
+// file that failed to reload, unsupported config sources, resources the bus refused (*config.Error
+// wrapping *bus.TooLargeError). In Kubernetes mode: invalid resources (*config.Error), an unusable
 // mesh ConfigMap (ErrMeshConfigMap), the API server unreachable or a kind not listable (ErrKubernetes).
 func (s *Service) Problems() []error {
 	if s.kube != nil {
@@ -162,7 +169,13 @@ func (s *Service) Problems() []error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append(slices.Clone(s.meshProblems), s.treeProblems...)
+	out := append(slices.Clone(s.meshProblems), s.treeProblems...)
+	for _, k := range slices.SortedFunc(maps.Keys(s.busProblems), func(a, b tree.Key) int {
+		return cmp.Or(strings.Compare(a.TypeURL, b.TypeURL), strings.Compare(a.Name, b.Name))
+	}) {
+		out = append(out, s.busProblems[k])
+	}
+	return out
 }
 
 // Run loads the mesh config and the config folders, publishes them, then follows changes until
@@ -177,6 +190,62 @@ func (s *Service) Run(ctx context.Context) error {
 		return s.kube.Run(ctx)
 	}
 	return s.runFiles(ctx)
+}
+
+// published reports what the bus refused of a publish of resources (of t's files; t is nil for
+// the mesh config): each refused resource is logged with its file and kept as a problem until
+// it is published or removed, while the bus keeps serving its previous version.
+func (s *Service) published(t *tree.Tree, typeURL string, resources []*bus.Resource, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range resources {
+		delete(s.busProblems, tree.Key{TypeURL: typeURL, Name: r.Name})
+	}
+	if err == nil {
+		return
+	}
+	for _, e := range flatten(err) {
+		var tooLarge *bus.TooLargeError
+		if !errors.As(e, &tooLarge) {
+			s.log.Error("config not published", "type", typeURL, "error", e)
+			continue
+		}
+		k := tree.Key{TypeURL: typeURL, Name: tooLarge.Name}
+		problem := &config.Error{Name: tooLarge.Name, Err: e}
+		if kind, ok := schema.ByTypeURL(typeURL); ok {
+			problem.Kind = kind.Kind
+			problem.Namespace, problem.Name = schema.SplitName(tooLarge.Name)
+			if kind.ClusterScoped {
+				problem.Namespace, problem.Name = "", tooLarge.Name
+			}
+		}
+		if t != nil {
+			if c, ok := t.Published()[k]; ok {
+				problem.File, problem.Doc = c.Source.File, c.Source.Doc
+			}
+		}
+		s.busProblems[k] = problem
+		s.log.Error("config not published: too large for the bus; its previous version, if any, stays served",
+			"file", problem.File, "doc", problem.Doc, "kind", problem.Kind, "name", tooLarge.Name,
+			"bytes", tooLarge.Size, "limit", tooLarge.Limit)
+	}
+}
+
+// forget drops the bus problems of removed resources.
+func (s *Service) forget(typeURL string, names []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range names {
+		delete(s.busProblems, tree.Key{TypeURL: typeURL, Name: n})
+	}
+}
+
+// flatten lists the errors joined in err.
+func flatten(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
 }
 
 func meshResource(m *meshv1alpha1.MeshConfig) *bus.Resource {

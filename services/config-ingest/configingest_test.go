@@ -59,13 +59,14 @@ func (r *recorder) typ(typeURL string) map[string]*bus.Resource {
 	return r.state[typeURL]
 }
 
-func (r *recorder) Upsert(typeURL string, rs ...*bus.Resource) {
+func (r *recorder) Upsert(typeURL string, rs ...*bus.Resource) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, x := range rs {
 		r.typ(typeURL)[x.Name] = x
 	}
 	r.upserts[typeURL] += len(rs)
+	return nil
 }
 
 func (r *recorder) Delete(typeURL string, names ...string) {
@@ -77,7 +78,7 @@ func (r *recorder) Delete(typeURL string, names ...string) {
 	r.deletes[typeURL] += len(names)
 }
 
-func (r *recorder) Replace(typeURL string, rs []*bus.Resource) {
+func (r *recorder) Replace(typeURL string, rs []*bus.Resource) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.state[typeURL] = map[string]*bus.Resource{}
@@ -85,6 +86,7 @@ func (r *recorder) Replace(typeURL string, rs []*bus.Resource) {
 		r.typ(typeURL)[x.Name] = x
 	}
 	r.replaced[typeURL]++
+	return nil
 }
 
 func (r *recorder) get(k schema.Kind, name string) *bus.Resource {

@@ -84,7 +84,8 @@ func (s *Service) runFiles(ctx context.Context) error {
 	} else {
 		current = mesh.Default()
 	}
-	s.pub.Replace(schema.MeshConfig.TypeURL, []*bus.Resource{meshResource(current)})
+	meshState := []*bus.Resource{meshResource(current)}
+	s.published(nil, schema.MeshConfig.TypeURL, meshState, s.pub.Replace(schema.MeshConfig.TypeURL, meshState))
 	s.saveMesh(current)
 
 	fw, err := fsnotify.NewWatcher()
@@ -98,7 +99,8 @@ func (s *Service) runFiles(ctx context.Context) error {
 	f.setSources(current)
 	f.scan()
 	for _, k := range schema.IstioConfig {
-		s.pub.Replace(k.TypeURL, f.tree.State(k.TypeURL))
+		state := f.tree.State(k.TypeURL)
+		s.published(f.tree, k.TypeURL, state, s.pub.Replace(k.TypeURL, state))
 	}
 	close(s.ready)
 	s.log.Info("config published", "folders", f.roots, "resources", len(f.tree.Published()), "problems", len(f.tree.Problems()))
@@ -132,7 +134,8 @@ func (s *Service) runFiles(ctx context.Context) error {
 			return err
 		case m := <-meshCh:
 			current = m
-			s.pub.Upsert(schema.MeshConfig.TypeURL, meshResource(m))
+			mr := meshResource(m)
+			s.published(nil, schema.MeshConfig.TypeURL, []*bus.Resource{mr}, s.pub.Upsert(schema.MeshConfig.TypeURL, mr))
 			s.saveMesh(m)
 			if f.setSources(m) {
 				s.log.Info("config folders changed", "folders", f.roots)
@@ -208,10 +211,11 @@ func (f *folders) scan() []tree.Change {
 func (f *folders) publish(changes []tree.Change) {
 	for _, c := range changes {
 		if len(c.Upsert) > 0 {
-			f.s.pub.Upsert(c.TypeURL, c.Upsert...)
+			f.s.published(f.tree, c.TypeURL, c.Upsert, f.s.pub.Upsert(c.TypeURL, c.Upsert...))
 		}
 		if len(c.Delete) > 0 {
 			f.s.pub.Delete(c.TypeURL, c.Delete...)
+			f.s.forget(c.TypeURL, c.Delete)
 		}
 		f.s.log.Info("config changed", "type", c.TypeURL, "updated", len(c.Upsert), "deleted", len(c.Delete))
 	}

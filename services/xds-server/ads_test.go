@@ -13,7 +13,9 @@ import (
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"sailplane.dev/services/xds-server/internal/fakebus"
@@ -152,56 +154,37 @@ func (g gatedSource) Subscribe(ctx context.Context, typeURLs []string, h bus.Han
 	return g.Source.Subscribe(ctx, typeURLs, h)
 }
 
-// A client that connects before the sources synced is answered with the first full snapshot.
+// A client that connects before the sources synced is refused with Unavailable at once (so it
+// tries another server instead of waiting); once synced, the server answers.
 func TestClientBeforeSync(t *testing.T) {
 	gate := gatedSource{Source: fakebus.New(changes(t, registry(10001, 10002))...), open: make(chan struct{})}
 	srv, err := New(Config{CacheAssert: true}, Deps{Logger: testLogger(t), Config: fakebus.New(), Registry: gate})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ctx, lis) }()
-	defer func() {
-		cancel()
-		if err := <-errc; err != nil {
-			t.Error(err)
-		}
-	}()
+	addr := serve(t, srv)
+	client := adsClient(t, addr)
 
-	stream, err := adsClient(t, lis.Addr()).StreamAggregatedResources(streamContext(t))
-	if err != nil {
-		t.Fatal(err)
+	if _, err := listenerRequest(t, client, "early-client"); status.Code(err) != codes.Unavailable {
+		t.Fatalf("stream before the sync: %v, want Unavailable", err)
 	}
-	if err := stream.Send(&discoverygrpc.DiscoveryRequest{
-		Node: testNode("early-client"), TypeUrl: resource.ListenerType, ResourceNames: []string{echoListener},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, func() bool {
-		return srv.xds.Connections() > 0
-	})
 	select {
 	case <-srv.Ready():
 		t.Fatal("ready before the registry synced")
 	default:
 	}
 	close(gate.open)
-	resp, err := stream.Recv()
+	select {
+	case <-srv.Ready():
+	case <-time.After(waitFor):
+		t.Fatal("not ready")
+	}
+	resp, err := listenerRequest(t, client, "early-client")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(resp.GetResources()) != 1 {
 		t.Fatalf("got %d listeners, want 1", len(resp.GetResources()))
-	}
-	select {
-	case <-srv.Ready():
-	case <-time.After(waitFor):
-		t.Fatal("not ready")
 	}
 }
 

@@ -15,7 +15,11 @@ import (
 
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/xds"
@@ -118,7 +122,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 }
 
 // Ready is closed once the server listens and both sources delivered their first full state
-// (so the first clients get the whole mesh, not a partial view).
+// (so the first clients get the whole mesh, not a partial view). Until then ADS streams are
+// refused with Unavailable and the gRPC health service (grpc.health.v1, service "") answers
+// NOT_SERVING, so proxies and readiness probes turn to another replica instead of waiting.
 func (s *Server) Ready() <-chan struct{} { return s.ready }
 
 // Addr is the address the server listens on; valid after Ready.
@@ -177,7 +183,10 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		grpc.ForceServerCodecV2(xds.Codec()),
 		grpc.KeepaliveParams(ka),
 	)
-	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(gs, s.xds)
+	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(gs, syncGate{s.xds, s.ready})
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	healthpb.RegisterHealthServer(gs, hs)
 	// The ADS streams end when the push workers stop with ctx, which lets GracefulStop finish.
 	wg.Go(func() { _ = s.xds.Run(ctx) })
 	wg.Go(func() {
@@ -196,6 +205,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		}
 		s.push()
 		close(s.ready)
+		hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 		s.log.Info("serving xDS", "addr", addr.String())
 		quiet := func() time.Duration {
 			if s.store.PendingFull() {
@@ -212,9 +222,44 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	case err = <-errc:
 	}
 	cancel()
+	hs.Shutdown()
 	stopGracefully(gs)
 	wg.Wait()
 	return err
+}
+
+// errNotSynced refuses an ADS stream before the server has the first full state of its buses.
+var errNotSynced = status.Error(codes.Unavailable,
+	"xds-server: not ready: waiting for the first full state of its config and registry buses; try another server")
+
+// syncGate refuses ADS streams until ready is closed: a proxy connecting to a replica whose bus
+// peers are not there yet fails over at once instead of holding a stream that never answers.
+type syncGate struct {
+	discoverygrpc.AggregatedDiscoveryServiceServer
+	ready <-chan struct{}
+}
+
+func (g syncGate) open() error {
+	select {
+	case <-g.ready:
+		return nil
+	default:
+		return errNotSynced
+	}
+}
+
+func (g syncGate) StreamAggregatedResources(stream discoverygrpc.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	if err := g.open(); err != nil {
+		return err
+	}
+	return g.AggregatedDiscoveryServiceServer.StreamAggregatedResources(stream)
+}
+
+func (g syncGate) DeltaAggregatedResources(stream discoverygrpc.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
+	if err := g.open(); err != nil {
+		return err
+	}
+	return g.AggregatedDiscoveryServiceServer.DeltaAggregatedResources(stream)
 }
 
 // push hands the next snapshot and what changed to the ADS server.

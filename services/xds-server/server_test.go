@@ -126,23 +126,9 @@ func startServer(t *testing.T, src bus.Source) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ctx, lis) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-errc; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
+	serve(t, srv)
 	select {
 	case <-srv.Ready():
-	case err := <-errc:
-		t.Fatalf("Serve ended before ready: %v", err)
 	case <-time.After(waitFor):
 		t.Fatal("server not ready")
 	}

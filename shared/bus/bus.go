@@ -39,14 +39,16 @@ type Handler interface {
 	Synced()
 }
 
-// Publisher is the producer's side of the bus.
+// Publisher is the producer's side of the bus. Upsert and Replace publish every acceptable
+// resource; each one refused (over the size limit: a *TooLargeError, joined in the error) keeps
+// its previous version, so a producer reports the error and carries on.
 type Publisher interface {
 	// Upsert adds or replaces resources of one type.
-	Upsert(typeURL string, resources ...*Resource)
+	Upsert(typeURL string, resources ...*Resource) error
 	// Delete removes resources of one type by name; unknown names are ignored.
 	Delete(typeURL string, names ...string)
 	// Replace sets the whole state of one type: what is not in resources is deleted.
-	Replace(typeURL string, resources []*Resource)
+	Replace(typeURL string, resources []*Resource) error
 }
 
 // Source is where a consumer subscribes.

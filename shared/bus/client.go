@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -21,12 +22,29 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"sailplane.dev/shared/grpcserver"
+
 	// Link every bus kind's Go package so anypb.UnmarshalNew can resolve their bodies.
 	_ "sailplane.dev/shared/schema"
 )
 
-// maxMessageSize bounds one gRPC message: a full state of tens of thousands of resources fits.
-const maxMessageSize = 64 << 20
+// maxRecvMsgSize is what a consumer accepts in one message, as istiod's xDS and MCP clients do
+// (math.MaxInt32): a state-of-the-world response carries a type's whole state and cannot be
+// split, and producers other than ours may not split delta responses. Sailplane's producers
+// bound each resource (MaxResourceBytes) and each delta response (in parts).
+const maxRecvMsgSize = math.MaxInt32
+
+// Reconnection backoff defaults: a consumer whose peer restarts is back within a few seconds
+// however long the peer was gone.
+const (
+	DefaultBackoffInitial = 100 * time.Millisecond
+	DefaultBackoffMax     = 2 * time.Second
+)
+
+// maxInitialVersionsBytes bounds the initial_resource_versions of one delta request, well under
+// the servers' receive limit (grpcserver.MaxRecvMsgSize). A consumer holding more of a type
+// resubscribes without them and reconciles deletions from the full state it receives.
+const maxInitialVersionsBytes = grpcserver.MaxRecvMsgSize / 2
 
 // DialOption configures a gRPC consumer.
 type DialOption func(*dialConfig)
@@ -37,6 +55,8 @@ type dialConfig struct {
 	creds                      credentials.TransportCredentials
 	backoffInitial, backoffMax time.Duration
 	grpcOpts                   []grpc.DialOption
+	// maxInitialVersions is maxInitialVersionsBytes; tests lower it.
+	maxInitialVersions int
 }
 
 // WithDialLogger sets the consumer's logger.
@@ -56,7 +76,8 @@ func WithTransportCredentials(tc credentials.TransportCredentials) DialOption {
 	return func(c *dialConfig) { c.creds = tc }
 }
 
-// WithBackoff sets the reconnection backoff bounds (default 100ms to 30s).
+// WithBackoff sets the reconnection backoff bounds (default DefaultBackoffInitial to
+// DefaultBackoffMax).
 func WithBackoff(initial, maxDelay time.Duration) DialOption {
 	return func(c *dialConfig) { c.backoffInitial, c.backoffMax = initial, maxDelay }
 }
@@ -69,10 +90,11 @@ func WithGRPCDialOptions(opts ...grpc.DialOption) DialOption {
 
 func newDialConfig(opts []DialOption) *dialConfig {
 	c := &dialConfig{
-		log:            slog.New(slog.DiscardHandler),
-		creds:          insecure.NewCredentials(),
-		backoffInitial: 100 * time.Millisecond,
-		backoffMax:     30 * time.Second,
+		log:                slog.New(slog.DiscardHandler),
+		creds:              insecure.NewCredentials(),
+		backoffInitial:     DefaultBackoffInitial,
+		backoffMax:         DefaultBackoffMax,
+		maxInitialVersions: maxInitialVersionsBytes,
 	}
 	if h, err := os.Hostname(); err == nil {
 		c.nodeID = h
@@ -81,7 +103,7 @@ func newDialConfig(opts []DialOption) *dialConfig {
 		o(c)
 	}
 	if c.backoffInitial <= 0 {
-		c.backoffInitial = 100 * time.Millisecond
+		c.backoffInitial = DefaultBackoffInitial
 	}
 	c.backoffMax = max(c.backoffMax, c.backoffInitial)
 	return c
@@ -97,12 +119,12 @@ func (c *dialConfig) node() *corev3.Node {
 }
 
 // run keeps sessions going until ctx is done: each session is one stream; when it fails the
-// consumer waits (exponential backoff with jitter, reset once a session received something)
-// and starts another on the same connection.
+// consumer waits (retry: exponential, capped, jittered, reset once a session received
+// something) and starts another on the same connection.
 func (c *dialConfig) run(ctx context.Context, target string, session func(context.Context, *grpc.ClientConn) (progress bool, err error)) error {
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(c.creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageSize), grpc.MaxCallSendMsgSize(maxMessageSize)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgSize)),
 		// Keep gRPC's own reconnection as eager as ours, so a restarted peer is found quickly.
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: c.backoffInitial, Multiplier: 1.6, Jitter: 0.2, MaxDelay: c.backoffMax},
@@ -115,17 +137,18 @@ func (c *dialConfig) run(ctx context.Context, target string, session func(contex
 	}
 	defer conn.Close()
 
-	delay := c.backoffInitial
+	r := retry{initial: c.backoffInitial, max: c.backoffMax}
+	r.reset()
 	for {
 		progress, err := session(ctx, conn)
 		if ctx.Err() != nil {
 			return nil
 		}
 		if progress {
-			delay = c.backoffInitial
+			r.reset()
 		}
-		wait := delay/2 + rand.N(delay/2+1)
-		c.log.Warn(fmt.Sprintf("bus: peer unreachable, retrying in %s", wait.Round(time.Millisecond)),
+		wait := r.wait()
+		c.log.Warn(fmt.Sprintf("bus: peer unreachable or stream failed, retrying in %s", wait.Round(time.Millisecond)),
 			"target", target, "err", err)
 		t := time.NewTimer(wait)
 		select {
@@ -134,8 +157,23 @@ func (c *dialConfig) run(ctx context.Context, target string, session func(contex
 			return nil
 		case <-t.C:
 		}
-		delay = min(delay*2, c.backoffMax)
 	}
+}
+
+// retry is a consumer's reconnection schedule: delays double from initial up to max, and each
+// wait is drawn from [delay/2, delay] so the consumers of a restarted peer do not all return at
+// once.
+type retry struct {
+	initial, max, next time.Duration
+}
+
+func (r *retry) reset() { r.next = r.initial }
+
+// wait returns how long to wait before the next attempt.
+func (r *retry) wait() time.Duration {
+	d := r.next
+	r.next = min(2*d, r.max)
+	return d/2 + rand.N(d/2+1)
 }
 
 // consumerState is a gRPC consumer's side of a subscription, kept across sessions: its mirror
@@ -163,11 +201,14 @@ func newConsumerState(typeURLs []string, h Handler, log *slog.Logger) *consumerS
 
 // process applies one response's change (or its decoding error) and returns the error to NACK
 // with, if any. rejectAll lists every (name, version) of the response, to remember as rejected
-// when the response could not be decoded.
-func (cs *consumerState) process(typ string, c Change, decodeErr error, rejectAll map[string]string) error {
+// when the response could not be decoded. last is false for a part of a split response other
+// than its last: the type counts as received only with its last part.
+func (cs *consumerState) process(typ string, c Change, decodeErr error, rejectAll map[string]string, last bool) error {
 	v := cs.views[typ]
 	first := !cs.seen[typ]
-	cs.seen[typ] = true
+	if last {
+		cs.seen[typ] = true
+	}
 	var err error
 	switch {
 	case decodeErr != nil:
@@ -231,12 +272,21 @@ func (dc *deltaClient) session(ctx context.Context, conn *grpc.ClientConn, cs *c
 	if err != nil {
 		return false, err
 	}
+	// Types subscribed without their initial versions (too many to send): the names their
+	// initial state brought, to find what was deleted while the consumer was away.
+	reconcile := map[string]map[string]struct{}{}
 	for i, typ := range cs.order {
 		v := cs.views[typ]
 		req := &discoveryv3.DeltaDiscoveryRequest{
 			TypeUrl:                 v.wireURL,
 			ResourceNamesSubscribe:  []string{"*"},
 			InitialResourceVersions: maps.Clone(v.have),
+		}
+		if size := mapField(v.have); size > dc.cfg.maxInitialVersions {
+			dc.cfg.log.Info("bus: resubscribing without initial versions, too many to send; receiving the whole state",
+				"type", v.wireURL, "resources", len(v.have), "bytes", size)
+			req.InitialResourceVersions = nil
+			reconcile[typ] = map[string]struct{}{}
 		}
 		if i == 0 {
 			req.Node = dc.cfg.node()
@@ -255,8 +305,22 @@ func (dc *deltaClient) session(ctx context.Context, conn *grpc.ClientConn, cs *c
 		typ := canonicalType(resp.GetTypeUrl())
 		ack := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}
 		if v := cs.views[typ]; v != nil {
+			last := !moreParts(resp.GetSystemVersionInfo())
 			c, all, decodeErr := decodeDelta(v, resp)
-			ack.ErrorDetail = nackStatus(cs.process(typ, c, decodeErr, all))
+			if received, ok := reconcile[typ]; ok {
+				for _, r := range resp.GetResources() {
+					received[r.GetName()] = struct{}{}
+				}
+				if last {
+					for n := range v.have {
+						if _, ok := received[n]; !ok {
+							c.Removed = append(c.Removed, n)
+						}
+					}
+					delete(reconcile, typ)
+				}
+			}
+			ack.ErrorDetail = nackStatus(cs.process(typ, c, decodeErr, all, last))
 		}
 		if err := stream.Send(ack); err != nil {
 			return progress, err

@@ -61,7 +61,7 @@ func (sc *sotwClient) session(ctx context.Context, conn *grpc.ClientConn, cs *co
 		req := &discoveryv3.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}
 		if v := cs.views[typ]; v != nil {
 			c, all, decodeErr := decodeSotW(v, resp)
-			if err := cs.process(typ, c, decodeErr, all); err != nil {
+			if err := cs.process(typ, c, decodeErr, all, true); err != nil {
 				req.ErrorDetail = nackStatus(err)
 			} else {
 				acked[typ] = resp.GetVersionInfo()

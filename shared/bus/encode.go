@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -20,7 +21,9 @@ type encoding struct {
 	once  sync.Once
 	any   *anypb.Any            // Any(istio.mcp.v1alpha1.Resource): a state-of-the-world element
 	delta *discoveryv3.Resource // the same, wrapped for delta responses
-	err   error
+	// deltaSize is the size of delta within a delta response.
+	deltaSize int
+	err       error
 }
 
 // wire returns the entry's encoding, computing it once.
@@ -37,21 +40,14 @@ func (e *entry) wire() (*encoding, error) {
 		}
 		e.enc.any = &anypb.Any{TypeUrl: mcpResourceTypeURL, Value: b}
 		e.enc.delta = &discoveryv3.Resource{Name: e.res.Name, Version: e.res.Version, Resource: e.enc.any}
+		e.enc.deltaSize = lengthDelimited(proto.Size(e.enc.delta))
 	})
 	return &e.enc, e.enc.err
 }
 
 // toMCP converts a Resource to its MCP form.
 func toMCP(r *Resource) (*mcp.Resource, error) {
-	m := &mcp.Resource{Metadata: &mcp.Metadata{
-		Name:        r.Name,
-		Version:     r.Version,
-		Labels:      r.Labels,
-		Annotations: r.Annotations,
-	}}
-	if !r.CreateTime.IsZero() {
-		m.Metadata.CreateTime = timestamppb.New(r.CreateTime)
-	}
+	m := &mcp.Resource{Metadata: mcpMetadata(r, r.Version)}
 	if r.Body != nil {
 		body, err := anypb.New(r.Body)
 		if err != nil {
@@ -61,6 +57,65 @@ func toMCP(r *Resource) (*mcp.Resource, error) {
 	}
 	return m, nil
 }
+
+func mcpMetadata(r *Resource, version string) *mcp.Metadata {
+	md := &mcp.Metadata{
+		Name:        r.Name,
+		Version:     version,
+		Labels:      r.Labels,
+		Annotations: r.Annotations,
+	}
+	if !r.CreateTime.IsZero() {
+		md.CreateTime = timestamppb.New(r.CreateTime)
+	}
+	return md
+}
+
+// wireSize is the size of r's MCP encoding with the given version, computed without encoding it
+// (nor allocating); bodySize is the size of the body's encoding, or -1 to measure it.
+func wireSize(r *Resource, version string, bodySize int) int {
+	meta := stringField(r.Name) + stringField(version) + mapField(r.Labels) + mapField(r.Annotations)
+	if !r.CreateTime.IsZero() {
+		ts := 0
+		if s := r.CreateTime.Unix(); s != 0 {
+			ts += 1 + protowire.SizeVarint(uint64(s))
+		}
+		if n := r.CreateTime.Nanosecond(); n != 0 {
+			ts += 1 + protowire.SizeVarint(uint64(n))
+		}
+		meta += lengthDelimited(ts)
+	}
+	n := lengthDelimited(meta)
+	if r.Body != nil {
+		if bodySize < 0 {
+			bodySize = proto.Size(r.Body)
+		}
+		typeURL := len("type.googleapis.com/") + len(r.Body.ProtoReflect().Descriptor().FullName())
+		n += lengthDelimited(lengthDelimited(typeURL) + lengthDelimited(bodySize))
+	}
+	return n
+}
+
+// stringField is the size of a proto3 string field (absent when empty).
+func stringField(s string) int {
+	if s == "" {
+		return 0
+	}
+	return lengthDelimited(len(s))
+}
+
+// mapField is the size of a map<string, string> field: one entry message per key, holding the
+// key and the value (always both).
+func mapField(m map[string]string) int {
+	n := 0
+	for k, v := range m {
+		n += lengthDelimited(lengthDelimited(len(k)) + lengthDelimited(len(v)))
+	}
+	return n
+}
+
+// lengthDelimited is the size of a length-delimited field of n bytes (one-byte tag).
+func lengthDelimited(n int) int { return 1 + protowire.SizeVarint(uint64(n)) + n }
 
 // decodeMCP decodes an Any(istio.mcp.v1alpha1.Resource). The body's message type must be linked
 // into the binary (the global registry resolves it).

@@ -229,11 +229,45 @@ func (ds *deltaStream) ack(dt *deltaType, nonce, errMsg string, nack bool) {
 	}
 }
 
-// send sends what the client lacks among found, and the removal of the missing names it holds.
-// Nothing is sent when there is no difference, unless always.
+// maxResponseBytes bounds the resources of one delta response. A larger change goes in several
+// responses (parts), each with its own nonce; a resource larger than the bound alone has a part
+// of its own. With resources under MaxResourceBytes, every part fits gRPC's default 4 MiB
+// receive limit.
+const maxResponseBytes = 2 << 20
+
+// partPrefix starts the system_version_info (a field the protocol leaves for debugging) of each
+// part of a split response: "<prefix>i/n". A consumer counts a type as received only after its
+// last part, so "synced" never follows a partial state.
+const partPrefix = "sailplane-bus-part "
+
+// moreParts reports whether a delta response is a part of a split response other than its last.
+func moreParts(systemVersionInfo string) bool {
+	rest, ok := strings.CutPrefix(systemVersionInfo, partPrefix)
+	if !ok {
+		return false
+	}
+	i, n, ok := strings.Cut(rest, "/")
+	if !ok {
+		return false
+	}
+	part, err1 := strconv.Atoi(i)
+	parts, err2 := strconv.Atoi(n)
+	return err1 == nil && err2 == nil && part < parts
+}
+
+// deltaItem is one resource update or removal of a response, with its encoded size.
+type deltaItem struct {
+	res  *discoveryv3.Resource // nil for a removal
+	sent deltaSent
+	size int
+}
+
+// send sends what the client lacks among found, and the removal of the missing names it holds,
+// in parts of at most maxResponseBytes. Nothing is sent when there is no difference, unless
+// always.
 func (ds *deltaStream) send(dt *deltaType, found []*entry, missing []string, always bool) error {
-	resp := &discoveryv3.DeltaDiscoveryResponse{TypeUrl: dt.wireURL}
-	p := &deltaPending{}
+	updates := make([]deltaItem, 0, len(found))
+	var removals []deltaItem
 	for _, e := range found {
 		r := e.res
 		if !dt.subscribed(r.Name) {
@@ -251,28 +285,62 @@ func (ds *deltaStream) send(dt *deltaType, found []*entry, missing []string, alw
 			ds.srv.log.Error("bus: cannot encode resource", "type", dt.canonical, "name", r.Name, "err", err)
 			continue
 		}
-		resp.Resources = append(resp.Resources, enc.delta)
-		p.updated = append(p.updated, deltaSent{name: r.Name, version: r.Version, prev: prev, hadPrev: hadPrev})
+		updates = append(updates, deltaItem{res: enc.delta, size: enc.deltaSize,
+			sent: deltaSent{name: r.Name, version: r.Version, prev: prev, hadPrev: hadPrev}})
 	}
 	for _, n := range missing {
 		if prev, ok := dt.sent[n]; ok {
-			resp.RemovedResources = append(resp.RemovedResources, n)
-			p.removed = append(p.removed, deltaSent{name: n, prev: prev, hadPrev: true})
+			removals = append(removals, deltaItem{size: lengthDelimited(len(n)),
+				sent: deltaSent{name: n, prev: prev, hadPrev: true}})
 		}
 	}
-	if !always && len(resp.Resources) == 0 && len(resp.RemovedResources) == 0 {
+	if !always && len(updates) == 0 && len(removals) == 0 {
 		return nil
 	}
-	slices.SortFunc(resp.Resources, func(a, b *discoveryv3.Resource) int { return strings.Compare(a.Name, b.Name) })
-	slices.Sort(resp.RemovedResources)
-	nonce := ds.nonces.next()
-	resp.Nonce = strconv.FormatUint(nonce, 10)
-	for _, s := range p.updated {
-		dt.sent[s.name] = s.version
+	byName := func(a, b deltaItem) int { return strings.Compare(a.sent.name, b.sent.name) }
+	slices.SortFunc(updates, byName)
+	slices.SortFunc(removals, byName)
+
+	parts := splitParts(append(updates, removals...))
+	for i, part := range parts {
+		resp := &discoveryv3.DeltaDiscoveryResponse{TypeUrl: dt.wireURL}
+		if len(parts) > 1 {
+			resp.SystemVersionInfo = partPrefix + strconv.Itoa(i+1) + "/" + strconv.Itoa(len(parts))
+		}
+		p := &deltaPending{updated: make([]deltaSent, 0, len(part))}
+		resp.Resources = make([]*discoveryv3.Resource, 0, len(part))
+		for _, it := range part {
+			if it.res != nil {
+				resp.Resources = append(resp.Resources, it.res)
+				p.updated = append(p.updated, it.sent)
+				dt.sent[it.sent.name] = it.sent.version
+			} else {
+				resp.RemovedResources = append(resp.RemovedResources, it.sent.name)
+				p.removed = append(p.removed, it.sent)
+				delete(dt.sent, it.sent.name)
+			}
+		}
+		nonce := ds.nonces.next()
+		resp.Nonce = strconv.FormatUint(nonce, 10)
+		dt.pending[nonce] = p
+		if err := ds.stream.Send(resp); err != nil {
+			return err
+		}
 	}
-	for _, s := range p.removed {
-		delete(dt.sent, s.name)
+	return nil
+}
+
+// splitParts cuts items into consecutive parts of at most maxResponseBytes each (an item larger
+// than that alone in its part); no items make one empty part. Parts share items' array.
+func splitParts(items []deltaItem) [][]deltaItem {
+	var parts [][]deltaItem
+	start, size := 0, 0
+	for i, it := range items {
+		if i > start && size+it.size > maxResponseBytes {
+			parts = append(parts, items[start:i])
+			start, size = i, 0
+		}
+		size += it.size
 	}
-	dt.pending[nonce] = p
-	return ds.stream.Send(resp)
+	return append(parts, items[start:])
 }

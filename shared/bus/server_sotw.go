@@ -154,6 +154,12 @@ func (ss *sotwStream) nack(st *sotwType, msg string) {
 	}
 }
 
+// send sends the whole state of a type in one response. Unlike delta responses it is never
+// split: in state of the world every response is the type's full state, and consumers (istiod's
+// xds:// config source included) delete whatever a response lacks, so a part would delete the
+// rest. Its size is bounded by the per-resource limit times the resource count; consumers accept
+// such messages (Sailplane's and istiod's MCP clients take up to 2 GiB), and Sailplane's own
+// consumers use delta.
 func (ss *sotwStream) send(st *sotwType, entries []*entry, version uint64) error {
 	resp := &discoveryv3.DiscoveryResponse{
 		TypeUrl:     st.wireURL,

@@ -2,6 +2,8 @@ package bus
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"maps"
@@ -12,6 +14,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"sailplane.dev/shared/grpcserver"
 	"sailplane.dev/shared/schema"
 )
 
@@ -25,6 +28,42 @@ func WithLogger(l *slog.Logger) StoreOption {
 			s.log = l
 		}
 	}
+}
+
+// Size limits of one resource, measured as its wire encoding (the MCP envelope: metadata and
+// body). A resource over its limit is refused with a *TooLargeError and its previous version, if
+// any, stays published, so one oversized resource never reaches a consumer's receive limit.
+const (
+	// MaxResourceBytes is the default limit: the Kubernetes API server's limit for one object
+	// (etcd's 1.5 MiB request limit), so config a cluster accepts is accepted on the bus.
+	MaxResourceBytes = 1536 << 10
+	// MaxEndpointsBytes is the limit of schema.Endpoints, which gathers every endpoint of one
+	// host (a Service of 20,000 labelled pods is about 8 MiB).
+	MaxEndpointsBytes = 64 << 20
+)
+
+// WithMaxResourceBytes sets the size limit of one resource of the given types or, when none is
+// given, the default limit of every type without a limit of its own.
+func WithMaxResourceBytes(n int, typeURLs ...string) StoreOption {
+	return func(s *Store) {
+		if len(typeURLs) == 0 {
+			s.maxBytes = n
+		}
+		for _, t := range typeURLs {
+			s.maxBytesOf[canonicalType(t)] = n
+		}
+	}
+}
+
+// TooLargeError is a resource the Store refused because its encoding is over its type's limit.
+type TooLargeError struct {
+	TypeURL, Name string
+	Size, Limit   int
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("bus: %s %s not published: %d bytes encoded, over the limit of %d bytes per resource",
+		e.TypeURL, e.Name, e.Size, e.Limit)
 }
 
 // Rejection is a consumer's NACK of one version of one resource.
@@ -45,7 +84,9 @@ const maxRejections = 1024
 // afterwards. When a Resource's Version is empty the Store stores a copy with the Version filled
 // in from a hash of its content, so the caller's struct is never modified.
 type Store struct {
-	log *slog.Logger
+	log        *slog.Logger
+	maxBytes   int
+	maxBytesOf map[string]int // by canonical type URL
 
 	mu       sync.RWMutex
 	kinds    map[string]*kindState            // by canonical type URL
@@ -78,9 +119,11 @@ type entry struct {
 // NewStore returns an empty Store.
 func NewStore(opts ...StoreOption) *Store {
 	s := &Store{
-		log:      slog.New(slog.DiscardHandler),
-		kinds:    map[string]*kindState{},
-		watchers: map[string]map[*watcher]struct{}{},
+		log:        slog.New(slog.DiscardHandler),
+		maxBytes:   MaxResourceBytes,
+		maxBytesOf: map[string]int{schema.Endpoints.TypeURL: MaxEndpointsBytes},
+		kinds:      map[string]*kindState{},
+		watchers:   map[string]map[*watcher]struct{}{},
 	}
 	for _, o := range opts {
 		o(s)
@@ -98,12 +141,13 @@ func canonicalType(typeURL string) string {
 }
 
 // Upsert adds or replaces resources of one type. A resource whose version equals the stored
-// one is ignored.
-func (s *Store) Upsert(typeURL string, resources ...*Resource) {
+// one is ignored. Resources over the size limit are refused (the error joins a *TooLargeError
+// for each) and keep their previous version; the others are stored.
+func (s *Store) Upsert(typeURL string, resources ...*Resource) error {
 	typ := canonicalType(typeURL)
-	prepared := prepare(resources)
+	prepared, _, err := s.prepare(typ, resources)
 	if len(prepared) == 0 {
-		return
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -117,6 +161,7 @@ func (s *Store) Upsert(typeURL string, resources ...*Resource) {
 		changed = append(changed, r.Name)
 	}
 	s.changedLocked(typ, ks, changed)
+	return err
 }
 
 // Delete removes resources of one type by name; unknown names are ignored.
@@ -138,14 +183,18 @@ func (s *Store) Delete(typeURL string, names ...string) {
 	s.changedLocked(typ, ks, changed)
 }
 
-// Replace sets the whole state of one type: what is not in resources is deleted.
-func (s *Store) Replace(typeURL string, resources []*Resource) {
+// Replace sets the whole state of one type: what is not in resources is deleted. Resources over
+// the size limit are refused as in Upsert and keep their previous version.
+func (s *Store) Replace(typeURL string, resources []*Resource) error {
 	typ := canonicalType(typeURL)
-	prepared := prepare(resources)
+	prepared, refused, err := s.prepare(typ, resources)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ks := s.kind(typ)
-	keep := make(map[string]struct{}, len(prepared))
+	keep := make(map[string]struct{}, len(prepared)+len(refused))
+	for _, n := range refused {
+		keep[n] = struct{}{}
+	}
 	var changed []string
 	for _, r := range prepared {
 		keep[r.Name] = struct{}{}
@@ -162,6 +211,7 @@ func (s *Store) Replace(typeURL string, resources []*Resource) {
 		}
 	}
 	s.changedLocked(typ, ks, changed)
+	return err
 }
 
 // Get returns the stored resource, which the caller must not modify.
@@ -196,10 +246,13 @@ func (s *Store) Rejections() []Rejection {
 	return slices.Clone(s.rejections)
 }
 
+// reject records and logs a consumer's NACK. What a gRPC consumer sent (its node ID, its error
+// text) is bounded first: it could otherwise flood the log and, 1,024 times over, memory.
 func (s *Store) reject(r Rejection) {
 	if r.At.IsZero() {
 		r.At = time.Now()
 	}
+	r.Consumer, r.Err = grpcserver.ClientText(r.Consumer), grpcserver.ClientText(r.Err)
 	s.log.Warn("bus: consumer rejected resource", "consumer", r.Consumer, "type", r.TypeURL,
 		"name", r.Name, "version", r.Version, "err", r.Err)
 	s.rejMu.Lock()
@@ -378,33 +431,59 @@ func (w *watcher) take() map[string]map[string]struct{} {
 	return d
 }
 
-// prepare drops nil resources and fills empty versions, on copies.
-func prepare(resources []*Resource) []*Resource {
-	out := make([]*Resource, 0, len(resources))
+// prepare drops nil resources, fills empty versions (on copies) and refuses the resources over
+// typ's size limit, returning their names and a *TooLargeError for each, joined.
+func (s *Store) prepare(typ string, resources []*Resource) (ok []*Resource, refused []string, err error) {
+	limit := s.maxBytes
+	if n, found := s.maxBytesOf[typ]; found {
+		limit = n
+	}
+	ok = make([]*Resource, 0, len(resources))
+	var errs []error
 	for _, r := range resources {
 		if r == nil {
 			continue
 		}
-		if r.Version == "" {
+		version, bodySize := r.Version, -1
+		if version == "" {
+			version, bodySize = contentVersion(r)
+		}
+		if size := wireSize(r, version, bodySize); size > limit {
+			tooLarge := &TooLargeError{TypeURL: typ, Name: r.Name, Size: size, Limit: limit}
+			s.log.Error("bus: resource refused, its previous version (if any) stays published",
+				"type", typ, "name", r.Name, "bytes", size, "limit", limit)
+			errs = append(errs, tooLarge)
+			refused = append(refused, r.Name)
+			continue
+		}
+		if version != r.Version {
 			c := *r
-			c.Version = ContentVersion(r)
+			c.Version = version
 			r = &c
 		}
-		out = append(out, r)
+		ok = append(ok, r)
 	}
-	return out
+	return ok, refused, errors.Join(errs...)
 }
 
 // ContentVersion is the version the Store gives a resource published without one: an FNV-64a
 // hash of its body (deterministic protobuf encoding), labels and annotations.
 func ContentVersion(r *Resource) string {
+	v, _ := contentVersion(r)
+	return v
+}
+
+// contentVersion returns ContentVersion and the size of the body's encoding (-1 when unknown).
+func contentVersion(r *Resource) (version string, bodySize int) {
 	h := fnv.New64a()
+	bodySize = -1
 	if r.Body != nil {
 		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r.Body)
 		if err == nil {
 			h.Write([]byte(r.Body.ProtoReflect().Descriptor().FullName()))
 			h.Write([]byte{0})
 			h.Write(b)
+			bodySize = len(b)
 		}
 	}
 	writeMap := func(tag byte, m map[string]string) {
@@ -417,5 +496,5 @@ func ContentVersion(r *Resource) string {
 	}
 	writeMap(1, r.Labels)
 	writeMap(2, r.Annotations)
-	return strconv.FormatUint(h.Sum64(), 16)
+	return strconv.FormatUint(h.Sum64(), 16), bodySize
 }

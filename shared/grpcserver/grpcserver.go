@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"time"
+	"unicode/utf8"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"google.golang.org/grpc"
@@ -16,8 +17,19 @@ import (
 	"google.golang.org/grpc/status"
 )
 
+// Limits every server applies to what its clients send, as istiod does
+// (ISTIO_GPRC_MAXRECVMSGSIZE, ISTIO_GPRC_MAXSTREAMS): nothing authenticates a client yet, so one
+// request (an xDS node's metadata, a consumer's initial versions) must not cost more than this.
+const (
+	// MaxRecvMsgSize bounds one request; a larger one ends its stream with ResourceExhausted.
+	MaxRecvMsgSize = 4 << 20
+	// MaxConcurrentStreams bounds the streams of one connection.
+	MaxConcurrentStreams = 100000
+)
+
 // New returns a gRPC server that turns a handler panic into an Internal error instead of a crash,
-// and accepts the keepalive pings xDS clients send on long-lived streams.
+// accepts the keepalive pings xDS clients send on long-lived streams, and refuses requests over
+// MaxRecvMsgSize.
 func New(log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
 	onPanic := recovery.WithRecoveryHandler(func(p any) error {
 		log.Error("panic in gRPC handler", "panic", p)
@@ -28,7 +40,8 @@ func New(log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
 		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(onPanic)),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-		grpc.MaxRecvMsgSize(64 << 20),
+		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
+		grpc.MaxConcurrentStreams(MaxConcurrentStreams),
 	}
 	return grpc.NewServer(append(base, opts...)...)
 }
@@ -70,4 +83,21 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	<-errc
 	return nil
+}
+
+// maxLoggedText bounds a client-supplied string in a log line.
+const maxLoggedText = 1024
+
+// ClientText bounds a string a client sent (a NACK's error_detail, a node ID) before it is logged
+// or kept, so a client cannot flood the logs or grow memory with it. Longer text is cut at a rune
+// boundary and says how much was dropped.
+func ClientText(s string) string {
+	if len(s) <= maxLoggedText {
+		return s
+	}
+	cut := maxLoggedText
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d more bytes)", s[:cut], len(s)-cut)
 }

@@ -221,6 +221,9 @@ func (t *Tree) Scan(roots []string, unreadableSources ...error) []Change {
 		}
 		for _, u := range w.unknown {
 			if p == u || strings.HasPrefix(p, u+string(filepath.Separator)) {
+				// Not read: when it is seen again, it may have been recreated and be halfway
+				// written, so a new inode then proves nothing.
+				t.files[p].id = fileID{}
 				files[p] = t.files[p]
 				paths = append(paths, p)
 				break
@@ -241,7 +244,11 @@ func (t *Tree) read(p string, now time.Time) (*file, error) {
 	data, id, err := readFile(p)
 	switch {
 	case err != nil:
-		// Unreadable (or removed between walk and read): keep what it held.
+		// Unreadable (or removed between walk and read): keep what it held, and forget which
+		// file it was (see the unread files in Scan).
+		if prev != nil {
+			prev.id = fileID{}
+		}
 		return prev, &config.Error{File: p, Err: fmt.Errorf("%w: %w", ErrUnreadable, err)}
 	case prev != nil && !prev.restored && bytes.Equal(prev.content, data):
 		prev.shrunk = nil // a write in progress that ended where it started

@@ -59,7 +59,7 @@ func (r *Recorder) typeState(typeURL string) map[string]*bus.Resource {
 }
 
 // Upsert implements bus.Publisher.
-func (r *Recorder) Upsert(typeURL string, resources ...*bus.Resource) {
+func (r *Recorder) Upsert(typeURL string, resources ...*bus.Resource) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	c := Call{Op: "Upsert", TypeURL: typeURL}
@@ -68,6 +68,7 @@ func (r *Recorder) Upsert(typeURL string, resources ...*bus.Resource) {
 		c.Names = append(c.Names, res.Name)
 	}
 	r.record(c)
+	return nil
 }
 
 // Delete implements bus.Publisher.
@@ -81,7 +82,7 @@ func (r *Recorder) Delete(typeURL string, names ...string) {
 }
 
 // Replace implements bus.Publisher.
-func (r *Recorder) Replace(typeURL string, resources []*bus.Resource) {
+func (r *Recorder) Replace(typeURL string, resources []*bus.Resource) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := map[string]*bus.Resource{}
@@ -92,6 +93,7 @@ func (r *Recorder) Replace(typeURL string, resources []*bus.Resource) {
 	}
 	r.state[typeURL] = st
 	r.record(c)
+	return nil
 }
 
 // Calls returns the calls so far.

@@ -85,7 +85,7 @@ var _ bus.Publisher = (*recorder)(nil)
 
 func newRecorder() *recorder { return &recorder{state: map[string]map[string]*bus.Resource{}} }
 
-func (r *recorder) Upsert(typeURL string, resources ...*bus.Resource) {
+func (r *recorder) Upsert(typeURL string, resources ...*bus.Resource) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	c := call{op: "Upsert", typeURL: typeURL}
@@ -97,6 +97,7 @@ func (r *recorder) Upsert(typeURL string, resources ...*bus.Resource) {
 		c.names = append(c.names, res.Name)
 	}
 	r.calls = append(r.calls, c)
+	return nil
 }
 
 func (r *recorder) Delete(typeURL string, names ...string) {
@@ -108,7 +109,7 @@ func (r *recorder) Delete(typeURL string, names ...string) {
 	r.calls = append(r.calls, call{op: "Delete", typeURL: typeURL, names: slices.Clone(names)})
 }
 
-func (r *recorder) Replace(typeURL string, resources []*bus.Resource) {
+func (r *recorder) Replace(typeURL string, resources []*bus.Resource) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.state[typeURL] = map[string]*bus.Resource{}
@@ -118,6 +119,7 @@ func (r *recorder) Replace(typeURL string, resources []*bus.Resource) {
 		c.names = append(c.names, res.Name)
 	}
 	r.calls = append(r.calls, c)
+	return nil
 }
 
 // mark is a position in the call log, for callsSince.

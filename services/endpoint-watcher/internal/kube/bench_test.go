@@ -36,9 +36,9 @@ func (p *signalPublisher) expect(name string) <-chan struct{} {
 	return ch
 }
 
-func (p *signalPublisher) Upsert(typeURL string, rs ...*bus.Resource) {
+func (p *signalPublisher) Upsert(typeURL string, rs ...*bus.Resource) error {
 	if typeURL != schema.Endpoints.TypeURL {
-		return
+		return nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -48,10 +48,11 @@ func (p *signalPublisher) Upsert(typeURL string, rs ...*bus.Resource) {
 			delete(p.waiting, r.Name)
 		}
 	}
+	return nil
 }
 
-func (p *signalPublisher) Delete(string, ...string)        {}
-func (p *signalPublisher) Replace(string, []*bus.Resource) {}
+func (p *signalPublisher) Delete(string, ...string)              {}
+func (p *signalPublisher) Replace(string, []*bus.Resource) error { return nil }
 
 func envInt(b *testing.B, name string, def int) int {
 	v := os.Getenv(name)

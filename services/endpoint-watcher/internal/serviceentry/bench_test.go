@@ -11,9 +11,9 @@ import (
 
 type discardPublisher struct{}
 
-func (discardPublisher) Upsert(string, ...*bus.Resource) {}
-func (discardPublisher) Delete(string, ...string)        {}
-func (discardPublisher) Replace(string, []*bus.Resource) {}
+func (discardPublisher) Upsert(string, ...*bus.Resource) error { return nil }
+func (discardPublisher) Delete(string, ...string)              {}
+func (discardPublisher) Replace(string, []*bus.Resource) error { return nil }
 
 // BenchmarkWorkloadEntryChange measures one WE address change in a namespace of 100 selector
 // SEs and 1,000 WEs, out of 20 such namespaces.

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/shared/grpcserver"
 )
 
 // conn is one ADS stream.
@@ -94,7 +95,7 @@ func (c *conn) identify(node interface {
 	if c.s.opts.Generator != nil {
 		c.gen = c.s.opts.Generator(p)
 	}
-	c.log = c.s.log.With("node", p.NodeID, "conn", c.id)
+	c.log = c.s.log.With("node", grpcserver.ClientText(p.NodeID), "conn", c.id)
 	c.log.Debug("proxy connected", "type", p.Type, "delta", c.delta)
 	c.s.addConn(c)
 	return nil
@@ -130,7 +131,7 @@ func (c *conn) ack(w *watch, nonce string, errDetail *status.Status) bool {
 		if !c.delta && fullState(w.typeURL) {
 			w.nackedVersion = sent.version
 		}
-		c.log.Warn("proxy rejected configuration", "type", w.typeURL, "nonce", nonce, "err", errDetail.Message())
+		c.log.Warn("proxy rejected configuration", "type", w.typeURL, "nonce", nonce, "err", grpcserver.ClientText(errDetail.Message()))
 	}
 	return nonce == w.lastNonce
 }
