@@ -16,6 +16,7 @@ import (
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/translate"
 )
 
 const (
@@ -56,12 +57,7 @@ func (b *builder) outboundClusters() []outboundCluster {
 		for _, port := range b.visiblePorts(svc) {
 			out = append(out, outboundCluster{svc: svc, port: port,
 				cluster: b.outboundCluster(svc, port, nil, dr)})
-			seen := map[string]bool{}
-			for _, ss := range specOf(dr).GetSubsets() {
-				if ss.GetName() == "" || seen[ss.GetName()] {
-					continue
-				}
-				seen[ss.GetName()] = true
+			for _, ss := range translate.Subsets(specOf(dr)) {
 				out = append(out, outboundCluster{svc: svc, port: port, subset: ss,
 					cluster: b.outboundCluster(svc, port, ss, dr)})
 			}
@@ -106,15 +102,15 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 		c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsConfigSource(), ServiceName: name}
 	}
 	proto := portProtocol(port)
-	pol := effectivePolicy(specOf(dr), port.GetNumber(), subset)
+	pol := translate.TrafficPolicy(specOf(dr), port.GetNumber(), subset.GetName())
 	log := b.log.With("cluster", name)
 	if c.LbPolicy != clusterv3.Cluster_CLUSTER_PROVIDED {
-		applyLB(c, pol.lb)
-	} else if pol.lb != nil {
+		applyLB(c, pol.LB)
+	} else if pol.LB != nil {
 		log.Debug("load balancer settings do not apply to a service without resolution")
 	}
 	h2 := proto == protoHTTP2
-	common, upgrade := applyConnectionPool(c, pol.pool)
+	common, upgrade := applyConnectionPool(c, pol.Pool)
 	if upgrade && proto == protoHTTP {
 		h2 = true
 	}
@@ -123,10 +119,10 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 	} else if common != nil {
 		log.Debug("HTTP connection pool settings do not apply to a TCP port")
 	}
-	if od := pol.outlier; od != nil {
+	if od := pol.Outlier; od != nil {
 		applyOutlier(c, od)
 	}
-	if t := pol.tls; t != nil {
+	if t := pol.TLS; t != nil {
 		if ts := b.upstreamTLS(t, host, port.GetNumber(), subset.GetName(), h2, log); ts != nil {
 			c.TransportSocket = ts
 		}
@@ -378,51 +374,6 @@ func (b *builder) upstreamTLS(t *networking.ClientTLSSettings, host string, port
 	}
 	return &corev3.TransportSocket{Name: tlsTransportSocket,
 		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(ctx)}}
-}
-
-// policy is a DestinationRule's traffic policy as it applies to one port of one subset.
-type policy struct {
-	lb      *networking.LoadBalancerSettings
-	pool    *networking.ConnectionPoolSettings
-	outlier *networking.OutlierDetection
-	tls     *networking.ClientTLSSettings
-}
-
-// effectivePolicy applies Istio's precedence, field by field: the subset's port settings over
-// the subset's policy over the rule's port settings over the rule's policy.
-func effectivePolicy(dr *networking.DestinationRule, port uint32, subset *networking.Subset) policy {
-	var p policy
-	merge := func(tp *networking.TrafficPolicy) {
-		if tp == nil {
-			return
-		}
-		apply := func(lb *networking.LoadBalancerSettings, cp *networking.ConnectionPoolSettings,
-			od *networking.OutlierDetection, t *networking.ClientTLSSettings) {
-			if lb != nil {
-				p.lb = lb
-			}
-			if cp != nil {
-				p.pool = cp
-			}
-			if od != nil {
-				p.outlier = od
-			}
-			if t != nil {
-				p.tls = t
-			}
-		}
-		apply(tp.GetLoadBalancer(), tp.GetConnectionPool(), tp.GetOutlierDetection(), tp.GetTls())
-		for _, pls := range tp.GetPortLevelSettings() {
-			if pls.GetPort().GetNumber() == port {
-				apply(pls.GetLoadBalancer(), pls.GetConnectionPool(), pls.GetOutlierDetection(), pls.GetTls())
-			}
-		}
-	}
-	merge(dr.GetTrafficPolicy())
-	if subset != nil {
-		merge(subset.GetTrafficPolicy())
-	}
-	return p
 }
 
 func (b *builder) blackHoleCluster() *clusterv3.Cluster {

@@ -160,16 +160,11 @@ func altHosts(host, proxyDomain string) []string {
 }
 
 func (b *builder) defaultRoute(host string, port uint32) *routev3.Route {
-	return &routev3.Route{
-		Name:  "default",
-		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: ClusterName(port, "", host)},
-			Timeout:          durationpb.New(0),
-			RetryPolicy:      defaultRetryPolicy(),
-			HashPolicy:       b.hashPolicy(host, port, ""),
-		}},
-	}
+	r := translate.DefaultRoute(ClusterName(port, "", host), b.hashPolicy(host, port, ""))
+	act := r.GetRoute()
+	act.Timeout = durationpb.New(0)
+	act.RetryPolicy = defaultRetryPolicy()
+	return r
 }
 
 // gatewayFilter says which gateway-level match conditions a route must meet: nil for the
@@ -309,82 +304,18 @@ func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, ho
 	return true
 }
 
-type weightedDest struct {
-	cluster, host, subset string
-	port                  uint32
-	weight                uint32
-}
-
-// weightedDestinations resolves route destinations to clusters, merging repeats and dropping
-// zero weights from splits.
-func weightedDestinations[D interface {
-	GetDestination() *networking.Destination
-	GetWeight() int32
-}](b *builder, rds []D, ns, host string, port uint32) []weightedDest {
-	var dests []weightedDest
-	for _, d := range rds {
-		dest := d.GetDestination()
-		if dest.GetHost() == "" {
-			continue
-		}
-		h := model.ResolveHost(dest.GetHost(), ns)
-		p := b.destinationPort(dest, h, host, port)
-		name := ClusterName(p, dest.GetSubset(), h)
-		w := uint32(max(d.GetWeight(), 0))
-		if i := slices.IndexFunc(dests, func(x weightedDest) bool { return x.cluster == name }); i >= 0 {
-			dests[i].weight += w
-			continue
-		}
-		dests = append(dests, weightedDest{cluster: name, host: h, subset: dest.GetSubset(), port: p, weight: w})
-	}
-	if len(dests) > 1 {
-		nonZero := dests[:0:0]
-		for _, d := range dests {
-			if d.weight > 0 {
-				nonZero = append(nonZero, d)
-			}
-		}
-		if len(nonZero) == 0 {
-			for i := range dests {
-				dests[i].weight = 1
-			}
-		} else {
-			dests = nonZero
-		}
-	}
-	if len(dests) == 1 && dests[0].weight == 0 {
-		dests[0].weight = 100
-	}
-	return dests
-}
-
-// destinationPort: an explicit port, else the listener's port for the same host, else the
-// destination service's only port.
-func (b *builder) destinationPort(dest *networking.Destination, destHost, host string, port uint32) uint32 {
-	if n := dest.GetPort().GetNumber(); n != 0 {
-		return n
-	}
-	if destHost == host {
-		return port
-	}
-	if ds := b.snap.Services[destHost]; ds != nil && len(ds.Spec.GetPorts()) == 1 {
-		return ds.Spec.GetPorts()[0].GetNumber()
-	}
-	return port
-}
-
 func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port uint32, log interface{ Debug(string, ...any) }) *routev3.RouteAction {
-	dests := weightedDestinations(b, hr.GetRoute(), ns, host, port)
+	dests := translate.WeightedDestinations(b.snap.Services, hr.GetRoute(), ns, host, port)
 	if len(dests) == 0 {
 		return nil
 	}
 	act := &routev3.RouteAction{Timeout: durationpb.New(0)}
 	if len(dests) == 1 {
-		act.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: dests[0].cluster}
+		act.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: dests[0].Cluster}
 	} else {
 		wc := &routev3.WeightedCluster{}
 		for _, d := range dests {
-			wc.Clusters = append(wc.Clusters, &routev3.WeightedCluster_ClusterWeight{Name: d.cluster, Weight: wrapperspb.UInt32(d.weight)})
+			wc.Clusters = append(wc.Clusters, &routev3.WeightedCluster_ClusterWeight{Name: d.Cluster, Weight: wrapperspb.UInt32(d.Weight)})
 		}
 		act.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: wc}
 	}
@@ -412,20 +343,8 @@ func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port 
 			Pattern: &matcherv3.RegexMatcher{Regex: rr.GetMatch()}, Substitution: rr.GetRewrite()}
 	}
 	act.RequestMirrorPolicies = b.mirrors(hr, ns, host, port)
-	same := func(key func(weightedDest) string) bool {
-		for _, d := range dests[1:] {
-			if key(d) != key(dests[0]) {
-				return false
-			}
-		}
-		return true
-	}
-	if same(func(d weightedDest) string { return d.host }) {
-		subset := ""
-		if same(func(d weightedDest) string { return d.subset }) {
-			subset = dests[0].subset
-		}
-		act.HashPolicy = b.hashPolicy(dests[0].host, dests[0].port, subset)
+	if h, p, subset, ok := translate.HashTarget(dests); ok {
+		act.HashPolicy = b.hashPolicy(h, p, subset)
 	}
 	return act
 }
@@ -437,7 +356,7 @@ func (b *builder) mirrors(hr *networking.HTTPRoute, ns, host string, port uint32
 			return
 		}
 		h := model.ResolveHost(dest.GetHost(), ns)
-		p := b.destinationPort(dest, h, host, port)
+		p := translate.DestinationPort(b.snap.Services, dest, h, host, port)
 		mp := &routev3.RouteAction_RequestMirrorPolicy{Cluster: ClusterName(p, dest.GetSubset(), h)}
 		value := 100.0
 		if pct != nil {
@@ -647,38 +566,6 @@ func corsPolicy(c *networking.CorsPolicy) *corsv3.CorsPolicy {
 
 // hashPolicy is the route side of a consistent-hash DestinationRule.
 func (b *builder) hashPolicy(host string, port uint32, subset string) []*routev3.RouteAction_HashPolicy {
-	dr := b.binds.DestinationRule(host)
-	if dr == nil {
-		return nil
-	}
-	var ss *networking.Subset
-	for _, s := range dr.Spec.GetSubsets() {
-		if s.GetName() == subset && subset != "" {
-			ss = s
-			break
-		}
-	}
-	ch := effectivePolicy(dr.Spec, port, ss).lb.GetConsistentHash()
-	if ch == nil {
-		return nil
-	}
-	var hp *routev3.RouteAction_HashPolicy
-	switch k := ch.GetHashKey().(type) {
-	case *networking.LoadBalancerSettings_ConsistentHashLB_HttpHeaderName:
-		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_Header_{
-			Header: &routev3.RouteAction_HashPolicy_Header{HeaderName: k.HttpHeaderName}}}
-	case *networking.LoadBalancerSettings_ConsistentHashLB_HttpCookie:
-		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_Cookie_{
-			Cookie: &routev3.RouteAction_HashPolicy_Cookie{Name: k.HttpCookie.GetName(), Path: k.HttpCookie.GetPath(),
-				Ttl: k.HttpCookie.GetTtl()}}}
-	case *networking.LoadBalancerSettings_ConsistentHashLB_UseSourceIp:
-		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_ConnectionProperties_{
-			ConnectionProperties: &routev3.RouteAction_HashPolicy_ConnectionProperties{SourceIp: true}}}
-	case *networking.LoadBalancerSettings_ConsistentHashLB_HttpQueryParameterName:
-		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_QueryParameter_{
-			QueryParameter: &routev3.RouteAction_HashPolicy_QueryParameter{Name: k.HttpQueryParameterName}}}
-	default:
-		return nil
-	}
-	return []*routev3.RouteAction_HashPolicy{hp}
+	hp, _ := translate.HashPolicy(specOf(b.binds.DestinationRule(host)), port, subset, translate.Envoy)
+	return hp
 }

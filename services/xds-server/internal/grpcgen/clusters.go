@@ -7,6 +7,7 @@ import (
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/translate"
 )
 
 // maxRingSize is Envoy's (and gRPC's) upper bound for ring_hash minimum_ring_size.
@@ -24,12 +25,7 @@ func (g *generator) clusters(svc *model.Service, port *discoveryv1.Port,
 	if dr == nil {
 		return out
 	}
-	seen := map[string]bool{}
-	for _, ss := range dr.Spec.GetSubsets() {
-		if ss.GetName() == "" || seen[ss.GetName()] {
-			continue
-		}
-		seen[ss.GetName()] = true
+	for _, ss := range translate.Subsets(dr.Spec) {
 		name := ClusterName(port.GetNumber(), ss.GetName(), host)
 		out = append(out, subsetCluster{cluster: g.cluster(name, dr, port.GetNumber(), ss.GetName()), subset: ss})
 	}
@@ -50,7 +46,7 @@ func (g *generator) cluster(name string, dr *model.Config[*networking.Destinatio
 	if dr == nil {
 		return c
 	}
-	lb := effectiveLB(dr.Spec, port, subset)
+	lb := translate.TrafficPolicy(dr.Spec, port, subset).LB
 	log := g.log.With("destinationRule", dr.Namespace+"/"+dr.Name, "cluster", name)
 	switch {
 	case lb == nil:
@@ -80,31 +76,4 @@ func (g *generator) cluster(name string, dr *model.Config[*networking.Destinatio
 		}
 	}
 	return c
-}
-
-// effectiveLB applies Istio's precedence: subset over port level over the rule's default.
-func effectiveLB(dr *networking.DestinationRule, port uint32, subset string) *networking.LoadBalancerSettings {
-	lb := policyLB(dr.GetTrafficPolicy(), port)
-	if subset == "" {
-		return lb
-	}
-	for _, ss := range dr.GetSubsets() {
-		if ss.GetName() == subset {
-			if s := policyLB(ss.GetTrafficPolicy(), port); s != nil {
-				lb = s
-			}
-			break
-		}
-	}
-	return lb
-}
-
-func policyLB(tp *networking.TrafficPolicy, port uint32) *networking.LoadBalancerSettings {
-	lb := tp.GetLoadBalancer()
-	for _, pls := range tp.GetPortLevelSettings() {
-		if pls.GetPort().GetNumber() == port && pls.GetLoadBalancer() != nil {
-			lb = pls.GetLoadBalancer()
-		}
-	}
-	return lb
 }

@@ -38,7 +38,7 @@ type Resources struct {
 
 // ClusterName is istiod's outbound cluster name: "outbound|<port>|<subset>|<host>".
 func ClusterName(port uint32, subset, host string) string {
-	return "outbound|" + strconv.FormatUint(uint64(port), 10) + "|" + subset + "|" + host
+	return translate.ClusterName(port, subset, host)
 }
 
 // ListenerName is the API listener name a client dialing xds:///<host>:<port> asks for.
@@ -132,19 +132,7 @@ func adsConfigSource() *corev3.ConfigSource {
 // domains are the names a client may dial the service by: the FQDN and, for Kubernetes
 // services, the short forms, each bare and with the port.
 func domains(svc *discoveryv1.Service, port uint32) []string {
-	host := svc.GetHostname()
-	names := []string{host}
-	if ns := svc.GetNamespace(); ns != "" {
-		if name, ok := strings.CutSuffix(host, "."+ns+".svc."+model.DomainSuffix); ok && !strings.Contains(name, ".") {
-			names = append(names, name+"."+ns+".svc", name+"."+ns, name)
-		}
-	}
-	p := ":" + strconv.FormatUint(uint64(port), 10)
-	out := make([]string, 0, 2*len(names))
-	for _, n := range names {
-		out = append(out, n, n+p)
-	}
-	return out
+	return translate.WithPort(append([]string{svc.GetHostname()}, translate.ShortNames(svc, true)...), port)
 }
 
 func marshalAny(m proto.Message) (*anypb.Any, error) {
