@@ -263,25 +263,33 @@ func applyLB(c *clusterv3.Cluster, lb *networking.LoadBalancerSettings) {
 	}
 }
 
+// applyOutlier sets outlier detection as istiod does: success-rate ejection off, each error
+// kind the rule names enforced (a count of 0 turns it off), Envoy's defaults for the rest (five
+// consecutive 5xx), and the panic threshold at minHealthPercent, 0 when unset, because Envoy's
+// 50% default would send traffic to ejected hosts of the small services Kubernetes has.
 func applyOutlier(c *clusterv3.Cluster, od *networking.OutlierDetection) {
-	out := &clusterv3.OutlierDetection{
-		// Istio only ejects on the error kinds the rule names.
-		EnforcingConsecutive_5Xx:           wrapperspb.UInt32(0),
-		EnforcingConsecutiveGatewayFailure: wrapperspb.UInt32(0),
-		EnforcingSuccessRate:               wrapperspb.UInt32(0),
+	enforcing := func(n uint32) *wrapperspb.UInt32Value {
+		if n > 0 {
+			return wrapperspb.UInt32(100)
+		}
+		return wrapperspb.UInt32(0)
 	}
-	if n := od.GetConsecutive_5XxErrors(); n != nil && n.GetValue() > 0 {
+	out := &clusterv3.OutlierDetection{EnforcingSuccessRate: wrapperspb.UInt32(0)}
+	if n := od.GetConsecutive_5XxErrors(); n != nil {
 		out.Consecutive_5Xx = wrapperspb.UInt32(n.GetValue())
-		out.EnforcingConsecutive_5Xx = wrapperspb.UInt32(100)
+		out.EnforcingConsecutive_5Xx = enforcing(n.GetValue())
 	}
-	if n := od.GetConsecutiveGatewayErrors(); n != nil && n.GetValue() > 0 {
+	if n := od.GetConsecutiveGatewayErrors(); n != nil {
 		out.ConsecutiveGatewayFailure = wrapperspb.UInt32(n.GetValue())
-		out.EnforcingConsecutiveGatewayFailure = wrapperspb.UInt32(100)
+		out.EnforcingConsecutiveGatewayFailure = enforcing(n.GetValue())
 	}
-	if n := od.GetConsecutiveLocalOriginFailures(); n != nil && n.GetValue() > 0 {
-		out.SplitExternalLocalOriginErrors = od.GetSplitExternalLocalOriginErrors()
-		out.ConsecutiveLocalOriginFailure = wrapperspb.UInt32(n.GetValue())
-		out.EnforcingConsecutiveLocalOriginFailure = wrapperspb.UInt32(100)
+	if od.GetSplitExternalLocalOriginErrors() {
+		out.SplitExternalLocalOriginErrors = true
+		if n := od.GetConsecutiveLocalOriginFailures().GetValue(); n > 0 {
+			out.ConsecutiveLocalOriginFailure = wrapperspb.UInt32(n)
+			out.EnforcingConsecutiveLocalOriginFailure = wrapperspb.UInt32(100)
+		}
+		out.EnforcingLocalOriginSuccessRate = wrapperspb.UInt32(0)
 	}
 	if d := od.GetInterval(); d != nil && d.AsDuration() > 0 {
 		out.Interval = d
@@ -293,9 +301,7 @@ func applyOutlier(c *clusterv3.Cluster, od *networking.OutlierDetection) {
 		out.MaxEjectionPercent = wrapperspb.UInt32(uint32(min(p, 100)))
 	}
 	c.OutlierDetection = out
-	if p := od.GetMinHealthPercent(); p > 0 {
-		c.CommonLbConfig.HealthyPanicThreshold = &typev3.Percent{Value: float64(min(p, 100))}
-	}
+	c.CommonLbConfig.HealthyPanicThreshold = &typev3.Percent{Value: float64(min(max(od.GetMinHealthPercent(), 0), 100))}
 }
 
 // upstreamTLS builds TLS origination. Certificates always come over SDS from the agent, named

@@ -12,42 +12,46 @@ type Policy struct {
 	TLS     *networking.ClientTLSSettings
 }
 
-// TrafficPolicy applies Istio's precedence, field by field: the subset's port settings over
-// the subset's policy over the rule's port settings over the rule's policy. subset "" is the
-// whole service; a subset the rule does not define gets the rule's policy.
+// TrafficPolicy is the policy istiod applies to one port of one subset (subset "" is the whole
+// service; a name the rule does not define gets the rule's policy):
+//
+//   - a portLevelSettings entry for the port replaces its policy wholesale: fields the entry
+//     leaves out take their defaults, not the policy's values (as Istio documents and
+//     istiod's util.GetPortLevelTrafficPolicy does);
+//   - the subset's policy (so replaced for the port) then overrides the rule's field by field;
+//     when the subset has an entry for the port, that entry replaces all four fields.
 func TrafficPolicy(dr *networking.DestinationRule, port uint32, subset string) Policy {
-	var p Policy
-	merge := func(tp *networking.TrafficPolicy) {
-		if tp == nil {
-			return
-		}
-		apply := func(lb *networking.LoadBalancerSettings, cp *networking.ConnectionPoolSettings,
-			od *networking.OutlierDetection, t *networking.ClientTLSSettings) {
-			if lb != nil {
-				p.LB = lb
-			}
-			if cp != nil {
-				p.Pool = cp
-			}
-			if od != nil {
-				p.Outlier = od
-			}
-			if t != nil {
-				p.TLS = t
-			}
-		}
-		apply(tp.GetLoadBalancer(), tp.GetConnectionPool(), tp.GetOutlierDetection(), tp.GetTls())
-		for _, pls := range tp.GetPortLevelSettings() {
-			if pls.GetPort().GetNumber() == port {
-				apply(pls.GetLoadBalancer(), pls.GetConnectionPool(), pls.GetOutlierDetection(), pls.GetTls())
-			}
-		}
+	p, _ := portPolicy(dr.GetTrafficPolicy(), port)
+	ss := Subset(dr, subset)
+	if ss.GetTrafficPolicy() == nil {
+		return p
 	}
-	merge(dr.GetTrafficPolicy())
-	if ss := Subset(dr, subset); ss != nil {
-		merge(ss.GetTrafficPolicy())
+	sp, replace := portPolicy(ss.GetTrafficPolicy(), port)
+	if sp.LB != nil || replace {
+		p.LB = sp.LB
+	}
+	if sp.Pool != nil || replace {
+		p.Pool = sp.Pool
+	}
+	if sp.Outlier != nil || replace {
+		p.Outlier = sp.Outlier
+	}
+	if sp.TLS != nil || replace {
+		p.TLS = sp.TLS
 	}
 	return p
+}
+
+// portPolicy is tp's entry for port when it has one (true), else tp's own settings.
+func portPolicy(tp *networking.TrafficPolicy, port uint32) (Policy, bool) {
+	for _, pls := range tp.GetPortLevelSettings() {
+		if pls.GetPort() != nil && pls.GetPort().GetNumber() == port {
+			return Policy{LB: pls.GetLoadBalancer(), Pool: pls.GetConnectionPool(), Outlier: pls.GetOutlierDetection(),
+				TLS: pls.GetTls()}, true
+		}
+	}
+	return Policy{LB: tp.GetLoadBalancer(), Pool: tp.GetConnectionPool(), Outlier: tp.GetOutlierDetection(),
+		TLS: tp.GetTls()}, false
 }
 
 // Subset is the rule's subset named name; nil for "" or a name the rule does not define.

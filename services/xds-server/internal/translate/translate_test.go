@@ -68,3 +68,48 @@ func TestRouteMatchClients(t *testing.T) {
 		})
 	}
 }
+
+func TestTrafficPolicy(t *testing.T) {
+	roundRobin := &networking.LoadBalancerSettings{LbPolicy: &networking.LoadBalancerSettings_Simple{
+		Simple: networking.LoadBalancerSettings_ROUND_ROBIN}}
+	random := &networking.LoadBalancerSettings{LbPolicy: &networking.LoadBalancerSettings_Simple{
+		Simple: networking.LoadBalancerSettings_RANDOM}}
+	outlier := &networking.OutlierDetection{MinHealthPercent: 10}
+	pool := &networking.ConnectionPoolSettings{Http: &networking.ConnectionPoolSettings_HTTPSettings{Http2MaxRequests: 7}}
+	istioMutual := &networking.ClientTLSSettings{Mode: networking.ClientTLSSettings_ISTIO_MUTUAL}
+	port := func(n uint32, lb *networking.LoadBalancerSettings) *networking.TrafficPolicy_PortTrafficPolicy {
+		return &networking.TrafficPolicy_PortTrafficPolicy{Port: &networking.PortSelector{Number: n}, LoadBalancer: lb}
+	}
+	dr := &networking.DestinationRule{
+		TrafficPolicy: &networking.TrafficPolicy{LoadBalancer: roundRobin, OutlierDetection: outlier, Tls: istioMutual,
+			PortLevelSettings: []*networking.TrafficPolicy_PortTrafficPolicy{port(9090, random)}},
+		Subsets: []*networking.Subset{
+			{Name: "pool", TrafficPolicy: &networking.TrafficPolicy{ConnectionPool: pool}},
+			{Name: "port", TrafficPolicy: &networking.TrafficPolicy{ConnectionPool: pool,
+				PortLevelSettings: []*networking.TrafficPolicy_PortTrafficPolicy{port(80, random)}}},
+		},
+	}
+	tests := []struct {
+		name   string
+		port   uint32
+		subset string
+		want   Policy
+	}{
+		{"rule", 80, "", Policy{LB: roundRobin, Outlier: outlier, TLS: istioMutual}},
+		// The port entry replaces the whole policy: outlier detection and TLS are not inherited.
+		{"rule port level replaces", 9090, "", Policy{LB: random}},
+		{"unknown subset", 80, "nope", Policy{LB: roundRobin, Outlier: outlier, TLS: istioMutual}},
+		{"subset overrides field by field", 80, "pool", Policy{LB: roundRobin, Pool: pool, Outlier: outlier, TLS: istioMutual}},
+		{"subset over rule port level", 9090, "pool", Policy{LB: random, Pool: pool}},
+		{"subset port level replaces", 80, "port", Policy{LB: random}},
+		{"subset port level for another port", 9090, "port", Policy{LB: random, Pool: pool}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := TrafficPolicy(dr, tc.port, tc.subset)
+			if got != tc.want {
+				t.Errorf("TrafficPolicy(%d, %q) = %+v, want %+v", tc.port, tc.subset, got, tc.want)
+			}
+		})
+	}
+}
