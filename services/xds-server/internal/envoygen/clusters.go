@@ -1,7 +1,10 @@
 package envoygen
 
 import (
+	"cmp"
 	"math"
+	"net/netip"
+	"strings"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -114,8 +117,9 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 	if upgrade && proto == protoHTTP {
 		h2 = true
 	}
+	var httpOpts *httpv3.HttpProtocolOptions
 	if (h2 || common != nil) && proto.isHTTP() {
-		c.TypedExtensionProtocolOptions = httpProtocolOptions(h2, common)
+		httpOpts = upstreamHTTPOptions(h2, common)
 	} else if common != nil {
 		log.Debug("HTTP connection pool settings do not apply to a TCP port")
 	}
@@ -123,9 +127,18 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 		applyOutlier(c, od)
 	}
 	if t := pol.TLS; t != nil {
-		if ts := b.upstreamTLS(t, host, port.GetNumber(), subset.GetName(), h2, log); ts != nil {
-			c.TransportSocket = ts
+		ts, auto := b.upstreamTLS(t, svc, port.GetNumber(), subset.GetName(), h2, log)
+		c.TransportSocket = ts
+		if auto != nil {
+			// Like istiod: the SNI and SAN come from each request's Host when the rule names none.
+			if httpOpts == nil {
+				httpOpts = upstreamHTTPOptions(false, nil)
+			}
+			httpOpts.UpstreamHttpProtocolOptions = auto
 		}
+	}
+	if httpOpts != nil {
+		c.TypedExtensionProtocolOptions = map[string]*anyMsg{httpProtocolOptionsKey: mustAny(httpOpts)}
 	}
 	return c
 }
@@ -198,6 +211,11 @@ func applyConnectionPool(c *clusterv3.Cluster, cp *networking.ConnectionPoolSett
 
 // httpProtocolOptions pins the upstream protocol to h2 or HTTP/1.1, with common options.
 func httpProtocolOptions(h2 bool, common *corev3.HttpProtocolOptions) map[string]*anyMsg {
+	return map[string]*anyMsg{httpProtocolOptionsKey: mustAny(upstreamHTTPOptions(h2, common))}
+}
+
+// upstreamHTTPOptions speaks HTTP/2 or HTTP/1.1 to the upstream, with common options if any.
+func upstreamHTTPOptions(h2 bool, common *corev3.HttpProtocolOptions) *httpv3.HttpProtocolOptions {
 	opts := &httpv3.HttpProtocolOptions{CommonHttpProtocolOptions: common}
 	if h2 {
 		opts.UpstreamProtocolOptions = &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
@@ -210,7 +228,7 @@ func httpProtocolOptions(h2 bool, common *corev3.HttpProtocolOptions) map[string
 				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{
 					HttpProtocolOptions: &corev3.Http1ProtocolOptions{}}}}
 	}
-	return map[string]*anyMsg{httpProtocolOptionsKey: mustAny(opts)}
+	return opts
 }
 
 func defaultThresholds() *clusterv3.CircuitBreakers_Thresholds {
@@ -304,82 +322,138 @@ func applyOutlier(c *clusterv3.Cluster, od *networking.OutlierDetection) {
 	c.CommonLbConfig.HealthyPanicThreshold = &typev3.Percent{Value: float64(min(max(od.GetMinHealthPercent(), 0), 100))}
 }
 
-// upstreamTLS builds TLS origination. Certificates always come over SDS from the agent, named
-// as Istio names them, so no key material ever travels in CDS.
-func (b *builder) upstreamTLS(t *networking.ClientTLSSettings, host string, port uint32, subset string,
-	h2 bool, log interface{ Debug(string, ...any) }) *corev3.TransportSocket {
-	ctx := &tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{}}
+// upstreamTLS builds TLS origination as istiod does (cluster_tls.go). Certificates always come
+// over SDS from the agent, named as Istio names them, so no key material travels in CDS.
+//
+//   - ISTIO_MUTUAL presents the workload certificate and accepts only the destination's SPIFFE
+//     identities (the rule's subjectAltNames when it lists some), under the mesh root.
+//   - SIMPLE and MUTUAL validate the server against caCertificates, else the system CA bundle
+//     ("file-root:system"; none with insecureSkipVerify), or against "<credentialName>-cacert";
+//     SANs and SNI as the rule names them. With no SNI, Envoy takes SNI (and, with no SANs
+//     either, the SAN to verify) from each request's Host: the returned options say so.
+//
+// nil when the cluster originates no TLS.
+func (b *builder) upstreamTLS(t *networking.ClientTLSSettings, svc *model.Service, port uint32, subset string,
+	h2 bool, log interface{ Debug(string, ...any) }) (*corev3.TransportSocket, *corev3.UpstreamHttpProtocolOptions) {
+	ctx := &tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{TlsParams: &tlsv3.TlsParameters{
+		TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2,
+		TlsMaximumProtocolVersion: tlsv3.TlsParameters_TLSv1_3,
+	}}}
 	common := ctx.CommonTlsContext
-	sans := func() *tlsv3.CertificateValidationContext {
-		v := &tlsv3.CertificateValidationContext{}
-		for _, s := range t.GetSubjectAltNames() {
-			v.MatchTypedSubjectAltNames = append(v.MatchTypedSubjectAltNames, &tlsv3.SubjectAltNameMatcher{
-				SanType: tlsv3.SubjectAltNameMatcher_DNS,
-				Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}})
-		}
-		return v
-	}
+	host := svc.Spec.GetHostname()
+	var auto *corev3.UpstreamHttpProtocolOptions
 	switch t.GetMode() {
 	case networking.ClientTLSSettings_DISABLE:
-		return nil
+		return nil, nil
 	case networking.ClientTLSSettings_ISTIO_MUTUAL:
+		sans := t.GetSubjectAltNames()
+		if sans == nil {
+			sans = translate.ServiceIdentities(svc, b.snap.Mesh)
+		}
 		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret("default")}
-		v := &tlsv3.CertificateValidationContext{}
-		for _, s := range t.GetSubjectAltNames() {
-			v.MatchTypedSubjectAltNames = append(v.MatchTypedSubjectAltNames, &tlsv3.SubjectAltNameMatcher{
-				SanType: tlsv3.SubjectAltNameMatcher_URI,
-				Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}})
-		}
-		common.ValidationContextType = &tlsv3.CommonTlsContext_CombinedValidationContext{
-			CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
-				DefaultValidationContext:         v,
-				ValidationContextSdsSecretConfig: sdsSecret("ROOTCA"),
-			}}
+		common.ValidationContextType = combinedValidation(sans, "ROOTCA")
 		common.AlpnProtocols = []string{"istio-peer-exchange", "istio"}
-		ctx.Sni = "outbound_." + itoa(port) + "_." + subset + "_." + host
-		if s := t.GetSni(); s != "" {
-			ctx.Sni = s
+		if h2 {
+			common.AlpnProtocols = append(common.AlpnProtocols, "h2")
 		}
+		ctx.Sni = cmp.Or(t.GetSni(), "outbound_."+itoa(port)+"_."+subset+"_."+host)
 	case networking.ClientTLSSettings_SIMPLE, networking.ClientTLSSettings_MUTUAL:
-		root := ""
-		switch {
-		case t.GetCredentialName() != "":
-			root = "kubernetes://" + t.GetCredentialName() + "-cacert"
-		case t.GetCaCertificates() != "":
-			root = "file-root:" + t.GetCaCertificates()
+		cred := t.GetCredentialName()
+		if cred != "" && !strings.HasPrefix(cred, "configmap://") && b.proxy.IsSidecar() {
+			// istiod: a sidecar may not read secrets, so a rule naming one originates no TLS.
+			log.Debug("credentialName is for gateways; sidecars originate no TLS with it", "credentialName", cred)
+			return nil, nil
 		}
-		if root != "" && !t.GetInsecureSkipVerify().GetValue() {
-			common.ValidationContextType = &tlsv3.CommonTlsContext_CombinedValidationContext{
-				CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
-					DefaultValidationContext:         sans(),
-					ValidationContextSdsSecretConfig: sdsSecret(root),
-				}}
-		}
-		if t.GetMode() == networking.ClientTLSSettings_MUTUAL {
-			switch {
-			case t.GetCredentialName() != "":
-				common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{
-					sdsSecret("kubernetes://" + t.GetCredentialName())}
-			case t.GetClientCertificate() != "" && t.GetPrivateKey() != "":
-				common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{
-					sdsSecret("file-cert:" + t.GetClientCertificate() + "~" + t.GetPrivateKey())}
-			default:
-				log.Debug("MUTUAL TLS without client certificate; originating simple TLS")
-			}
-		}
+		skipVerify := t.GetInsecureSkipVerify().GetValue()
 		ctx.Sni = t.GetSni()
 		if ctx.Sni == "" {
-			ctx.Sni = host
+			auto = &corev3.UpstreamHttpProtocolOptions{AutoSni: true,
+				AutoSanValidation: len(t.GetSubjectAltNames()) == 0 && !skipVerify}
+		}
+		sans := t.GetSubjectAltNames()
+		if len(sans) == 0 && svc.Spec.GetRegistry() == "serviceentry" {
+			sans = translate.ServiceIdentities(svc, b.snap.Mesh)
+		}
+		mutual := t.GetMode() == networking.ClientTLSSettings_MUTUAL
+		switch {
+		case cred != "":
+			name := credentialResource(cred)
+			if mutual {
+				common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret(name)}
+			}
+			if !skipVerify {
+				common.ValidationContextType = combinedValidation(sans, name+"-cacert")
+			}
+		default:
+			if mutual {
+				if t.GetClientCertificate() == "" || t.GetPrivateKey() == "" {
+					log.Debug("MUTUAL TLS needs clientCertificate and privateKey; originating no TLS")
+					return nil, nil
+				}
+				common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{
+					sdsSecret("file-cert:" + t.GetClientCertificate() + "~" + t.GetPrivateKey())}
+			}
+			if skipVerify {
+				common.ValidationContextType = &tlsv3.CommonTlsContext_ValidationContext{}
+			} else {
+				vc := combinedValidation(sans, "file-root:"+cmp.Or(t.GetCaCertificates(), "system"))
+				if crl := t.GetCaCrl(); crl != "" {
+					vc.CombinedValidationContext.DefaultValidationContext.Crl = &corev3.DataSource{
+						Specifier: &corev3.DataSource_Filename{Filename: crl}}
+				}
+				common.ValidationContextType = vc
+			}
+		}
+		if d := b.snap.Mesh.GetTlsDefaults(); d != nil {
+			common.TlsParams.EcdhCurves = d.GetEcdhCurves()
+			common.TlsParams.CipherSuites = d.GetCipherSuites()
 		}
 		if h2 {
 			common.AlpnProtocols = []string{"h2"}
 		}
 	default:
 		log.Debug("unknown TLS mode", "mode", t.GetMode().String())
-		return nil
+		return nil, nil
 	}
 	return &corev3.TransportSocket{Name: tlsTransportSocket,
-		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(ctx)}}
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(ctx)}}, auto
+}
+
+// combinedValidation accepts peers whose certificate chains to the SDS root named root and
+// carries one of sans (any, when sans is empty).
+func combinedValidation(sans []string, root string) *tlsv3.CommonTlsContext_CombinedValidationContext {
+	v := &tlsv3.CertificateValidationContext{}
+	for _, s := range sans {
+		v.MatchTypedSubjectAltNames = append(v.MatchTypedSubjectAltNames, &tlsv3.SubjectAltNameMatcher{
+			SanType: sanType(s),
+			Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}})
+	}
+	return &tlsv3.CommonTlsContext_CombinedValidationContext{
+		CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+			DefaultValidationContext:         v,
+			ValidationContextSdsSecretConfig: sdsSecret(root),
+		}}
+}
+
+// sanType is the kind of subject alt name s is written as: a URI (SPIFFE IDs), an IP, else DNS.
+// istiod matches any kind (the deprecated match_subject_alt_names); typed matchers say which.
+func sanType(s string) tlsv3.SubjectAltNameMatcher_SanType {
+	if strings.Contains(s, "://") {
+		return tlsv3.SubjectAltNameMatcher_URI
+	}
+	if _, err := netip.ParseAddr(s); err == nil {
+		return tlsv3.SubjectAltNameMatcher_IP_ADDRESS
+	}
+	return tlsv3.SubjectAltNameMatcher_DNS
+}
+
+// credentialResource is the SDS name of a credentialName: "kubernetes://<name>" unless it
+// names its kind (kubernetes://, configmap://, ...) itself.
+func credentialResource(name string) string {
+	if strings.Contains(name, "://") {
+		return name
+	}
+	return "kubernetes://" + name
 }
 
 func (b *builder) blackHoleCluster() *clusterv3.Cluster {
