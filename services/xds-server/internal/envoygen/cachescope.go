@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
@@ -23,7 +24,10 @@ import (
 //     labels are read only through those selectors;
 //   - for sidecar clusters and listeners, the inbound ports the workload serves (derived from
 //     its IPs and the services whose endpoints they are, or from the Sidecar's ingress), rather
-//     than the IPs themselves, so every replica of a workload shares them.
+//     than the IPs themselves, so every replica of a workload shares them;
+//   - for clusters and endpoints, when some DestinationRule or the mesh could turn locality
+//     load balancing on, the proxy's locality and its values of the labels failoverPriority
+//     names (DNS clusters carry their endpoints inline).
 //
 // Endpoints are cached by the xds server per host on top of this (EndpointsVersion).
 func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL string) string {
@@ -46,6 +50,16 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 			for _, in := range ix.inboundPorts(specOf(sc), proxy, nil) {
 				b.WriteString(in.key())
 				b.WriteByte(';')
+			}
+		}
+	}
+	if ix.localityLB && (typeURL == resourcev3.ClusterType || typeURL == resourcev3.EndpointType) {
+		loc := proxy.Locality(ix.self(proxy))
+		b.WriteString("/loc=" + loc.GetRegion() + "/" + loc.GetZone() + "/" + loc.GetSubZone() + "/fp=")
+		labels := translate.TopologyLabels(proxy.Labels, loc, proxy.ClusterID, proxy.Network)
+		for _, k := range ix.failoverLabelKeys {
+			if v, ok := labels[k]; ok {
+				b.WriteString(k + "=" + v + ";")
 			}
 		}
 	}
@@ -77,6 +91,11 @@ type snapIndex struct {
 	// sourceLabelKeys are the label keys VirtualService sourceLabels select on; routerLabelKeys
 	// add the Gateway selectors'. Sorted.
 	sourceLabelKeys, routerLabelKeys []string
+	// localityLB is set when some DestinationRule has outlier detection or a locality setting,
+	// or the mesh distributes by locality: only then may output depend on the proxy's locality.
+	// failoverLabelKeys are the labels failoverPriority entries name, sorted.
+	localityLB        bool
+	failoverLabelKeys []string
 }
 
 type ipEndpoint struct {
@@ -144,7 +163,64 @@ func newSnapIndex(snap *model.Snapshot) *snapIndex {
 		}
 	}
 	ix.routerLabelKeys = translate.SortedKeys(keys)
+	ix.indexLocalityLB(snap)
 	return ix
+}
+
+func (ix *snapIndex) indexLocalityLB(snap *model.Snapshot) {
+	failoverKeys := map[string]bool{}
+	setting := func(s *networking.LocalityLoadBalancerSetting) {
+		if s == nil {
+			return
+		}
+		ix.localityLB = true
+		for _, k := range translate.FailoverPriorityLabels(s) {
+			failoverKeys[k] = true
+		}
+	}
+	if s := snap.Mesh.GetLocalityLbSetting(); s.GetDistribute() != nil {
+		ix.localityLB = true
+	}
+	for _, k := range translate.FailoverPriorityLabels(snap.Mesh.GetLocalityLbSetting()) {
+		failoverKeys[k] = true
+	}
+	policy := func(lb *networking.LoadBalancerSettings, od *networking.OutlierDetection) {
+		setting(lb.GetLocalityLbSetting())
+		if od != nil {
+			ix.localityLB = true
+		}
+	}
+	for _, dr := range snap.DestinationRules {
+		tps := []*networking.TrafficPolicy{dr.Spec.GetTrafficPolicy()}
+		for _, ss := range dr.Spec.GetSubsets() {
+			tps = append(tps, ss.GetTrafficPolicy())
+		}
+		for _, tp := range tps {
+			policy(tp.GetLoadBalancer(), tp.GetOutlierDetection())
+			for _, pls := range tp.GetPortLevelSettings() {
+				policy(pls.GetLoadBalancer(), pls.GetOutlierDetection())
+			}
+		}
+	}
+	ix.failoverLabelKeys = translate.SortedKeys(failoverKeys)
+}
+
+// self is the registry's endpoint of the proxy's own workload: one at its IP, the one named
+// after its pod when several workloads share the IP (host networking); nil when none is.
+func (ix *snapIndex) self(proxy *model.Proxy) *discoveryv1.Endpoint {
+	pod, _, _ := strings.Cut(proxy.ID, ".")
+	var first *discoveryv1.Endpoint
+	for _, ip := range proxy.IPs {
+		for _, e := range ix.byIP[ip] {
+			if e.ep.GetWorkload() == pod && pod != "" {
+				return e.ep
+			}
+			if first == nil {
+				first = e.ep
+			}
+		}
+	}
+	return first
 }
 
 // indexCache holds the latest snapshots' indexes.

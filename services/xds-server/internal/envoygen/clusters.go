@@ -49,7 +49,8 @@ type outboundCluster struct {
 	cluster *clusterv3.Cluster
 	svc     *model.Service
 	port    *discoveryv1.Port
-	subset  *networking.Subset // nil for the whole service
+	subset  *networking.Subset    // nil for the whole service
+	lb      *translate.LocalityLB // nil without locality load balancing
 }
 
 func (b *builder) outboundClusters() []outboundCluster {
@@ -58,11 +59,11 @@ func (b *builder) outboundClusters() []outboundCluster {
 		host := svc.Spec.GetHostname()
 		dr := b.binds.DestinationRule(host)
 		for _, port := range b.visiblePorts(svc) {
-			out = append(out, outboundCluster{svc: svc, port: port,
-				cluster: b.outboundCluster(svc, port, nil, dr)})
-			for _, ss := range translate.Subsets(specOf(dr)) {
-				out = append(out, outboundCluster{svc: svc, port: port, subset: ss,
-					cluster: b.outboundCluster(svc, port, ss, dr)})
+			for _, ss := range append([]*networking.Subset{nil}, translate.Subsets(specOf(dr))...) {
+				pol := translate.TrafficPolicy(specOf(dr), port.GetNumber(), ss.GetName())
+				lb := translate.NewLocalityLB(pol, b.snap.Mesh, b.locality, b.topologyLabels)
+				out = append(out, outboundCluster{svc: svc, port: port, subset: ss, lb: lb,
+					cluster: b.outboundCluster(svc, port, ss, pol, lb)})
 			}
 		}
 	}
@@ -77,7 +78,7 @@ func (b *builder) connectTimeout() *durationpb.Duration {
 }
 
 func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, subset *networking.Subset,
-	dr *model.Config[*networking.DestinationRule]) *clusterv3.Cluster {
+	pol translate.Policy, lb *translate.LocalityLB) *clusterv3.Cluster {
 	host := svc.Spec.GetHostname()
 	name := ClusterName(port.GetNumber(), subset.GetName(), host)
 	c := &clusterv3.Cluster{
@@ -96,7 +97,7 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 			c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_LOGICAL_DNS}
 		}
 		c.DnsLookupFamily = clusterv3.Cluster_V4_ONLY
-		c.LoadAssignment = b.dnsLoadAssignment(name, svc, port, subset)
+		c.LoadAssignment = b.dnsLoadAssignment(name, svc, port, subset, lb)
 	case discoveryv1.Resolution_NONE:
 		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
 		c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
@@ -105,7 +106,6 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 		c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsConfigSource(), ServiceName: name}
 	}
 	proto := portProtocol(port)
-	pol := translate.TrafficPolicy(specOf(dr), port.GetNumber(), subset.GetName())
 	log := b.log.With("cluster", name)
 	if c.LbPolicy != clusterv3.Cluster_CLUSTER_PROVIDED {
 		applyLB(c, pol.LB)
@@ -125,6 +125,10 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 	}
 	if od := pol.Outlier; od != nil {
 		applyOutlier(c, od)
+	}
+	if lb.WeightedLocalities() && c.LbPolicy != clusterv3.Cluster_CLUSTER_PROVIDED {
+		c.CommonLbConfig.LocalityConfigSpecifier = &clusterv3.Cluster_CommonLbConfig_LocalityWeightedLbConfig_{
+			LocalityWeightedLbConfig: &clusterv3.Cluster_CommonLbConfig_LocalityWeightedLbConfig{}}
 	}
 	if t := pol.TLS; t != nil {
 		ts, auto := b.upstreamTLS(t, svc, port.GetNumber(), subset.GetName(), h2, log)

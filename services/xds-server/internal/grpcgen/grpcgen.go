@@ -76,7 +76,7 @@ func Generate(snap *model.Snapshot, log *slog.Logger) *Resources {
 			out.Routes = append(out.Routes, g.routeConfig(svc, port, vs))
 			for _, c := range g.clusters(svc, port, dr) {
 				out.Clusters = append(out.Clusters, c.cluster)
-				out.Endpoints = append(out.Endpoints, translate.LoadAssignment(c.cluster.GetName(), svc, port, c.subset))
+				out.Endpoints = append(out.Endpoints, translate.LoadAssignment(c.cluster.GetName(), svc, port, c.subset, nil))
 			}
 		}
 	}

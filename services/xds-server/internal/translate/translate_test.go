@@ -22,7 +22,7 @@ func TestLoadAssignment(t *testing.T) {
 		{Address: "10.0.0.4", Health: discoveryv1.Health_HEALTHY, Labels: map[string]string{"v": "2"}},
 	}}
 	port := &discoveryv1.Port{Name: "http", Number: 80, TargetPort: 8080}
-	cla := LoadAssignment("c", svc, port, &networking.Subset{Labels: map[string]string{"v": "1"}})
+	cla := LoadAssignment("c", svc, port, &networking.Subset{Labels: map[string]string{"v": "1"}}, nil)
 	if got := len(cla.GetEndpoints()); got != 2 {
 		t.Fatalf("localities = %d, want 2 (unhealthy and other-subset endpoints dropped)", got)
 	}
