@@ -9,12 +9,8 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	commonfaultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/fault/v3"
 	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
-	faultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
-	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -24,9 +20,6 @@ import (
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/translate"
 )
-
-// defaultRetryOn is istiod's retry policy for routes whose VirtualService sets none.
-const defaultRetryOn = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
 
 func (b *builder) routes() []*routev3.RouteConfiguration {
 	if b.proxy.IsRouter() {
@@ -160,11 +153,7 @@ func altHosts(host, proxyDomain string) []string {
 }
 
 func (b *builder) defaultRoute(host string, port uint32) *routev3.Route {
-	r := translate.DefaultRoute(ClusterName(port, "", host), b.hashPolicy(host, port, ""))
-	act := r.GetRoute()
-	act.Timeout = durationpb.New(0)
-	act.RetryPolicy = defaultRetryPolicy()
-	return r
+	return translate.DefaultRoute(ClusterName(port, "", host), b.hashPolicy(host, port, ""))
 }
 
 // gatewayFilter says which gateway-level match conditions a route must meet: nil for the
@@ -291,7 +280,7 @@ func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, ho
 	}
 	filters := map[string]*anypb.Any{}
 	if f := hr.GetFault(); f != nil {
-		if hf := fault(f, log); hf != nil {
+		if hf := translate.Fault(f, log); hf != nil {
 			filters[faultFilter] = mustAny(hf)
 		}
 	}
@@ -328,7 +317,7 @@ func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port 
 	if t := hr.GetTimeout(); t != nil {
 		act.Timeout = t
 	}
-	act.RetryPolicy = retryPolicy(hr.GetRetries())
+	act.RetryPolicy = translate.RetryPolicy(hr.GetRetries())
 	if rw := hr.GetRewrite(); rw != nil {
 		if u := rw.GetUri(); u != "" {
 			act.PrefixRewrite = u
@@ -362,7 +351,7 @@ func (b *builder) mirrors(hr *networking.HTTPRoute, ns, host string, port uint32
 		if pct != nil {
 			value = pct.GetValue()
 		}
-		mp.RuntimeFraction = &corev3.RuntimeFractionalPercent{DefaultValue: fractionalPercent(value)}
+		mp.RuntimeFraction = &corev3.RuntimeFractionalPercent{DefaultValue: translate.FractionalPercent(value)}
 		out = append(out, mp)
 	}
 	if m := hr.GetMirror(); m != nil {
@@ -376,61 +365,6 @@ func (b *builder) mirrors(hr *networking.HTTPRoute, ns, host string, port uint32
 		add(mp.GetDestination(), mp.GetPercentage())
 	}
 	return out
-}
-
-// fractionalPercent converts a percentage to Envoy's parts per million, as istiod does.
-func fractionalPercent(pct float64) *typev3.FractionalPercent {
-	pct = min(max(pct, 0), 100)
-	return &typev3.FractionalPercent{Numerator: uint32(pct * 10000), Denominator: typev3.FractionalPercent_MILLION}
-}
-
-func defaultRetryPolicy() *routev3.RetryPolicy {
-	return &routev3.RetryPolicy{
-		RetryOn:                       defaultRetryOn,
-		NumRetries:                    wrapperspb.UInt32(2),
-		RetryHostPredicate:            []*routev3.RetryPolicy_RetryHostPredicate{previousHosts()},
-		HostSelectionRetryMaxAttempts: 5,
-	}
-}
-
-func previousHosts() *routev3.RetryPolicy_RetryHostPredicate {
-	return &routev3.RetryPolicy_RetryHostPredicate{Name: "envoy.retry_host_predicates.previous_hosts",
-		ConfigType: &routev3.RetryPolicy_RetryHostPredicate_TypedConfig{TypedConfig: mustAny(&previoushostsv3.PreviousHostsPredicate{})}}
-}
-
-// retryPolicy: none for zero attempts, istiod's default when unset; numeric retryOn entries
-// are status codes to retry.
-func retryPolicy(r *networking.HTTPRetry) *routev3.RetryPolicy {
-	if r == nil {
-		return defaultRetryPolicy()
-	}
-	if r.GetAttempts() <= 0 {
-		return nil
-	}
-	p := defaultRetryPolicy()
-	p.NumRetries = wrapperspb.UInt32(uint32(r.GetAttempts()))
-	if t := r.GetPerTryTimeout(); t != nil && t.AsDuration() > 0 {
-		p.PerTryTimeout = t
-	}
-	if on := r.GetRetryOn(); on != "" {
-		var kinds []string
-		for part := range strings.SplitSeq(on, ",") {
-			part = strings.TrimSpace(part)
-			if part == "" {
-				continue
-			}
-			if code, err := strconv.ParseUint(part, 10, 32); err == nil {
-				p.RetriableStatusCodes = append(p.RetriableStatusCodes, uint32(code))
-				continue
-			}
-			kinds = append(kinds, part)
-		}
-		if len(p.RetriableStatusCodes) > 0 && !slices.Contains(kinds, "retriable-status-codes") {
-			kinds = append(kinds, "retriable-status-codes")
-		}
-		p.RetryOn = strings.Join(kinds, ",")
-	}
-	return p
 }
 
 func redirect(r *networking.HTTPRedirect, log interface{ Debug(string, ...any) }) *routev3.RedirectAction {
@@ -491,61 +425,12 @@ func headerOps(h *networking.Headers_HeaderOperations) ([]*corev3.HeaderValueOpt
 	return add, slices.Compact(remove)
 }
 
-func fault(f *networking.HTTPFaultInjection, log interface{ Debug(string, ...any) }) *faultv3.HTTPFault {
-	out := &faultv3.HTTPFault{}
-	if d := f.GetDelay(); d != nil && d.GetFixedDelay() != nil {
-		pct := 100.0
-		if d.GetPercentage() != nil {
-			pct = d.GetPercentage().GetValue()
-		} else if d.GetPercent() != 0 { //nolint:staticcheck // still honoured by Istio
-			pct = float64(d.GetPercent()) //nolint:staticcheck
-		}
-		out.Delay = &commonfaultv3.FaultDelay{
-			FaultDelaySecifier: &commonfaultv3.FaultDelay_FixedDelay{FixedDelay: d.GetFixedDelay()},
-			Percentage:         fractionalPercent(pct),
-		}
-	}
-	if a := f.GetAbort(); a != nil {
-		pct := 100.0
-		if a.GetPercentage() != nil {
-			pct = a.GetPercentage().GetValue()
-		}
-		abort := &faultv3.FaultAbort{Percentage: fractionalPercent(pct)}
-		switch e := a.GetErrorType().(type) {
-		case *networking.HTTPFaultInjection_Abort_HttpStatus:
-			if e.HttpStatus >= 200 && e.HttpStatus < 600 {
-				abort.ErrorType = &faultv3.FaultAbort_HttpStatus{HttpStatus: uint32(e.HttpStatus)}
-			}
-		case *networking.HTTPFaultInjection_Abort_GrpcStatus:
-			if code, ok := grpcCodes[e.GrpcStatus]; ok {
-				abort.ErrorType = &faultv3.FaultAbort_GrpcStatus{GrpcStatus: code}
-			}
-		}
-		if abort.ErrorType != nil {
-			out.Abort = abort
-		} else {
-			log.Debug("skipping fault abort with an invalid or unsupported status")
-		}
-	}
-	if out.Delay == nil && out.Abort == nil {
-		return nil
-	}
-	return out
-}
-
-var grpcCodes = map[string]uint32{
-	"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5,
-	"ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9,
-	"ABORTED": 10, "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12, "INTERNAL": 13, "UNAVAILABLE": 14,
-	"DATA_LOSS": 15, "UNAUTHENTICATED": 16,
-}
-
 func corsPolicy(c *networking.CorsPolicy) *corsv3.CorsPolicy {
 	out := &corsv3.CorsPolicy{
 		AllowMethods:  strings.Join(c.GetAllowMethods(), ","),
 		AllowHeaders:  strings.Join(c.GetAllowHeaders(), ","),
 		ExposeHeaders: strings.Join(c.GetExposeHeaders(), ","),
-		FilterEnabled: &corev3.RuntimeFractionalPercent{DefaultValue: fractionalPercent(100)},
+		FilterEnabled: &corev3.RuntimeFractionalPercent{DefaultValue: translate.FractionalPercent(100)},
 	}
 	if d := c.GetMaxAge(); d != nil {
 		out.MaxAge = strconv.FormatInt(int64(d.AsDuration().Seconds()), 10)

@@ -46,7 +46,13 @@ func (g *generator) cluster(name string, dr *model.Config[*networking.Destinatio
 	if dr == nil {
 		return c
 	}
-	lb := translate.TrafficPolicy(dr.Spec, port, subset).LB
+	pol := translate.TrafficPolicy(dr.Spec, port, subset)
+	// gRPC limits only concurrent requests (gRFC A32), as istiod sets it.
+	if n := pol.Pool.GetHttp().GetHttp2MaxRequests(); n > 0 {
+		c.CircuitBreakers = &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
+			MaxRequests: wrapperspb.UInt32(uint32(n))}}}
+	}
+	lb := pol.LB
 	log := g.log.With("destinationRule", dr.Namespace+"/"+dr.Name, "cluster", name)
 	switch {
 	case lb == nil:

@@ -15,6 +15,7 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	faultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/proto"
@@ -101,16 +102,21 @@ func (g *generator) listener(host string, port uint32) (*listenerv3.Listener, er
 	if err != nil {
 		return nil, err
 	}
+	fault, err := marshalAny(&faultv3.HTTPFault{})
+	if err != nil {
+		return nil, err
+	}
 	hcm := &hcmv3.HttpConnectionManager{
 		StatPrefix: routeName,
 		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
 			ConfigSource:    adsConfigSource(),
 			RouteConfigName: routeName,
 		}},
-		HttpFilters: []*hcmv3.HttpFilter{{
-			Name:       RouterFilterName,
-			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: router},
-		}},
+		// The fault filter does nothing until a route configures it (gRFC A33), as in istiod.
+		HttpFilters: []*hcmv3.HttpFilter{
+			{Name: translate.FaultFilter, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: fault}},
+			{Name: RouterFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: router}},
+		},
 	}
 	api, err := marshalAny(hcm)
 	if err != nil {

@@ -2,6 +2,7 @@ package grpcgen
 
 import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
 
@@ -71,7 +72,16 @@ func (g *generator) vsRoutes(svc *model.Service, port *discoveryv1.Port,
 			if m.GetName() != "" {
 				name = name + "." + m.GetName()
 			}
-			routes = append(routes, &routev3.Route{Name: name, Match: rm, Action: &routev3.Route_Route{Route: action}})
+			r := &routev3.Route{Name: name, Match: rm, Action: &routev3.Route_Route{Route: action}}
+			if f := translate.Fault(http.GetFault(), log); f != nil {
+				cfg, err := marshalAny(f)
+				if err != nil {
+					log.Debug("skipping fault injection", "err", err)
+				} else {
+					r.TypedPerFilterConfig = map[string]*anypb.Any{translate.FaultFilter: cfg}
+				}
+			}
+			routes = append(routes, r)
 		}
 	}
 	return routes
@@ -97,6 +107,8 @@ func (g *generator) routeAction(http *networking.HTTPRoute, svc *model.Service, 
 	if h, p, subset, ok := translate.HashTarget(dests); ok {
 		action.HashPolicy = g.hashPolicy(h, p, subset)
 	}
+	// gRPC retries the gRPC codes of retryOn (gRFC A44), istiod's default when the route sets none.
+	action.RetryPolicy = translate.RetryPolicy(http.GetRetries())
 	// gRPC applies max_stream_duration as the RPC deadline; it ignores the Envoy route timeout.
 	if t := http.GetTimeout(); t != nil && t.AsDuration() > 0 {
 		action.MaxStreamDuration = &routev3.RouteAction_MaxStreamDuration{MaxStreamDuration: t}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
 	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
@@ -136,13 +137,16 @@ func HashPolicy(dr *networking.DestinationRule, port uint32, subset string, clie
 	return []*routev3.RouteAction_HashPolicy{hp}, ""
 }
 
-// DefaultRoute sends everything to cluster: the route of a service no VirtualService routes.
+// DefaultRoute sends everything to cluster, with no timeout and istiod's default retries: the
+// route of a service no VirtualService routes.
 func DefaultRoute(cluster string, hash []*routev3.RouteAction_HashPolicy) *routev3.Route {
 	return &routev3.Route{
 		Name:  "default",
 		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
 		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
 			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
+			Timeout:          durationpb.New(0),
+			RetryPolicy:      DefaultRetryPolicy(),
 			HashPolicy:       hash,
 		}},
 	}
