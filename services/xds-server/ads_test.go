@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -217,4 +218,52 @@ func waitUntil(t *testing.T, cond func() bool) {
 		case <-tick.C:
 		}
 	}
+}
+
+// A proxyless client asks for clusters by name, as gRPC does: the answer holds those only, on
+// both protocols (istiod's grpcgen builds only the requested clusters).
+func TestNamedClusters(t *testing.T) {
+	srv := startServer(t, fakebus.New(changes(t, registry(10001, 10002))...))
+	v1 := "outbound|7070|v1|echo.demo.svc.cluster.local"
+	t.Run("sotw", func(t *testing.T) {
+		stream, err := adsClient(t, srv.Addr()).StreamAggregatedResources(streamContext(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(&discoverygrpc.DiscoveryRequest{Node: testNode("sotw-named"), TypeUrl: resource.ClusterType,
+			ResourceNames: []string{v1, "outbound|7070||unknown.demo.svc.cluster.local"}}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetResources()) != 1 {
+			t.Fatalf("got %d clusters, want only %s", len(resp.GetResources()), v1)
+		}
+		var c clusterv3.Cluster
+		if err := resp.GetResources()[0].UnmarshalTo(&c); err != nil {
+			t.Fatal(err)
+		}
+		if c.GetName() != v1 {
+			t.Fatalf("got cluster %s, want %s", c.GetName(), v1)
+		}
+	})
+	t.Run("delta", func(t *testing.T) {
+		stream, err := adsClient(t, srv.Addr()).DeltaAggregatedResources(streamContext(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{Node: testNode("delta-named"), TypeUrl: resource.ClusterType,
+			ResourceNamesSubscribe: []string{echoCluster}}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetResources()) != 1 || resp.GetResources()[0].GetName() != echoCluster {
+			t.Fatalf("resources = %v, want only %s", resp.GetResources(), echoCluster)
+		}
+	})
 }
