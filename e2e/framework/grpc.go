@@ -41,8 +41,16 @@ func StartEcho(t testing.TB, id, addr string) *Echo {
 func StartEchoOn(t testing.TB, id string, lis net.Listener) *Echo {
 	t.Helper()
 	e := &Echo{ID: id, Addr: lis.Addr().String()}
+	ServeTestService(t, lis, e)
+	return e
+}
+
+// ServeTestService serves impl as grpc.testing.TestService on lis until the test ends: for
+// backends that misbehave on purpose.
+func ServeTestService(t testing.TB, lis net.Listener, impl testpb.TestServiceServer) {
+	t.Helper()
 	srv := grpc.NewServer()
-	testpb.RegisterTestServiceServer(srv, e)
+	testpb.RegisterTestServiceServer(srv, impl)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -53,7 +61,6 @@ func StartEchoOn(t testing.TB, id string, lis net.Listener) *Echo {
 		srv.Stop()
 		<-done
 	})
-	return e
 }
 
 // GRPCBootstrap is the gRPC xDS bootstrap a proxyless client uses to reach Sailplane's xDS server.
