@@ -267,3 +267,74 @@ func TestNamedClusters(t *testing.T) {
 		}
 	})
 }
+
+// Proxyless clients get EDS priorities relative to their own locality (here from the xDS node),
+// as istiod sends them: with outlier detection, the other region comes second.
+func TestProxylessLocality(t *testing.T) {
+	srv := startServer(t, fakebus.New(changes(t, `
+apiVersion: v1alpha1
+kind: MeshConfig
+metadata: {name: mesh}
+spec:
+  localityLbSetting: {enabled: true}
+---
+apiVersion: sailplane.dev/v1
+kind: Service
+spec:
+  hostname: echo.demo.svc.cluster.local
+  namespace: demo
+  ports: [{name: grpc, number: 7070, protocol: GRPC}]
+---
+apiVersion: sailplane.dev/v1
+kind: Endpoints
+spec:
+  hostname: echo.demo.svc.cluster.local
+  namespace: demo
+  endpoints:
+  - {address: 10.0.0.1, locality: {region: us-east, zone: a}}
+  - {address: 10.0.0.2, locality: {region: eu-west, zone: b}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: echo, namespace: demo}
+spec:
+  host: echo
+  trafficPolicy:
+    outlierDetection: {consecutive5xxErrors: 2}
+`)...))
+	priorities := func(region string) map[string]uint32 {
+		t.Helper()
+		stream, err := adsClient(t, srv.Addr()).DeltaAggregatedResources(streamContext(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		node := testNode("locality-" + region)
+		node.Locality = &corev3.Locality{Region: region}
+		if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{Node: node, TypeUrl: resource.EndpointType,
+			ResourceNamesSubscribe: []string{echoCluster}}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetResources()) != 1 {
+			t.Fatalf("got %d load assignments, want 1", len(resp.GetResources()))
+		}
+		var cla endpointv3.ClusterLoadAssignment
+		if err := resp.GetResources()[0].GetResource().UnmarshalTo(&cla); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]uint32{}
+		for _, l := range cla.GetEndpoints() {
+			out[l.GetLocality().GetRegion()] = l.GetPriority()
+		}
+		return out
+	}
+	for _, tc := range []struct{ region, other string }{{"us-east", "eu-west"}, {"eu-west", "us-east"}} {
+		got := priorities(tc.region)
+		if got[tc.region] != 0 || got[tc.other] != 1 {
+			t.Errorf("client in %s: priorities %v, want its region 0 and %s 1", tc.region, got, tc.other)
+		}
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"sync"
 
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
@@ -54,14 +53,7 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 		}
 	}
 	if ix.localityLB && (typeURL == resourcev3.ClusterType || typeURL == resourcev3.EndpointType) {
-		loc := proxy.Locality(ix.self(proxy))
-		b.WriteString("/loc=" + loc.GetRegion() + "/" + loc.GetZone() + "/" + loc.GetSubZone() + "/fp=")
-		labels := translate.TopologyLabels(proxy.Labels, loc, proxy.ClusterID, proxy.Network)
-		for _, k := range ix.failoverLabelKeys {
-			if v, ok := labels[k]; ok {
-				b.WriteString(k + "=" + v + ";")
-			}
-		}
+		b.WriteString(translate.LocalityKey(snap, proxy, ix.failoverLabelKeys))
 	}
 	if typeURL == resourcev3.RouteType && proxy.IsSidecar() {
 		// Short host names are relative to the proxy's DNS domain.
@@ -163,64 +155,8 @@ func newSnapIndex(snap *model.Snapshot) *snapIndex {
 		}
 	}
 	ix.routerLabelKeys = translate.SortedKeys(keys)
-	ix.indexLocalityLB(snap)
+	ix.localityLB, ix.failoverLabelKeys = translate.LocalityInputs(snap)
 	return ix
-}
-
-func (ix *snapIndex) indexLocalityLB(snap *model.Snapshot) {
-	failoverKeys := map[string]bool{}
-	setting := func(s *networking.LocalityLoadBalancerSetting) {
-		if s == nil {
-			return
-		}
-		ix.localityLB = true
-		for _, k := range translate.FailoverPriorityLabels(s) {
-			failoverKeys[k] = true
-		}
-	}
-	if s := snap.Mesh.GetLocalityLbSetting(); s.GetDistribute() != nil {
-		ix.localityLB = true
-	}
-	for _, k := range translate.FailoverPriorityLabels(snap.Mesh.GetLocalityLbSetting()) {
-		failoverKeys[k] = true
-	}
-	policy := func(lb *networking.LoadBalancerSettings, od *networking.OutlierDetection) {
-		setting(lb.GetLocalityLbSetting())
-		if od != nil {
-			ix.localityLB = true
-		}
-	}
-	for _, dr := range snap.DestinationRules {
-		tps := []*networking.TrafficPolicy{dr.Spec.GetTrafficPolicy()}
-		for _, ss := range dr.Spec.GetSubsets() {
-			tps = append(tps, ss.GetTrafficPolicy())
-		}
-		for _, tp := range tps {
-			policy(tp.GetLoadBalancer(), tp.GetOutlierDetection())
-			for _, pls := range tp.GetPortLevelSettings() {
-				policy(pls.GetLoadBalancer(), pls.GetOutlierDetection())
-			}
-		}
-	}
-	ix.failoverLabelKeys = translate.SortedKeys(failoverKeys)
-}
-
-// self is the registry's endpoint of the proxy's own workload: one at its IP, the one named
-// after its pod when several workloads share the IP (host networking); nil when none is.
-func (ix *snapIndex) self(proxy *model.Proxy) *discoveryv1.Endpoint {
-	pod, _, _ := strings.Cut(proxy.ID, ".")
-	var first *discoveryv1.Endpoint
-	for _, ip := range proxy.IPs {
-		for _, e := range ix.byIP[ip] {
-			if e.ep.GetWorkload() == pod && pod != "" {
-				return e.ep
-			}
-			if first == nil {
-				first = e.ep
-			}
-		}
-	}
-	return first
 }
 
 // indexCache holds the latest snapshots' indexes.

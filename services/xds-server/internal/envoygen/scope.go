@@ -36,7 +36,7 @@ type builder struct {
 func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *slog.Logger) *builder {
 	b := &builder{snap: snap, proxy: proxy, ix: ix, log: log, allowAny: true}
 	b.binds = snap.Bindings(b.exported, b.destinationRuleRank)
-	b.locality = proxy.Locality(ix.self(proxy))
+	b.locality = proxy.Locality(snap.ProxyEndpoint(proxy))
 	b.topologyLabels = translate.TopologyLabels(proxy.Labels, b.locality, proxy.ClusterID, proxy.Network)
 	if p := snap.Mesh.GetOutboundTrafficPolicy(); p != nil {
 		b.allowAny = p.GetMode() == meshv1alpha1.MeshConfig_OutboundTrafficPolicy_ALLOW_ANY

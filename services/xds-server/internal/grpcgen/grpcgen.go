@@ -20,6 +20,7 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
@@ -47,9 +48,18 @@ func ListenerName(host string, port uint32) string {
 	return host + ":" + strconv.FormatUint(uint64(port), 10)
 }
 
-// Generate translates a snapshot. It never fails: config gRPC cannot use is skipped and
-// logged at debug level, so one bad resource cannot take the whole mesh down.
-func Generate(snap *model.Snapshot, log *slog.Logger) *Resources {
+// Client is what output depends on of the client asking: where it runs and its labels, which
+// locality load balancing reads (EDS priorities and weights).
+type Client struct {
+	Locality *discoveryv1.Locality
+	// Labels include the topology labels (translate.TopologyLabels).
+	Labels map[string]string
+}
+
+// Generate translates a snapshot for client (nil: one whose locality is unknown). It never
+// fails: config gRPC cannot use is skipped and logged at debug level, so one bad resource
+// cannot take the whole mesh down.
+func Generate(snap *model.Snapshot, client *Client, log *slog.Logger) *Resources {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -77,7 +87,16 @@ func Generate(snap *model.Snapshot, log *slog.Logger) *Resources {
 			out.Routes = append(out.Routes, g.routeConfig(svc, port, vs))
 			for _, c := range g.clusters(svc, port, dr) {
 				out.Clusters = append(out.Clusters, c.cluster)
-				out.Endpoints = append(out.Endpoints, translate.LoadAssignment(c.cluster.GetName(), svc, port, c.subset, nil))
+				var lb *translate.LocalityLB
+				if client != nil {
+					var spec *networking.DestinationRule
+					if dr != nil {
+						spec = dr.Spec
+					}
+					pol := translate.TrafficPolicy(spec, port.GetNumber(), c.subset.GetName())
+					lb = translate.NewLocalityLB(pol, snap.Mesh, client.Locality, client.Labels)
+				}
+				out.Endpoints = append(out.Endpoints, translate.LoadAssignment(c.cluster.GetName(), svc, port, c.subset, lb))
 			}
 		}
 	}

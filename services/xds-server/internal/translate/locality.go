@@ -277,3 +277,52 @@ func localityMatches(l *discoveryv1.Locality, rule string) bool {
 	return match(parts[0], l.GetRegion(), false) && match(parts[1], l.GetZone(), true) &&
 		match(parts[2], l.GetSubZone(), true)
 }
+
+// LocalityInputs tells what of a proxy locality load balancing may read in snap: nothing
+// unless some DestinationRule has outlier detection or a locality setting, or the mesh
+// distributes by locality; and the label keys failoverPriority entries name, sorted.
+func LocalityInputs(snap *model.Snapshot) (matters bool, failoverKeys []string) {
+	keys := map[string]bool{}
+	setting := func(s *networking.LocalityLoadBalancerSetting) {
+		for _, k := range FailoverPriorityLabels(s) {
+			keys[k] = true
+		}
+	}
+	mesh := snap.Mesh.GetLocalityLbSetting()
+	matters = mesh.GetDistribute() != nil
+	setting(mesh)
+	policy := func(lb *networking.LoadBalancerSettings, od *networking.OutlierDetection) {
+		if s := lb.GetLocalityLbSetting(); s != nil || od != nil {
+			matters = true
+			setting(s)
+		}
+	}
+	for _, dr := range snap.DestinationRules {
+		tps := []*networking.TrafficPolicy{dr.Spec.GetTrafficPolicy()}
+		for _, ss := range dr.Spec.GetSubsets() {
+			tps = append(tps, ss.GetTrafficPolicy())
+		}
+		for _, tp := range tps {
+			policy(tp.GetLoadBalancer(), tp.GetOutlierDetection())
+			for _, pls := range tp.GetPortLevelSettings() {
+				policy(pls.GetLoadBalancer(), pls.GetOutlierDetection())
+			}
+		}
+	}
+	return matters, SortedKeys(keys)
+}
+
+// LocalityKey spells what locality load balancing reads of proxy, for cache scopes: its
+// locality and its values of failoverKeys (topology labels included).
+func LocalityKey(snap *model.Snapshot, proxy *model.Proxy, failoverKeys []string) string {
+	loc := proxy.Locality(snap.ProxyEndpoint(proxy))
+	var b strings.Builder
+	b.WriteString("/loc=" + loc.GetRegion() + "/" + loc.GetZone() + "/" + loc.GetSubZone() + "/fp=")
+	labels := TopologyLabels(proxy.Labels, loc, proxy.ClusterID, proxy.Network)
+	for _, k := range failoverKeys {
+		if v, ok := labels[k]; ok {
+			b.WriteString(k + "=" + v + ";")
+		}
+	}
+	return b.String()
+}
