@@ -126,6 +126,11 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 	if od := pol.Outlier; od != nil {
 		applyOutlier(c, od)
 	}
+	if c.CommonLbConfig.HealthyPanicThreshold == nil && c.LbPolicy != clusterv3.Cluster_CLUSTER_PROVIDED {
+		// As istiod (which sends unhealthy endpoints by default): never panic into routing to
+		// hosts known to be down.
+		c.CommonLbConfig.HealthyPanicThreshold = &typev3.Percent{}
+	}
 	if lb.WeightedLocalities() && c.LbPolicy != clusterv3.Cluster_CLUSTER_PROVIDED {
 		c.CommonLbConfig.LocalityConfigSpecifier = &clusterv3.Cluster_CommonLbConfig_LocalityWeightedLbConfig_{
 			LocalityWeightedLbConfig: &clusterv3.Cluster_CommonLbConfig_LocalityWeightedLbConfig{}}
@@ -241,7 +246,7 @@ func defaultThresholds() *clusterv3.CircuitBreakers_Thresholds {
 		MaxPendingRequests: wrapperspb.UInt32(math.MaxUint32),
 		MaxRequests:        wrapperspb.UInt32(math.MaxUint32),
 		MaxRetries:         wrapperspb.UInt32(math.MaxUint32),
-		TrackRemaining:     true,
+		// istiod tracks no remaining-capacity stats by default (DISABLE_TRACK_REMAINING_CB_METRICS).
 	}
 }
 
