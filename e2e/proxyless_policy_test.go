@@ -53,16 +53,7 @@ func listen(t *testing.T) net.Listener {
 }
 
 func policyYAML(v1, broken, held string) string {
-	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: echo, namespace: demo}
-spec:
-  hosts: [echo.demo.svc.cluster.local]
-  resolution: STATIC
-  ports: [{name: grpc, number: 7070, protocol: GRPC}]
-  workloadSelector: {labels: {app: echo}}
----
-apiVersion: networking.istio.io/v1
+	return echoServiceEntry + fmt.Sprintf(`apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {name: echo-v1, namespace: demo}
 spec: {address: 127.0.0.1, ports: {grpc: %s}, labels: {app: echo, version: v1, pool: flaky}}
