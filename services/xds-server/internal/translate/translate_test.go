@@ -1,9 +1,11 @@
 package translate
 
 import (
+	"slices"
 	"testing"
 
 	"go.uber.org/goleak"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
@@ -111,5 +113,37 @@ func TestTrafficPolicy(t *testing.T) {
 				t.Errorf("TrafficPolicy(%d, %q) = %+v, want %+v", tc.port, tc.subset, got, tc.want)
 			}
 		})
+	}
+}
+
+func TestLocalityMatches(t *testing.T) {
+	l := &discoveryv1.Locality{Region: "us", Zone: "us-1", SubZone: "rack"}
+	tests := []struct {
+		rule string
+		want bool
+	}{
+		{"us", true}, {"us/us-1", true}, {"us/us-1/rack", true}, {"us/*", true}, {"*", true},
+		{"us/*/rack", true}, {"eu", false}, {"us/us-2", false}, {"us/us-1/other", false}, {"*/us-2", false},
+	}
+	for _, tc := range tests {
+		if got := localityMatches(l, tc.rule); got != tc.want {
+			t.Errorf("localityMatches(%v, %q) = %v, want %v", l, tc.rule, got, tc.want)
+		}
+	}
+}
+
+func TestServiceIdentities(t *testing.T) {
+	svc := &model.Service{Spec: &discoveryv1.Service{Namespace: "shop"}, Endpoints: []*discoveryv1.Endpoint{
+		{ServiceAccount: "b"}, {ServiceAccount: "a"}, {ServiceAccount: "a"}, {},
+		{ServiceAccount: "spiffe://other.example/ns/x/sa/y"},
+	}}
+	got := ServiceIdentities(svc, &meshv1alpha1.MeshConfig{TrustDomain: "td", TrustDomainAliases: []string{"old"}})
+	want := []string{"spiffe://old/ns/shop/sa/a", "spiffe://old/ns/shop/sa/b", "spiffe://other.example/ns/x/sa/y",
+		"spiffe://td/ns/shop/sa/a", "spiffe://td/ns/shop/sa/b"}
+	if !slices.Equal(got, want) {
+		t.Errorf("ServiceIdentities = %v, want %v", got, want)
+	}
+	if got := ServiceIdentities(svc, nil); got[0] != "spiffe://cluster.local/ns/shop/sa/a" {
+		t.Errorf("without a mesh trust domain: %v, want cluster.local", got)
 	}
 }
