@@ -13,13 +13,14 @@ import (
 // defaultTrustDomain is Istio's when the mesh config names none.
 const defaultTrustDomain = "cluster.local"
 
-// ServiceIdentities are the SPIFFE identities a client should accept from svc's endpoints, as
-// istiod's PushContext.ServiceAccounts gives them: every endpoint's service account, as
+// ServiceIdentities are the identities a client should accept from svc's endpoints, as
+// istiod's PushContext.ServiceAccounts gives them: the service's own subjectAltNames (a
+// ServiceEntry's) as written, and every endpoint's service account as
 // "spiffe://<trust domain>/ns/<namespace>/sa/<account>" for the mesh's trust domain and each
-// of its aliases, sorted. An account already written as a SPIFFE ID is taken as is.
+// of its aliases; sorted. An account already written as a SPIFFE ID is taken as is.
 func ServiceIdentities(svc *model.Service, mesh *meshv1alpha1.MeshConfig) []string {
 	domains := append([]string{cmp.Or(mesh.GetTrustDomain(), defaultTrustDomain)}, mesh.GetTrustDomainAliases()...)
-	var out []string
+	out := slices.Clone(svc.Spec.GetSubjectAltNames())
 	for _, ep := range svc.Endpoints {
 		sa := ep.GetServiceAccount()
 		switch {

@@ -133,17 +133,17 @@ func TestLocalityMatches(t *testing.T) {
 }
 
 func TestServiceIdentities(t *testing.T) {
-	svc := &model.Service{Spec: &discoveryv1.Service{Namespace: "shop"}, Endpoints: []*discoveryv1.Endpoint{
+	svc := &model.Service{Spec: &discoveryv1.Service{Namespace: "shop", SubjectAltNames: []string{"api.example.com"}}, Endpoints: []*discoveryv1.Endpoint{
 		{ServiceAccount: "b"}, {ServiceAccount: "a"}, {ServiceAccount: "a"}, {},
 		{ServiceAccount: "spiffe://other.example/ns/x/sa/y"},
 	}}
 	got := ServiceIdentities(svc, &meshv1alpha1.MeshConfig{TrustDomain: "td", TrustDomainAliases: []string{"old"}})
-	want := []string{"spiffe://old/ns/shop/sa/a", "spiffe://old/ns/shop/sa/b", "spiffe://other.example/ns/x/sa/y",
+	want := []string{"api.example.com", "spiffe://old/ns/shop/sa/a", "spiffe://old/ns/shop/sa/b", "spiffe://other.example/ns/x/sa/y",
 		"spiffe://td/ns/shop/sa/a", "spiffe://td/ns/shop/sa/b"}
 	if !slices.Equal(got, want) {
 		t.Errorf("ServiceIdentities = %v, want %v", got, want)
 	}
-	if got := ServiceIdentities(svc, nil); got[0] != "spiffe://cluster.local/ns/shop/sa/a" {
+	if got := ServiceIdentities(svc, nil); got[1] != "spiffe://cluster.local/ns/shop/sa/a" {
 		t.Errorf("without a mesh trust domain: %v, want cluster.local", got)
 	}
 }
