@@ -52,8 +52,8 @@ const meshYAML = `configSources:
   - address: fs://conf
 `
 
-func serviceYAML(v1, v2 *framework.Echo) string {
-	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
+// echoServiceEntry is the echo service; WorkloadEntries labelled app: echo are its endpoints.
+const echoServiceEntry = `apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {name: echo, namespace: demo}
 spec:
@@ -62,7 +62,10 @@ spec:
   ports: [{name: grpc, number: 7070, protocol: GRPC}]
   workloadSelector: {labels: {app: echo}}
 ---
-apiVersion: networking.istio.io/v1beta1
+`
+
+func serviceYAML(v1, v2 *framework.Echo) string {
+	return echoServiceEntry + fmt.Sprintf(`apiVersion: networking.istio.io/v1beta1
 kind: WorkloadEntry
 metadata: {name: echo-v1, namespace: demo}
 spec: {address: 127.0.0.1, ports: {grpc: %s}, labels: {app: echo, version: v1}}

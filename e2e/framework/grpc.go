@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -41,23 +42,44 @@ func StartEcho(t testing.TB, id, addr string) *Echo {
 func StartEchoOn(t testing.TB, id string, lis net.Listener) *Echo {
 	t.Helper()
 	e := &Echo{ID: id, Addr: lis.Addr().String()}
+	ServeTestService(t, lis, e)
+	return e
+}
+
+// ServeTestService serves impl as grpc.testing.TestService on lis until the test ends or stop
+// is called: for backends that misbehave or go away on purpose.
+func ServeTestService(t testing.TB, lis net.Listener, impl testpb.TestServiceServer) (stop func()) {
+	t.Helper()
 	srv := grpc.NewServer()
-	testpb.RegisterTestServiceServer(srv, e)
+	testpb.RegisterTestServiceServer(srv, impl)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		_ = srv.Serve(lis)
 	}()
 	// Wait for Serve to return so no goroutine outlives the test (goleak).
-	t.Cleanup(func() {
+	stop = func() {
 		srv.Stop()
 		<-done
-	})
-	return e
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // GRPCBootstrap is the gRPC xDS bootstrap a proxyless client uses to reach Sailplane's xDS server.
 func GRPCBootstrap(xdsAddr, nodeID string) []byte {
+	return GRPCBootstrapIn(xdsAddr, nodeID, "", "")
+}
+
+// GRPCBootstrapIn is GRPCBootstrap for a client that says it runs in region and zone.
+func GRPCBootstrapIn(xdsAddr, nodeID, region, zone string) []byte {
+	locality := map[string]any{}
+	if region != "" {
+		locality["region"] = region
+	}
+	if zone != "" {
+		locality["zone"] = zone
+	}
 	b, _ := json.Marshal(map[string]any{
 		"xds_servers": []any{map[string]any{
 			"server_uri":      xdsAddr,
@@ -66,7 +88,7 @@ func GRPCBootstrap(xdsAddr, nodeID string) []byte {
 		}},
 		"node": map[string]any{
 			"id":       nodeID,
-			"locality": map[string]any{},
+			"locality": locality,
 			"metadata": map[string]any{"GENERATOR": "grpc", "NAMESPACE": "demo", "CLUSTER_ID": "Kubernetes"},
 		},
 	})
@@ -78,7 +100,20 @@ func GRPCBootstrap(xdsAddr, nodeID string) []byte {
 func XDSClient(t testing.TB, xdsAddr, target string) EchoClient {
 	t.Helper()
 	nodeID := fmt.Sprintf("sidecar~127.0.0.1~%s.demo~demo.svc.cluster.local", t.Name())
-	builder, err := xds.NewXDSResolverWithConfigForTesting(GRPCBootstrap(xdsAddr, nodeID))
+	return xdsClient(t, target, GRPCBootstrap(xdsAddr, nodeID))
+}
+
+// XDSClientIn is XDSClient for a client in region and zone (its xDS node's locality). Its node
+// IP is 192.0.2.1, which no backend has, so the registry cannot place it elsewhere.
+func XDSClientIn(t testing.TB, xdsAddr, target, region, zone string) EchoClient {
+	t.Helper()
+	nodeID := fmt.Sprintf("sidecar~192.0.2.1~%s-%s.demo~demo.svc.cluster.local", strings.ReplaceAll(t.Name(), "/", "-"), region)
+	return xdsClient(t, target, GRPCBootstrapIn(xdsAddr, nodeID, region, zone))
+}
+
+func xdsClient(t testing.TB, target string, bootstrap []byte) EchoClient {
+	t.Helper()
+	builder, err := xds.NewXDSResolverWithConfigForTesting(bootstrap)
 	if err != nil {
 		t.Fatalf("xds resolver: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -198,6 +199,125 @@ func waitUntil(t *testing.T, cond func() bool) {
 		case <-deadline:
 			t.Fatal("condition not met in time")
 		case <-tick.C:
+		}
+	}
+}
+
+// A proxyless client asks for clusters by name, as gRPC does: the answer holds those only, on
+// both protocols (istiod's grpcgen builds only the requested clusters).
+func TestNamedClusters(t *testing.T) {
+	srv := startServer(t, fakebus.New(changes(t, registry(10001, 10002))...))
+	v1 := "outbound|7070|v1|echo.demo.svc.cluster.local"
+	t.Run("sotw", func(t *testing.T) {
+		stream, err := adsClient(t, srv.Addr()).StreamAggregatedResources(streamContext(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(&discoverygrpc.DiscoveryRequest{Node: testNode("sotw-named"), TypeUrl: resource.ClusterType,
+			ResourceNames: []string{v1, "outbound|7070||unknown.demo.svc.cluster.local"}}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetResources()) != 1 {
+			t.Fatalf("got %d clusters, want only %s", len(resp.GetResources()), v1)
+		}
+		var c clusterv3.Cluster
+		if err := resp.GetResources()[0].UnmarshalTo(&c); err != nil {
+			t.Fatal(err)
+		}
+		if c.GetName() != v1 {
+			t.Fatalf("got cluster %s, want %s", c.GetName(), v1)
+		}
+	})
+	t.Run("delta", func(t *testing.T) {
+		stream, err := adsClient(t, srv.Addr()).DeltaAggregatedResources(streamContext(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{Node: testNode("delta-named"), TypeUrl: resource.ClusterType,
+			ResourceNamesSubscribe: []string{echoCluster}}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetResources()) != 1 || resp.GetResources()[0].GetName() != echoCluster {
+			t.Fatalf("resources = %v, want only %s", resp.GetResources(), echoCluster)
+		}
+	})
+}
+
+// Proxyless clients get EDS priorities relative to their own locality (here from the xDS node),
+// as istiod sends them: with outlier detection, the other region comes second.
+func TestProxylessLocality(t *testing.T) {
+	srv := startServer(t, fakebus.New(changes(t, `
+apiVersion: v1alpha1
+kind: MeshConfig
+metadata: {name: mesh}
+spec:
+  localityLbSetting: {enabled: true}
+---
+apiVersion: sailplane.dev/v1
+kind: Service
+spec:
+  hostname: echo.demo.svc.cluster.local
+  namespace: demo
+  ports: [{name: grpc, number: 7070, protocol: GRPC}]
+---
+apiVersion: sailplane.dev/v1
+kind: Endpoints
+spec:
+  hostname: echo.demo.svc.cluster.local
+  namespace: demo
+  endpoints:
+  - {address: 10.0.0.1, locality: {region: us-east, zone: a}}
+  - {address: 10.0.0.2, locality: {region: eu-west, zone: b}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: echo, namespace: demo}
+spec:
+  host: echo
+  trafficPolicy:
+    outlierDetection: {consecutive5xxErrors: 2}
+`)...))
+	priorities := func(region string) map[string]uint32 {
+		t.Helper()
+		stream, err := adsClient(t, srv.Addr()).DeltaAggregatedResources(streamContext(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		node := testNode("locality-" + region)
+		node.Locality = &corev3.Locality{Region: region}
+		if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{Node: node, TypeUrl: resource.EndpointType,
+			ResourceNamesSubscribe: []string{echoCluster}}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetResources()) != 1 {
+			t.Fatalf("got %d load assignments, want 1", len(resp.GetResources()))
+		}
+		var cla endpointv3.ClusterLoadAssignment
+		if err := resp.GetResources()[0].GetResource().UnmarshalTo(&cla); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]uint32{}
+		for _, l := range cla.GetEndpoints() {
+			out[l.GetLocality().GetRegion()] = l.GetPriority()
+		}
+		return out
+	}
+	for _, tc := range []struct{ region, other string }{{"us-east", "eu-west"}, {"eu-west", "us-east"}} {
+		got := priorities(tc.region)
+		if got[tc.region] != 0 || got[tc.other] != 1 {
+			t.Errorf("client in %s: priorities %v, want its region 0 and %s 1", tc.region, got, tc.other)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"sailplane.dev/services/xds-server/internal/envoygen"
 	"sailplane.dev/services/xds-server/internal/grpcgen"
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/translate"
 	"sailplane.dev/services/xds-server/internal/xds"
 )
 
@@ -55,12 +56,20 @@ func (e envoyGenerator) Generate(snap *model.Snapshot, p *model.Proxy, typeURL s
 type proxylessGenerator struct {
 	log  *slog.Logger
 	mu   sync.Mutex
-	memo map[string]proxylessMemo // namespace -> last translation
+	memo map[string]proxylessMemo // namespace and locality key -> last translation
+	// locality is what locality load balancing reads in the latest snapshot.
+	locality localityInputs
 }
 
 type proxylessMemo struct {
 	snap *model.Snapshot
 	res  *grpcgen.Resources
+}
+
+type localityInputs struct {
+	snap         *model.Snapshot
+	matters      bool
+	failoverKeys []string
 }
 
 var (
@@ -72,9 +81,39 @@ func newProxylessGenerator(log *slog.Logger) *proxylessGenerator {
 	return &proxylessGenerator{log: log, memo: map[string]proxylessMemo{}}
 }
 
-// CacheScope: grpcgen reads nothing of the proxy but what its namespace can see.
-func (g *proxylessGenerator) CacheScope(_ *model.Snapshot, p *model.Proxy, _ string) string {
-	return "grpc/" + p.Namespace
+// CacheScope: grpcgen reads nothing of the proxy but what its namespace can see and, for
+// endpoints, its locality when locality load balancing may apply.
+func (g *proxylessGenerator) CacheScope(snap *model.Snapshot, p *model.Proxy, typeURL string) string {
+	if typeURL != resourcev3.EndpointType {
+		return "grpc/" + p.Namespace
+	}
+	return "grpc/" + p.Namespace + g.localityKey(snap, p)
+}
+
+// localityKey is translate.LocalityKey when locality load balancing may apply in snap, else "".
+func (g *proxylessGenerator) localityKey(snap *model.Snapshot, p *model.Proxy) string {
+	g.mu.Lock()
+	in := g.locality
+	if in.snap != snap {
+		in.snap = snap
+		in.matters, in.failoverKeys = translate.LocalityInputs(snap)
+		g.locality = in
+	}
+	g.mu.Unlock()
+	if !in.matters {
+		return ""
+	}
+	return translate.LocalityKey(snap, p, in.failoverKeys)
+}
+
+// client is what grpcgen reads of p: nothing when locality load balancing cannot apply.
+func (g *proxylessGenerator) client(snap *model.Snapshot, p *model.Proxy) (*grpcgen.Client, string) {
+	key := g.localityKey(snap, p)
+	if key == "" {
+		return nil, ""
+	}
+	loc := p.Locality(snap.ProxyEndpoint(p))
+	return &grpcgen.Client{Locality: loc, Labels: translate.TopologyLabels(p.Labels, loc, p.ClusterID, p.Network)}, key
 }
 
 func (g *proxylessGenerator) Generate(snap *model.Snapshot, p *model.Proxy, typeURL string, names []string) ([]types.Resource, error) {
@@ -85,9 +124,10 @@ func (g *proxylessGenerator) Generate(snap *model.Snapshot, p *model.Proxy, type
 		for _, n := range names {
 			hosts[hostOf(n)] = true
 		}
-		res = grpcgen.Generate(visible(snap, p.Namespace, hosts), g.log)
+		client, _ := g.client(snap, p)
+		res = grpcgen.Generate(visible(snap, p.Namespace, hosts), client, g.log)
 	} else {
-		res = g.translate(snap, p.Namespace)
+		res = g.translate(snap, p)
 	}
 	var out []types.Resource
 	switch typeURL {
@@ -118,14 +158,16 @@ func (g *proxylessGenerator) Generate(snap *model.Snapshot, p *model.Proxy, type
 	return kept, nil
 }
 
-func (g *proxylessGenerator) translate(snap *model.Snapshot, ns string) *grpcgen.Resources {
+func (g *proxylessGenerator) translate(snap *model.Snapshot, p *model.Proxy) *grpcgen.Resources {
+	client, key := g.client(snap, p)
+	key = p.Namespace + key
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if m, ok := g.memo[ns]; ok && m.snap == snap {
+	if m, ok := g.memo[key]; ok && m.snap == snap {
 		return m.res
 	}
-	res := grpcgen.Generate(visible(snap, ns, nil), g.log)
-	g.memo[ns] = proxylessMemo{snap: snap, res: res}
+	res := grpcgen.Generate(visible(snap, p.Namespace, nil), client, g.log)
+	g.memo[key] = proxylessMemo{snap: snap, res: res}
 	return res
 }
 

@@ -140,10 +140,13 @@ type Service struct {
 	// Where the service was discovered: "serviceentry", "kubernetes", "consul".
 	Registry string `protobuf:"bytes,8,opt,name=registry,proto3" json:"registry,omitempty"`
 	// Namespaces the service is visible to; empty means all ("*").
-	ExportTo      []string `protobuf:"bytes,9,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`
-	ClusterId     string   `protobuf:"bytes,10,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ExportTo  []string `protobuf:"bytes,9,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`
+	ClusterId string   `protobuf:"bytes,10,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// Identities the service's workloads may present besides their endpoints' service accounts,
+	// as written (a ServiceEntry's subjectAltNames): clients verify them on mTLS.
+	SubjectAltNames []string `protobuf:"bytes,11,rep,name=subject_alt_names,json=subjectAltNames,proto3" json:"subject_alt_names,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Service) Reset() {
@@ -244,6 +247,13 @@ func (x *Service) GetClusterId() string {
 		return x.ClusterId
 	}
 	return ""
+}
+
+func (x *Service) GetSubjectAltNames() []string {
+	if x != nil {
+		return x.SubjectAltNames
+	}
+	return nil
 }
 
 type Port struct {
@@ -559,7 +569,7 @@ var File_discovery_v1_discovery_proto protoreflect.FileDescriptor
 
 const file_discovery_v1_discovery_proto_rawDesc = "" +
 	"\n" +
-	"\x1cdiscovery/v1/discovery.proto\x12\x16sailplane.discovery.v1\"\xd6\x03\n" +
+	"\x1cdiscovery/v1/discovery.proto\x12\x16sailplane.discovery.v1\"\x82\x04\n" +
 	"\aService\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x122\n" +
@@ -574,7 +584,8 @@ const file_discovery_v1_discovery_proto_rawDesc = "" +
 	"\texport_to\x18\t \x03(\tR\bexportTo\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\n" +
-	" \x01(\tR\tclusterId\x1a9\n" +
+	" \x01(\tR\tclusterId\x12*\n" +
+	"\x11subject_alt_names\x18\v \x03(\tR\x0fsubjectAltNames\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +

@@ -258,6 +258,11 @@ func (x *Index) compute(k hostKey) (*discoveryv1.Service, *discoveryv1.Endpoints
 				svc.Addresses = append(svc.Addresses, a)
 			}
 		}
+		for _, san := range se.spec.GetSubjectAltNames() {
+			if !slices.Contains(svc.SubjectAltNames, san) {
+				svc.SubjectAltNames = append(svc.SubjectAltNames, san)
+			}
+		}
 		for _, sp := range se.spec.GetPorts() {
 			if portNames[sp.GetName()] || portNumbers[sp.GetNumber()] {
 				continue

@@ -23,7 +23,10 @@ import (
 //     labels are read only through those selectors;
 //   - for sidecar clusters and listeners, the inbound ports the workload serves (derived from
 //     its IPs and the services whose endpoints they are, or from the Sidecar's ingress), rather
-//     than the IPs themselves, so every replica of a workload shares them.
+//     than the IPs themselves, so every replica of a workload shares them;
+//   - for clusters and endpoints, when some DestinationRule or the mesh could turn locality
+//     load balancing on, the proxy's locality and its values of the labels failoverPriority
+//     names (DNS clusters carry their endpoints inline).
 //
 // Endpoints are cached by the xds server per host on top of this (EndpointsVersion).
 func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL string) string {
@@ -48,6 +51,9 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 				b.WriteByte(';')
 			}
 		}
+	}
+	if ix.localityLB && (typeURL == resourcev3.ClusterType || typeURL == resourcev3.EndpointType) {
+		b.WriteString(translate.LocalityKey(snap, proxy, ix.failoverLabelKeys))
 	}
 	if typeURL == resourcev3.RouteType && proxy.IsSidecar() {
 		// Short host names are relative to the proxy's DNS domain.
@@ -77,6 +83,11 @@ type snapIndex struct {
 	// sourceLabelKeys are the label keys VirtualService sourceLabels select on; routerLabelKeys
 	// add the Gateway selectors'. Sorted.
 	sourceLabelKeys, routerLabelKeys []string
+	// localityLB is set when some DestinationRule has outlier detection or a locality setting,
+	// or the mesh distributes by locality: only then may output depend on the proxy's locality.
+	// failoverLabelKeys are the labels failoverPriority entries name, sorted.
+	localityLB        bool
+	failoverLabelKeys []string
 }
 
 type ipEndpoint struct {
@@ -144,6 +155,7 @@ func newSnapIndex(snap *model.Snapshot) *snapIndex {
 		}
 	}
 	ix.routerLabelKeys = translate.SortedKeys(keys)
+	ix.localityLB, ix.failoverLabelKeys = translate.LocalityInputs(snap)
 	return ix
 }
 

@@ -9,6 +9,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/shared/golden"
 )
@@ -47,6 +48,9 @@ func TestCacheScope(t *testing.T) {
 				proxies = append(proxies, v)
 				v = clone(p)
 				v.Labels = map[string]string{}
+				proxies = append(proxies, v)
+				v = clone(p)
+				v.NodeLocality = &discoveryv1.Locality{Region: "elsewhere"}
 				proxies = append(proxies, v)
 				for ns := range namespaces {
 					v = clone(p)

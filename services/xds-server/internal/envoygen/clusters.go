@@ -1,7 +1,10 @@
 package envoygen
 
 import (
+	"cmp"
 	"math"
+	"net/netip"
+	"strings"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -16,6 +19,7 @@ import (
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/translate"
 )
 
 const (
@@ -45,7 +49,8 @@ type outboundCluster struct {
 	cluster *clusterv3.Cluster
 	svc     *model.Service
 	port    *discoveryv1.Port
-	subset  *networking.Subset // nil for the whole service
+	subset  *networking.Subset    // nil for the whole service
+	lb      *translate.LocalityLB // nil without locality load balancing
 }
 
 func (b *builder) outboundClusters() []outboundCluster {
@@ -54,16 +59,11 @@ func (b *builder) outboundClusters() []outboundCluster {
 		host := svc.Spec.GetHostname()
 		dr := b.binds.DestinationRule(host)
 		for _, port := range b.visiblePorts(svc) {
-			out = append(out, outboundCluster{svc: svc, port: port,
-				cluster: b.outboundCluster(svc, port, nil, dr)})
-			seen := map[string]bool{}
-			for _, ss := range specOf(dr).GetSubsets() {
-				if ss.GetName() == "" || seen[ss.GetName()] {
-					continue
-				}
-				seen[ss.GetName()] = true
-				out = append(out, outboundCluster{svc: svc, port: port, subset: ss,
-					cluster: b.outboundCluster(svc, port, ss, dr)})
+			for _, ss := range append([]*networking.Subset{nil}, translate.Subsets(specOf(dr))...) {
+				pol := translate.TrafficPolicy(specOf(dr), port.GetNumber(), ss.GetName())
+				lb := translate.NewLocalityLB(pol, b.snap.Mesh, b.locality, b.topologyLabels)
+				out = append(out, outboundCluster{svc: svc, port: port, subset: ss, lb: lb,
+					cluster: b.outboundCluster(svc, port, ss, pol, lb)})
 			}
 		}
 	}
@@ -78,7 +78,7 @@ func (b *builder) connectTimeout() *durationpb.Duration {
 }
 
 func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, subset *networking.Subset,
-	dr *model.Config[*networking.DestinationRule]) *clusterv3.Cluster {
+	pol translate.Policy, lb *translate.LocalityLB) *clusterv3.Cluster {
 	host := svc.Spec.GetHostname()
 	name := ClusterName(port.GetNumber(), subset.GetName(), host)
 	c := &clusterv3.Cluster{
@@ -97,7 +97,7 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 			c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_LOGICAL_DNS}
 		}
 		c.DnsLookupFamily = clusterv3.Cluster_V4_ONLY
-		c.LoadAssignment = b.dnsLoadAssignment(name, svc, port, subset)
+		c.LoadAssignment = b.dnsLoadAssignment(name, svc, port, subset, lb)
 	case discoveryv1.Resolution_NONE:
 		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
 		c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
@@ -106,30 +106,48 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 		c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsConfigSource(), ServiceName: name}
 	}
 	proto := portProtocol(port)
-	pol := effectivePolicy(specOf(dr), port.GetNumber(), subset)
 	log := b.log.With("cluster", name)
 	if c.LbPolicy != clusterv3.Cluster_CLUSTER_PROVIDED {
-		applyLB(c, pol.lb)
-	} else if pol.lb != nil {
+		applyLB(c, pol.LB)
+	} else if pol.LB != nil {
 		log.Debug("load balancer settings do not apply to a service without resolution")
 	}
 	h2 := proto == protoHTTP2
-	common, upgrade := applyConnectionPool(c, pol.pool)
+	common, upgrade := applyConnectionPool(c, pol.Pool)
 	if upgrade && proto == protoHTTP {
 		h2 = true
 	}
+	var httpOpts *httpv3.HttpProtocolOptions
 	if (h2 || common != nil) && proto.isHTTP() {
-		c.TypedExtensionProtocolOptions = httpProtocolOptions(h2, common)
+		httpOpts = upstreamHTTPOptions(h2, common)
 	} else if common != nil {
 		log.Debug("HTTP connection pool settings do not apply to a TCP port")
 	}
-	if od := pol.outlier; od != nil {
+	if od := pol.Outlier; od != nil {
 		applyOutlier(c, od)
 	}
-	if t := pol.tls; t != nil {
-		if ts := b.upstreamTLS(t, host, port.GetNumber(), subset.GetName(), h2, log); ts != nil {
-			c.TransportSocket = ts
+	if c.CommonLbConfig.HealthyPanicThreshold == nil && c.LbPolicy != clusterv3.Cluster_CLUSTER_PROVIDED {
+		// As istiod (which sends unhealthy endpoints by default): never panic into routing to
+		// hosts known to be down.
+		c.CommonLbConfig.HealthyPanicThreshold = &typev3.Percent{}
+	}
+	if lb.WeightedLocalities() && c.LbPolicy != clusterv3.Cluster_CLUSTER_PROVIDED {
+		c.CommonLbConfig.LocalityConfigSpecifier = &clusterv3.Cluster_CommonLbConfig_LocalityWeightedLbConfig_{
+			LocalityWeightedLbConfig: &clusterv3.Cluster_CommonLbConfig_LocalityWeightedLbConfig{}}
+	}
+	if t := pol.TLS; t != nil {
+		ts, auto := b.upstreamTLS(t, svc, port.GetNumber(), subset.GetName(), h2, log)
+		c.TransportSocket = ts
+		if auto != nil {
+			// Like istiod: the SNI and SAN come from each request's Host when the rule names none.
+			if httpOpts == nil {
+				httpOpts = upstreamHTTPOptions(false, nil)
+			}
+			httpOpts.UpstreamHttpProtocolOptions = auto
 		}
+	}
+	if httpOpts != nil {
+		c.TypedExtensionProtocolOptions = map[string]*anyMsg{httpProtocolOptionsKey: mustAny(httpOpts)}
 	}
 	return c
 }
@@ -202,6 +220,11 @@ func applyConnectionPool(c *clusterv3.Cluster, cp *networking.ConnectionPoolSett
 
 // httpProtocolOptions pins the upstream protocol to h2 or HTTP/1.1, with common options.
 func httpProtocolOptions(h2 bool, common *corev3.HttpProtocolOptions) map[string]*anyMsg {
+	return map[string]*anyMsg{httpProtocolOptionsKey: mustAny(upstreamHTTPOptions(h2, common))}
+}
+
+// upstreamHTTPOptions speaks HTTP/2 or HTTP/1.1 to the upstream, with common options if any.
+func upstreamHTTPOptions(h2 bool, common *corev3.HttpProtocolOptions) *httpv3.HttpProtocolOptions {
 	opts := &httpv3.HttpProtocolOptions{CommonHttpProtocolOptions: common}
 	if h2 {
 		opts.UpstreamProtocolOptions = &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
@@ -214,7 +237,7 @@ func httpProtocolOptions(h2 bool, common *corev3.HttpProtocolOptions) map[string
 				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{
 					HttpProtocolOptions: &corev3.Http1ProtocolOptions{}}}}
 	}
-	return map[string]*anyMsg{httpProtocolOptionsKey: mustAny(opts)}
+	return opts
 }
 
 func defaultThresholds() *clusterv3.CircuitBreakers_Thresholds {
@@ -223,7 +246,7 @@ func defaultThresholds() *clusterv3.CircuitBreakers_Thresholds {
 		MaxPendingRequests: wrapperspb.UInt32(math.MaxUint32),
 		MaxRequests:        wrapperspb.UInt32(math.MaxUint32),
 		MaxRetries:         wrapperspb.UInt32(math.MaxUint32),
-		TrackRemaining:     true,
+		// istiod tracks no remaining-capacity stats by default (DISABLE_TRACK_REMAINING_CB_METRICS).
 	}
 }
 
@@ -267,25 +290,33 @@ func applyLB(c *clusterv3.Cluster, lb *networking.LoadBalancerSettings) {
 	}
 }
 
+// applyOutlier sets outlier detection as istiod does: success-rate ejection off, each error
+// kind the rule names enforced (a count of 0 turns it off), Envoy's defaults for the rest (five
+// consecutive 5xx), and the panic threshold at minHealthPercent, 0 when unset, because Envoy's
+// 50% default would send traffic to ejected hosts of the small services Kubernetes has.
 func applyOutlier(c *clusterv3.Cluster, od *networking.OutlierDetection) {
-	out := &clusterv3.OutlierDetection{
-		// Istio only ejects on the error kinds the rule names.
-		EnforcingConsecutive_5Xx:           wrapperspb.UInt32(0),
-		EnforcingConsecutiveGatewayFailure: wrapperspb.UInt32(0),
-		EnforcingSuccessRate:               wrapperspb.UInt32(0),
+	enforcing := func(n uint32) *wrapperspb.UInt32Value {
+		if n > 0 {
+			return wrapperspb.UInt32(100)
+		}
+		return wrapperspb.UInt32(0)
 	}
-	if n := od.GetConsecutive_5XxErrors(); n != nil && n.GetValue() > 0 {
+	out := &clusterv3.OutlierDetection{EnforcingSuccessRate: wrapperspb.UInt32(0)}
+	if n := od.GetConsecutive_5XxErrors(); n != nil {
 		out.Consecutive_5Xx = wrapperspb.UInt32(n.GetValue())
-		out.EnforcingConsecutive_5Xx = wrapperspb.UInt32(100)
+		out.EnforcingConsecutive_5Xx = enforcing(n.GetValue())
 	}
-	if n := od.GetConsecutiveGatewayErrors(); n != nil && n.GetValue() > 0 {
+	if n := od.GetConsecutiveGatewayErrors(); n != nil {
 		out.ConsecutiveGatewayFailure = wrapperspb.UInt32(n.GetValue())
-		out.EnforcingConsecutiveGatewayFailure = wrapperspb.UInt32(100)
+		out.EnforcingConsecutiveGatewayFailure = enforcing(n.GetValue())
 	}
-	if n := od.GetConsecutiveLocalOriginFailures(); n != nil && n.GetValue() > 0 {
-		out.SplitExternalLocalOriginErrors = od.GetSplitExternalLocalOriginErrors()
-		out.ConsecutiveLocalOriginFailure = wrapperspb.UInt32(n.GetValue())
-		out.EnforcingConsecutiveLocalOriginFailure = wrapperspb.UInt32(100)
+	if od.GetSplitExternalLocalOriginErrors() {
+		out.SplitExternalLocalOriginErrors = true
+		if n := od.GetConsecutiveLocalOriginFailures().GetValue(); n > 0 {
+			out.ConsecutiveLocalOriginFailure = wrapperspb.UInt32(n)
+			out.EnforcingConsecutiveLocalOriginFailure = wrapperspb.UInt32(100)
+		}
+		out.EnforcingLocalOriginSuccessRate = wrapperspb.UInt32(0)
 	}
 	if d := od.GetInterval(); d != nil && d.AsDuration() > 0 {
 		out.Interval = d
@@ -297,132 +328,141 @@ func applyOutlier(c *clusterv3.Cluster, od *networking.OutlierDetection) {
 		out.MaxEjectionPercent = wrapperspb.UInt32(uint32(min(p, 100)))
 	}
 	c.OutlierDetection = out
-	if p := od.GetMinHealthPercent(); p > 0 {
-		c.CommonLbConfig.HealthyPanicThreshold = &typev3.Percent{Value: float64(min(p, 100))}
-	}
+	c.CommonLbConfig.HealthyPanicThreshold = &typev3.Percent{Value: float64(min(max(od.GetMinHealthPercent(), 0), 100))}
 }
 
-// upstreamTLS builds TLS origination. Certificates always come over SDS from the agent, named
-// as Istio names them, so no key material ever travels in CDS.
-func (b *builder) upstreamTLS(t *networking.ClientTLSSettings, host string, port uint32, subset string,
-	h2 bool, log interface{ Debug(string, ...any) }) *corev3.TransportSocket {
-	ctx := &tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{}}
+// upstreamTLS builds TLS origination as istiod does (cluster_tls.go). Certificates always come
+// over SDS from the agent, named as Istio names them, so no key material travels in CDS.
+//
+//   - ISTIO_MUTUAL presents the workload certificate and accepts only the destination's SPIFFE
+//     identities (the rule's subjectAltNames when it lists some), under the mesh root.
+//   - SIMPLE and MUTUAL validate the server against caCertificates, else the system CA bundle
+//     ("file-root:system"; none with insecureSkipVerify), or against "<credentialName>-cacert";
+//     SANs and SNI as the rule names them. With no SNI, Envoy takes SNI (and, with no SANs
+//     either, the SAN to verify) from each request's Host: the returned options say so.
+//
+// nil when the cluster originates no TLS.
+func (b *builder) upstreamTLS(t *networking.ClientTLSSettings, svc *model.Service, port uint32, subset string,
+	h2 bool, log interface{ Debug(string, ...any) }) (*corev3.TransportSocket, *corev3.UpstreamHttpProtocolOptions) {
+	ctx := &tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{TlsParams: &tlsv3.TlsParameters{
+		TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2,
+		TlsMaximumProtocolVersion: tlsv3.TlsParameters_TLSv1_3,
+	}}}
 	common := ctx.CommonTlsContext
-	sans := func() *tlsv3.CertificateValidationContext {
-		v := &tlsv3.CertificateValidationContext{}
-		for _, s := range t.GetSubjectAltNames() {
-			v.MatchTypedSubjectAltNames = append(v.MatchTypedSubjectAltNames, &tlsv3.SubjectAltNameMatcher{
-				SanType: tlsv3.SubjectAltNameMatcher_DNS,
-				Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}})
-		}
-		return v
-	}
+	host := svc.Spec.GetHostname()
+	var auto *corev3.UpstreamHttpProtocolOptions
 	switch t.GetMode() {
 	case networking.ClientTLSSettings_DISABLE:
-		return nil
+		return nil, nil
 	case networking.ClientTLSSettings_ISTIO_MUTUAL:
+		sans := t.GetSubjectAltNames()
+		if sans == nil {
+			sans = translate.ServiceIdentities(svc, b.snap.Mesh)
+		}
 		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret("default")}
-		v := &tlsv3.CertificateValidationContext{}
-		for _, s := range t.GetSubjectAltNames() {
-			v.MatchTypedSubjectAltNames = append(v.MatchTypedSubjectAltNames, &tlsv3.SubjectAltNameMatcher{
-				SanType: tlsv3.SubjectAltNameMatcher_URI,
-				Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}})
-		}
-		common.ValidationContextType = &tlsv3.CommonTlsContext_CombinedValidationContext{
-			CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
-				DefaultValidationContext:         v,
-				ValidationContextSdsSecretConfig: sdsSecret("ROOTCA"),
-			}}
+		common.ValidationContextType = combinedValidation(sans, "ROOTCA")
 		common.AlpnProtocols = []string{"istio-peer-exchange", "istio"}
-		ctx.Sni = "outbound_." + itoa(port) + "_." + subset + "_." + host
-		if s := t.GetSni(); s != "" {
-			ctx.Sni = s
+		if h2 {
+			common.AlpnProtocols = append(common.AlpnProtocols, "h2")
 		}
+		ctx.Sni = cmp.Or(t.GetSni(), "outbound_."+itoa(port)+"_."+subset+"_."+host)
 	case networking.ClientTLSSettings_SIMPLE, networking.ClientTLSSettings_MUTUAL:
-		root := ""
-		switch {
-		case t.GetCredentialName() != "":
-			root = "kubernetes://" + t.GetCredentialName() + "-cacert"
-		case t.GetCaCertificates() != "":
-			root = "file-root:" + t.GetCaCertificates()
+		cred := t.GetCredentialName()
+		if cred != "" && !strings.HasPrefix(cred, "configmap://") && b.proxy.IsSidecar() {
+			// istiod: a sidecar may not read secrets, so a rule naming one originates no TLS.
+			log.Debug("credentialName is for gateways; sidecars originate no TLS with it", "credentialName", cred)
+			return nil, nil
 		}
-		if root != "" && !t.GetInsecureSkipVerify().GetValue() {
-			common.ValidationContextType = &tlsv3.CommonTlsContext_CombinedValidationContext{
-				CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
-					DefaultValidationContext:         sans(),
-					ValidationContextSdsSecretConfig: sdsSecret(root),
-				}}
-		}
-		if t.GetMode() == networking.ClientTLSSettings_MUTUAL {
-			switch {
-			case t.GetCredentialName() != "":
-				common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{
-					sdsSecret("kubernetes://" + t.GetCredentialName())}
-			case t.GetClientCertificate() != "" && t.GetPrivateKey() != "":
-				common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{
-					sdsSecret("file-cert:" + t.GetClientCertificate() + "~" + t.GetPrivateKey())}
-			default:
-				log.Debug("MUTUAL TLS without client certificate; originating simple TLS")
-			}
-		}
+		skipVerify := t.GetInsecureSkipVerify().GetValue()
 		ctx.Sni = t.GetSni()
 		if ctx.Sni == "" {
-			ctx.Sni = host
+			auto = &corev3.UpstreamHttpProtocolOptions{AutoSni: true,
+				AutoSanValidation: len(t.GetSubjectAltNames()) == 0 && !skipVerify}
+		}
+		sans := t.GetSubjectAltNames()
+		if len(sans) == 0 && svc.Spec.GetRegistry() == "serviceentry" {
+			sans = translate.ServiceIdentities(svc, b.snap.Mesh)
+		}
+		mutual := t.GetMode() == networking.ClientTLSSettings_MUTUAL
+		switch {
+		case cred != "":
+			name := credentialResource(cred)
+			if mutual {
+				common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret(name)}
+			}
+			if !skipVerify {
+				common.ValidationContextType = combinedValidation(sans, name+"-cacert")
+			}
+		default:
+			if mutual {
+				if t.GetClientCertificate() == "" || t.GetPrivateKey() == "" {
+					log.Debug("MUTUAL TLS needs clientCertificate and privateKey; originating no TLS")
+					return nil, nil
+				}
+				common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{
+					sdsSecret("file-cert:" + t.GetClientCertificate() + "~" + t.GetPrivateKey())}
+			}
+			if skipVerify {
+				common.ValidationContextType = &tlsv3.CommonTlsContext_ValidationContext{}
+			} else {
+				vc := combinedValidation(sans, "file-root:"+cmp.Or(t.GetCaCertificates(), "system"))
+				if crl := t.GetCaCrl(); crl != "" {
+					vc.CombinedValidationContext.DefaultValidationContext.Crl = &corev3.DataSource{
+						Specifier: &corev3.DataSource_Filename{Filename: crl}}
+				}
+				common.ValidationContextType = vc
+			}
+		}
+		if d := b.snap.Mesh.GetTlsDefaults(); d != nil {
+			common.TlsParams.EcdhCurves = d.GetEcdhCurves()
+			common.TlsParams.CipherSuites = d.GetCipherSuites()
 		}
 		if h2 {
 			common.AlpnProtocols = []string{"h2"}
 		}
 	default:
 		log.Debug("unknown TLS mode", "mode", t.GetMode().String())
-		return nil
+		return nil, nil
 	}
 	return &corev3.TransportSocket{Name: tlsTransportSocket,
-		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(ctx)}}
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(ctx)}}, auto
 }
 
-// policy is a DestinationRule's traffic policy as it applies to one port of one subset.
-type policy struct {
-	lb      *networking.LoadBalancerSettings
-	pool    *networking.ConnectionPoolSettings
-	outlier *networking.OutlierDetection
-	tls     *networking.ClientTLSSettings
+// combinedValidation accepts peers whose certificate chains to the SDS root named root and
+// carries one of sans (any, when sans is empty).
+func combinedValidation(sans []string, root string) *tlsv3.CommonTlsContext_CombinedValidationContext {
+	v := &tlsv3.CertificateValidationContext{}
+	for _, s := range sans {
+		v.MatchTypedSubjectAltNames = append(v.MatchTypedSubjectAltNames, &tlsv3.SubjectAltNameMatcher{
+			SanType: sanType(s),
+			Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}})
+	}
+	return &tlsv3.CommonTlsContext_CombinedValidationContext{
+		CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+			DefaultValidationContext:         v,
+			ValidationContextSdsSecretConfig: sdsSecret(root),
+		}}
 }
 
-// effectivePolicy applies Istio's precedence, field by field: the subset's port settings over
-// the subset's policy over the rule's port settings over the rule's policy.
-func effectivePolicy(dr *networking.DestinationRule, port uint32, subset *networking.Subset) policy {
-	var p policy
-	merge := func(tp *networking.TrafficPolicy) {
-		if tp == nil {
-			return
-		}
-		apply := func(lb *networking.LoadBalancerSettings, cp *networking.ConnectionPoolSettings,
-			od *networking.OutlierDetection, t *networking.ClientTLSSettings) {
-			if lb != nil {
-				p.lb = lb
-			}
-			if cp != nil {
-				p.pool = cp
-			}
-			if od != nil {
-				p.outlier = od
-			}
-			if t != nil {
-				p.tls = t
-			}
-		}
-		apply(tp.GetLoadBalancer(), tp.GetConnectionPool(), tp.GetOutlierDetection(), tp.GetTls())
-		for _, pls := range tp.GetPortLevelSettings() {
-			if pls.GetPort().GetNumber() == port {
-				apply(pls.GetLoadBalancer(), pls.GetConnectionPool(), pls.GetOutlierDetection(), pls.GetTls())
-			}
-		}
+// sanType is the kind of subject alt name s is written as: a URI (SPIFFE IDs), an IP, else DNS.
+// istiod matches any kind (the deprecated match_subject_alt_names); typed matchers say which.
+func sanType(s string) tlsv3.SubjectAltNameMatcher_SanType {
+	if strings.Contains(s, "://") {
+		return tlsv3.SubjectAltNameMatcher_URI
 	}
-	merge(dr.GetTrafficPolicy())
-	if subset != nil {
-		merge(subset.GetTrafficPolicy())
+	if _, err := netip.ParseAddr(s); err == nil {
+		return tlsv3.SubjectAltNameMatcher_IP_ADDRESS
 	}
-	return p
+	return tlsv3.SubjectAltNameMatcher_DNS
+}
+
+// credentialResource is the SDS name of a credentialName: "kubernetes://<name>" unless it
+// names its kind (kubernetes://, configmap://, ...) itself.
+func credentialResource(name string) string {
+	if strings.Contains(name, "://") {
+		return name
+	}
+	return "kubernetes://" + name
 }
 
 func (b *builder) blackHoleCluster() *clusterv3.Cluster {

@@ -22,7 +22,7 @@ func (b *builder) endpoints() []*endpointv3.ClusterLoadAssignment {
 		if oc.cluster.GetType() != clusterv3.Cluster_EDS {
 			continue
 		}
-		out = append(out, translate.LoadAssignment(oc.cluster.GetName(), oc.svc, oc.port, oc.subset))
+		out = append(out, translate.LoadAssignment(oc.cluster.GetName(), oc.svc, oc.port, oc.subset, oc.lb))
 	}
 	slices.SortStableFunc(out, func(a, b *endpointv3.ClusterLoadAssignment) int {
 		return strings.Compare(a.GetClusterName(), b.GetClusterName())
@@ -34,8 +34,8 @@ func (b *builder) endpoints() []*endpointv3.ClusterLoadAssignment {
 // service's own hostname when it has none (a ServiceEntry with DNS resolution and no endpoints).
 // LOGICAL_DNS clusters take exactly one endpoint.
 func (b *builder) dnsLoadAssignment(name string, svc *model.Service, port *discoveryv1.Port,
-	subset *networking.Subset) *endpointv3.ClusterLoadAssignment {
-	cla := translate.LoadAssignment(name, svc, port, subset)
+	subset *networking.Subset, lb *translate.LocalityLB) *endpointv3.ClusterLoadAssignment {
+	cla := translate.LoadAssignment(name, svc, port, subset, lb)
 	if len(svc.Endpoints) == 0 {
 		target := port.GetTargetPort()
 		if target == 0 {

@@ -20,6 +20,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/translate"
 )
 
 // ErrUnsupported is wrapped by errors for proxies or types this generator does not serve.
@@ -141,7 +142,7 @@ const (
 
 // ClusterName is istiod's outbound cluster name: "outbound|<port>|<subset>|<host>".
 func ClusterName(port uint32, subset, host string) string {
-	return "outbound|" + itoa(port) + "|" + subset + "|" + host
+	return translate.ClusterName(port, subset, host)
 }
 
 // InboundClusterName is istiod's cluster for traffic to the proxy's own workload on port.

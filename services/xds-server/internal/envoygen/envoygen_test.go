@@ -32,7 +32,8 @@ func testLogger(t testing.TB) *slog.Logger {
 //
 //	kind: Proxy
 //	metadata: {name: <golden key>}
-//	spec: {id: sidecar~IP~pod.ns~ns.svc.cluster.local, metadata: {NAMESPACE: ns, LABELS: {...}}}
+//	spec: {id: sidecar~IP~pod.ns~ns.svc.cluster.local, metadata: {NAMESPACE: ns, LABELS: {...}},
+//	       locality: {region: r, zone: z, subZone: s}}
 type proxyDoc struct {
 	Kind     string `json:"kind"`
 	Metadata struct {
@@ -41,6 +42,9 @@ type proxyDoc struct {
 	Spec struct {
 		ID       string         `json:"id"`
 		Metadata map[string]any `json:"metadata"`
+		Locality *struct {
+			Region, Zone, SubZone string
+		} `json:"locality"`
 	} `json:"spec"`
 }
 
@@ -76,7 +80,11 @@ func load(t *testing.T, dir string) testCase {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := model.ParseProxy(&corev3.Node{Id: pd.Spec.ID, Metadata: md})
+		node := &corev3.Node{Id: pd.Spec.ID, Metadata: md}
+		if l := pd.Spec.Locality; l != nil {
+			node.Locality = &corev3.Locality{Region: l.Region, Zone: l.Zone, SubZone: l.SubZone}
+		}
+		p, err := model.ParseProxy(node)
 		if err != nil {
 			t.Fatalf("%s: proxy %s: %v", dir, pd.Metadata.Name, err)
 		}

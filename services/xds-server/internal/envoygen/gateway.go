@@ -241,7 +241,7 @@ func (b *builder) passthroughChains(s gatewayServer, port uint32) []*listenerv3.
 				if len(sni) == 0 {
 					continue
 				}
-				dests := weightedDestinations(b, tr.GetRoute(), vs.Namespace, "", port)
+				dests := translate.WeightedDestinations(b.snap.Services, tr.GetRoute(), vs.Namespace, "", port)
 				tp := tcpProxyFor(dests)
 				if tp == nil {
 					continue
@@ -273,7 +273,7 @@ func (b *builder) gatewayTCPRoute(s gatewayServer, port uint32) *tcpv3.TcpProxy 
 			if !ok {
 				continue
 			}
-			if tp := tcpProxyFor(weightedDestinations(b, r.GetRoute(), vs.Namespace, "", port)); tp != nil {
+			if tp := tcpProxyFor(translate.WeightedDestinations(b.snap.Services, r.GetRoute(), vs.Namespace, "", port)); tp != nil {
 				return tp
 			}
 		}
@@ -281,18 +281,18 @@ func (b *builder) gatewayTCPRoute(s gatewayServer, port uint32) *tcpv3.TcpProxy 
 	return nil
 }
 
-func tcpProxyFor(dests []weightedDest) *tcpv3.TcpProxy {
+func tcpProxyFor(dests []translate.WeightedDest) *tcpv3.TcpProxy {
 	switch len(dests) {
 	case 0:
 		return nil
 	case 1:
-		return &tcpv3.TcpProxy{StatPrefix: dests[0].cluster, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: dests[0].cluster}}
+		return &tcpv3.TcpProxy{StatPrefix: dests[0].Cluster, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: dests[0].Cluster}}
 	}
 	wc := &tcpv3.TcpProxy_WeightedCluster{}
 	for _, d := range dests {
-		wc.Clusters = append(wc.Clusters, &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: d.cluster, Weight: d.weight})
+		wc.Clusters = append(wc.Clusters, &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: d.Cluster, Weight: d.Weight})
 	}
-	return &tcpv3.TcpProxy{StatPrefix: dests[0].cluster, ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}}
+	return &tcpv3.TcpProxy{StatPrefix: dests[0].Cluster, ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}}
 }
 
 // downstreamTLS terminates TLS with certificates the agent serves over SDS: Kubernetes

@@ -325,17 +325,17 @@ func (b *builder) tcpRoute(host string, port uint32) *tcpv3.TcpProxy {
 		if !b.l4Matches(r.GetMatch(), port) {
 			continue
 		}
-		dests := weightedDestinations(b, r.GetRoute(), vs.Namespace, host, port)
+		dests := translate.WeightedDestinations(b.snap.Services, r.GetRoute(), vs.Namespace, host, port)
 		switch len(dests) {
 		case 0:
 			continue
 		case 1:
-			tp.StatPrefix = dests[0].cluster
-			tp.ClusterSpecifier = &tcpv3.TcpProxy_Cluster{Cluster: dests[0].cluster}
+			tp.StatPrefix = dests[0].Cluster
+			tp.ClusterSpecifier = &tcpv3.TcpProxy_Cluster{Cluster: dests[0].Cluster}
 		default:
 			wc := &tcpv3.TcpProxy_WeightedCluster{}
 			for _, d := range dests {
-				wc.Clusters = append(wc.Clusters, &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: d.cluster, Weight: d.weight})
+				wc.Clusters = append(wc.Clusters, &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: d.Cluster, Weight: d.Weight})
 			}
 			tp.ClusterSpecifier = &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}
 		}

@@ -9,12 +9,8 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	commonfaultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/fault/v3"
 	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
-	faultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
-	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -24,9 +20,6 @@ import (
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/translate"
 )
-
-// defaultRetryOn is istiod's retry policy for routes whose VirtualService sets none.
-const defaultRetryOn = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
 
 func (b *builder) routes() []*routev3.RouteConfiguration {
 	if b.proxy.IsRouter() {
@@ -160,16 +153,7 @@ func altHosts(host, proxyDomain string) []string {
 }
 
 func (b *builder) defaultRoute(host string, port uint32) *routev3.Route {
-	return &routev3.Route{
-		Name:  "default",
-		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: ClusterName(port, "", host)},
-			Timeout:          durationpb.New(0),
-			RetryPolicy:      defaultRetryPolicy(),
-			HashPolicy:       b.hashPolicy(host, port, ""),
-		}},
-	}
+	return translate.DefaultRoute(ClusterName(port, "", host), b.hashPolicy(host, port, ""))
 }
 
 // gatewayFilter says which gateway-level match conditions a route must meet: nil for the
@@ -296,7 +280,7 @@ func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, ho
 	}
 	filters := map[string]*anypb.Any{}
 	if f := hr.GetFault(); f != nil {
-		if hf := fault(f, log); hf != nil {
+		if hf := translate.Fault(f, log); hf != nil {
 			filters[faultFilter] = mustAny(hf)
 		}
 	}
@@ -309,82 +293,18 @@ func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, ho
 	return true
 }
 
-type weightedDest struct {
-	cluster, host, subset string
-	port                  uint32
-	weight                uint32
-}
-
-// weightedDestinations resolves route destinations to clusters, merging repeats and dropping
-// zero weights from splits.
-func weightedDestinations[D interface {
-	GetDestination() *networking.Destination
-	GetWeight() int32
-}](b *builder, rds []D, ns, host string, port uint32) []weightedDest {
-	var dests []weightedDest
-	for _, d := range rds {
-		dest := d.GetDestination()
-		if dest.GetHost() == "" {
-			continue
-		}
-		h := model.ResolveHost(dest.GetHost(), ns)
-		p := b.destinationPort(dest, h, host, port)
-		name := ClusterName(p, dest.GetSubset(), h)
-		w := uint32(max(d.GetWeight(), 0))
-		if i := slices.IndexFunc(dests, func(x weightedDest) bool { return x.cluster == name }); i >= 0 {
-			dests[i].weight += w
-			continue
-		}
-		dests = append(dests, weightedDest{cluster: name, host: h, subset: dest.GetSubset(), port: p, weight: w})
-	}
-	if len(dests) > 1 {
-		nonZero := dests[:0:0]
-		for _, d := range dests {
-			if d.weight > 0 {
-				nonZero = append(nonZero, d)
-			}
-		}
-		if len(nonZero) == 0 {
-			for i := range dests {
-				dests[i].weight = 1
-			}
-		} else {
-			dests = nonZero
-		}
-	}
-	if len(dests) == 1 && dests[0].weight == 0 {
-		dests[0].weight = 100
-	}
-	return dests
-}
-
-// destinationPort: an explicit port, else the listener's port for the same host, else the
-// destination service's only port.
-func (b *builder) destinationPort(dest *networking.Destination, destHost, host string, port uint32) uint32 {
-	if n := dest.GetPort().GetNumber(); n != 0 {
-		return n
-	}
-	if destHost == host {
-		return port
-	}
-	if ds := b.snap.Services[destHost]; ds != nil && len(ds.Spec.GetPorts()) == 1 {
-		return ds.Spec.GetPorts()[0].GetNumber()
-	}
-	return port
-}
-
 func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port uint32, log interface{ Debug(string, ...any) }) *routev3.RouteAction {
-	dests := weightedDestinations(b, hr.GetRoute(), ns, host, port)
+	dests := translate.WeightedDestinations(b.snap.Services, hr.GetRoute(), ns, host, port)
 	if len(dests) == 0 {
 		return nil
 	}
 	act := &routev3.RouteAction{Timeout: durationpb.New(0)}
 	if len(dests) == 1 {
-		act.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: dests[0].cluster}
+		act.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: dests[0].Cluster}
 	} else {
 		wc := &routev3.WeightedCluster{}
 		for _, d := range dests {
-			wc.Clusters = append(wc.Clusters, &routev3.WeightedCluster_ClusterWeight{Name: d.cluster, Weight: wrapperspb.UInt32(d.weight)})
+			wc.Clusters = append(wc.Clusters, &routev3.WeightedCluster_ClusterWeight{Name: d.Cluster, Weight: wrapperspb.UInt32(d.Weight)})
 		}
 		act.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: wc}
 	}
@@ -397,7 +317,7 @@ func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port 
 	if t := hr.GetTimeout(); t != nil {
 		act.Timeout = t
 	}
-	act.RetryPolicy = retryPolicy(hr.GetRetries())
+	act.RetryPolicy = translate.RetryPolicy(hr.GetRetries())
 	if rw := hr.GetRewrite(); rw != nil {
 		if u := rw.GetUri(); u != "" {
 			act.PrefixRewrite = u
@@ -412,20 +332,8 @@ func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port 
 			Pattern: &matcherv3.RegexMatcher{Regex: rr.GetMatch()}, Substitution: rr.GetRewrite()}
 	}
 	act.RequestMirrorPolicies = b.mirrors(hr, ns, host, port)
-	same := func(key func(weightedDest) string) bool {
-		for _, d := range dests[1:] {
-			if key(d) != key(dests[0]) {
-				return false
-			}
-		}
-		return true
-	}
-	if same(func(d weightedDest) string { return d.host }) {
-		subset := ""
-		if same(func(d weightedDest) string { return d.subset }) {
-			subset = dests[0].subset
-		}
-		act.HashPolicy = b.hashPolicy(dests[0].host, dests[0].port, subset)
+	if h, p, subset, ok := translate.HashTarget(dests); ok {
+		act.HashPolicy = b.hashPolicy(h, p, subset)
 	}
 	return act
 }
@@ -437,13 +345,13 @@ func (b *builder) mirrors(hr *networking.HTTPRoute, ns, host string, port uint32
 			return
 		}
 		h := model.ResolveHost(dest.GetHost(), ns)
-		p := b.destinationPort(dest, h, host, port)
+		p := translate.DestinationPort(b.snap.Services, dest, h, host, port)
 		mp := &routev3.RouteAction_RequestMirrorPolicy{Cluster: ClusterName(p, dest.GetSubset(), h)}
 		value := 100.0
 		if pct != nil {
 			value = pct.GetValue()
 		}
-		mp.RuntimeFraction = &corev3.RuntimeFractionalPercent{DefaultValue: fractionalPercent(value)}
+		mp.RuntimeFraction = &corev3.RuntimeFractionalPercent{DefaultValue: translate.FractionalPercent(value)}
 		out = append(out, mp)
 	}
 	if m := hr.GetMirror(); m != nil {
@@ -457,61 +365,6 @@ func (b *builder) mirrors(hr *networking.HTTPRoute, ns, host string, port uint32
 		add(mp.GetDestination(), mp.GetPercentage())
 	}
 	return out
-}
-
-// fractionalPercent converts a percentage to Envoy's parts per million, as istiod does.
-func fractionalPercent(pct float64) *typev3.FractionalPercent {
-	pct = min(max(pct, 0), 100)
-	return &typev3.FractionalPercent{Numerator: uint32(pct * 10000), Denominator: typev3.FractionalPercent_MILLION}
-}
-
-func defaultRetryPolicy() *routev3.RetryPolicy {
-	return &routev3.RetryPolicy{
-		RetryOn:                       defaultRetryOn,
-		NumRetries:                    wrapperspb.UInt32(2),
-		RetryHostPredicate:            []*routev3.RetryPolicy_RetryHostPredicate{previousHosts()},
-		HostSelectionRetryMaxAttempts: 5,
-	}
-}
-
-func previousHosts() *routev3.RetryPolicy_RetryHostPredicate {
-	return &routev3.RetryPolicy_RetryHostPredicate{Name: "envoy.retry_host_predicates.previous_hosts",
-		ConfigType: &routev3.RetryPolicy_RetryHostPredicate_TypedConfig{TypedConfig: mustAny(&previoushostsv3.PreviousHostsPredicate{})}}
-}
-
-// retryPolicy: none for zero attempts, istiod's default when unset; numeric retryOn entries
-// are status codes to retry.
-func retryPolicy(r *networking.HTTPRetry) *routev3.RetryPolicy {
-	if r == nil {
-		return defaultRetryPolicy()
-	}
-	if r.GetAttempts() <= 0 {
-		return nil
-	}
-	p := defaultRetryPolicy()
-	p.NumRetries = wrapperspb.UInt32(uint32(r.GetAttempts()))
-	if t := r.GetPerTryTimeout(); t != nil && t.AsDuration() > 0 {
-		p.PerTryTimeout = t
-	}
-	if on := r.GetRetryOn(); on != "" {
-		var kinds []string
-		for part := range strings.SplitSeq(on, ",") {
-			part = strings.TrimSpace(part)
-			if part == "" {
-				continue
-			}
-			if code, err := strconv.ParseUint(part, 10, 32); err == nil {
-				p.RetriableStatusCodes = append(p.RetriableStatusCodes, uint32(code))
-				continue
-			}
-			kinds = append(kinds, part)
-		}
-		if len(p.RetriableStatusCodes) > 0 && !slices.Contains(kinds, "retriable-status-codes") {
-			kinds = append(kinds, "retriable-status-codes")
-		}
-		p.RetryOn = strings.Join(kinds, ",")
-	}
-	return p
 }
 
 func redirect(r *networking.HTTPRedirect, log interface{ Debug(string, ...any) }) *routev3.RedirectAction {
@@ -572,61 +425,12 @@ func headerOps(h *networking.Headers_HeaderOperations) ([]*corev3.HeaderValueOpt
 	return add, slices.Compact(remove)
 }
 
-func fault(f *networking.HTTPFaultInjection, log interface{ Debug(string, ...any) }) *faultv3.HTTPFault {
-	out := &faultv3.HTTPFault{}
-	if d := f.GetDelay(); d != nil && d.GetFixedDelay() != nil {
-		pct := 100.0
-		if d.GetPercentage() != nil {
-			pct = d.GetPercentage().GetValue()
-		} else if d.GetPercent() != 0 { //nolint:staticcheck // still honoured by Istio
-			pct = float64(d.GetPercent()) //nolint:staticcheck
-		}
-		out.Delay = &commonfaultv3.FaultDelay{
-			FaultDelaySecifier: &commonfaultv3.FaultDelay_FixedDelay{FixedDelay: d.GetFixedDelay()},
-			Percentage:         fractionalPercent(pct),
-		}
-	}
-	if a := f.GetAbort(); a != nil {
-		pct := 100.0
-		if a.GetPercentage() != nil {
-			pct = a.GetPercentage().GetValue()
-		}
-		abort := &faultv3.FaultAbort{Percentage: fractionalPercent(pct)}
-		switch e := a.GetErrorType().(type) {
-		case *networking.HTTPFaultInjection_Abort_HttpStatus:
-			if e.HttpStatus >= 200 && e.HttpStatus < 600 {
-				abort.ErrorType = &faultv3.FaultAbort_HttpStatus{HttpStatus: uint32(e.HttpStatus)}
-			}
-		case *networking.HTTPFaultInjection_Abort_GrpcStatus:
-			if code, ok := grpcCodes[e.GrpcStatus]; ok {
-				abort.ErrorType = &faultv3.FaultAbort_GrpcStatus{GrpcStatus: code}
-			}
-		}
-		if abort.ErrorType != nil {
-			out.Abort = abort
-		} else {
-			log.Debug("skipping fault abort with an invalid or unsupported status")
-		}
-	}
-	if out.Delay == nil && out.Abort == nil {
-		return nil
-	}
-	return out
-}
-
-var grpcCodes = map[string]uint32{
-	"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5,
-	"ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9,
-	"ABORTED": 10, "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12, "INTERNAL": 13, "UNAVAILABLE": 14,
-	"DATA_LOSS": 15, "UNAUTHENTICATED": 16,
-}
-
 func corsPolicy(c *networking.CorsPolicy) *corsv3.CorsPolicy {
 	out := &corsv3.CorsPolicy{
 		AllowMethods:  strings.Join(c.GetAllowMethods(), ","),
 		AllowHeaders:  strings.Join(c.GetAllowHeaders(), ","),
 		ExposeHeaders: strings.Join(c.GetExposeHeaders(), ","),
-		FilterEnabled: &corev3.RuntimeFractionalPercent{DefaultValue: fractionalPercent(100)},
+		FilterEnabled: &corev3.RuntimeFractionalPercent{DefaultValue: translate.FractionalPercent(100)},
 	}
 	if d := c.GetMaxAge(); d != nil {
 		out.MaxAge = strconv.FormatInt(int64(d.AsDuration().Seconds()), 10)
@@ -647,38 +451,6 @@ func corsPolicy(c *networking.CorsPolicy) *corsv3.CorsPolicy {
 
 // hashPolicy is the route side of a consistent-hash DestinationRule.
 func (b *builder) hashPolicy(host string, port uint32, subset string) []*routev3.RouteAction_HashPolicy {
-	dr := b.binds.DestinationRule(host)
-	if dr == nil {
-		return nil
-	}
-	var ss *networking.Subset
-	for _, s := range dr.Spec.GetSubsets() {
-		if s.GetName() == subset && subset != "" {
-			ss = s
-			break
-		}
-	}
-	ch := effectivePolicy(dr.Spec, port, ss).lb.GetConsistentHash()
-	if ch == nil {
-		return nil
-	}
-	var hp *routev3.RouteAction_HashPolicy
-	switch k := ch.GetHashKey().(type) {
-	case *networking.LoadBalancerSettings_ConsistentHashLB_HttpHeaderName:
-		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_Header_{
-			Header: &routev3.RouteAction_HashPolicy_Header{HeaderName: k.HttpHeaderName}}}
-	case *networking.LoadBalancerSettings_ConsistentHashLB_HttpCookie:
-		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_Cookie_{
-			Cookie: &routev3.RouteAction_HashPolicy_Cookie{Name: k.HttpCookie.GetName(), Path: k.HttpCookie.GetPath(),
-				Ttl: k.HttpCookie.GetTtl()}}}
-	case *networking.LoadBalancerSettings_ConsistentHashLB_UseSourceIp:
-		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_ConnectionProperties_{
-			ConnectionProperties: &routev3.RouteAction_HashPolicy_ConnectionProperties{SourceIp: true}}}
-	case *networking.LoadBalancerSettings_ConsistentHashLB_HttpQueryParameterName:
-		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_QueryParameter_{
-			QueryParameter: &routev3.RouteAction_HashPolicy_QueryParameter{Name: k.HttpQueryParameterName}}}
-	default:
-		return nil
-	}
-	return []*routev3.RouteAction_HashPolicy{hp}
+	hp, _ := translate.HashPolicy(specOf(b.binds.DestinationRule(host)), port, subset, translate.Envoy)
+	return hp
 }

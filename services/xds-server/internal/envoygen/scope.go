@@ -8,6 +8,7 @@ import (
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/translate"
 )
 
 // builder holds one proxy's view of a snapshot while its resources are generated.
@@ -26,11 +27,17 @@ type builder struct {
 
 	// binds resolves VirtualServices and DestinationRules with the proxy's exportTo view.
 	binds *model.Bindings
+	// locality is where the proxy runs, and topologyLabels its labels with the topology ones
+	// added: what locality load balancing reads of it.
+	locality       *discoveryv1.Locality
+	topologyLabels map[string]string
 }
 
 func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *slog.Logger) *builder {
 	b := &builder{snap: snap, proxy: proxy, ix: ix, log: log, allowAny: true}
 	b.binds = snap.Bindings(b.exported, b.destinationRuleRank)
+	b.locality = proxy.Locality(snap.ProxyEndpoint(proxy))
+	b.topologyLabels = translate.TopologyLabels(proxy.Labels, b.locality, proxy.ClusterID, proxy.Network)
 	if p := snap.Mesh.GetOutboundTrafficPolicy(); p != nil {
 		b.allowAny = p.GetMode() == meshv1alpha1.MeshConfig_OutboundTrafficPolicy_ALLOW_ANY
 	}

@@ -2,11 +2,15 @@ package grpcgen
 
 import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/translate"
 )
 
 // maxRingSize is Envoy's (and gRPC's) upper bound for ring_hash minimum_ring_size.
@@ -20,23 +24,18 @@ type subsetCluster struct {
 func (g *generator) clusters(svc *model.Service, port *discoveryv1.Port,
 	dr *model.Config[*networking.DestinationRule]) []subsetCluster {
 	host := svc.Spec.GetHostname()
-	out := []subsetCluster{{cluster: g.cluster(ClusterName(port.GetNumber(), "", host), dr, port.GetNumber(), "")}}
+	out := []subsetCluster{{cluster: g.cluster(ClusterName(port.GetNumber(), "", host), svc, dr, port.GetNumber(), "")}}
 	if dr == nil {
 		return out
 	}
-	seen := map[string]bool{}
-	for _, ss := range dr.Spec.GetSubsets() {
-		if ss.GetName() == "" || seen[ss.GetName()] {
-			continue
-		}
-		seen[ss.GetName()] = true
+	for _, ss := range translate.Subsets(dr.Spec) {
 		name := ClusterName(port.GetNumber(), ss.GetName(), host)
-		out = append(out, subsetCluster{cluster: g.cluster(name, dr, port.GetNumber(), ss.GetName()), subset: ss})
+		out = append(out, subsetCluster{cluster: g.cluster(name, svc, dr, port.GetNumber(), ss.GetName()), subset: ss})
 	}
 	return out
 }
 
-func (g *generator) cluster(name string, dr *model.Config[*networking.DestinationRule], port uint32,
+func (g *generator) cluster(name string, svc *model.Service, dr *model.Config[*networking.DestinationRule], port uint32,
 	subset string) *clusterv3.Cluster {
 	c := &clusterv3.Cluster{
 		Name:                 name,
@@ -50,8 +49,28 @@ func (g *generator) cluster(name string, dr *model.Config[*networking.Destinatio
 	if dr == nil {
 		return c
 	}
-	lb := effectiveLB(dr.Spec, port, subset)
+	pol := translate.TrafficPolicy(dr.Spec, port, subset)
+	// gRPC limits only concurrent requests (gRFC A32), as istiod sets it.
+	if n := pol.Pool.GetHttp().GetHttp2MaxRequests(); n > 0 {
+		c.CircuitBreakers = &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
+			MaxRequests: wrapperspb.UInt32(uint32(n))}}}
+	}
+	lb := pol.LB
 	log := g.log.With("destinationRule", dr.Namespace+"/"+dr.Name, "cluster", name)
+	switch pol.TLS.GetMode() {
+	case networking.ClientTLSSettings_ISTIO_MUTUAL:
+		sans := pol.TLS.GetSubjectAltNames()
+		if sans == nil {
+			sans = translate.ServiceIdentities(svc, g.snap.Mesh)
+		}
+		ts, err := istioMutualTLS(sans)
+		if err != nil {
+			log.Debug("skipping mTLS", "err", err)
+		}
+		c.TransportSocket = ts
+	case networking.ClientTLSSettings_SIMPLE, networking.ClientTLSSettings_MUTUAL:
+		log.Debug("TLS origination is not supported for gRPC clients (nor by istiod); plaintext", "mode", pol.TLS.GetMode().String())
+	}
 	switch {
 	case lb == nil:
 	case lb.GetConsistentHash() != nil:
@@ -82,29 +101,35 @@ func (g *generator) cluster(name string, dr *model.Config[*networking.Destinatio
 	return c
 }
 
-// effectiveLB applies Istio's precedence: subset over port level over the rule's default.
-func effectiveLB(dr *networking.DestinationRule, port uint32, subset string) *networking.LoadBalancerSettings {
-	lb := policyLB(dr.GetTrafficPolicy(), port)
-	if subset == "" {
-		return lb
+// istioMutualTLS is mesh mTLS for a gRPC client, as istiod writes it: certificates from the
+// client's "default" certificate provider (its bootstrap's), accepting only sans. gRPC reads
+// neither TLS parameters nor typed SAN matchers, so none are sent; the deprecated provider
+// fields are sent too for clients older than gRPC 1.66. A client without xDS credentials
+// ignores all of it.
+func istioMutualTLS(sans []string) (*corev3.TransportSocket, error) {
+	var match []*matcherv3.StringMatcher
+	for _, s := range sans {
+		match = append(match, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}})
 	}
-	for _, ss := range dr.GetSubsets() {
-		if ss.GetName() == subset {
-			if s := policyLB(ss.GetTrafficPolicy(), port); s != nil {
-				lb = s
-			}
-			break
-		}
+	ctx := &tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
+		TlsCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{InstanceName: "default", CertificateName: "default"},
+		TlsCertificateCertificateProviderInstance: &tlsv3.CommonTlsContext_CertificateProviderInstance{
+			InstanceName: "default", CertificateName: "default"},
+		ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{
+			CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+				DefaultValidationContext: &tlsv3.CertificateValidationContext{
+					MatchSubjectAltNames: match, //nolint:staticcheck // the only SAN matcher gRPC reads
+					CaCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{
+						InstanceName: "default", CertificateName: "ROOTCA"},
+				},
+				ValidationContextCertificateProviderInstance: &tlsv3.CommonTlsContext_CertificateProviderInstance{
+					InstanceName: "default", CertificateName: "ROOTCA"},
+			}},
+	}}
+	a, err := marshalAny(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return lb
-}
-
-func policyLB(tp *networking.TrafficPolicy, port uint32) *networking.LoadBalancerSettings {
-	lb := tp.GetLoadBalancer()
-	for _, pls := range tp.GetPortLevelSettings() {
-		if pls.GetPort().GetNumber() == port && pls.GetLoadBalancer() != nil {
-			lb = pls.GetLoadBalancer()
-		}
-	}
-	return lb
+	return &corev3.TransportSocket{Name: "envoy.transport_sockets.tls",
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: a}}, nil
 }

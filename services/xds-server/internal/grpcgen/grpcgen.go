@@ -15,10 +15,12 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	faultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
@@ -38,7 +40,7 @@ type Resources struct {
 
 // ClusterName is istiod's outbound cluster name: "outbound|<port>|<subset>|<host>".
 func ClusterName(port uint32, subset, host string) string {
-	return "outbound|" + strconv.FormatUint(uint64(port), 10) + "|" + subset + "|" + host
+	return translate.ClusterName(port, subset, host)
 }
 
 // ListenerName is the API listener name a client dialing xds:///<host>:<port> asks for.
@@ -46,9 +48,18 @@ func ListenerName(host string, port uint32) string {
 	return host + ":" + strconv.FormatUint(uint64(port), 10)
 }
 
-// Generate translates a snapshot. It never fails: config gRPC cannot use is skipped and
-// logged at debug level, so one bad resource cannot take the whole mesh down.
-func Generate(snap *model.Snapshot, log *slog.Logger) *Resources {
+// Client is what output depends on of the client asking: where it runs and its labels, which
+// locality load balancing reads (EDS priorities and weights).
+type Client struct {
+	Locality *discoveryv1.Locality
+	// Labels include the topology labels (translate.TopologyLabels).
+	Labels map[string]string
+}
+
+// Generate translates a snapshot for client (nil: one whose locality is unknown). It never
+// fails: config gRPC cannot use is skipped and logged at debug level, so one bad resource
+// cannot take the whole mesh down.
+func Generate(snap *model.Snapshot, client *Client, log *slog.Logger) *Resources {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -76,7 +87,16 @@ func Generate(snap *model.Snapshot, log *slog.Logger) *Resources {
 			out.Routes = append(out.Routes, g.routeConfig(svc, port, vs))
 			for _, c := range g.clusters(svc, port, dr) {
 				out.Clusters = append(out.Clusters, c.cluster)
-				out.Endpoints = append(out.Endpoints, translate.LoadAssignment(c.cluster.GetName(), svc, port, c.subset))
+				var lb *translate.LocalityLB
+				if client != nil {
+					var spec *networking.DestinationRule
+					if dr != nil {
+						spec = dr.Spec
+					}
+					pol := translate.TrafficPolicy(spec, port.GetNumber(), c.subset.GetName())
+					lb = translate.NewLocalityLB(pol, snap.Mesh, client.Locality, client.Labels)
+				}
+				out.Endpoints = append(out.Endpoints, translate.LoadAssignment(c.cluster.GetName(), svc, port, c.subset, lb))
 			}
 		}
 	}
@@ -101,16 +121,21 @@ func (g *generator) listener(host string, port uint32) (*listenerv3.Listener, er
 	if err != nil {
 		return nil, err
 	}
+	fault, err := marshalAny(&faultv3.HTTPFault{})
+	if err != nil {
+		return nil, err
+	}
 	hcm := &hcmv3.HttpConnectionManager{
 		StatPrefix: routeName,
 		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
 			ConfigSource:    adsConfigSource(),
 			RouteConfigName: routeName,
 		}},
-		HttpFilters: []*hcmv3.HttpFilter{{
-			Name:       RouterFilterName,
-			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: router},
-		}},
+		// The fault filter does nothing until a route configures it (gRFC A33), as in istiod.
+		HttpFilters: []*hcmv3.HttpFilter{
+			{Name: translate.FaultFilter, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: fault}},
+			{Name: RouterFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: router}},
+		},
 	}
 	api, err := marshalAny(hcm)
 	if err != nil {
@@ -132,19 +157,7 @@ func adsConfigSource() *corev3.ConfigSource {
 // domains are the names a client may dial the service by: the FQDN and, for Kubernetes
 // services, the short forms, each bare and with the port.
 func domains(svc *discoveryv1.Service, port uint32) []string {
-	host := svc.GetHostname()
-	names := []string{host}
-	if ns := svc.GetNamespace(); ns != "" {
-		if name, ok := strings.CutSuffix(host, "."+ns+".svc."+model.DomainSuffix); ok && !strings.Contains(name, ".") {
-			names = append(names, name+"."+ns+".svc", name+"."+ns, name)
-		}
-	}
-	p := ":" + strconv.FormatUint(uint64(port), 10)
-	out := make([]string, 0, 2*len(names))
-	for _, n := range names {
-		out = append(out, n, n+p)
-	}
-	return out
+	return translate.WithPort(append([]string{svc.GetHostname()}, translate.ShortNames(svc, true)...), port)
 }
 
 func marshalAny(m proto.Message) (*anypb.Any, error) {

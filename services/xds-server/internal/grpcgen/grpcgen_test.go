@@ -37,7 +37,7 @@ func generate(t *testing.T, dir string) *Resources {
 			t.Fatalf("apply %s: %v", c.TypeURL, err)
 		}
 	}
-	return Generate(store.Snapshot(), testLogger(t))
+	return Generate(store.Snapshot(), nil, testLogger(t))
 }
 
 func all(r *Resources) []proto.Message {

@@ -1,9 +1,8 @@
 package grpcgen
 
 import (
-	"fmt"
-
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
 
@@ -34,14 +33,7 @@ func (g *generator) routeConfig(svc *model.Service, port *discoveryv1.Port,
 }
 
 func (g *generator) defaultRoute(host string, port uint32) *routev3.Route {
-	return &routev3.Route{
-		Name:  "default",
-		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: ClusterName(port, "", host)},
-			HashPolicy:       g.hashPolicy(host, port, ""),
-		}},
-	}
+	return translate.DefaultRoute(ClusterName(port, "", host), g.hashPolicy(host, port, ""))
 }
 
 func (g *generator) vsRoutes(svc *model.Service, port *discoveryv1.Port,
@@ -80,112 +72,48 @@ func (g *generator) vsRoutes(svc *model.Service, port *discoveryv1.Port,
 			if m.GetName() != "" {
 				name = name + "." + m.GetName()
 			}
-			routes = append(routes, &routev3.Route{Name: name, Match: rm, Action: &routev3.Route_Route{Route: action}})
+			r := &routev3.Route{Name: name, Match: rm, Action: &routev3.Route_Route{Route: action}}
+			if f := translate.Fault(http.GetFault(), log); f != nil {
+				cfg, err := marshalAny(f)
+				if err != nil {
+					log.Debug("skipping fault injection", "err", err)
+				} else {
+					r.TypedPerFilterConfig = map[string]*anypb.Any{translate.FaultFilter: cfg}
+				}
+			}
+			routes = append(routes, r)
 		}
 	}
 	return routes
 }
 
-type weightedDest struct {
-	cluster, host, subset string
-	port, weight          uint32
-}
-
 func (g *generator) routeAction(http *networking.HTTPRoute, svc *model.Service, port *discoveryv1.Port,
 	ns string) *routev3.RouteAction {
-	var dests []weightedDest
-	for _, d := range http.GetRoute() {
-		dest := d.GetDestination()
-		if dest.GetHost() == "" {
-			continue
-		}
-		host := model.ResolveHost(dest.GetHost(), ns)
-		p := g.destinationPort(dest, host, svc, port)
-		w := uint32(max(d.GetWeight(), 0))
-		if i := indexCluster(dests, ClusterName(p, dest.GetSubset(), host)); i >= 0 {
-			dests[i].weight += w
-			continue
-		}
-		dests = append(dests, weightedDest{cluster: ClusterName(p, dest.GetSubset(), host), host: host,
-			subset: dest.GetSubset(), port: p, weight: w})
-	}
-	if len(dests) > 1 {
-		// Destinations weighted 0 take no traffic; drop them so a 0/100 split is a plain route.
-		nonZero := dests[:0:0]
-		for _, d := range dests {
-			if d.weight > 0 {
-				nonZero = append(nonZero, d)
-			}
-		}
-		if len(nonZero) == 0 {
-			// All unweighted: split evenly rather than refuse (Istio's validation rejects this).
-			for i := range dests {
-				dests[i].weight = 1
-			}
-		} else {
-			dests = nonZero
-		}
-	}
+	dests := translate.WeightedDestinations(g.snap.Services, http.GetRoute(), ns, svc.Spec.GetHostname(), port.GetNumber())
 	if len(dests) == 0 {
 		return nil
 	}
 	action := &routev3.RouteAction{}
 	if len(dests) == 1 {
-		action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: dests[0].cluster}
+		action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: dests[0].Cluster}
 	} else {
 		wc := &routev3.WeightedCluster{}
 		for _, d := range dests {
 			wc.Clusters = append(wc.Clusters, &routev3.WeightedCluster_ClusterWeight{
-				Name: d.cluster, Weight: wrapperspb.UInt32(d.weight)})
+				Name: d.Cluster, Weight: wrapperspb.UInt32(d.Weight)})
 		}
 		action.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: wc}
 	}
-	if same(dests, func(d weightedDest) string { return d.host }) {
-		subset := ""
-		if same(dests, func(d weightedDest) string { return d.subset }) {
-			subset = dests[0].subset
-		}
-		action.HashPolicy = g.hashPolicy(dests[0].host, dests[0].port, subset)
+	if h, p, subset, ok := translate.HashTarget(dests); ok {
+		action.HashPolicy = g.hashPolicy(h, p, subset)
 	}
+	// gRPC retries the gRPC codes of retryOn (gRFC A44), istiod's default when the route sets none.
+	action.RetryPolicy = translate.RetryPolicy(http.GetRetries())
 	// gRPC applies max_stream_duration as the RPC deadline; it ignores the Envoy route timeout.
 	if t := http.GetTimeout(); t != nil && t.AsDuration() > 0 {
 		action.MaxStreamDuration = &routev3.RouteAction_MaxStreamDuration{MaxStreamDuration: t}
 	}
 	return action
-}
-
-func indexCluster(dests []weightedDest, cluster string) int {
-	for i, d := range dests {
-		if d.cluster == cluster {
-			return i
-		}
-	}
-	return -1
-}
-
-func same(dests []weightedDest, key func(weightedDest) string) bool {
-	for _, d := range dests[1:] {
-		if key(d) != key(dests[0]) {
-			return false
-		}
-	}
-	return true
-}
-
-// destinationPort is the port a destination without an explicit port goes to: the listener's
-// port for the same service, else the destination service's only port.
-func (g *generator) destinationPort(dest *networking.Destination, host string, svc *model.Service,
-	port *discoveryv1.Port) uint32 {
-	if n := dest.GetPort().GetNumber(); n != 0 {
-		return n
-	}
-	if host == svc.Spec.GetHostname() {
-		return port.GetNumber()
-	}
-	if ds := g.snap.Services[host]; ds != nil && len(ds.Spec.GetPorts()) == 1 {
-		return ds.Spec.GetPorts()[0].GetNumber()
-	}
-	return port.GetNumber()
 }
 
 // hashPolicy returns the route hash policy a consistent-hash DestinationRule asks for, when
@@ -195,17 +123,10 @@ func (g *generator) hashPolicy(host string, port uint32, subset string) []*route
 	if dr == nil {
 		return nil
 	}
-	ch := effectiveLB(dr.Spec, port, subset).GetConsistentHash()
-	if ch == nil {
-		return nil
+	hp, unsupported := translate.HashPolicy(dr.Spec, port, subset, translate.Proxyless)
+	if unsupported != "" {
+		g.log.Debug("consistent hash key not supported by gRPC, hashing randomly",
+			"destinationRule", dr.Namespace+"/"+dr.Name, "key", unsupported)
 	}
-	if h := ch.GetHttpHeaderName(); h != "" {
-		return []*routev3.RouteAction_HashPolicy{{
-			PolicySpecifier: &routev3.RouteAction_HashPolicy_Header_{
-				Header: &routev3.RouteAction_HashPolicy_Header{HeaderName: h}},
-		}}
-	}
-	g.log.Debug("consistent hash key not supported by gRPC, hashing randomly",
-		"destinationRule", dr.Namespace+"/"+dr.Name, "key", fmt.Sprintf("%T", ch.GetHashKey()))
-	return nil
+	return hp
 }

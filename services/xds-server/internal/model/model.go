@@ -78,6 +78,45 @@ type Snapshot struct {
 	// ConfigVersion is the Version of the last snapshot in which anything but endpoints
 	// changed: output that does not read endpoints is the same for equal ConfigVersions.
 	ConfigVersion uint64
+
+	// workloads indexes endpoints by address on first use; nil in snapshots built by hand.
+	workloads *workloadIndex
+}
+
+type workloadIndex struct {
+	once sync.Once
+	byIP map[string][]*discoveryv1.Endpoint // in hostname, then endpoint order
+}
+
+// ProxyEndpoint is the registry's endpoint of the proxy's own workload, as istiod finds it: one
+// at the proxy's IP, the one named after its pod when several workloads share the IP (host
+// networking); nil when the registry has none.
+func (s *Snapshot) ProxyEndpoint(p *Proxy) *discoveryv1.Endpoint {
+	ix := s.workloads
+	if ix == nil {
+		ix = &workloadIndex{}
+	}
+	ix.once.Do(func() {
+		ix.byIP = map[string][]*discoveryv1.Endpoint{}
+		for _, h := range s.Hostnames() {
+			for _, ep := range s.Services[h].Endpoints {
+				ix.byIP[ep.GetAddress()] = append(ix.byIP[ep.GetAddress()], ep)
+			}
+		}
+	})
+	pod, _, _ := strings.Cut(p.ID, ".")
+	var first *discoveryv1.Endpoint
+	for _, ip := range p.IPs {
+		for _, ep := range ix.byIP[ip] {
+			if pod != "" && ep.GetWorkload() == pod {
+				return ep
+			}
+			if first == nil {
+				first = ep
+			}
+		}
+	}
+	return first
 }
 
 // Hostnames returns the service hostnames, sorted.
@@ -231,7 +270,7 @@ func (s *Store) Snapshot() *Snapshot {
 }
 
 func (s *Store) build() *Snapshot {
-	snap := &Snapshot{Services: map[string]*Service{}, Mesh: &meshv1alpha1.MeshConfig{}}
+	snap := &Snapshot{Services: map[string]*Service{}, Mesh: &meshv1alpha1.MeshConfig{}, workloads: &workloadIndex{}}
 
 	// Several registries may publish one hostname in different namespaces; the first bus name
 	// in order wins so the result does not depend on map iteration.
@@ -270,6 +309,7 @@ func (s *Store) build() *Snapshot {
 // of hosts, with the same result build would give.
 func (s *Store) patchEndpoints(hosts map[string]struct{}) *Snapshot {
 	next := *s.current
+	next.workloads = &workloadIndex{}
 	next.Services = make(map[string]*Service, len(s.current.Services))
 	for h, svc := range s.current.Services {
 		next.Services[h] = svc

@@ -10,6 +10,8 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
 )
 
 // ProxyType is the kind of client asking for configuration.
@@ -60,6 +62,11 @@ type Proxy struct {
 	IstioVersion   string
 	// Generator is the GENERATOR metadata: "grpc" for proxyless clients, "api" for MCP.
 	Generator string
+	// NodeLocality is the locality the node says it is in (the xDS node's locality): the last
+	// resort of Locality, after the registry and the proxy's labels.
+	NodeLocality *discoveryv1.Locality
+	// Network is the NETWORK metadata.
+	Network string
 }
 
 // ParseProxy reads a proxy from its xDS node: the ID "<type>~<ip>~<id>~<domain>" and Istio's
@@ -80,7 +87,11 @@ func ParseProxy(node *corev3.Node) (*Proxy, error) {
 		ClusterID:      cmp.Or(str(md["CLUSTER_ID"]), DefaultClusterID),
 		IstioVersion:   str(md["ISTIO_VERSION"]),
 		Generator:      str(md["GENERATOR"]),
+		Network:        str(md["NETWORK"]),
 		Labels:         map[string]string{},
+	}
+	if l := node.GetLocality(); l.GetRegion() != "" || l.GetZone() != "" || l.GetSubZone() != "" {
+		p.NodeLocality = &discoveryv1.Locality{Region: l.GetRegion(), Zone: l.GetZone(), SubZone: l.GetSubZone()}
 	}
 	switch {
 	case p.Generator == "grpc":
@@ -139,4 +150,50 @@ func str(v *structpb.Value) string {
 		return s.StringValue
 	}
 	return ""
+}
+
+// Topology labels: Kubernetes' for region and zone, Istio's for the rest.
+const (
+	LabelRegion   = "topology.kubernetes.io/region"
+	LabelZone     = "topology.kubernetes.io/zone"
+	LabelSubZone  = "topology.istio.io/subzone"
+	LabelCluster  = "topology.istio.io/cluster"
+	LabelNetwork  = "topology.istio.io/network"
+	LabelLocality = "topology.istio.io/locality"
+	// legacyLocalityLabel is the older spelling of LabelLocality.
+	legacyLocalityLabel = "istio-locality"
+)
+
+// Locality finds where the proxy runs as istiod does: the locality the registry gives its own
+// workload (self, from the Kubernetes Node's topology labels), else the proxy's topology labels,
+// else its locality label ("region/zone/subzone", dots allowed since labels cannot hold "/"),
+// else what the node said. Empty when none says anything.
+func (p *Proxy) Locality(self *discoveryv1.Endpoint) *discoveryv1.Locality {
+	if l := self.GetLocality(); l.GetRegion() != "" || l.GetZone() != "" || l.GetSubZone() != "" {
+		return l
+	}
+	region, r := p.Labels[LabelRegion]
+	zone, z := p.Labels[LabelZone]
+	subZone, s := p.Labels[LabelSubZone]
+	if r || z || s {
+		return &discoveryv1.Locality{Region: region, Zone: zone, SubZone: subZone}
+	}
+	if l := cmp.Or(p.Labels[LabelLocality], p.Labels[legacyLocalityLabel]); l != "" {
+		return ParseLocality(l)
+	}
+	if p.NodeLocality != nil {
+		return p.NodeLocality
+	}
+	return &discoveryv1.Locality{}
+}
+
+// ParseLocality reads "region/zone/subzone" (or with dots), any part optional from the right.
+func ParseLocality(s string) *discoveryv1.Locality {
+	sep := "/"
+	if !strings.Contains(s, "/") {
+		sep = "."
+	}
+	parts := strings.SplitN(s, sep, 3)
+	parts = append(parts, "", "")
+	return &discoveryv1.Locality{Region: parts[0], Zone: parts[1], SubZone: parts[2]}
 }

@@ -6,7 +6,10 @@ import (
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
 )
 
 func TestParseProxy(t *testing.T) {
@@ -91,5 +94,32 @@ func TestParseProxyMalformed(t *testing.T) {
 	}
 	if _, err := ParseProxy(nil); !errors.Is(err, ErrMalformedNodeID) {
 		t.Fatalf("nil node: %v", err)
+	}
+}
+
+func TestProxyLocality(t *testing.T) {
+	node := &discoveryv1.Locality{Region: "node"}
+	registry := &discoveryv1.Endpoint{Locality: &discoveryv1.Locality{Region: "reg", Zone: "z"}}
+	tests := []struct {
+		name   string
+		labels map[string]string
+		self   *discoveryv1.Endpoint
+		want   *discoveryv1.Locality
+	}{
+		{"registry first", map[string]string{LabelRegion: "label"}, registry, registry.GetLocality()},
+		{"topology labels", map[string]string{LabelZone: "zone-b", LabelLocality: "x/y"}, &discoveryv1.Endpoint{},
+			&discoveryv1.Locality{Zone: "zone-b"}},
+		{"locality label with dots", map[string]string{LabelLocality: "r.z.s"}, nil,
+			&discoveryv1.Locality{Region: "r", Zone: "z", SubZone: "s"}},
+		{"legacy label", map[string]string{"istio-locality": "r/z"}, nil, &discoveryv1.Locality{Region: "r", Zone: "z"}},
+		{"node last", nil, nil, node},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &Proxy{Labels: tc.labels, NodeLocality: node}
+			if got := p.Locality(tc.self); !proto.Equal(got, tc.want) {
+				t.Errorf("Locality = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -18,52 +18,55 @@ import (
 )
 
 // LoadAssignment groups a service's healthy endpoints (of subset, if any) by locality, sorted
-// so the output is stable. Every locality carries a weight: gRPC ignores localities without one.
+// so the output is stable, and applies locality load balancing when lb is not nil. Every
+// locality carries a weight: gRPC ignores localities without one.
 func LoadAssignment(name string, svc *model.Service, port *discoveryv1.Port,
-	subset *networking.Subset) *endpointv3.ClusterLoadAssignment {
-	type locality struct {
-		loc     *discoveryv1.Locality
-		eps     []*endpointv3.LbEndpoint
-		weights uint64
-	}
-	var locs []*locality
-	find := func(l *discoveryv1.Locality) *locality {
-		for _, x := range locs {
-			if compareLocality(x.loc, l) == 0 {
-				return x
+	subset *networking.Subset, lb *LocalityLB) *endpointv3.ClusterLoadAssignment {
+	var groups []localityGroup
+	find := func(l *discoveryv1.Locality) *localityGroup {
+		for i := range groups {
+			if compareLocality(groups[i].loc, l) == 0 {
+				return &groups[i]
 			}
 		}
-		x := &locality{loc: l}
-		locs = append(locs, x)
-		return x
+		groups = append(groups, localityGroup{loc: l, lle: &endpointv3.LocalityLbEndpoints{
+			Locality: &corev3.Locality{Region: l.GetRegion(), Zone: l.GetZone(), SubZone: l.GetSubZone()}}})
+		return &groups[len(groups)-1]
 	}
 	for _, ep := range svc.Endpoints {
 		if ep.GetHealth() != discoveryv1.Health_HEALTHY || ep.GetAddress() == "" ||
 			!model.LabelsMatch(subset.GetLabels(), ep.GetLabels()) {
 			continue
 		}
-		w := max(ep.GetWeight(), 1)
-		l := find(ep.GetLocality())
-		l.weights += uint64(w)
-		l.eps = append(l.eps, &endpointv3.LbEndpoint{
-			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
-				Address: SocketAddress(ep.GetAddress(), EndpointPort(ep, port))}},
-			HealthStatus:        corev3.HealthStatus_HEALTHY,
-			LoadBalancingWeight: wrapperspb.UInt32(w),
-		})
+		g := find(ep.GetLocality())
+		g.eps = append(g.eps, ep)
 	}
-	slices.SortFunc(locs, func(a, b *locality) int { return compareLocality(a.loc, b.loc) })
+	slices.SortFunc(groups, func(a, b localityGroup) int { return compareLocality(a.loc, b.loc) })
+	for i := range groups {
+		g := &groups[i]
+		slices.SortStableFunc(g.eps, func(a, b *discoveryv1.Endpoint) int {
+			return cmp.Or(strings.Compare(a.GetAddress(), b.GetAddress()), cmp.Compare(EndpointPort(a, port), EndpointPort(b, port)))
+		})
+		var weights uint64
+		for _, ep := range g.eps {
+			w := max(ep.GetWeight(), 1)
+			weights += uint64(w)
+			g.lle.LbEndpoints = append(g.lle.LbEndpoints, &endpointv3.LbEndpoint{
+				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+					Address: SocketAddress(ep.GetAddress(), EndpointPort(ep, port))}},
+				HealthStatus:        corev3.HealthStatus_HEALTHY,
+				LoadBalancingWeight: wrapperspb.UInt32(w),
+			})
+		}
+		g.lle.LoadBalancingWeight = wrapperspb.UInt32(uint32(min(weights, math.MaxUint32)))
+	}
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
-	for _, l := range locs {
-		slices.SortFunc(l.eps, func(a, b *endpointv3.LbEndpoint) int {
-			sa, sb := a.GetEndpoint().GetAddress().GetSocketAddress(), b.GetEndpoint().GetAddress().GetSocketAddress()
-			return cmp.Or(strings.Compare(sa.GetAddress(), sb.GetAddress()), cmp.Compare(sa.GetPortValue(), sb.GetPortValue()))
-		})
-		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
-			Locality:            &corev3.Locality{Region: l.loc.GetRegion(), Zone: l.loc.GetZone(), SubZone: l.loc.GetSubZone()},
-			LoadBalancingWeight: wrapperspb.UInt32(uint32(min(l.weights, math.MaxUint32))),
-			LbEndpoints:         l.eps,
-		})
+	if lb != nil {
+		cla.Endpoints = applyLocalityLB(groups, lb)
+		return cla
+	}
+	for _, g := range groups {
+		cla.Endpoints = append(cla.Endpoints, g.lle)
 	}
 	return cla
 }

@@ -1,0 +1,182 @@
+package translate
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	networking "istio.io/api/networking/v1alpha3"
+
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/xds-server/internal/model"
+)
+
+// ClusterName is istiod's outbound cluster name: "outbound|<port>|<subset>|<host>".
+func ClusterName(port uint32, subset, host string) string {
+	return "outbound|" + strconv.FormatUint(uint64(port), 10) + "|" + subset + "|" + host
+}
+
+// DestinationPort is the port a route destination goes to: its explicit port, else the
+// listener's port for the same host, else the destination service's only port, else the
+// listener's port.
+func DestinationPort(services map[string]*model.Service, dest *networking.Destination, destHost, host string,
+	port uint32) uint32 {
+	if n := dest.GetPort().GetNumber(); n != 0 {
+		return n
+	}
+	if destHost == host {
+		return port
+	}
+	if ds := services[destHost]; ds != nil && len(ds.Spec.GetPorts()) == 1 {
+		return ds.Spec.GetPorts()[0].GetNumber()
+	}
+	return port
+}
+
+// WeightedDest is a route destination resolved to its cluster.
+type WeightedDest struct {
+	Cluster, Host, Subset string
+	Port, Weight          uint32
+}
+
+// WeightedDestinations resolves route destinations (of a VirtualService in namespace ns, routing
+// host:port) to clusters, merging repeats and dropping zero weights from splits. A lone
+// destination weighs 100.
+func WeightedDestinations[D interface {
+	GetDestination() *networking.Destination
+	GetWeight() int32
+}](services map[string]*model.Service, rds []D, ns, host string, port uint32) []WeightedDest {
+	var dests []WeightedDest
+	for _, d := range rds {
+		dest := d.GetDestination()
+		if dest.GetHost() == "" {
+			continue
+		}
+		h := model.ResolveHost(dest.GetHost(), ns)
+		p := DestinationPort(services, dest, h, host, port)
+		name := ClusterName(p, dest.GetSubset(), h)
+		w := uint32(max(d.GetWeight(), 0))
+		if i := slices.IndexFunc(dests, func(x WeightedDest) bool { return x.Cluster == name }); i >= 0 {
+			dests[i].Weight += w
+			continue
+		}
+		dests = append(dests, WeightedDest{Cluster: name, Host: h, Subset: dest.GetSubset(), Port: p, Weight: w})
+	}
+	if len(dests) > 1 {
+		nonZero := dests[:0:0]
+		for _, d := range dests {
+			if d.Weight > 0 {
+				nonZero = append(nonZero, d)
+			}
+		}
+		if len(nonZero) == 0 {
+			// All unweighted: split evenly rather than refuse (Istio's validation rejects this).
+			for i := range dests {
+				dests[i].Weight = 1
+			}
+		} else {
+			dests = nonZero
+		}
+	}
+	if len(dests) == 1 && dests[0].Weight == 0 {
+		dests[0].Weight = 100
+	}
+	return dests
+}
+
+// HashTarget is the destination a route's hash policy is taken from: the host (and subset)
+// every destination of the route shares; ok false when they differ, and then no hash applies.
+func HashTarget(dests []WeightedDest) (host string, port uint32, subset string, ok bool) {
+	if len(dests) == 0 {
+		return "", 0, "", false
+	}
+	subset = dests[0].Subset
+	for _, d := range dests[1:] {
+		if d.Host != dests[0].Host {
+			return "", 0, "", false
+		}
+		if d.Subset != subset {
+			subset = ""
+		}
+	}
+	return dests[0].Host, dests[0].Port, subset, true
+}
+
+// HashPolicy is the route side of a consistent-hash DestinationRule for port and subset of its
+// host. For client Proxyless only a header key is expressible; any other key gives no hash
+// policy and a reason naming the key.
+func HashPolicy(dr *networking.DestinationRule, port uint32, subset string, client Client) ([]*routev3.RouteAction_HashPolicy, string) {
+	ch := TrafficPolicy(dr, port, subset).LB.GetConsistentHash()
+	if ch == nil {
+		return nil, ""
+	}
+	var hp *routev3.RouteAction_HashPolicy
+	switch k := ch.GetHashKey().(type) {
+	case *networking.LoadBalancerSettings_ConsistentHashLB_HttpHeaderName:
+		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_Header_{
+			Header: &routev3.RouteAction_HashPolicy_Header{HeaderName: k.HttpHeaderName}}}
+	case *networking.LoadBalancerSettings_ConsistentHashLB_HttpCookie:
+		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_Cookie_{
+			Cookie: &routev3.RouteAction_HashPolicy_Cookie{Name: k.HttpCookie.GetName(), Path: k.HttpCookie.GetPath(),
+				Ttl: k.HttpCookie.GetTtl()}}}
+	case *networking.LoadBalancerSettings_ConsistentHashLB_UseSourceIp:
+		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_ConnectionProperties_{
+			ConnectionProperties: &routev3.RouteAction_HashPolicy_ConnectionProperties{SourceIp: true}}}
+	case *networking.LoadBalancerSettings_ConsistentHashLB_HttpQueryParameterName:
+		hp = &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_QueryParameter_{
+			QueryParameter: &routev3.RouteAction_HashPolicy_QueryParameter{Name: k.HttpQueryParameterName}}}
+	default:
+		return nil, ""
+	}
+	if client == Proxyless && hp.GetHeader() == nil {
+		return nil, fmt.Sprintf("%T", ch.GetHashKey())
+	}
+	return []*routev3.RouteAction_HashPolicy{hp}, ""
+}
+
+// DefaultRoute sends everything to cluster, with no timeout and istiod's default retries: the
+// route of a service no VirtualService routes.
+func DefaultRoute(cluster string, hash []*routev3.RouteAction_HashPolicy) *routev3.Route {
+	return &routev3.Route{
+		Name:  "default",
+		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
+			Timeout:          durationpb.New(0),
+			RetryPolicy:      DefaultRetryPolicy(),
+			HashPolicy:       hash,
+		}},
+	}
+}
+
+// ShortNames are the other names of a Kubernetes service's FQDN "<name>.<ns>.svc.<domain>":
+// "<name>.<ns>.svc", "<name>.<ns>" and, when bare, "<name>" (which resolves only from the same
+// namespace). None for other hosts.
+func ShortNames(svc *discoveryv1.Service, bare bool) []string {
+	host, ns := svc.GetHostname(), svc.GetNamespace()
+	if ns == "" {
+		return nil
+	}
+	name, ok := strings.CutSuffix(host, "."+ns+".svc."+model.DomainSuffix)
+	if !ok || strings.Contains(name, ".") {
+		return nil
+	}
+	out := []string{name + "." + ns + ".svc", name + "." + ns}
+	if bare {
+		out = append(out, name)
+	}
+	return out
+}
+
+// WithPort lists each name bare and with ":<port>", as virtual host domains.
+func WithPort(names []string, port uint32) []string {
+	p := ":" + strconv.FormatUint(uint64(port), 10)
+	out := make([]string, 0, 2*len(names))
+	for _, n := range names {
+		out = append(out, n, n+p)
+	}
+	return out
+}
