@@ -1,0 +1,185 @@
+// Package ca is Sailplane's certificate authority: it keeps the mesh's root of trust (a
+// self-signed root generated once and persisted, or a plugged-in CA in Istio's cacerts layout)
+// and signs workload certificates over Istio's CreateCertificate API on a TLS listener, for
+// callers authenticated as istiod authenticates them (a Kubernetes service-account token checked
+// with TokenReview, or a client certificate this CA issued).
+package ca
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"sailplane.dev/shared/pki"
+)
+
+// Config configures the ca.
+type Config struct {
+	// TrustDomain is the trust domain of every identity the ca signs; "cluster.local" when empty.
+	TrustDomain string
+	// Listen is the TLS address serving CreateCertificate; "127.0.0.1:15012" when empty.
+	Listen string
+
+	// Kube, when set, is the API server that reviews service-account tokens and, unless CertDir
+	// is set, keeps the root in the istio-ca-secret Secret in Namespace (a cacerts Secret there
+	// plugs in a CA instead).
+	Kube *rest.Config
+	// Namespace is the ca's namespace (Kubernetes); "istio-system" when empty.
+	Namespace string
+	// CertDir, when set, keeps the self-signed root in this folder (istio-ca-secret's file
+	// names) instead of a Secret.
+	CertDir string
+	// PluggedCertDir, when set, is a plugged-in CA in Istio's cacerts layout; it must be complete
+	// and valid, and takes precedence over everything else.
+	PluggedCertDir string
+
+	// ServingDNSNames are the DNS names in the listener's certificate (127.0.0.1 and ::1 are
+	// always in it); istiod.<Namespace>.svc and localhost when empty.
+	ServingDNSNames []string
+	// KeyAlgorithm is the kind of key a generated root and the serving certificate get.
+	KeyAlgorithm pki.KeyAlgorithm
+	// RootTTL is the lifetime of a generated root; 10 years when zero.
+	RootTTL time.Duration
+	// DefaultCertTTL is the lifetime of a certificate whose request asks for none; 24h when zero.
+	// MaxCertTTL caps what a request may ask for; 90 days (istiod's default) when zero.
+	DefaultCertTTL, MaxCertTTL time.Duration
+
+	// TokenAudiences are the audiences a token must be valid for; istiod's ["istio-ca"] when empty.
+	TokenAudiences []string
+	// ClusterID is this cluster's name: a caller claiming another one (the "clusterid" metadata)
+	// is refused; "Kubernetes" (istiod's default) when empty.
+	ClusterID string
+	// TokenCacheTTL is how long a token's review is reused (1m when zero), TokenCacheSize how many
+	// reviews are kept (10000 when zero).
+	TokenCacheTTL  time.Duration
+	TokenCacheSize int
+}
+
+// Deps are the ca's collaborators.
+type Deps struct {
+	Logger *slog.Logger
+}
+
+// ErrStoredCA marks a root of trust that exists but cannot be used (corrupt, partly missing,
+// not matching its key): the ca refuses to start rather than mint a second root.
+var ErrStoredCA = errors.New("stored CA unusable")
+
+// Service is the ca.
+type Service struct {
+	cfg  Config
+	log  *slog.Logger
+	kube kubernetes.Interface // nil without Kubernetes: no token authentication
+
+	ready chan struct{}
+	mu    sync.Mutex
+	auth  *pki.Authority
+	addr  net.Addr
+
+	reviewerOnce sync.Once
+	reviewer     *tokenReviewer
+
+	stats stats
+}
+
+// New checks cfg; nothing is read or generated before Run.
+func New(cfg Config, deps Deps) (*Service, error) {
+	if deps.Logger == nil {
+		deps.Logger = slog.Default()
+	}
+	cfg = withDefaults(cfg)
+	if cfg.Kube == nil && cfg.CertDir == "" && cfg.PluggedCertDir == "" {
+		return nil, errors.New("ca: the root needs a home: set Config.Kube (Secret), CertDir or PluggedCertDir")
+	}
+	if cfg.DefaultCertTTL > cfg.MaxCertTTL {
+		return nil, fmt.Errorf("ca: default certificate TTL %s exceeds the maximum %s", cfg.DefaultCertTTL, cfg.MaxCertTTL)
+	}
+	if a := cfg.KeyAlgorithm; a != "" && a != pki.ECDSAP256 && a != pki.RSA2048 {
+		return nil, fmt.Errorf("ca: key algorithm %q: want %s or %s", cfg.KeyAlgorithm, pki.ECDSAP256, pki.RSA2048)
+	}
+	s := &Service{cfg: cfg, log: deps.Logger, ready: make(chan struct{})}
+	if cfg.Kube != nil {
+		c, err := kubernetes.NewForConfig(cfg.Kube)
+		if err != nil {
+			return nil, fmt.Errorf("ca: kubernetes client: %w", err)
+		}
+		s.kube = c
+	}
+	return s, nil
+}
+
+func withDefaults(cfg Config) Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	if cfg.TrustDomain == "" {
+		cfg.TrustDomain = "cluster.local"
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:15012"
+	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = "istio-system"
+	}
+	if len(cfg.ServingDNSNames) == 0 {
+		cfg.ServingDNSNames = []string{"istiod." + cfg.Namespace + ".svc", "localhost"}
+	}
+	def(&cfg.RootTTL, 10*365*24*time.Hour)
+	def(&cfg.DefaultCertTTL, 24*time.Hour)
+	def(&cfg.MaxCertTTL, 90*24*time.Hour)
+	def(&cfg.TokenCacheTTL, time.Minute)
+	if len(cfg.TokenAudiences) == 0 {
+		cfg.TokenAudiences = []string{"istio-ca"}
+	}
+	if cfg.ClusterID == "" {
+		cfg.ClusterID = "Kubernetes"
+	}
+	if cfg.TokenCacheSize <= 0 {
+		cfg.TokenCacheSize = 10000
+	}
+	return cfg
+}
+
+// Run loads (or, the first time, creates) the root of trust, then serves CreateCertificate until
+// ctx ends. A stored CA that cannot be used is an error wrapping ErrStoredCA, and nothing is served.
+func (s *Service) Run(ctx context.Context) error {
+	auth, err := s.loadAuthority(ctx)
+	if err != nil {
+		return fmt.Errorf("ca: %w", err)
+	}
+	s.mu.Lock()
+	s.auth = auth
+	s.mu.Unlock()
+	s.log.Info("root of trust", "subject", auth.Cert.Subject.String(), "self-signed", auth.SelfSigned(),
+		"root-expires", auth.Roots[0].NotAfter.UTC().Format(time.RFC3339))
+	return s.serve(ctx, auth)
+}
+
+// Ready is closed once the ca serves on its listener.
+func (s *Service) Ready() <-chan struct{} { return s.ready }
+
+// Addr is the listener's address, once Ready.
+func (s *Service) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.addr
+}
+
+// RootsPEM is the trust bundle (PEM roots) once Ready: what clients verify the listener and the
+// certificates it signs with.
+func (s *Service) RootsPEM() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.auth == nil {
+		return nil
+	}
+	return pki.EncodeCerts(s.auth.Roots...)
+}

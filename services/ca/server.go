@@ -1,0 +1,194 @@
+package ca
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	pb "istio.io/api/security/v1alpha1"
+
+	"sailplane.dev/shared/grpcserver"
+	"sailplane.dev/shared/pki"
+	"sailplane.dev/shared/spiffe"
+)
+
+// MaxCSRBytes bounds a request's CSR; a workload CSR is well under 2 KiB.
+const MaxCSRBytes = 16 << 10
+
+// maxRequestBytes bounds a whole request at the transport, before the handler sees it.
+const maxRequestBytes = 256 << 10
+
+// Stats counts CreateCertificate outcomes.
+type Stats struct {
+	Signed, Unauthenticated, PermissionDenied, InvalidArgument, Unavailable int64
+}
+
+type stats struct {
+	signed, unauthenticated, permissionDenied, invalidArgument, unavailable atomic.Int64
+}
+
+// Stats is a snapshot of the outcome counters.
+func (s *Service) Stats() Stats {
+	return Stats{
+		Signed: s.stats.signed.Load(), Unauthenticated: s.stats.unauthenticated.Load(),
+		PermissionDenied: s.stats.permissionDenied.Load(), InvalidArgument: s.stats.invalidArgument.Load(),
+		Unavailable: s.stats.unavailable.Load(),
+	}
+}
+
+// certService implements Istio's IstioCertificateService for one authority.
+type certService struct {
+	pb.UnimplementedIstioCertificateServiceServer
+	s    *Service
+	auth *pki.Authority
+}
+
+func (s *Service) serve(ctx context.Context, auth *pki.Authority) error {
+	serving, err := newServingCert(auth, s.cfg.ServingDNSNames, s.cfg.KeyAlgorithm)
+	if err != nil {
+		return fmt.Errorf("ca: serving certificate: %w", err)
+	}
+	tlsCfg := &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		GetCertificate: serving.get,
+		// Verified in the handler, so a foreign or expired certificate is a clean
+		// Unauthenticated rather than a failed handshake.
+		ClientAuth: tls.RequestClientCert,
+		NextProtos: []string{"h2"},
+	}
+	g := grpcserver.New(s.log, grpc.Creds(credentials.NewTLS(tlsCfg)), grpc.MaxRecvMsgSize(maxRequestBytes))
+	pb.RegisterIstioCertificateServiceServer(g, &certService{s: s, auth: auth})
+	srv := &grpcserver.Server{Addr: s.cfg.Listen, GRPC: g, Logger: s.log, Listening: func(a net.Addr) {
+		s.mu.Lock()
+		s.addr = a
+		s.mu.Unlock()
+		close(s.ready)
+	}}
+	return srv.Run(ctx)
+}
+
+// CreateCertificate signs the CSR for the caller's identity, whatever identity the CSR names.
+func (cs *certService) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
+	s := cs.s
+	c, err := s.authenticate(ctx, cs.auth)
+	if err != nil {
+		code := codes.Unauthenticated
+		if errors.Is(err, errUnavailable) {
+			code = codes.Unavailable
+		}
+		return nil, s.refuse(c, code, err)
+	}
+	c.id.TrustDomain = s.cfg.TrustDomain // the ca names identities in its own trust domain
+
+	if n := len(req.GetCsr()); n > MaxCSRBytes {
+		return nil, s.refuse(c, codes.InvalidArgument, fmt.Errorf("CSR of %d bytes exceeds the limit of %d", n, MaxCSRBytes))
+	}
+	csr, err := pki.ParseCSR([]byte(req.GetCsr()))
+	if err != nil {
+		return nil, s.refuse(c, codes.InvalidArgument, err)
+	}
+	// istiod ignores the CSR's names; refusing a CSR that names another workload makes a
+	// misconfigured or hostile agent visible instead of quietly getting a certificate it did
+	// not ask for. The trust domain may differ: the agent's may be stale.
+	for _, u := range csr.URIs {
+		asked, err := spiffe.FromURL(u)
+		if err != nil || !asked.SameWorkload(c.id) {
+			return nil, s.refuse(c, codes.PermissionDenied, fmt.Errorf("the CSR asks for %q, the caller is %s", u.String(), c.id))
+		}
+	}
+	ttl := time.Duration(req.GetValidityDuration()) * time.Second
+	switch {
+	case ttl <= 0:
+		ttl = s.cfg.DefaultCertTTL
+	case ttl > s.cfg.MaxCertTTL:
+		ttl = s.cfg.MaxCertTTL
+	}
+	leaf, err := cs.auth.Issue(csr.PublicKey, pki.LeafOptions{URIs: []*url.URL{c.id.URL()}, TTL: ttl})
+	if err != nil {
+		s.log.Error("signing failed", append(c.logAttrs(), "error", err)...)
+		return nil, status.Error(codes.Internal, "signing failed")
+	}
+	s.stats.signed.Add(1)
+	s.log.Debug("signed", append(c.logAttrs(), "ttl", ttl, "serial", leaf.SerialNumber.Text(16))...)
+	// Leaf first, then each intermediate, the roots last in one entry (Istio's agent takes the
+	// last entry as its trust bundle).
+	chain := []string{string(pki.EncodeCerts(leaf))}
+	for _, c := range cs.auth.Chain() {
+		chain = append(chain, string(pki.EncodeCerts(c)))
+	}
+	chain = append(chain, string(pki.EncodeCerts(cs.auth.Roots...)))
+	return &pb.IstioCertificateResponse{CertChain: chain}, nil
+}
+
+// refuse logs a refused request once, with who asked, counts it, and returns its gRPC status.
+func (s *Service) refuse(c caller, code codes.Code, err error) error {
+	switch code {
+	case codes.Unauthenticated:
+		s.stats.unauthenticated.Add(1)
+	case codes.PermissionDenied:
+		s.stats.permissionDenied.Add(1)
+	case codes.InvalidArgument:
+		s.stats.invalidArgument.Add(1)
+	case codes.Unavailable:
+		s.stats.unavailable.Add(1)
+	}
+	s.log.Warn("CSR refused", append(c.logAttrs(), "code", code.String(), "reason", err.Error())...)
+	return status.Error(code, err.Error())
+}
+
+// servingCert is the listener's certificate, issued by the ca itself and renewed in place once
+// half its lifetime has passed.
+type servingCert struct {
+	auth  *pki.Authority
+	names []string
+	alg   pki.KeyAlgorithm
+
+	mu      sync.Mutex
+	current *tls.Certificate
+}
+
+const servingTTL = 24 * time.Hour
+
+func newServingCert(auth *pki.Authority, names []string, alg pki.KeyAlgorithm) (*servingCert, error) {
+	sc := &servingCert{auth: auth, names: names, alg: alg}
+	if _, err := sc.get(nil); err != nil {
+		return nil, err
+	}
+	return sc, nil
+}
+
+func (sc *servingCert) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if c := sc.current; c != nil {
+		if half := c.Leaf.NotBefore.Add(c.Leaf.NotAfter.Sub(c.Leaf.NotBefore) / 2); time.Now().Before(half) {
+			return c, nil
+		}
+	}
+	key, err := pki.GenerateKey(sc.alg)
+	if err != nil {
+		return nil, err
+	}
+	leaf, err := sc.auth.Issue(key.Public(), pki.LeafOptions{
+		DNSNames: sc.names, IPs: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, TTL: servingTTL,
+	})
+	if err != nil {
+		return nil, err
+	}
+	c := &tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf}
+	for _, ca := range sc.auth.Chain() {
+		c.Certificate = append(c.Certificate, ca.Raw)
+	}
+	sc.current = c
+	return c, nil
+}

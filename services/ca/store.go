@@ -1,0 +1,173 @@
+package ca
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"sailplane.dev/shared/pki"
+)
+
+// Istio's names for where a CA lives in Kubernetes.
+const (
+	// RootSecret holds the self-signed root istiod (and this ca) generates.
+	RootSecret = "istio-ca-secret"
+	// PluggedSecret holds a plugged-in CA (Istio's cacerts).
+	PluggedSecret = "cacerts"
+	// RootSecretType is the type istiod gives RootSecret.
+	RootSecretType corev1.SecretType = "istio.io/ca-root"
+)
+
+var layoutFiles = []string{pki.CACertFile, pki.CAKeyFile, pki.CertChainFile, pki.RootCertFile}
+
+// loadAuthority finds the root of trust: a plugged-in folder, else a plugged-in Secret, else
+// the self-signed root (folder or Secret), generated and stored only when none is stored.
+func (s *Service) loadAuthority(ctx context.Context) (*pki.Authority, error) {
+	if dir := s.cfg.PluggedCertDir; dir != "" {
+		files, err := readLayout(dir)
+		if err != nil {
+			return nil, fmt.Errorf("%w: plugged-in CA folder %s: %w", ErrStoredCA, dir, err)
+		}
+		if len(files) == 0 {
+			return nil, fmt.Errorf("%w: plugged-in CA folder %s holds none of %v", ErrStoredCA, dir, layoutFiles)
+		}
+		return fromLayout("plugged-in CA folder "+dir, files)
+	}
+	if s.cfg.CertDir != "" {
+		return s.folderRoot(s.cfg.CertDir)
+	}
+	secrets := s.kube.CoreV1().Secrets(s.cfg.Namespace)
+	plugged, err := secrets.Get(ctx, PluggedSecret, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		return fromLayout(secretName(plugged), plugged.Data)
+	case !apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("read Secret %s/%s: %w", s.cfg.Namespace, PluggedSecret, err)
+	}
+	stored, err := secrets.Get(ctx, RootSecret, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		return fromLayout(secretName(stored), stored.Data)
+	case !apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("read Secret %s/%s: %w", s.cfg.Namespace, RootSecret, err)
+	}
+
+	auth, files, err := s.newRoot()
+	if err != nil {
+		return nil, err
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: RootSecret, Namespace: s.cfg.Namespace},
+		Type:       RootSecretType,
+		Data:       files,
+	}
+	// Create, never Update: of replicas racing to store a root, one wins and the others use it.
+	_, err = secrets.Create(ctx, secret, metav1.CreateOptions{})
+	switch {
+	case err == nil:
+		s.log.Info("generated a self-signed root", "secret", secretName(secret))
+		return auth, nil
+	case apierrors.IsAlreadyExists(err):
+		winner, err := secrets.Get(ctx, RootSecret, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("read Secret %s/%s another replica created: %w", s.cfg.Namespace, RootSecret, err)
+		}
+		s.log.Info("another replica stored the root first; using it", "secret", secretName(winner))
+		return fromLayout(secretName(winner), winner.Data)
+	default:
+		return nil, fmt.Errorf("create Secret %s/%s: %w", s.cfg.Namespace, RootSecret, err)
+	}
+}
+
+func secretName(s *corev1.Secret) string { return "Secret " + s.Namespace + "/" + s.Name }
+
+func fromLayout(where string, files map[string][]byte) (*pki.Authority, error) {
+	auth, err := pki.FromIstioLayout(files)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w (fix or remove it; a new root would invalidate every workload certificate)", ErrStoredCA, where, err)
+	}
+	return auth, nil
+}
+
+func (s *Service) newRoot() (*pki.Authority, map[string][]byte, error) {
+	auth, err := pki.NewSelfSigned(s.cfg.KeyAlgorithm, s.cfg.TrustDomain, s.cfg.RootTTL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generate root: %w", err)
+	}
+	files, err := pki.IstioLayout(auth)
+	if err != nil {
+		return nil, nil, err
+	}
+	return auth, files, nil
+}
+
+// folderRoot loads the root from dir, or generates one there when dir holds none of its files.
+func (s *Service) folderRoot(dir string) (*pki.Authority, error) {
+	files, err := readLayout(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrStoredCA, dir, err)
+	}
+	if len(files) > 0 {
+		return fromLayout("folder "+dir, files)
+	}
+	auth, files, err := s.newRoot()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("root folder: %w", err)
+	}
+	// The key is written last: until it exists the folder is incomplete, which the next start
+	// reports instead of generating over it.
+	for _, name := range []string{pki.RootCertFile, pki.CertChainFile, pki.CACertFile, pki.CAKeyFile} {
+		if err := writeNew(filepath.Join(dir, name), files[name]); err != nil {
+			return nil, err
+		}
+	}
+	s.log.Info("generated a self-signed root", "folder", dir)
+	return auth, nil
+}
+
+// readLayout reads the files of Istio's CA layout present in dir; a missing dir reads as none.
+func readLayout(dir string) (map[string][]byte, error) {
+	files := map[string][]byte{}
+	for _, name := range layoutFiles {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		switch {
+		case err == nil:
+			files[name] = data
+		case errors.Is(err, fs.ErrNotExist):
+		default:
+			return nil, err
+		}
+	}
+	return files, nil
+}
+
+// writeNew writes a file that must not exist yet (0600: the key is among them), through a
+// temporary file so it is never seen half-written.
+func writeNew(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Link(tmp.Name(), path); err != nil {
+		return fmt.Errorf("store root: %w", err)
+	}
+	return nil
+}
