@@ -175,4 +175,3 @@ func wantCode(t testing.TB, err error, code codes.Code, contains string) {
 		t.Fatalf("got %v, want %s containing %q", err, code, contains)
 	}
 }
-
