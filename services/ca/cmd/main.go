@@ -1,28 +1,66 @@
-// Command ca signs workload certificates (Istio's CreateCertificate API) and publishes the trust bundle.
-// It is not built yet: the binary exists so the layout, build and deployment are complete, and it
-// says so instead of pretending to work.
+// Command ca is Sailplane's certificate authority: it keeps the mesh's root of trust and signs
+// workload certificates over Istio's CreateCertificate API (port 15012), so Istio's own
+// istio-agent can use it unchanged. It links nothing of xds-server or config-ingest.
 package main
 
 import (
 	"errors"
-	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
+
+	"sailplane.dev/shared/cli"
+	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/kube"
+
+	ca "sailplane.dev/services/ca"
 )
 
 func main() {
+	var (
+		logOpts    cli.LogOptions
+		cfg        ca.Config
+		kubeconfig string
+		useKube    string
+	)
 	cmd := &cobra.Command{
-		Use:           "ca",
-		Short:         "Sailplane ca: signs workload certificates (Istio's CreateCertificate API) and publishes the trust bundle",
-		SilenceUsage:  true,
-		SilenceErrors: true,
+		Use:   "ca",
+		Short: "Sailplane ca: keeps the root of trust and signs workload certificates (Istio's CreateCertificate API)",
 		RunE: func(*cobra.Command, []string) error {
-			return errors.New("ca is not implemented yet")
+			log, err := logOpts.Logger()
+			if err != nil {
+				return err
+			}
+			switch useKube {
+			case "auto", "true":
+				found, err := kube.Discover(kubeconfig)
+				switch {
+				case err == nil:
+					cfg.Kube = found.Config
+					log.Info("kubernetes", "source", found.Source)
+				case errors.Is(err, kube.ErrNoCluster) && useKube == "auto":
+					log.Info("no Kubernetes cluster found: no token authentication, root in a folder")
+				default:
+					return err
+				}
+			case "false":
+			default:
+				return errors.New(`--kubernetes: want auto, true or false`)
+			}
+			if cfg.Kube == nil && cfg.CertDir == "" && cfg.PluggedCertDir == "" {
+				cfg.CertDir = "etc/certs"
+			}
+			svc, err := ca.New(cfg, ca.Deps{Logger: log.With("component", "ca")})
+			if err != nil {
+				return err
+			}
+			var m component.Manager
+			m.Add("ca", svc)
+			return cli.RunUntilSignal(&m)
 		},
 	}
-	if err := cmd.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		os.Exit(1)
-	}
+	logOpts.AddFlags(cmd.Flags())
+	cfg.AddFlags(cmd.Flags())
+	cmd.Flags().StringVar(&useKube, "kubernetes", "auto", "use Kubernetes (token reviews, root in a Secret): auto (when a cluster is found), true or false")
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
+	cli.Execute(cmd)
 }
