@@ -30,7 +30,7 @@ type kubeEnv struct {
 	client kubernetes.Interface
 }
 
-func newKubeEnv(t *testing.T) *kubeEnv {
+func newKubeEnv(t testing.TB) *kubeEnv {
 	k := testenv.KubeForTest(t)
 	cfg := k.RestConfig()
 	c, err := kubernetes.NewForConfig(cfg)
@@ -40,7 +40,7 @@ func newKubeEnv(t *testing.T) *kubeEnv {
 	return &kubeEnv{cfg: cfg, client: c}
 }
 
-func (e *kubeEnv) namespace(t *testing.T, name string) string {
+func (e *kubeEnv) namespace(t testing.TB, name string) string {
 	t.Helper()
 	if _, err := e.client.CoreV1().Namespaces().Create(ctxT(t), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -49,7 +49,7 @@ func (e *kubeEnv) namespace(t *testing.T, name string) string {
 }
 
 // token creates a ServiceAccount and asks the API server for a token of it (TokenRequest).
-func (e *kubeEnv) token(t *testing.T, ns, sa string, audiences ...string) string {
+func (e *kubeEnv) token(t testing.TB, ns, sa string, audiences ...string) string {
 	t.Helper()
 	ctx := ctxT(t)
 	_, err := e.client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{})
