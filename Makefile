@@ -43,6 +43,7 @@ bench: bench-go bench-xds
 bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 5x ./shared/bus/...
 	$(GO) test -run '^$$' -bench . -benchmem ./services/endpoint-watcher/internal/serviceentry/...
+	$(GO) test -run '^$$' -bench CreateCertificate -benchtime 3000x ./services/ca/
 	SAILPLANE_BENCH_SERVICES=5000 SAILPLANE_BENCH_PODS=20000 \
 		$(GO) test -run '^$$' -bench EndpointSliceUpdate -benchtime 1x -timeout 30m ./services/endpoint-watcher/internal/kube/
 
