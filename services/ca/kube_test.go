@@ -26,6 +26,7 @@ import (
 
 // kubeEnv is one API server shared by the Kubernetes tests, each in its own namespaces.
 type kubeEnv struct {
+	kube   *testenv.Kube
 	cfg    *rest.Config
 	client kubernetes.Interface
 }
@@ -37,7 +38,7 @@ func newKubeEnv(t testing.TB) *kubeEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &kubeEnv{cfg: cfg, client: c}
+	return &kubeEnv{kube: k, cfg: cfg, client: c}
 }
 
 func (e *kubeEnv) namespace(t testing.TB, name string) string {
@@ -72,6 +73,41 @@ func TestKubernetes(t *testing.T) {
 	t.Run("ConcurrentStartsShareOneRoot", func(t *testing.T) { testConcurrentStarts(t, env) })
 	t.Run("DamagedSecretRefusesToStart", func(t *testing.T) { testDamagedSecret(t, env) })
 	t.Run("PluggedSecret", func(t *testing.T) { testPluggedSecret(t, env) })
+	// Last: it stops the API server for a while.
+	t.Run("APIServerDown", func(t *testing.T) { testAPIServerDown(t, env) })
+}
+
+// Without the API server, a token reviewed before still works (cached), a new one is
+// Unavailable (retry later), not Unauthenticated; certificate authentication is unaffected.
+func testAPIServerDown(t *testing.T, env *kubeEnv) {
+	ns := env.namespace(t, "ca-outage")
+	r := startCA(t, Config{Kube: env.cfg, Namespace: ns})
+	cl := r.client(t, r.RootsPEM(), nil)
+	id := spiffe.ID{TrustDomain: "cluster.local", Namespace: ns, ServiceAccount: "known"}
+	known, fresh := env.token(t, ns, "known", "istio-ca"), env.token(t, ns, "fresh", "istio-ca")
+	key, csr := newCSR(t, pki.ECDSAP256, id)
+	resp, err := cl.CreateCertificate(withToken(ctxT(t), known), &pb.IstioCertificateRequest{Csr: csr})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	env.kube.StopAPIServer()
+	t.Cleanup(func() {
+		if err := env.kube.StartAPIServer(ctxT(t)); err != nil {
+			t.Error(err)
+		}
+	})
+	if _, err := cl.CreateCertificate(withToken(ctxT(t), known), &pb.IstioCertificateRequest{Csr: csr}); err != nil {
+		t.Fatalf("cached token with the API server down: %v", err)
+	}
+	_, freshCSR := newCSR(t, pki.ECDSAP256, spiffe.ID{TrustDomain: "cluster.local", Namespace: ns, ServiceAccount: "fresh"})
+	_, err = cl.CreateCertificate(withToken(ctxT(t), fresh), &pb.IstioCertificateRequest{Csr: freshCSR})
+	wantCode(t, err, codes.Unavailable, "TokenReview")
+	resp2, err := r.client(t, r.RootsPEM(), tlsCert(resp, key)).CreateCertificate(ctxT(t), &pb.IstioCertificateRequest{Csr: csr})
+	if err != nil {
+		t.Fatalf("certificate authentication with the API server down: %v", err)
+	}
+	checkChain(t, resp2, id, r.RootsPEM())
 }
 
 func testTokenAuth(t *testing.T, env *kubeEnv) {
