@@ -71,6 +71,10 @@ type Deps struct {
 // not matching its key): the ca refuses to start rather than mint a second root.
 var ErrStoredCA = errors.New("stored CA unusable")
 
+// ErrKubernetes marks the API server failing to read or store the CA Secret (unreachable,
+// RBAC): Run retries it until the Secret can be read.
+var ErrKubernetes = errors.New("kubernetes")
+
 // Service is the ca.
 type Service struct {
 	cfg  Config
@@ -149,9 +153,19 @@ func withDefaults(cfg Config) Config {
 }
 
 // Run loads (or, the first time, creates) the root of trust, then serves CreateCertificate until
-// ctx ends. A stored CA that cannot be used is an error wrapping ErrStoredCA, and nothing is served.
+// ctx ends. A stored CA that cannot be used is an error wrapping ErrStoredCA, and nothing is
+// served; an API server that cannot be asked is retried, with nothing served meanwhile.
 func (s *Service) Run(ctx context.Context) error {
 	auth, err := s.loadAuthority(ctx)
+	for delay := 500 * time.Millisecond; errors.Is(err, ErrKubernetes); delay = min(2*delay, 30*time.Second) {
+		s.log.Warn("cannot read the root of trust yet; retrying", "error", err, "retry-in", delay)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+		auth, err = s.loadAuthority(ctx)
+	}
 	if err != nil {
 		return fmt.Errorf("ca: %w", err)
 	}

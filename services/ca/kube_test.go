@@ -3,6 +3,7 @@ package ca
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/shared/testlog"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -91,12 +93,24 @@ func testAPIServerDown(t *testing.T, env *kubeEnv) {
 		t.Fatal(err)
 	}
 
+	laterNS := env.namespace(t, "ca-outage-start")
 	env.kube.StopAPIServer()
+	restarted := false
 	t.Cleanup(func() {
-		if err := env.kube.StartAPIServer(ctxT(t)); err != nil {
-			t.Error(err)
+		if !restarted {
+			_ = env.kube.StartAPIServer(ctxT(t))
 		}
 	})
+	// A ca starting now waits for the API server instead of failing.
+	later, err := New(Config{Kube: env.cfg, Namespace: laterNS, Listen: "127.0.0.1:0"}, Deps{Logger: testlog.New(t, slog.LevelInfo)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	laterCtx, stopLater := context.WithCancel(context.Background())
+	laterDone := make(chan error, 1)
+	go func() { laterDone <- later.Run(laterCtx) }()
+	defer func() { stopLater(); <-laterDone }()
+
 	if _, err := cl.CreateCertificate(withToken(ctxT(t), known), &pb.IstioCertificateRequest{Csr: csr}); err != nil {
 		t.Fatalf("cached token with the API server down: %v", err)
 	}
@@ -108,6 +122,18 @@ func testAPIServerDown(t *testing.T, env *kubeEnv) {
 		t.Fatalf("certificate authentication with the API server down: %v", err)
 	}
 	checkChain(t, resp2, id, r.RootsPEM())
+
+	restarted = true
+	if err := env.kube.StartAPIServer(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-later.Ready():
+	case err := <-laterDone:
+		t.Fatalf("the ca started during the outage gave up: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the ca started during the outage is not ready 30s after the API server came back")
+	}
 }
 
 func testTokenAuth(t *testing.T, env *kubeEnv) {

@@ -49,14 +49,14 @@ func (s *Service) loadAuthority(ctx context.Context) (*pki.Authority, error) {
 	case err == nil:
 		return fromLayout(secretName(plugged), plugged.Data)
 	case !apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("read Secret %s/%s: %w", s.cfg.Namespace, PluggedSecret, err)
+		return nil, fmt.Errorf("%w: read Secret %s/%s: %w", ErrKubernetes, s.cfg.Namespace, PluggedSecret, err)
 	}
 	stored, err := secrets.Get(ctx, RootSecret, metav1.GetOptions{})
 	switch {
 	case err == nil:
 		return fromLayout(secretName(stored), stored.Data)
 	case !apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("read Secret %s/%s: %w", s.cfg.Namespace, RootSecret, err)
+		return nil, fmt.Errorf("%w: read Secret %s/%s: %w", ErrKubernetes, s.cfg.Namespace, RootSecret, err)
 	}
 
 	auth, files, err := s.newRoot()
@@ -77,12 +77,12 @@ func (s *Service) loadAuthority(ctx context.Context) (*pki.Authority, error) {
 	case apierrors.IsAlreadyExists(err):
 		winner, err := secrets.Get(ctx, RootSecret, metav1.GetOptions{})
 		if err != nil {
-			return nil, fmt.Errorf("read Secret %s/%s another replica created: %w", s.cfg.Namespace, RootSecret, err)
+			return nil, fmt.Errorf("%w: read Secret %s/%s another replica created: %w", ErrKubernetes, s.cfg.Namespace, RootSecret, err)
 		}
 		s.log.Info("another replica stored the root first; using it", "secret", secretName(winner))
 		return fromLayout(secretName(winner), winner.Data)
 	default:
-		return nil, fmt.Errorf("create Secret %s/%s: %w", s.cfg.Namespace, RootSecret, err)
+		return nil, fmt.Errorf("%w: create Secret %s/%s: %w", ErrKubernetes, s.cfg.Namespace, RootSecret, err)
 	}
 }
 
