@@ -63,6 +63,7 @@ type caches struct {
 	secretsF informers.SharedInformerFactory
 	hasSync  []cache.InformerSynced
 	cancel   context.CancelFunc
+	retired  bool // replaced: sends no more Pods; guarded by cluster.podMu
 }
 
 // newCluster builds the clients and informers of one cluster; nothing runs before start.
@@ -224,7 +225,7 @@ func (cl *cluster) stop() {
 	if cl.cancel != nil {
 		cl.cancel()
 	}
-	cl.wg.Wait() // no resync runs any more: cur is stable
+	cl.wg.Wait() // no resync runs any more, old caches stopped: cur is stable
 	cl.cur.stop()
 	cl.http.CloseIdleConnections()
 }

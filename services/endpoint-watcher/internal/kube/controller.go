@@ -316,14 +316,16 @@ func (c *Controller) onPod(cl *cluster, g *caches, obj any, deleted bool) {
 }
 
 // sendPod hands a Pod to the ServiceEntry registry, outside c.mu: the sink publishes itself.
-// Every generation of caches sends its Pods; resync reconciles once an old one stopped.
+// Both generations of caches send their Pods during a resync, until it retires the old one.
 func (c *Controller) sendPod(cl *cluster, g *caches, p *corev1.Pod, deleted bool) {
 	if c.sink == nil {
 		return
 	}
 	cl.podMu.Lock()
 	defer cl.podMu.Unlock()
-	c.sendPodLocked(cl, g, p, deleted)
+	if !g.retired {
+		c.sendPodLocked(cl, g, p, deleted)
+	}
 }
 
 // sendPodLocked is sendPod with cl.podMu held.
@@ -479,6 +481,7 @@ func (c *Controller) resync(ctx, until context.Context, cl *cluster) error {
 		g.stop()
 		return fmt.Errorf("cluster %s: new informers not synced: %w", cl.id, context.Cause(until))
 	}
+
 	c.mu.Lock()
 	old := cl.cur
 	cl.cur = g
@@ -488,8 +491,10 @@ func (c *Controller) resync(ctx, until context.Context, cl *cluster) error {
 		c.flush()
 	}
 	c.mu.Unlock()
-	old.stop()
-	c.reconcilePods(cl, g)
+	c.reconcilePods(cl, old, g)
+	// old's handlers have no effect any more: stop it in the background (client-go takes
+	// seconds to close its watches); cl.stop waits for it.
+	cl.wg.Go(old.stop)
 	if g.secrets != nil {
 		// The Secrets changed or deleted during the outage.
 		keys := map[string]bool{}
@@ -508,15 +513,15 @@ func (c *Controller) resync(ctx, until context.Context, cl *cluster) error {
 	return nil
 }
 
-// reconcilePods makes the ServiceEntry registry hold exactly g's Pods of cl, once g is the only
-// generation of caches sending them: an old one may have sent a Pod that is gone, or a version
-// older than g's.
-func (c *Controller) reconcilePods(cl *cluster, g *caches) {
+// reconcilePods retires old, so that it sends no more Pods, and makes the ServiceEntry registry
+// hold exactly g's Pods of cl: old may have sent a Pod that is gone, or a version older than g's.
+func (c *Controller) reconcilePods(cl *cluster, old, g *caches) {
 	if c.sink == nil {
 		return
 	}
 	cl.podMu.Lock()
 	defer cl.podMu.Unlock()
+	old.retired = true
 	for key := range cl.sent {
 		ns, name, _ := cache.SplitMetaNamespaceKey(key)
 		if p, err := g.pods.Pods(ns).Get(name); err == nil {

@@ -81,7 +81,9 @@ func TestAPIServerOutage(t *testing.T) {
 		return sink.has("primary", ns, "a") && sink.has("primary", ns, "b") && sink.has("remote-1", ns, "r")
 	})
 
-	outage := func(t *testing.T, p *cutProxy, change func()) {
+	// outage cuts p, makes change while the API server is unreachable, restores p and waits
+	// until published holds: within afterOutage, deleting nothing else than "gone".
+	outage := func(t *testing.T, p *cutProxy, change func(), published func(st map[string]map[string]*bus.Resource) bool) {
 		t.Helper()
 		unreachable := logs.Count("kubernetes API server unreachable")
 		recovered := logs.Count("API server reachable again, resynced in")
@@ -91,20 +93,17 @@ func TestAPIServerOutage(t *testing.T) {
 		calls := len(rec.Calls())
 		p.restore()
 		restored := time.Now()
-		t.Cleanup(func() {
-			if t.Failed() {
-				return
+		rec.WaitForState(t, afterOutage, published)
+		t.Logf("changes made during the outage published %v after the API server was reachable again", time.Since(restored).Round(time.Millisecond))
+		waitUntil(t, afterOutage, "the recovery logged", func() bool { return logs.Count("API server reachable again, resynced in") > recovered })
+		for _, c := range rec.Calls()[calls:] {
+			if c.Op == "Delete" && slices.ContainsFunc(c.Names, func(n string) bool { return n != name("gone") }) {
+				t.Errorf("deleted after the outage: %v", c)
 			}
-			t.Logf("changes made during the outage published in %v", time.Since(restored).Round(time.Millisecond))
-			for _, c := range rec.Calls()[calls:] {
-				if c.Op == "Delete" && slices.ContainsFunc(c.Names, func(n string) bool { return n != name("gone") }) {
-					t.Errorf("deleted after the outage: %v", c)
-				}
-			}
-			if n := logs.Count("API server reachable again, resynced in"); n != recovered+1 {
-				t.Errorf("the recovery was logged %d times, want once", n-recovered)
-			}
-		})
+		}
+		if n := logs.Count("API server reachable again, resynced in"); n != recovered+1 {
+			t.Errorf("the recovery was logged %d times, want once", n-recovered)
+		}
 	}
 
 	t.Run("primary", func(t *testing.T) {
@@ -118,8 +117,7 @@ func TestAPIServerOutage(t *testing.T) {
 			}
 			pslice.Endpoints = append(pslice.Endpoints, sliceEP("198.18.4.3", "", "", true, true, false))
 			pslice = updateSlice(t, pcs, pslice)
-		})
-		rec.WaitForState(t, afterOutage, func(st map[string]map[string]*bus.Resource) bool {
+		}, func(st map[string]map[string]*bus.Resource) bool {
 			_, gone := st[schema.Service.TypeURL][name("gone")]
 			eps, ok := st[schema.Endpoints.TypeURL][name("api")]
 			return !gone && ok && proto.Equal(eps.Body, endpoints(ep("198.18.4.1", "a", "primary"), ep("198.18.4.3", "", "primary"), ep("198.18.4.2", "r", "remote-1")))
@@ -130,13 +128,12 @@ func TestAPIServerOutage(t *testing.T) {
 		}
 	})
 	t.Run("remote", func(t *testing.T) {
+		want := endpoints(ep("198.18.4.1", "a", "primary"), ep("198.18.4.3", "", "primary"),
+			ep("198.18.4.2", "r", "remote-1"), ep("198.18.4.4", "", "remote-1"))
 		outage(t, rproxy, func() {
 			rslice.Endpoints = append(rslice.Endpoints, sliceEP("198.18.4.4", "", "", true, true, false))
 			rslice = updateSlice(t, rcs, rslice)
-		})
-		want := endpoints(ep("198.18.4.1", "a", "primary"), ep("198.18.4.3", "", "primary"),
-			ep("198.18.4.2", "r", "remote-1"), ep("198.18.4.4", "", "remote-1"))
-		rec.WaitForState(t, afterOutage, func(st map[string]map[string]*bus.Resource) bool {
+		}, func(st map[string]map[string]*bus.Resource) bool {
 			eps, ok := st[schema.Endpoints.TypeURL][name("api")]
 			return ok && proto.Equal(eps.Body, want)
 		})
