@@ -82,6 +82,8 @@ type Source struct {
 	probeNow chan struct{}
 	// outages restarts the informers as soon as the API server is back from an outage.
 	outages *kube.Outages
+	// retired tracks the stopping of informers replaced by resync.
+	retired sync.WaitGroup
 
 	mu        sync.Mutex
 	synced    bool // the initial state was published: from now on, publish every change
@@ -202,6 +204,7 @@ func (s *Source) Run(ctx context.Context) error {
 	defer func() {
 		cancel()
 		wg.Wait() // a resync in progress stops its own informers
+		s.retired.Wait()
 		s.mu.Lock()
 		cur := s.caches
 		s.mu.Unlock()
@@ -390,7 +393,9 @@ func (s *Source) resync(ctx, until context.Context) error {
 	}
 	s.resyncLocked(func(string) bool { return true })
 	s.mu.Unlock()
-	old.stop()
+	// old's events are ignored from now on: stop it in the background (client-go takes seconds
+	// to close its watches); Run waits for it.
+	s.retired.Go(old.stop)
 	return nil
 }
 
