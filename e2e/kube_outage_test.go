@@ -17,6 +17,11 @@ import (
 // relists to fail and back off several times.
 const apiOutage = 30 * time.Second
 
+// afterOutage bounds how long a change made once the API server is back takes to reach a
+// client: the probe's backoff (1 s at most), a relist, the bus and an xDS push, with room for
+// a loaded machine.
+const afterOutage = 15 * time.Second
+
 // watchWords are what Sailplane (its own logs or client-go's) says about a lost watch or a
 // failed list.
 var watchWords = regexp.MustCompile(`(?i)failed to (watch|list)|watch\S* .*(error|fail|ended|closed|lost)|refused|EOF|client connection lost`)
@@ -40,7 +45,7 @@ func loggedWatchFailure(log, apiAddr string) (string, bool) {
 
 // TestKubeAPIServerOutage stops the API server for 30 s: what Sailplane serves is not lost (RPCs
 // keep reaching the same backends the whole time), and once the API server is back its watches
-// resume (a new endpoint reaches the client).
+// resume at once (a new endpoint reaches the client within afterOutage).
 func TestKubeAPIServerOutage(t *testing.T) {
 	for _, topo := range kubeTopologies {
 		t.Run(topo.name, func(t *testing.T) { testKubeAPIServerOutage(t, topo.start) })
@@ -103,13 +108,13 @@ func testKubeAPIServerOutage(t *testing.T, start func(*testing.T, *testenv.Kube,
 	if err := k.StartAPIServer(startCtx); err != nil {
 		t.Fatalf("restarting the API server: %v", err)
 	}
-	// Watches resume: a change made after the restart reaches the client. Each informer retries
-	// on client-go's own backoff, which after a 30 s outage can wait up to 60 s (30 s cap, full
-	// jitter) before its next list; seen here from 37 s to over 90 s. The issue asks that watches
-	// resume, not how fast, hence the long deadline; the time it took is logged.
+	// Watches resume at once: Sailplane probes the API server while it is down and restarts its
+	// informers as soon as it answers (client-go's own backoff would wait up to a minute after
+	// an outage this long), so a change made after the restart reaches the client within
+	// afterOutage.
 	restarted := time.Now()
 	echo.setReady(t, 3)
-	framework.Eventually(t, 3*time.Minute, func() error {
+	framework.Eventually(t, afterOutage, func() error {
 		counts, err := reached(ctx, client, 30)
 		if err != nil {
 			return fmt.Errorf("after the restart: %w", err)

@@ -45,7 +45,6 @@ require (
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
-	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
 	go.yaml.in/yaml/v3 v3.0.4 // indirect
@@ -74,6 +73,7 @@ replace sailplane.dev/proto => ../../proto
 replace sailplane.dev/shared => ../../shared
 
 require (
+	github.com/spf13/pflag v1.0.10
 	google.golang.org/protobuf v1.36.12
 	istio.io/client-go v1.31.1
 	k8s.io/api v0.37.2

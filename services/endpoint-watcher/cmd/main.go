@@ -20,15 +20,11 @@ import (
 func main() {
 	var (
 		logOpts   cli.LogOptions
+		cfg       endpointwatcher.Config
 		configBus string
 		busListen string
-		clusterID string
 		kubecfg   string
 		kubeMode  string
-		namespace string
-		domain    string
-		consulURL string
-		consulDC  string
 	)
 	cmd := &cobra.Command{
 		Use:   "endpoint-watcher",
@@ -38,7 +34,6 @@ func main() {
 			if err != nil {
 				return err
 			}
-			cfg := endpointwatcher.Config{ClusterID: clusterID, Namespace: namespace, ClusterDomain: domain}
 			switch kubeMode {
 			case "auto", "on":
 				found, err := kube.Discover(kubecfg)
@@ -54,10 +49,6 @@ func main() {
 			case "off":
 			default:
 				return fmt.Errorf("--kubernetes: want auto, on or off, got %q", kubeMode)
-			}
-			if consulURL != "" {
-				// The ACL token comes from CONSUL_HTTP_TOKEN only, never a flag: flags show in ps.
-				cfg.Consul = &endpointwatcher.ConsulConfig{Address: consulURL, Datacenter: consulDC}
 			}
 			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
 			watcher, err := endpointwatcher.New(
@@ -79,15 +70,11 @@ func main() {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
+	cfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&configBus, "config-bus", "127.0.0.1:15051", "config-ingest's bus address")
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15052", "address serving the registry bus (MCP over xDS)")
-	cmd.Flags().StringVar(&clusterID, "cluster-id", "Kubernetes", "cluster ID stamped on discovered endpoints")
 	cmd.Flags().StringVar(&kubeMode, "kubernetes", "auto",
 		"Kubernetes discovery: auto (when --kubeconfig, in-cluster config, $KUBECONFIG or ~/.kube/config is found), on, off")
-	cmd.Flags().StringVar(&kubecfg, "kubeconfig", "", "kubeconfig of the primary cluster (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
-	cmd.Flags().StringVar(&namespace, "namespace", endpointwatcher.DefaultNamespace, "control plane namespace, holding remote-cluster Secrets")
-	cmd.Flags().StringVar(&consulURL, "consul", "", "Consul HTTP address to discover services from (empty: no Consul); token from CONSUL_HTTP_TOKEN")
-	cmd.Flags().StringVar(&consulDC, "consul-datacenter", "", "Consul datacenter (default: the agent's)")
-	cmd.Flags().StringVar(&domain, "cluster-domain", endpointwatcher.DefaultClusterDomain, "Kubernetes cluster domain of Service hostnames")
+	cli.KubeconfigVar(cmd.Flags(), &kubecfg)
 	cli.Execute(cmd)
 }

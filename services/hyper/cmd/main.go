@@ -5,8 +5,6 @@
 package main
 
 import (
-	"os"
-
 	"github.com/spf13/cobra"
 
 	"sailplane.dev/shared/bus"
@@ -18,22 +16,19 @@ import (
 	xdsserver "sailplane.dev/services/xds-server"
 )
 
-func main() {
+func main() { cli.Execute(newCommand()) }
+
+// newCommand is hyper's command: every linked service's flags, registered by the service's own
+// AddFlags, and hyper's own.
+func newCommand() *cobra.Command {
 	var (
 		logOpts    cli.LogOptions
-		meshFile   string
-		stateDir   string
-		configDirs []string
+		ingestCfg  configingest.Config
+		source     configingest.SourceFlags
+		watcherCfg endpointwatcher.Config
 		xdsCfg     xdsserver.Config
 		pprofAddr  string
 		busListen  string
-		clusterID  string
-		kubeconfig string
-		source     string
-		namespace  string
-		podName    string
-		consulAddr string
-		consulDC   string
 	)
 	cmd := &cobra.Command{
 		Use:   "hyper",
@@ -48,25 +43,14 @@ func main() {
 			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
 			local := bus.Local(store)
 
-			ingestCfg := configingest.Config{MeshFile: meshFile, ConfigDirs: configDirs, StateDir: stateDir, Namespace: namespace, PodName: podName}
-			watcherCfg := endpointwatcher.Config{ClusterID: clusterID, Namespace: namespace}
-			if consulAddr != "" {
-				// The ACL token comes from CONSUL_HTTP_TOKEN only, never a flag: flags show in ps.
-				watcherCfg.Consul = &endpointwatcher.ConsulConfig{Address: consulAddr, Datacenter: consulDC}
-			}
-			kubeCfg, chosen, err := configingest.ResolveSource(source, kubeconfig)
+			kubeCfg, chosen, err := source.Resolve()
 			if err != nil {
 				return err
 			}
 			log.Info("config source", "source", chosen)
-			if kubeCfg != nil {
-				// One cluster for config and discovery; the mesh config comes from the istio
-				// ConfigMap unless a file is asked for.
-				ingestCfg.Kube, watcherCfg.Kube = kubeCfg, kubeCfg
-				if !cmd.Flags().Changed("mesh-config") {
-					ingestCfg.MeshFile = ""
-				}
-			}
+			// One cluster for config and discovery.
+			ingestCfg.UseKube(kubeCfg, cmd.Flags())
+			watcherCfg.Kube = kubeCfg
 			ingest, err := configingest.New(ingestCfg,
 				configingest.Deps{Logger: log.With("component", "config-ingest"), Publisher: store})
 			if err != nil {
@@ -100,18 +84,11 @@ func main() {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
-	cmd.Flags().StringVar(&meshFile, "mesh-config", "etc/sailplane/mesh.yaml", "mesh config file (Istio meshConfig format); with Kubernetes, only when set, instead of the istio ConfigMap")
-	cmd.Flags().StringVar(&source, "config-source", configingest.SourceAuto, "where config and workloads come from: auto (Kubernetes if a cluster is found, else files), kubernetes or files")
-	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
-	cmd.Flags().StringVar(&namespace, "namespace", cli.EnvOr("POD_NAMESPACE", "istio-system"), "control plane namespace (Kubernetes): the istio ConfigMap, the status Lease, remote-cluster Secrets")
-	cmd.Flags().StringVar(&podName, "pod-name", os.Getenv("POD_NAME"), "identity in the status Lease (default: the host name)")
-	cmd.Flags().StringVar(&stateDir, "state-dir", configingest.DefaultStateDir, "folder keeping the last valid version of every config file's resources across restarts (files mode); empty: none")
-	cmd.Flags().StringSliceVar(&configDirs, "config-dir", nil, "config folders to read, overriding the mesh config's fs:// configSources")
+	ingestCfg.AddFlags(cmd.Flags())
+	source.AddFlags(cmd.Flags())
+	watcherCfg.AddFlags(cmd.Flags())
 	xdsCfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the bus to external MCP consumers; empty to disable")
-	cmd.Flags().StringVar(&consulAddr, "consul", "", "Consul HTTP address to discover services from (empty: no Consul); token from CONSUL_HTTP_TOKEN")
-	cmd.Flags().StringVar(&consulDC, "consul-datacenter", "", "Consul datacenter (default: the agent's)")
-	cmd.Flags().StringVar(&clusterID, "cluster-id", "Kubernetes", "cluster ID stamped on discovered endpoints")
-	cli.Execute(cmd)
+	return cmd
 }

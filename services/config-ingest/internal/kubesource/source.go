@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net/http"
 	"os"
 	"slices"
 	"sync"
@@ -81,22 +80,24 @@ type Source struct {
 	queue workqueue.TypedRateLimitingInterface[statusKey]
 	// probeNow wakes the loop that clears watch problems.
 	probeNow chan struct{}
+	// outages restarts the informers as soon as the API server is back from an outage.
+	outages *kube.Outages
+	// retired tracks the stopping of informers replaced by resync.
+	retired sync.WaitGroup
 
 	mu        sync.Mutex
 	synced    bool // the initial state was published: from now on, publish every change
 	mesh      *meshv1alpha1.MeshConfig
 	selectors []labels.Selector // nil: every namespace
 	kinds     []*kindState
-	nsLister  cache.GenericLister
-	cmLister  cache.GenericLister
+	caches    *caches // the informers in use
 	meshProb  error
 	watchProb map[string]error // by informer name
-	connProb  error            // the last request's network error; nil once one succeeds
 }
 
 type kindState struct {
 	kind     schema.Kind
-	informer cache.SharedIndexInformer
+	informer cache.SharedIndexInformer // caches.kinds[i]
 	// published is what the bus has, by bus name: the last valid version of each resource.
 	published map[string]config.Config
 	// invalid holds the validation error of resources whose current version is invalid.
@@ -141,42 +142,15 @@ func New(restCfg *rest.Config, cfg Config, pub bus.Publisher, log *slog.Logger) 
 		ready: make(chan struct{}), probeNow: make(chan struct{}, 1),
 		watchProb: map[string]error{},
 	}
-	// Informers retry a refused watch quietly, without calling the watch error handler: the
-	// transport is where an unreachable API server shows.
+	s.outages = kube.NewOutages(restCfg.Host, log)
 	restCfg = rest.CopyConfig(restCfg)
-	restCfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &healthTransport{rt: rt, s: s} })
+	restCfg.Wrap(s.outages.Wrap)
 	clients, err := kube.NewClients(restCfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubesource: %w", err)
 	}
 	s.clients = clients
 	return s, nil
-}
-
-// healthTransport records whether the API server answers.
-type healthTransport struct {
-	rt http.RoundTripper
-	s  *Source
-}
-
-func (h *healthTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := h.rt.RoundTrip(req)
-	if err != nil && req.Context().Err() != nil {
-		return resp, err // canceled by us, not a failure of the server
-	}
-	h.s.mu.Lock()
-	defer h.s.mu.Unlock()
-	switch {
-	case err != nil && h.s.connProb == nil:
-		h.s.log.Warn("kubernetes API server unreachable; retrying", "host", req.URL.Host, "error", err)
-		h.s.connProb = fmt.Errorf("%w: API server %s unreachable: %w", ErrKubernetes, req.URL.Host, err)
-	case err != nil:
-		h.s.connProb = fmt.Errorf("%w: API server %s unreachable: %w", ErrKubernetes, req.URL.Host, err)
-	case h.s.connProb != nil:
-		h.s.log.Info("kubernetes API server reachable again", "host", req.URL.Host)
-		h.s.connProb = nil
-	}
-	return resp, err
 }
 
 // Ready is closed once the first full state of every kind and the mesh config was published.
@@ -194,8 +168,8 @@ func (s *Source) Problems() []error {
 	if s.meshProb != nil {
 		out = append(out, s.meshProb)
 	}
-	if s.connProb != nil {
-		out = append(out, s.connProb)
+	if err := s.outages.Err(); err != nil {
+		out = append(out, fmt.Errorf("%w: %w", ErrKubernetes, err))
 	}
 	for _, name := range slices.Sorted(maps.Keys(s.watchProb)) {
 		out = append(out, s.watchProb[name])
@@ -211,56 +185,36 @@ func (s *Source) Problems() []error {
 // Run watches the cluster and publishes until ctx is done. It fails only when a mesh file
 // (Config.MeshFile) cannot be loaded at start.
 func (s *Source) Run(ctx context.Context) error {
+	g, err := s.newCaches()
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-
-	istioF := istioinformers.NewSharedInformerFactoryWithOptions(s.clients.Istio, 0)
-	nsF := informers.NewSharedInformerFactoryWithOptions(s.clients.Kube, 0)
-	cmF := informers.NewSharedInformerFactoryWithOptions(s.clients.Kube, 0,
-		informers.WithNamespace(s.cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + MeshConfigMap }))
-	defer nsF.Shutdown()
-	defer cmF.Shutdown()
-	defer istioF.Shutdown()
-	defer cancel() // runs first: the factories' Shutdown waits for stopped informers
-
 	s.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.DefaultTypedControllerRateLimiter[statusKey](),
 		workqueue.TypedRateLimitingQueueConfig[statusKey]{Name: "config-ingest-status"})
-	defer s.queue.ShutDown()
-
-	var kinds []*kindState
-	var synced []cache.InformerSynced
-	for i, k := range schema.IstioConfig {
-		gi, err := istioF.ForResource(gvr(k))
-		if err != nil {
-			return fmt.Errorf("kubesource: %s: %w", k.Kind, err)
-		}
-		ks := &kindState{kind: k, informer: gi.Informer(), published: map[string]config.Config{}, invalid: map[string]error{}}
-		kinds = append(kinds, ks)
-		s.handle(ks.informer, k.Kind, func(key string) { s.onObject(i, key) })
-		synced = append(synced, ks.informer.HasSynced)
-	}
-	nsInf := nsF.Core().V1().Namespaces()
-	s.handle(nsInf.Informer(), "Namespace", s.onNamespace)
-	synced = append(synced, nsInf.Informer().HasSynced)
 	s.mu.Lock()
-	s.kinds = kinds
-	s.nsLister = cache.NewGenericLister(nsInf.Informer().GetIndexer(), corev1.Resource("namespaces"))
+	s.kinds = make([]*kindState, len(schema.IstioConfig))
+	for i, k := range schema.IstioConfig {
+		s.kinds[i] = &kindState{kind: k, published: map[string]config.Config{}, invalid: map[string]error{}}
+	}
+	s.useLocked(g)
 	s.mu.Unlock()
+	defer func() {
+		cancel()
+		wg.Wait() // a resync in progress stops its own informers
+		s.retired.Wait()
+		s.mu.Lock()
+		cur := s.caches
+		s.mu.Unlock()
+		cur.stop() // waits until the informers stopped
+		s.queue.ShutDown()
+	}()
 
 	meshCh := make(chan *meshv1alpha1.MeshConfig, 1)
 	watchErr := make(chan error, 1)
-	if s.cfg.MeshFile == "" {
-		cmInf := cmF.Core().V1().ConfigMaps()
-		s.mu.Lock()
-		s.cmLister = cache.NewGenericLister(cmInf.Informer().GetIndexer(), corev1.Resource("configmaps"))
-		s.mu.Unlock()
-		s.handle(cmInf.Informer(), "ConfigMap", func(string) { s.onConfigMap() })
-		cmF.Start(ctx.Done())
-	} else {
+	if s.cfg.MeshFile != "" {
 		w := mesh.NewWatcher(s.cfg.MeshFile, func(m *meshv1alpha1.MeshConfig) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
@@ -281,23 +235,17 @@ func (s *Source) Run(ctx context.Context) error {
 			defer s.mu.Unlock()
 			s.meshProb = err
 		}))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			watchErr <- w.Run(ctx)
-		}()
+		wg.Go(func() { watchErr <- w.Run(ctx) })
 	}
-	istioF.Start(ctx.Done())
-	nsF.Start(ctx.Done())
+	g.start(ctx)
 
-	wg.Add(3)
-	go func() { defer wg.Done(); s.runLeaderElection(ctx) }()
-	go func() { defer wg.Done(); s.runStatusWriter(ctx) }()
-	go func() { defer wg.Done(); s.runProbes(ctx) }()
+	wg.Go(func() { s.runLeaderElection(ctx) })
+	wg.Go(func() { s.runStatusWriter(ctx) })
+	wg.Go(func() { s.runProbes(ctx) })
 
 	// The mesh config first: it says which namespaces count.
-	if s.cfg.MeshFile == "" {
-		if !cache.WaitForCacheSync(ctx.Done(), cmF.Core().V1().ConfigMaps().Informer().HasSynced) {
+	if g.cm != nil {
+		if !cache.WaitForCacheSync(ctx.Done(), g.cm.HasSynced) {
 			return nil
 		}
 		s.onConfigMap()
@@ -310,7 +258,7 @@ func (s *Source) Run(ctx context.Context) error {
 			return nil
 		}
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+	if !cache.WaitForCacheSync(ctx.Done(), g.synced()...) {
 		return nil
 	}
 
@@ -332,6 +280,11 @@ func (s *Source) Run(ctx context.Context) error {
 	close(s.ready)
 	s.log.Info("config published from Kubernetes", "resources", total, "problems", problems)
 
+	wg.Go(func() {
+		s.outages.Run(ctx, s.clients.Kube.Discovery().RESTClient(), func(until context.Context) error {
+			return s.resync(ctx, until)
+		})
+	})
 	select {
 	case <-ctx.Done():
 		return nil
@@ -340,9 +293,115 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 }
 
+// caches is one generation of the Source's informers. After an API server outage a new
+// generation replaces the old one whole (see resync).
+type caches struct {
+	factories []interface {
+		Start(stopCh <-chan struct{})
+		Shutdown()
+	}
+	kinds              []cache.SharedIndexInformer // by index in schema.IstioConfig
+	ns                 cache.SharedIndexInformer
+	cm                 cache.SharedIndexInformer // nil when the mesh config comes from a file
+	nsLister, cmLister cache.GenericLister
+	cancel             context.CancelFunc
+}
+
+// newCaches builds a generation of informers, with the Source's handlers; nothing runs yet.
+func (s *Source) newCaches() (*caches, error) {
+	istioF := istioinformers.NewSharedInformerFactoryWithOptions(s.clients.Istio, 0)
+	nsF := informers.NewSharedInformerFactoryWithOptions(s.clients.Kube, 0)
+	g := &caches{cancel: func() {}}
+	g.factories = append(g.factories, istioF, nsF)
+	for i, k := range schema.IstioConfig {
+		gi, err := istioF.ForResource(gvr(k))
+		if err != nil {
+			return nil, fmt.Errorf("kubesource: %s: %w", k.Kind, err)
+		}
+		g.kinds = append(g.kinds, gi.Informer())
+		s.handle(g, gi.Informer(), k.Kind, func(key string) { s.onObject(i, key) })
+	}
+	g.ns = nsF.Core().V1().Namespaces().Informer()
+	g.nsLister = cache.NewGenericLister(g.ns.GetIndexer(), corev1.Resource("namespaces"))
+	s.handle(g, g.ns, "Namespace", s.onNamespace)
+	if s.cfg.MeshFile == "" {
+		cmF := informers.NewSharedInformerFactoryWithOptions(s.clients.Kube, 0,
+			informers.WithNamespace(s.cfg.Namespace),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + MeshConfigMap }))
+		g.factories = append(g.factories, cmF)
+		g.cm = cmF.Core().V1().ConfigMaps().Informer()
+		g.cmLister = cache.NewGenericLister(g.cm.GetIndexer(), corev1.Resource("configmaps"))
+		s.handle(g, g.cm, "ConfigMap", func(string) { s.onConfigMap() })
+	}
+	return g, nil
+}
+
+func (g *caches) start(ctx context.Context) {
+	ctx, g.cancel = context.WithCancel(ctx)
+	for _, f := range g.factories {
+		f.Start(ctx.Done())
+	}
+}
+
+// stop stops the informers and waits until they did.
+func (g *caches) stop() {
+	g.cancel()
+	for _, f := range g.factories {
+		f.Shutdown()
+	}
+}
+
+func (g *caches) synced() []cache.InformerSynced {
+	out := []cache.InformerSynced{g.ns.HasSynced}
+	if g.cm != nil {
+		out = append(out, g.cm.HasSynced)
+	}
+	for _, inf := range g.kinds {
+		out = append(out, inf.HasSynced)
+	}
+	return out
+}
+
+// useLocked makes g the informers every lookup reads.
+func (s *Source) useLocked(g *caches) {
+	s.caches = g
+	for i, ks := range s.kinds {
+		ks.informer = g.kinds[i]
+	}
+}
+
+// resync, run when the API server answers again after an outage, replaces the informers with
+// new ones (client-go's would relist only when their backoff, up to a minute, lets them) and,
+// once the new ones listed everything, diffs their state against what is published: what
+// changed or went away during the outage is published, what did not is left as it is. The
+// informers run under ctx; until cancels the wait for their first list.
+func (s *Source) resync(ctx, until context.Context) error {
+	g, err := s.newCaches()
+	if err != nil {
+		return err
+	}
+	g.start(ctx)
+	if !cache.WaitForCacheSync(until.Done(), g.synced()...) {
+		g.stop()
+		return fmt.Errorf("kubesource: new informers not synced: %w", context.Cause(until))
+	}
+	s.mu.Lock()
+	old := s.caches
+	s.useLocked(g)
+	if g.cm != nil {
+		s.onConfigMapLocked()
+	}
+	s.resyncLocked(func(string) bool { return true })
+	s.mu.Unlock()
+	// old's events are ignored from now on: stop it in the background (client-go takes seconds
+	// to close its watches); Run waits for it.
+	s.retired.Go(old.stop)
+	return nil
+}
+
 func (s *Source) problemCountLocked() int {
 	n := len(s.watchProb)
-	if s.connProb != nil {
+	if s.outages.Err() != nil {
 		n++
 	}
 	if s.meshProb != nil {
@@ -354,9 +413,19 @@ func (s *Source) problemCountLocked() int {
 	return n
 }
 
-// handle routes inf's events, by namespace/name key, to fn, and records its watch errors.
-func (s *Source) handle(inf cache.SharedIndexInformer, name string, fn func(key string)) {
+// handle routes inf's events, by namespace/name key, to fn, and records its watch errors,
+// while g is the generation in use: a new generation's initial list is taken in whole by
+// resync, and an old one's late events are stale.
+func (s *Source) handle(g *caches, inf cache.SharedIndexInformer, name string, fn func(key string)) {
+	current := func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.caches == g
+	}
 	key := func(obj any) {
+		if !current() {
+			return
+		}
 		k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
 		if err != nil {
 			s.log.Warn("unexpected object in informer", "kind", name, "error", err)
@@ -372,6 +441,9 @@ func (s *Source) handle(inf cache.SharedIndexInformer, name string, fn func(key 
 	// Set before the informer starts, as client-go requires; it replaces client-go's default
 	// handler, which only logs.
 	_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		if !current() {
+			return
+		}
 		s.log.Warn("kubernetes watch failed; retrying", "kind", name, "error", err)
 		s.mu.Lock()
 		s.watchProb[name] = fmt.Errorf("%w: list/watch %s: %w", ErrKubernetes, name, err)
@@ -467,7 +539,7 @@ func (s *Source) selectedLocked(ns string) bool {
 	if s.selectors == nil || ns == s.cfg.Namespace || ns == s.mesh.GetRootNamespace() {
 		return true
 	}
-	obj, err := s.nsLister.Get(ns)
+	obj, err := s.caches.nsLister.Get(ns)
 	if err != nil {
 		return false
 	}
@@ -498,9 +570,13 @@ func (s *Source) onNamespace(key string) {
 func (s *Source) onConfigMap() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.onConfigMapLocked()
+}
+
+func (s *Source) onConfigMapLocked() {
 	where := s.cfg.Namespace + "/" + MeshConfigMap
 	data := ""
-	if obj, err := s.cmLister.ByNamespace(s.cfg.Namespace).Get(MeshConfigMap); err == nil {
+	if obj, err := s.caches.cmLister.ByNamespace(s.cfg.Namespace).Get(MeshConfigMap); err == nil {
 		if cm, ok := obj.(*corev1.ConfigMap); ok {
 			data = cm.Data[MeshKey]
 		}
@@ -575,12 +651,13 @@ func (s *Source) enqueueStatusLocked(k statusKey) {
 func (s *Source) writeStatus(ctx context.Context, k statusKey) error {
 	s.mu.Lock()
 	ks := s.kinds[k.kind]
+	inf := ks.informer
 	selected := s.selectedLocked(k.ns)
 	s.mu.Unlock()
 	if !selected || !s.leader.Load() {
 		return nil
 	}
-	obj, exists, err := ks.informer.GetIndexer().GetByKey(k.ns + "/" + k.name)
+	obj, exists, err := inf.GetIndexer().GetByKey(k.ns + "/" + k.name)
 	if err != nil || !exists {
 		return nil
 	}

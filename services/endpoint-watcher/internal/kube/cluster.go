@@ -8,11 +8,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	listerv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	sharedkube "sailplane.dev/shared/kube"
 )
 
 // Indexes on the informers' caches, so that one change finds what it affects without a scan.
@@ -22,36 +25,56 @@ const (
 	byNode          = "node"    // EndpointSlice and Pod -> node names
 )
 
-// cluster is one Kubernetes cluster's informers. Its fields are set before its informers start
-// and never change; synced is guarded by the Controller's mutex.
+// cluster is one Kubernetes cluster: its clients and its informers. Its fields are set before
+// its informers start and never change, but for cur and synced, guarded by the Controller's
+// mutex.
 type cluster struct {
 	id string
 	// secret and hash identify the Secret key and kubeconfig of a remote cluster; both empty
 	// for the primary.
 	secret, hash string
 
-	http     *http.Client
-	client   kubernetes.Interface
+	http    *http.Client
+	client  kubernetes.Interface
+	outages *sharedkube.Outages
+
+	cur      *caches       // the informers in use: replaced after an API server outage
+	synced   bool          // the first caches synced
+	syncedCh chan struct{} // closed once the first caches synced
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+
+	podMu sync.Mutex
+	// sent holds the "namespace/name" of each Pod handed to the WorkloadSink, so that the
+	// Pods deleted during an outage, or of a stopped cluster, are removed from it.
+	sent map[string]struct{}
+}
+
+// caches is one generation of a cluster's informers, with the Controller's handlers.
+type caches struct {
 	factory  informers.SharedInformerFactory
 	services listerv1.ServiceLister
 	pods     listerv1.PodLister
 	nodes    listerv1.NodeLister
 	slices   cache.Indexer
 	podIdx   cache.Indexer
+	// secrets are the remote-cluster Secrets, on the primary only (nil on remote clusters).
+	secrets  cache.Indexer
+	secretsF informers.SharedInformerFactory
 	hasSync  []cache.InformerSynced
-
-	synced   bool          // guarded by Controller.mu
-	syncedCh chan struct{} // closed once the caches synced
 	cancel   context.CancelFunc
-	wg       sync.WaitGroup
+	retired  bool // replaced: sends no more Pods; guarded by cluster.podMu
 }
 
 // newCluster builds the clients and informers of one cluster; nothing runs before start.
-func newCluster(id string, cfg *rest.Config) (*cluster, error) {
+// secret is the Secret registering a remote cluster, empty for the primary.
+func (c *Controller) newCluster(id, secret string, cfg *rest.Config) (*cluster, error) {
 	cfg = rest.CopyConfig(cfg)
 	if cfg.QPS == 0 {
 		cfg.QPS, cfg.Burst = 100, 200
 	}
+	outages := sharedkube.NewOutages(cfg.Host, c.log.With("cluster", id))
+	cfg.Wrap(outages.Wrap)
 	// Our own HTTP client, so that stopping a cluster closes its connections (client-go's
 	// shared transport cache would keep them open for the life of the process).
 	hc, err := rest.HTTPClientFor(cfg)
@@ -62,9 +85,17 @@ func newCluster(id string, cfg *rest.Config) (*cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster %s: client: %w", id, err)
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(transform))
-	cl := &cluster{id: id, http: hc, client: client, factory: f, syncedCh: make(chan struct{})}
+	cl := &cluster{id: id, secret: secret, http: hc, client: client, outages: outages, syncedCh: make(chan struct{}), sent: map[string]struct{}{}}
+	if cl.cur, err = c.newCaches(cl); err != nil {
+		return nil, err
+	}
+	return cl, nil
+}
 
+// newCaches builds a generation of cl's informers with the Controller's handlers.
+func (c *Controller) newCaches(cl *cluster) (*caches, error) {
+	f := informers.NewSharedInformerFactoryWithOptions(cl.client, 0, informers.WithTransform(transform))
+	g := &caches{factory: f, cancel: func() {}}
 	svcInf := f.Core().V1().Services()
 	podInf := f.Core().V1().Pods()
 	nodeInf := f.Core().V1().Nodes()
@@ -72,74 +103,120 @@ func newCluster(id string, cfg *rest.Config) (*cluster, error) {
 	if err := sliceInf.Informer().AddIndexers(cache.Indexers{
 		bySlicedService: sliceServiceIndex, byPod: slicePodIndex, byNode: sliceNodeIndex,
 	}); err != nil {
-		return nil, fmt.Errorf("cluster %s: %w", id, err)
+		return nil, fmt.Errorf("cluster %s: %w", cl.id, err)
 	}
 	if err := podInf.Informer().AddIndexers(cache.Indexers{byNode: podNodeIndex}); err != nil {
-		return nil, fmt.Errorf("cluster %s: %w", id, err)
+		return nil, fmt.Errorf("cluster %s: %w", cl.id, err)
 	}
-	cl.services, cl.pods, cl.nodes = svcInf.Lister(), podInf.Lister(), nodeInf.Lister()
-	cl.slices, cl.podIdx = sliceInf.Informer().GetIndexer(), podInf.Informer().GetIndexer()
-	return cl, nil
-}
+	g.services, g.pods, g.nodes = svcInf.Lister(), podInf.Lister(), nodeInf.Lister()
+	g.slices, g.podIdx = sliceInf.Informer().GetIndexer(), podInf.Informer().GetIndexer()
+	if cl.secret == "" {
+		if err := c.watchSecrets(cl, g); err != nil {
+			return nil, err
+		}
+	}
 
-// handlers registers the Controller's handlers on the cluster's informers.
-func (cl *cluster) handlers(c *Controller) error {
-	f := cl.factory
 	reg := []struct {
 		inf cache.SharedIndexInformer
 		h   cache.ResourceEventHandlerFuncs
 	}{
-		{f.Core().V1().Services().Informer(), cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { c.onService(cl, nil, o) },
-			UpdateFunc: func(o, n any) { c.onService(cl, o, n) },
-			DeleteFunc: func(o any) { c.onService(cl, untomb(o), nil) },
+		{svcInf.Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { c.onService(cl, g, nil, o) },
+			UpdateFunc: func(o, n any) { c.onService(cl, g, o, n) },
+			DeleteFunc: func(o any) { c.onService(cl, g, untomb(o), nil) },
 		}},
-		{f.Discovery().V1().EndpointSlices().Informer(), cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { c.onSlice(cl, nil, o) },
-			UpdateFunc: func(o, n any) { c.onSlice(cl, o, n) },
-			DeleteFunc: func(o any) { c.onSlice(cl, untomb(o), nil) },
+		{sliceInf.Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { c.onSlice(cl, g, nil, o) },
+			UpdateFunc: func(o, n any) { c.onSlice(cl, g, o, n) },
+			DeleteFunc: func(o any) { c.onSlice(cl, g, untomb(o), nil) },
 		}},
-		{f.Core().V1().Pods().Informer(), cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { c.onPod(cl, o, false) },
-			UpdateFunc: func(_, n any) { c.onPod(cl, n, false) },
-			DeleteFunc: func(o any) { c.onPod(cl, untomb(o), true) },
+		{podInf.Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { c.onPod(cl, g, o, false) },
+			UpdateFunc: func(_, n any) { c.onPod(cl, g, n, false) },
+			DeleteFunc: func(o any) { c.onPod(cl, g, untomb(o), true) },
 		}},
-		{f.Core().V1().Nodes().Informer(), cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { c.onNode(cl, nil, o) },
-			UpdateFunc: func(o, n any) { c.onNode(cl, o, n) },
-			DeleteFunc: func(o any) { c.onNode(cl, untomb(o), nil) },
+		{nodeInf.Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { c.onNode(cl, g, nil, o) },
+			UpdateFunc: func(o, n any) { c.onNode(cl, g, o, n) },
+			DeleteFunc: func(o any) { c.onNode(cl, g, untomb(o), nil) },
 		}},
 	}
 	for _, r := range reg {
-		// client-go retries failed watches on its own backoff; say so in our log, where an
-		// operator looks, instead of only in klog's.
+		// Say in our log, where an operator looks, instead of only in klog's.
 		if err := r.inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, rf *cache.Reflector, err error) {
-			c.log.Warn("kubernetes watch failed; client-go retries with backoff",
+			c.log.Warn("kubernetes watch failed; retrying",
 				"cluster", cl.id, "resource", rf.TypeDescription(), "error", err)
 			cache.DefaultWatchErrorHandler(ctx, rf, err)
 		}); err != nil {
-			return fmt.Errorf("cluster %s: %w", cl.id, err)
+			return nil, fmt.Errorf("cluster %s: %w", cl.id, err)
 		}
 		h, err := r.inf.AddEventHandler(r.h)
 		if err != nil {
-			return fmt.Errorf("cluster %s: %w", cl.id, err)
+			return nil, fmt.Errorf("cluster %s: %w", cl.id, err)
 		}
 		// The registration's HasSynced also waits until the handler saw every initial object,
 		// so that Pods are handed to the ServiceEntry index before the cluster counts as synced.
-		cl.hasSync = append(cl.hasSync, h.HasSynced)
+		g.hasSync = append(g.hasSync, h.HasSynced)
 	}
+	return g, nil
+}
+
+// watchSecrets adds to the primary's caches the Secrets registering remote clusters.
+func (c *Controller) watchSecrets(cl *cluster, g *caches) error {
+	g.secretsF = informers.NewSharedInformerFactoryWithOptions(cl.client, 0,
+		informers.WithNamespace(c.cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelMultiCluster + "=true" }))
+	inf := g.secretsF.Core().V1().Secrets().Informer()
+	g.secrets = inf.GetIndexer()
+	key := func(o any) {
+		if k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(o); err == nil {
+			c.syncSecret(k)
+		}
+	}
+	h, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    key,
+		UpdateFunc: func(_, n any) { key(n) },
+		DeleteFunc: key,
+	})
+	if err != nil {
+		return fmt.Errorf("cluster %s: %w", cl.id, err)
+	}
+	g.hasSync = append(g.hasSync, h.HasSynced)
 	return nil
 }
 
-// start runs the informers until stop; onSynced is called once the caches synced.
-func (cl *cluster) start(ctx context.Context, onSynced func(*cluster)) {
+func (g *caches) start(ctx context.Context) {
+	ctx, g.cancel = context.WithCancel(ctx)
+	g.factory.Start(ctx.Done())
+	if g.secretsF != nil {
+		g.secretsF.Start(ctx.Done())
+	}
+}
+
+// stop stops the informers and waits until none of their handlers runs any more.
+func (g *caches) stop() {
+	g.cancel()
+	g.factory.Shutdown()
+	if g.secretsF != nil {
+		g.secretsF.Shutdown()
+	}
+}
+
+// start runs the informers until stop; onSynced is called once the caches synced. From then
+// on, an API server outage ends with resync as soon as the server answers again.
+func (cl *cluster) start(ctx context.Context, onSynced func(*cluster), resync func(ctx, until context.Context, cl *cluster) error) {
 	ctx, cl.cancel = context.WithCancel(ctx)
-	cl.factory.Start(ctx.Done())
+	first := cl.cur
+	first.start(ctx)
 	cl.wg.Go(func() {
-		if cache.WaitForCacheSync(ctx.Done(), cl.hasSync...) {
-			onSynced(cl)
-			close(cl.syncedCh)
+		if !cache.WaitForCacheSync(ctx.Done(), first.hasSync...) {
+			return
 		}
+		onSynced(cl)
+		close(cl.syncedCh)
+		cl.outages.Run(ctx, cl.client.Discovery().RESTClient(), func(until context.Context) error {
+			return resync(ctx, until, cl)
+		})
 	})
 }
 
@@ -148,8 +225,8 @@ func (cl *cluster) stop() {
 	if cl.cancel != nil {
 		cl.cancel()
 	}
-	cl.factory.Shutdown()
-	cl.wg.Wait()
+	cl.wg.Wait() // no resync runs any more, old caches stopped: cur is stable
+	cl.cur.stop()
 	cl.http.CloseIdleConnections()
 }
 

@@ -15,9 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
@@ -92,6 +90,9 @@ type Controller struct {
 	sink  WorkloadSink
 	ready chan struct{}
 
+	// secretMu serializes syncSecret, which starts and stops clusters outside mu.
+	secretMu sync.Mutex
+
 	mu       sync.Mutex
 	ctx      context.Context // Run's; remote clusters run under it
 	closing  bool
@@ -141,22 +142,7 @@ func (c *Controller) Ready() <-chan struct{} { return c.ready }
 // Run watches until ctx is done and returns nil then; it fails only if the primary cluster's
 // clients cannot be built.
 func (c *Controller) Run(ctx context.Context) error {
-	primary, err := newCluster(c.cfg.ClusterID, c.rest)
-	if err != nil {
-		return err
-	}
-	if err := primary.handlers(c); err != nil {
-		return err
-	}
-	sf := informers.NewSharedInformerFactoryWithOptions(primary.client, 0,
-		informers.WithNamespace(c.cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelMultiCluster + "=true" }))
-	secrets := sf.Core().V1().Secrets().Informer()
-	secReg, err := secrets.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { c.onSecret(o, false) },
-		UpdateFunc: func(_, n any) { c.onSecret(n, false) },
-		DeleteFunc: func(o any) { c.onSecret(untomb(o), true) },
-	})
+	primary, err := c.newCluster(c.cfg.ClusterID, "", c.rest)
 	if err != nil {
 		return err
 	}
@@ -164,14 +150,12 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.mu.Lock()
 	c.ctx, c.primary = ctx, primary
 	c.clusters[primary.id] = primary
-	primary.start(ctx, c.clusterSynced)
+	primary.start(ctx, c.clusterSynced, c.resync)
 	c.mu.Unlock()
-	sf.Start(ctx.Done())
-	defer c.shutdown(sf)
+	defer c.shutdown()
 
-	if !cache.WaitForCacheSync(ctx.Done(), secReg.HasSynced) {
-		return nil
-	}
+	// The primary's caches include the remote-cluster Secrets: once synced, every remote
+	// cluster known at start was added.
 	select {
 	case <-primary.syncedCh:
 	case <-ctx.Done():
@@ -214,10 +198,8 @@ wait:
 	return nil
 }
 
-// shutdown stops the Secret informer first, so that no remote cluster starts any more, then
-// every cluster.
-func (c *Controller) shutdown(sf informers.SharedInformerFactory) {
-	sf.Shutdown()
+// shutdown stops every cluster; no remote cluster starts any more.
+func (c *Controller) shutdown() {
 	c.mu.Lock()
 	c.closing = true
 	all := slices.Collect(maps.Values(c.clusters))
@@ -253,7 +235,7 @@ func (c *Controller) WorkloadEntriesChanged(namespaces ...string) {
 			continue
 		}
 		for _, ns := range namespaces {
-			svcs, _ := cl.services.Services(ns).List(labels.Everything())
+			svcs, _ := cl.cur.services.Services(ns).List(labels.Everything())
 			for _, s := range svcs {
 				if len(s.Spec.Selector) > 0 {
 					c.dirty[svcKey{s.Namespace, s.Name}] = struct{}{}
@@ -265,19 +247,23 @@ func (c *Controller) WorkloadEntriesChanged(namespaces ...string) {
 }
 
 // markCluster marks every Service of cl; c.mu held.
-func (c *Controller) markCluster(cl *cluster) {
-	svcs, _ := cl.services.List(labels.Everything())
+func (c *Controller) markCluster(cl *cluster) { c.markCaches(cl.cur) }
+
+// markCaches marks every Service in g; c.mu held.
+func (c *Controller) markCaches(g *caches) {
+	svcs, _ := g.services.List(labels.Everything())
 	for _, s := range svcs {
 		c.dirty[svcKey{s.Namespace, s.Name}] = struct{}{}
 	}
 }
 
-// markAndFlush marks keys and publishes, once the first full state is out and cl is synced
-// (until then, the cluster's sync marks all its Services at once).
-func (c *Controller) markAndFlush(cl *cluster, keys ...svcKey) {
+// markAndFlush marks keys and publishes, once the first full state is out, cl is synced and g
+// is its caches in use (until then, the cluster's sync, or resync, marks all its Services at
+// once).
+func (c *Controller) markAndFlush(cl *cluster, g *caches, keys ...svcKey) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.synced || !cl.synced {
+	if !c.synced || !cl.synced || cl.cur != g {
 		return
 	}
 	for _, k := range keys {
@@ -286,31 +272,31 @@ func (c *Controller) markAndFlush(cl *cluster, keys ...svcKey) {
 	c.flush()
 }
 
-func (c *Controller) onService(cl *cluster, old, cur any) {
+func (c *Controller) onService(cl *cluster, g *caches, old, cur any) {
 	var keys []svcKey
 	for _, o := range []any{old, cur} {
 		if s, ok := o.(*corev1.Service); ok {
 			keys = append(keys, svcKey{s.Namespace, s.Name})
 		}
 	}
-	c.markAndFlush(cl, keys...)
+	c.markAndFlush(cl, g, keys...)
 }
 
-func (c *Controller) onSlice(cl *cluster, old, cur any) {
+func (c *Controller) onSlice(cl *cluster, g *caches, old, cur any) {
 	var keys []svcKey
 	for _, o := range []any{old, cur} {
 		if s, ok := o.(*discovery.EndpointSlice); ok && s.Labels[discovery.LabelServiceName] != "" {
 			keys = append(keys, svcKey{s.Namespace, s.Labels[discovery.LabelServiceName]})
 		}
 	}
-	c.markAndFlush(cl, keys...)
+	c.markAndFlush(cl, g, keys...)
 }
 
 // slicesServices lists the Services of the EndpointSlices found under index keys.
-func (cl *cluster) slicesServices(index string, keys ...string) []svcKey {
+func (g *caches) slicesServices(index string, keys ...string) []svcKey {
 	var out []svcKey
 	for _, key := range keys {
-		objs, _ := cl.slices.ByIndex(index, key)
+		objs, _ := g.slices.ByIndex(index, key)
 		for _, o := range objs {
 			if s, ok := o.(*discovery.EndpointSlice); ok && s.Labels[discovery.LabelServiceName] != "" {
 				out = append(out, svcKey{s.Namespace, s.Labels[discovery.LabelServiceName]})
@@ -320,24 +306,37 @@ func (cl *cluster) slicesServices(index string, keys ...string) []svcKey {
 	return out
 }
 
-func (c *Controller) onPod(cl *cluster, obj any, deleted bool) {
+func (c *Controller) onPod(cl *cluster, g *caches, obj any, deleted bool) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
 		return
 	}
-	c.sendPod(cl, p, deleted)
-	c.markAndFlush(cl, cl.slicesServices(byPod, p.Namespace+"/"+p.Name)...)
+	c.sendPod(cl, g, p, deleted)
+	c.markAndFlush(cl, g, g.slicesServices(byPod, p.Namespace+"/"+p.Name)...)
 }
 
 // sendPod hands a Pod to the ServiceEntry registry, outside c.mu: the sink publishes itself.
-func (c *Controller) sendPod(cl *cluster, p *corev1.Pod, deleted bool) {
+// Both generations of caches send their Pods during a resync, until it retires the old one.
+func (c *Controller) sendPod(cl *cluster, g *caches, p *corev1.Pod, deleted bool) {
 	if c.sink == nil {
 		return
 	}
+	cl.podMu.Lock()
+	defer cl.podMu.Unlock()
+	if !g.retired {
+		c.sendPodLocked(cl, g, p, deleted)
+	}
+}
+
+// sendPodLocked is sendPod with cl.podMu held.
+func (c *Controller) sendPodLocked(cl *cluster, g *caches, p *corev1.Pod, deleted bool) {
+	key := p.Namespace + "/" + p.Name
 	if deleted || p.Status.PodIP == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		delete(cl.sent, key)
 		c.sink.DeleteWorkload(cl.id, p.Namespace, p.Name)
 		return
 	}
+	cl.sent[key] = struct{}{}
 	w := serviceentry.Workload{
 		ClusterID: cl.id, Namespace: p.Namespace, Name: p.Name, Address: p.Status.PodIP,
 		Labels: p.Labels, ServiceAccount: p.Spec.ServiceAccountName, Network: p.Labels[LabelNetwork],
@@ -347,13 +346,13 @@ func (c *Controller) sendPod(cl *cluster, p *corev1.Pod, deleted bool) {
 		w.Health = discoveryv1.Health_HEALTHY
 	}
 	if p.Spec.NodeName != "" {
-		n, _ := cl.nodes.Get(p.Spec.NodeName)
+		n, _ := g.nodes.Get(p.Spec.NodeName)
 		w.Locality = nodeLocality(n)
 	}
 	c.sink.SetWorkload(w)
 }
 
-func (c *Controller) onNode(cl *cluster, old, cur any) {
+func (c *Controller) onNode(cl *cluster, g *caches, old, cur any) {
 	var o, n *corev1.Node
 	o, _ = old.(*corev1.Node)
 	n, _ = cur.(*corev1.Node)
@@ -361,27 +360,29 @@ func (c *Controller) onNode(cl *cluster, old, cur any) {
 		return
 	}
 	name := cmp.Or(n, o).Name
-	keys := cl.slicesServices(byNode, name)
-	pods, _ := cl.podIdx.ByIndex(byNode, name)
+	keys := g.slicesServices(byNode, name)
+	pods, _ := g.podIdx.ByIndex(byNode, name)
 	for _, obj := range pods {
 		if p, ok := obj.(*corev1.Pod); ok {
-			c.sendPod(cl, p, false)
-			keys = append(keys, cl.slicesServices(byPod, p.Namespace+"/"+p.Name)...)
+			c.sendPod(cl, g, p, false)
+			keys = append(keys, g.slicesServices(byPod, p.Namespace+"/"+p.Name)...)
 		}
 	}
-	c.markAndFlush(cl, keys...)
+	c.markAndFlush(cl, g, keys...)
 }
 
-// onSecret starts, restarts (kubeconfig changed) and stops the remote clusters of one Secret:
-// each data key is a cluster ID, its value a kubeconfig.
-func (c *Controller) onSecret(obj any, deleted bool) {
-	s, ok := obj.(*corev1.Secret)
-	if !ok {
-		return
-	}
-	key := s.Namespace + "/" + s.Name
+// syncSecret starts, restarts (kubeconfig changed) and stops the remote clusters of one Secret,
+// by its namespace/name key, as the primary's current caches have it: each data key is a
+// cluster ID, its value a kubeconfig. It reads the caches rather than taking an event's object,
+// so that it can run for any key at any time (after an outage, for every Secret).
+func (c *Controller) syncSecret(key string) {
+	c.secretMu.Lock()
+	defer c.secretMu.Unlock()
+	c.mu.Lock()
+	obj, exists, _ := c.primary.cur.secrets.GetByKey(key)
+	c.mu.Unlock()
 	want := map[string][]byte{}
-	if !deleted {
+	if s, ok := obj.(*corev1.Secret); ok && exists {
 		for id, kc := range s.Data {
 			if id == c.cfg.ClusterID {
 				c.log.Warn("ignoring remote cluster with the primary's ID", "secret", key, "cluster", id)
@@ -456,9 +457,79 @@ func (c *Controller) forgetPods(cl *cluster) {
 	if c.sink == nil {
 		return
 	}
-	pods, _ := cl.pods.List(labels.Everything())
-	for _, p := range pods {
-		c.sink.DeleteWorkload(cl.id, p.Namespace, p.Name)
+	cl.podMu.Lock()
+	defer cl.podMu.Unlock()
+	for key := range cl.sent {
+		ns, name, _ := cache.SplitMetaNamespaceKey(key)
+		c.sink.DeleteWorkload(cl.id, ns, name)
+	}
+	clear(cl.sent)
+}
+
+// resync, run when cl's API server answers again after an outage, replaces cl's informers with
+// new ones (client-go's would relist only when their backoff, up to a minute, lets them) and,
+// once the new ones listed everything, recomputes every Service either knows: the publisher
+// gets only what changed, so nothing that still exists is deleted. The informers run under
+// ctx; until cancels the wait for their first list.
+func (c *Controller) resync(ctx, until context.Context, cl *cluster) error {
+	g, err := c.newCaches(cl)
+	if err != nil {
+		return err
+	}
+	g.start(ctx)
+	if !cache.WaitForCacheSync(until.Done(), g.hasSync...) {
+		g.stop()
+		return fmt.Errorf("cluster %s: new informers not synced: %w", cl.id, context.Cause(until))
+	}
+
+	c.mu.Lock()
+	old := cl.cur
+	cl.cur = g
+	if c.synced && c.clusters[cl.id] == cl {
+		c.markCaches(old)
+		c.markCaches(g)
+		c.flush()
+	}
+	c.mu.Unlock()
+	c.reconcilePods(cl, old, g)
+	// old's handlers have no effect any more: stop it in the background (client-go takes
+	// seconds to close its watches); cl.stop waits for it.
+	cl.wg.Go(old.stop)
+	if g.secrets != nil {
+		// The Secrets changed or deleted during the outage.
+		keys := map[string]bool{}
+		for _, k := range g.secrets.ListKeys() {
+			keys[k] = true
+		}
+		c.mu.Lock()
+		for k := range c.bySecret {
+			keys[k] = true
+		}
+		c.mu.Unlock()
+		for k := range keys {
+			c.syncSecret(k)
+		}
+	}
+	return nil
+}
+
+// reconcilePods retires old, so that it sends no more Pods, and makes the ServiceEntry registry
+// hold exactly g's Pods of cl: old may have sent a Pod that is gone, or a version older than g's.
+func (c *Controller) reconcilePods(cl *cluster, old, g *caches) {
+	if c.sink == nil {
+		return
+	}
+	cl.podMu.Lock()
+	defer cl.podMu.Unlock()
+	old.retired = true
+	for key := range cl.sent {
+		ns, name, _ := cache.SplitMetaNamespaceKey(key)
+		if p, err := g.pods.Pods(ns).Get(name); err == nil {
+			c.sendPodLocked(cl, g, p, false)
+		} else {
+			delete(cl.sent, key)
+			c.sink.DeleteWorkload(cl.id, ns, name)
+		}
 	}
 }
 
@@ -467,14 +538,11 @@ func (c *Controller) addCluster(secret, id string, kubeconfig []byte) error {
 	if err != nil {
 		return err
 	}
-	cl, err := newCluster(id, cfg)
+	cl, err := c.newCluster(id, secret, cfg)
 	if err != nil {
 		return err
 	}
-	cl.secret, cl.hash = secret, hash(kubeconfig)
-	if err := cl.handlers(c); err != nil {
-		return err
-	}
+	cl.hash = hash(kubeconfig)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closing {
@@ -486,7 +554,7 @@ func (c *Controller) addCluster(secret, id string, kubeconfig []byte) error {
 	}
 	c.bySecret[secret][id] = cl
 	// Started under c.mu so that shutdown, which takes it first, sees every started cluster.
-	cl.start(c.ctx, c.clusterSynced)
+	cl.start(c.ctx, c.clusterSynced, c.resync)
 	c.log.Info("starting remote cluster", "cluster", id, "secret", secret, "host", cfg.Host)
 	return nil
 }
@@ -575,7 +643,7 @@ func (c *Controller) compute(clusters []*cluster, k svcKey) (*discoveryv1.Servic
 	}
 	var parts []part
 	for _, cl := range clusters {
-		if s, err := cl.services.Services(k.namespace).Get(k.name); err == nil {
+		if s, err := cl.cur.services.Services(k.namespace).Get(k.name); err == nil {
 			parts = append(parts, part{cl, s})
 		}
 	}
@@ -630,7 +698,7 @@ func clusterEndpoints(cl *cluster, svc *corev1.Service) []*discoveryv1.Endpoint 
 		}
 		return []*discoveryv1.Endpoint{ep}
 	}
-	objs, _ := cl.slices.ByIndex(bySlicedService, svc.Namespace+"/"+svc.Name)
+	objs, _ := cl.cur.slices.ByIndex(bySlicedService, svc.Namespace+"/"+svc.Name)
 	byAddr := map[string]*discoveryv1.Endpoint{}
 	for _, o := range objs {
 		s, ok := o.(*discovery.EndpointSlice)
@@ -684,7 +752,7 @@ func sliceEndpoint(cl *cluster, s *discovery.EndpointSlice, e *discovery.Endpoin
 	}
 	nodeName := deref(e.NodeName)
 	if r := e.TargetRef; r != nil && r.Kind == "Pod" {
-		if pod, err := cl.pods.Pods(refNamespace(r, s.Namespace)).Get(r.Name); err == nil {
+		if pod, err := cl.cur.pods.Pods(refNamespace(r, s.Namespace)).Get(r.Name); err == nil {
 			// Shared with the informer cache, which never modifies it; published resources
 			// are immutable too.
 			ep.Labels = pod.Labels
@@ -695,7 +763,7 @@ func sliceEndpoint(cl *cluster, s *discovery.EndpointSlice, e *discovery.Endpoin
 		ep.Workload = r.Name
 	}
 	if nodeName != "" {
-		if n, err := cl.nodes.Get(nodeName); err == nil {
+		if n, err := cl.cur.nodes.Get(nodeName); err == nil {
 			ep.Locality = nodeLocality(n)
 		}
 	}

@@ -1,0 +1,55 @@
+package configingest
+
+import (
+	"os"
+
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
+
+	"sailplane.dev/shared/cli"
+)
+
+// DefaultMeshFile is --mesh-config's default, relative to the working directory.
+const DefaultMeshFile = "etc/sailplane/mesh.yaml"
+
+// AddFlags registers the flags setting c, shared by the config-ingest and hyper binaries.
+// --namespace defaults to $POD_NAMESPACE and --pod-name to $POD_NAME, as the manifests set them.
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.MeshFile, "mesh-config", DefaultMeshFile,
+		"mesh config file (Istio meshConfig format); with Kubernetes, only when set, instead of the istio ConfigMap")
+	fs.StringSliceVar(&c.ConfigDirs, "config-dir", nil, "config folders to read, overriding the mesh config's fs:// configSources")
+	fs.StringVar(&c.StateDir, "state-dir", DefaultStateDir,
+		"folder keeping the last valid version of every config file's resources across restarts (files mode); empty: none")
+	cli.NamespaceVar(fs, &c.Namespace)
+	fs.StringVar(&c.PodName, "pod-name", os.Getenv("POD_NAME"), "identity in the status Lease (default: $POD_NAME, else the host name)")
+}
+
+// SourceFlags choose where config comes from: --config-source and --kubeconfig.
+type SourceFlags struct {
+	Mode       string
+	Kubeconfig string
+}
+
+// AddFlags registers --config-source and --kubeconfig.
+func (f *SourceFlags) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&f.Mode, "config-source", SourceAuto,
+		"where config (and in hyper, workloads) come from: auto (Kubernetes if a cluster is found, else files), kubernetes or files")
+	cli.KubeconfigVar(fs, &f.Kubeconfig)
+}
+
+// Resolve is ResolveSource of the flags.
+func (f SourceFlags) Resolve() (*rest.Config, string, error) {
+	return ResolveSource(f.Mode, f.Kubeconfig)
+}
+
+// UseKube selects Kubernetes mode when kube (from Resolve) is not nil: the mesh config then
+// comes from the istio ConfigMap unless --mesh-config was given in fs.
+func (c *Config) UseKube(kube *rest.Config, fs *pflag.FlagSet) {
+	if kube == nil {
+		return
+	}
+	c.Kube = kube
+	if !fs.Changed("mesh-config") {
+		c.MeshFile = ""
+	}
+}
