@@ -25,30 +25,31 @@ func (b *builder) routes() []*routev3.RouteConfiguration {
 	if b.proxy.IsRouter() {
 		return sortByName(b.gatewayRoutes())
 	}
-	ports := map[uint32]bool{}
-	for _, svc := range b.services {
-		for _, p := range b.visiblePorts(svc) {
-			if portProtocol(p).isHTTP() {
-				ports[p.GetNumber()] = true
-			}
-		}
-	}
 	var out []*routev3.RouteConfiguration
-	for port := range ports {
-		out = append(out, b.sidecarRouteConfig(port))
+	seen := map[string]bool{}
+	for _, ol := range b.outboundEntries() {
+		if ol.rds == "" || seen[ol.rds] {
+			continue
+		}
+		seen[ol.rds] = true
+		if ol.sniffedHost != "" {
+			out = append(out, b.sniffedRouteConfig(ol.rds, ol.sniffedHost, ol.port))
+		} else {
+			out = append(out, b.sidecarRouteConfig(ol.port))
+		}
 	}
 	return sortByName(out)
 }
 
-// sidecarRouteConfig is RDS "<port>": a virtual host per service with an HTTP port of that
-// number, and a catch-all per the outbound traffic policy.
+// sidecarRouteConfig is RDS "<port>": a virtual host per service with an HTTP or sniffed port
+// of that number, and a catch-all per the outbound traffic policy.
 func (b *builder) sidecarRouteConfig(port uint32) *routev3.RouteConfiguration {
 	rc := &routev3.RouteConfiguration{Name: itoa(port), ValidateClusters: wrapperspb.Bool(false),
 		IgnorePortInHostMatching: true}
 	taken := map[string]bool{}
 	for _, svc := range b.services {
 		for _, p := range b.visiblePorts(svc) {
-			if p.GetNumber() != port || !portProtocol(p).isHTTP() {
+			if p.GetNumber() != port || !portProtocol(p).carriesHTTP() {
 				continue
 			}
 			host := svc.Spec.GetHostname()
@@ -65,20 +66,34 @@ func (b *builder) sidecarRouteConfig(port uint32) *routev3.RouteConfiguration {
 			if len(domains) == 0 {
 				continue
 			}
-			var routes []*routev3.Route
-			if vs := b.binds.VirtualService(host); vs != nil {
-				routes = b.httpRoutes(vs, host, port, nil)
-			}
-			if len(routes) == 0 {
-				routes = []*routev3.Route{b.defaultRoute(host, port)}
-			}
-			rc.VirtualHosts = append(rc.VirtualHosts, &routev3.VirtualHost{
-				Name: host + ":" + itoa(port), Domains: domains, Routes: routes, IncludeRequestAttemptCount: true})
+			rc.VirtualHosts = append(rc.VirtualHosts, b.serviceVirtualHost(host, port, domains))
 		}
 	}
 	sortByName(rc.VirtualHosts)
 	rc.VirtualHosts = append(rc.VirtualHosts, b.catchAllVirtualHost())
 	return rc
+}
+
+// sniffedRouteConfig is RDS "<host>:<port>" of the listener a sniffed service port has on its
+// VIP: only that service, for every Host header, and no catch-all, as in istiod.
+func (b *builder) sniffedRouteConfig(name, host string, port uint32) *routev3.RouteConfiguration {
+	return &routev3.RouteConfiguration{Name: name, ValidateClusters: wrapperspb.Bool(false),
+		IgnorePortInHostMatching: true,
+		VirtualHosts:             []*routev3.VirtualHost{b.serviceVirtualHost(host, port, []string{"*"})}}
+}
+
+// serviceVirtualHost routes a service port's HTTP traffic: its VirtualService's routes, else
+// the default route to the service.
+func (b *builder) serviceVirtualHost(host string, port uint32, domains []string) *routev3.VirtualHost {
+	var routes []*routev3.Route
+	if vs := b.binds.VirtualService(host); vs != nil {
+		routes = b.httpRoutes(vs, host, port, nil)
+	}
+	if len(routes) == 0 {
+		routes = []*routev3.Route{b.defaultRoute(host, port)}
+	}
+	return &routev3.VirtualHost{Name: host + ":" + itoa(port), Domains: domains, Routes: routes,
+		IncludeRequestAttemptCount: true}
 }
 
 func (b *builder) catchAllVirtualHost() *routev3.VirtualHost {
