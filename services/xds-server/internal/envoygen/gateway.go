@@ -72,7 +72,7 @@ func (b *builder) gatewayServers() []gatewayServer {
 				continue
 			}
 			out = append(out, gatewayServer{gateway: gw.Namespace + "/" + gw.Name, gwNS: gw.Namespace, gwName: gw.Name,
-				server: s, proto: parseProtocol(s.GetPort().GetProtocol(), s.GetPort().GetName())})
+				server: s, proto: parseProtocol(s.GetPort().GetProtocol())})
 		}
 	}
 	return out

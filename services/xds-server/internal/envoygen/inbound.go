@@ -99,7 +99,7 @@ func (ix *snapIndex) inboundPorts(sc *networking.Sidecar, proxy *model.Proxy, lo
 			addr = a
 		}
 		seen[p.GetNumber()] = true
-		in := inboundPort{port: p.GetNumber(), proto: parseProtocol(p.GetProtocol(), p.GetName()), endpoint: addr,
+		in := inboundPort{port: p.GetNumber(), proto: parseProtocol(p.GetProtocol()), endpoint: addr,
 			servicePort: p.GetNumber()}
 		// The service is the one whose workload port is the listener's, as in istiod.
 		if i := slices.IndexFunc(fromServices, func(s inboundPort) bool { return s.port == p.GetNumber() }); i >= 0 {

@@ -23,19 +23,17 @@ const (
 	protoSniffed
 )
 
-// portProtocol reads the Istio protocol of a port, falling back to the port name's prefix
-// ("http-web", "grpc") like Istio does for services that declare none.
+// portProtocol reads the Istio protocol of a registry port. The registry has already read
+// what the platform declares (a Kubernetes port's appProtocol or name prefix); empty means
+// undeclared.
 func portProtocol(p *discoveryv1.Port) protocol {
-	return parseProtocol(p.GetProtocol(), p.GetName())
+	return parseProtocol(p.GetProtocol())
 }
 
-// parseProtocol reads an Istio protocol name; one Istio does not know, or none with a port
-// name that names none, is sniffed, as in istiod.
-func parseProtocol(proto, name string) protocol {
+// parseProtocol reads an Istio protocol name; none, or one Istio does not know, is sniffed,
+// as in istiod.
+func parseProtocol(proto string) protocol {
 	s := strings.ToUpper(proto)
-	if s == "" {
-		s, _, _ = strings.Cut(strings.ToUpper(name), "-")
-	}
 	switch s {
 	case "HTTP", "HTTP_PROXY":
 		return protoHTTP
