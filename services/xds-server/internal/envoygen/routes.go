@@ -199,67 +199,40 @@ func qualifyGateway(ref, ns string) string {
 // matched in order, so nothing after one that matches every request is kept, as in istiod.
 func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host string, port uint32,
 	gws gatewayFilter) []*routev3.Route {
-	var out []*routev3.Route
-	for i, hr := range vs.Spec.GetHttp() {
+	out, skipped := translate.HTTPRoutes(vs.Spec.GetHttp(), func(i int, hr *networking.HTTPRoute,
+		m *networking.HTTPMatchRequest) (*routev3.Route, bool) {
 		log := b.log.With("virtualService", vs.Namespace+"/"+vs.Name, "http", i, "port", port)
-		matches := hr.GetMatch()
-		catchAll := len(matches) == 0
-		if catchAll {
-			matches = []*networking.HTTPMatchRequest{nil}
+		if m.GetPort() != 0 && m.GetPort() != port {
+			return nil, false
 		}
-		for _, m := range matches {
-			if m.GetPort() != 0 && m.GetPort() != port {
-				continue
-			}
-			if !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), nil) {
-				continue
-			}
-			if len(m.GetGateways()) > 0 && !gws.accepts(m.GetGateways(), vs.Namespace) {
-				continue
-			}
-			rm, reason := translate.RouteMatch(m, translate.Envoy)
-			if rm == nil {
-				// Dropping the whole match is safer than dropping one condition of it, which
-				// would widen what the route catches.
-				log.Debug("skipping unsupported match", "reason", reason)
-				continue
-			}
-			name := hr.GetName()
-			if m.GetName() != "" {
-				name = cmp.Or(name+"."+m.GetName(), m.GetName())
-			}
-			r := &routev3.Route{Name: name, Match: rm}
-			if !b.routeAction(r, hr, vs.Namespace, host, port, m, log) {
-				break
-			}
-			out = append(out, r)
-			if matchesAll(rm) {
-				catchAll = true
-				break
-			}
+		if !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), nil) {
+			return nil, false
 		}
-		if catchAll {
-			if rest := len(vs.Spec.GetHttp()) - i - 1; rest > 0 {
-				log.Debug("skipping http routes after one that matches every request", "skipped", rest)
-			}
-			break
+		if len(m.GetGateways()) > 0 && !gws.accepts(m.GetGateways(), vs.Namespace) {
+			return nil, false
 		}
+		rm, reason := translate.RouteMatch(m, translate.Envoy)
+		if rm == nil {
+			// Dropping the whole match is safer than dropping one condition of it, which
+			// would widen what the route catches.
+			log.Debug("skipping unsupported match", "reason", reason)
+			return nil, false
+		}
+		name := hr.GetName()
+		if m.GetName() != "" {
+			name = cmp.Or(name+"."+m.GetName(), m.GetName())
+		}
+		r := &routev3.Route{Name: name, Match: rm}
+		if !b.routeAction(r, hr, vs.Namespace, host, port, m, log) {
+			return nil, true
+		}
+		return r, false
+	})
+	if skipped > 0 {
+		b.log.Debug("skipping http routes after one that matches every request",
+			"virtualService", vs.Namespace+"/"+vs.Name, "port", port, "skipped", skipped)
 	}
 	return out
-}
-
-// matchesAll reports whether a route match takes every request (istiod's catch-all test).
-func matchesAll(m *routev3.RouteMatch) bool {
-	all := false
-	switch p := m.GetPathSpecifier().(type) {
-	case *routev3.RouteMatch_Prefix:
-		all = p.Prefix == "/"
-	case *routev3.RouteMatch_PathSeparatedPrefix:
-		all = p.PathSeparatedPrefix == "/"
-	case *routev3.RouteMatch_SafeRegex:
-		all = p.SafeRegex.GetRegex() == ".*"
-	}
-	return all && len(m.GetHeaders()) == 0 && len(m.GetQueryParameters()) == 0 && len(m.GetDynamicMetadata()) == 0
 }
 
 // routeAction fills r's action and per-route settings; false when the route has nothing usable.
