@@ -2,6 +2,7 @@ package envoygen
 
 import (
 	"cmp"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -299,26 +300,56 @@ func (b *builder) outboundEntries() []*outboundListener {
 			if a := svc.Spec.GetAddresses(); len(a) > 0 && a[0] != "" {
 				ip = a[0]
 			}
-			ol := listener(ip, p.GetNumber())
-			if proto == protoSniffed && ol.rds == "" {
-				ol.rds = itoa(p.GetNumber())
-				if ip != wildcardIP {
-					ol.rds, ol.sniffedHost = host+":"+itoa(p.GetNumber()), host
+			ips := []string{ip}
+			if model.ListensPerEndpoint(svc.Spec) {
+				if eps, ok := b.endpointListenIPs(svc); ok {
+					ips = eps
 				}
 			}
 			chain := tcpChain{host: host, proxy: b.tcpRoute(host, p.GetNumber())}
-			switch {
-			case ip == wildcardIP && proto == protoTLS:
-				ol.sni = append(ol.sni, chain)
-			case ol.tcp == nil:
-				ol.tcp = &chain
-			default:
-				b.log.Debug("skipping conflicting outbound listener", "listener", ol.name, "host", host)
+			for _, ip := range ips {
+				ol := listener(ip, p.GetNumber())
+				if proto == protoSniffed && ol.rds == "" {
+					ol.rds = itoa(p.GetNumber())
+					if ip != wildcardIP {
+						ol.rds, ol.sniffedHost = host+":"+itoa(p.GetNumber()), host
+					}
+				}
+				switch {
+				case ip == wildcardIP && proto == protoTLS:
+					ol.sni = append(ol.sni, chain)
+				case ol.tcp == nil:
+					ol.tcp = &chain
+				default:
+					b.log.Debug("skipping conflicting outbound listener", "listener", ol.name, "host", host)
+				}
 			}
 		}
 	}
 	return order
 }
+
+// endpointListenIPs are the addresses of the listeners istiod gives a service without VIP nor
+// resolution on its non-HTTP ports, which a wildcard listener could not tell apart: one per
+// endpoint (IP addresses only), but the proxy's own, whose traffic to itself does not pass
+// through outbound listeners. ok is false for a service outside Kubernetes without endpoints,
+// which keeps the wildcard listener; a Kubernetes service without endpoints gets none.
+func (b *builder) endpointListenIPs(svc *model.Service) (ips []string, ok bool) {
+	if len(svc.Endpoints) == 0 && svc.Spec.GetRegistry() != "kubernetes" {
+		return nil, false
+	}
+	for _, ep := range svc.Endpoints {
+		a := ep.GetAddress()
+		if _, err := netip.ParseAddr(a); err != nil || b.isOwnIP(a) || slices.Contains(ips, a) {
+			continue
+		}
+		ips = append(ips, a)
+	}
+	return ips, true
+}
+
+// isOwnIP reports whether ip is the proxy's primary address.
+func (b *builder) isOwnIP(ip string) bool { return len(b.proxy.IPs) > 0 && b.proxy.IPs[0] == ip }
 
 func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
 	l := &listenerv3.Listener{
