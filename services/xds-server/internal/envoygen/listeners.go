@@ -114,21 +114,22 @@ func (b *builder) virtualInbound() *listenerv3.Listener {
 		cluster := InboundClusterName(in.port)
 		name := "0.0.0.0_" + itoa(in.port)
 		portMatch := &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(in.port)}
-		httpChain := &listenerv3.FilterChain{Name: name, FilterChainMatch: portMatch,
-			Filters: []*listenerv3.Filter{hcmFilterOf(b.inboundHCM("inbound_"+name, cluster, in.port))}}
+		httpChain := func(m *listenerv3.FilterChainMatch) *listenerv3.FilterChain {
+			return &listenerv3.FilterChain{Name: name, FilterChainMatch: m,
+				Filters: []*listenerv3.Filter{hcmFilterOf(b.inboundHCM("inbound_"+name, cluster, in.port))}}
+		}
 		tcpChain := &listenerv3.FilterChain{Name: name, FilterChainMatch: portMatch,
 			Filters: []*listenerv3.Filter{tcpProxy("inbound_"+name, cluster)}}
 		switch {
-		case in.proto.isHTTP():
-			l.FilterChains = append(l.FilterChains, httpChain)
 		case in.proto == protoSniffed:
-			httpChain.FilterChainMatch = sniffedHTTPMatch(in.port)
-			l.FilterChains = append(l.FilterChains, httpChain, tcpChain)
-			continue
+			l.FilterChains = append(l.FilterChains, httpChain(sniffedHTTPMatch(in.port)), tcpChain)
+		case in.proto.isHTTP():
+			l.FilterChains = append(l.FilterChains, httpChain(portMatch))
+			declared = append(declared, in.port)
 		default:
 			l.FilterChains = append(l.FilterChains, tcpChain)
+			declared = append(declared, in.port)
 		}
-		declared = append(declared, in.port)
 	}
 	l.ListenerFilters = []*listenerv3.ListenerFilter{
 		listenerFilter(originalDstFilter, &origdstv3.OriginalDst{}),
