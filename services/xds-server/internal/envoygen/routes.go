@@ -1,7 +1,6 @@
 package envoygen
 
 import (
-	"cmp"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -211,18 +210,10 @@ func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host 
 		if len(m.GetGateways()) > 0 && !gws.accepts(m.GetGateways(), vs.Namespace) {
 			return nil, false
 		}
-		rm, reason := translate.RouteMatch(m, translate.Envoy)
-		if rm == nil {
-			// Dropping the whole match is safer than dropping one condition of it, which
-			// would widen what the route catches.
-			log.Debug("skipping unsupported match", "reason", reason)
+		r := translate.MatchRoute(hr, m, translate.Envoy, log)
+		if r == nil {
 			return nil, false
 		}
-		name := hr.GetName()
-		if m.GetName() != "" {
-			name = cmp.Or(name+"."+m.GetName(), m.GetName())
-		}
-		r := &routev3.Route{Name: name, Match: rm}
 		if !b.routeAction(r, hr, vs.Namespace, host, port, m, log) {
 			return nil, true
 		}

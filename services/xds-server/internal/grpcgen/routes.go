@@ -58,18 +58,11 @@ func (g *generator) vsRoutes(svc *model.Service, port *discoveryv1.Port,
 		if !model.AppliesToMesh(m.GetGateways()) {
 			return nil, false
 		}
-		rm, reason := translate.RouteMatch(m, translate.Proxyless)
-		if rm == nil {
-			// Dropping the whole match is safer than dropping one condition of it, which
-			// would widen what the route catches.
-			log.Debug("skipping unsupported match", "reason", reason)
+		r := translate.MatchRoute(http, m, translate.Proxyless, log)
+		if r == nil {
 			return nil, false
 		}
-		name := http.GetName()
-		if m.GetName() != "" {
-			name = name + "." + m.GetName()
-		}
-		r := &routev3.Route{Name: name, Match: rm, Action: &routev3.Route_Route{Route: action}}
+		r.Action = &routev3.Route_Route{Route: action}
 		if f := translate.Fault(http.GetFault(), log); f != nil {
 			cfg, err := marshalAny(f)
 			if err != nil {

@@ -63,12 +63,7 @@ func TestSnapshotPrecedence(t *testing.T) {
 	s := NewStore()
 	h := s.Handler(nil)
 	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
-	mustApply := func(c bus.Change) {
-		t.Helper()
-		if err := h.Apply(c); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mustApply := applier(t, h)
 	mustApply(bus.Change{TypeURL: schema.VirtualService.TypeURL, Updated: []*bus.Resource{
 		{Name: "b/young", CreateTime: t0.Add(time.Hour), Body: &networking.VirtualService{}},
 		{Name: "z/old", CreateTime: t0, Body: &networking.VirtualService{}},
@@ -140,12 +135,7 @@ func TestSynced(t *testing.T) {
 func TestNextIncremental(t *testing.T) {
 	s := NewStore()
 	h := s.Handler(nil)
-	mustApply := func(c bus.Change) {
-		t.Helper()
-		if err := h.Apply(c); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mustApply := applier(t, h)
 	svc := func(host string, exportTo ...string) *bus.Resource {
 		return &bus.Resource{Name: "demo/" + host, Body: &discoveryv1.Service{Hostname: host, Namespace: "demo", ExportTo: exportTo}}
 	}
@@ -230,12 +220,7 @@ func TestVisibility(t *testing.T) {
 func TestNextHeadlessEndpoints(t *testing.T) {
 	s := NewStore()
 	h := s.Handler(nil)
-	mustApply := func(c bus.Change) {
-		t.Helper()
-		if err := h.Apply(c); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mustApply := applier(t, h)
 	headless := func(host, proto string) *bus.Resource {
 		return &bus.Resource{Name: "demo/" + host, Body: &discoveryv1.Service{Hostname: host, Namespace: "demo",
 			Resolution: discoveryv1.Resolution_NONE, Ports: []*discoveryv1.Port{{Name: "p", Number: 80, Protocol: proto}}}}
@@ -267,5 +252,15 @@ func TestNextHeadlessEndpoints(t *testing.T) {
 	mustApply(bus.Change{TypeURL: schema.Endpoints.TypeURL, Removed: []string{"demo/db.com"}})
 	if _, ch := s.Next(); !ch.Full {
 		t.Errorf("removing db.com endpoints: not a full change")
+	}
+}
+
+// applier returns a function applying a change to h that fails the test on error.
+func applier(t *testing.T, h bus.Handler) func(bus.Change) {
+	return func(c bus.Change) {
+		t.Helper()
+		if err := h.Apply(c); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -19,6 +19,24 @@ func MatchesAll(m *routev3.RouteMatch) bool {
 	return all && len(m.GetHeaders()) == 0 && len(m.GetQueryParameters()) == 0 && len(m.GetDynamicMetadata()) == 0
 }
 
+// MatchRoute starts the route of one match of an http route (nil for a route without match):
+// its name and match as istiod writes them. It is nil, logged, when client cannot express the
+// match: dropping the whole match is safer than dropping one condition of it, which would
+// widen what the route catches.
+func MatchRoute(hr *networking.HTTPRoute, m *networking.HTTPMatchRequest, client Client,
+	log interface{ Debug(string, ...any) }) *routev3.Route {
+	rm, reason := RouteMatch(m, client)
+	if rm == nil {
+		log.Debug("skipping unsupported match", "reason", reason)
+		return nil
+	}
+	name := hr.GetName()
+	if m.GetName() != "" {
+		name += "." + m.GetName()
+	}
+	return &routev3.Route{Name: name, Match: rm}
+}
+
 // BuildRoute turns one match of a VirtualService http route (nil for a route without match)
 // into a route: nil to skip the match, done to skip the route's remaining matches.
 type BuildRoute func(i int, hr *networking.HTTPRoute, m *networking.HTTPMatchRequest) (r *routev3.Route, done bool)
