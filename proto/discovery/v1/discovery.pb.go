@@ -260,7 +260,8 @@ type Port struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Name   string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Number uint32                 `protobuf:"varint,2,opt,name=number,proto3" json:"number,omitempty"`
-	// Istio protocol name: HTTP, HTTP2, GRPC, TCP, TLS, HTTPS, ...
+	// Istio protocol name: HTTP, HTTP2, GRPC, TCP, TLS, HTTPS, ...; empty when not declared
+	// (sidecars then detect HTTP per connection).
 	Protocol string `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
 	// Port on the endpoints when it differs from number (0 = same).
 	TargetPort    uint32 `protobuf:"varint,4,opt,name=target_port,json=targetPort,proto3" json:"target_port,omitempty"`

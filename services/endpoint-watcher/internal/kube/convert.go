@@ -44,17 +44,23 @@ var protocols = map[string]string{
 	"mongo": "Mongo", "redis": "Redis", "mysql": "MySQL",
 }
 
+// wellKnownTCPPorts are server-first protocols' ports (SMTP, DNS, MySQL, MongoDB) that Istio
+// treats as TCP when undeclared: sniffing would wait forever for the client to speak first.
+var wellKnownTCPPorts = map[int32]bool{25: true, 53: true, 3306: true, 27017: true}
+
 // Protocol detects a Service port's protocol as Istio does: UDP ports are UDP; else
-// appProtocol when it names a known protocol (including Kubernetes' kubernetes.io/h2c, ws and
-// wss); else the port name's prefix before the first "-" ("http-web" is HTTP, "grpc-web-x" is
-// GRPC-Web); else TCP.
+// appProtocol when set (Kubernetes' kubernetes.io/h2c, ws and wss included), else the port
+// name, read up to its first "-" ("http-web" is HTTP, "grpc-web-x" GRPC-Web). A protocol Istio
+// does not know is undeclared (empty), which proxies sniff, except on well-known server-first
+// ports, which are TCP.
 func Protocol(p corev1.ServicePort) string {
 	if p.Protocol == corev1.ProtocolUDP {
 		return "UDP"
 	}
+	name := strings.ToLower(p.Name)
 	if p.AppProtocol != nil {
-		ap := strings.ToLower(*p.AppProtocol)
-		switch ap {
+		name = strings.ToLower(*p.AppProtocol)
+		switch name {
 		case "kubernetes.io/h2c":
 			return "HTTP2"
 		case "kubernetes.io/ws":
@@ -62,11 +68,7 @@ func Protocol(p corev1.ServicePort) string {
 		case "kubernetes.io/wss":
 			return "HTTPS"
 		}
-		if proto, ok := protocols[ap]; ok {
-			return proto
-		}
 	}
-	name := strings.ToLower(p.Name)
 	if strings.HasPrefix(name, "grpc-web") {
 		return "GRPC-Web"
 	}
@@ -76,7 +78,10 @@ func Protocol(p corev1.ServicePort) string {
 	if proto, ok := protocols[name]; ok {
 		return proto
 	}
-	return "TCP"
+	if wellKnownTCPPorts[p.Port] {
+		return "TCP"
+	}
+	return ""
 }
 
 // exportTo parses the exportTo annotation: comma-separated namespaces, "." for the Service's

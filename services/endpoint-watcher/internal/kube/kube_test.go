@@ -19,6 +19,7 @@ import (
 func TestProtocol(t *testing.T) {
 	for _, tc := range []struct {
 		name, port string
+		number     int32
 		appProto   *string
 		proto      corev1.Protocol
 		want       string
@@ -32,16 +33,19 @@ func TestProtocol(t *testing.T) {
 		{name: "tls", port: "tls-db", want: "TLS"},
 		{name: "tcp", port: "tcp-raw", want: "TCP"},
 		{name: "case insensitive", port: "HTTP-Upper", want: "HTTP"},
-		{name: "unknown prefix", port: "web", want: "TCP"},
-		{name: "no name", port: "", want: "TCP"},
+		{name: "unknown prefix is undeclared", port: "web", want: ""},
+		{name: "no name is undeclared", port: "", want: ""},
+		{name: "undeclared on a well-known server-first port", port: "db", number: 3306, want: "TCP"},
+		{name: "declared on a well-known port", port: "http-smtp", number: 25, want: "HTTP"},
 		{name: "mongo", port: "mongo-1", want: "Mongo"},
 		{name: "appProtocol wins", port: "tcp-x", appProto: ptr("grpc"), want: "GRPC"},
 		{name: "appProtocol h2c", port: "x", appProto: ptr("kubernetes.io/h2c"), want: "HTTP2"},
-		{name: "appProtocol unknown falls back to name", port: "http-x", appProto: ptr("example.com/custom"), want: "HTTP"},
+		{name: "unknown appProtocol is undeclared, whatever the name", port: "http-x", appProto: ptr("example.com/custom"), want: ""},
+		{name: "appProtocol prefix", port: "x", appProto: ptr("http-legacy"), want: "HTTP"},
 		{name: "udp", port: "http-dns", proto: corev1.ProtocolUDP, want: "UDP"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := corev1.ServicePort{Name: tc.port, AppProtocol: tc.appProto, Protocol: tc.proto}
+			p := corev1.ServicePort{Name: tc.port, Port: tc.number, AppProtocol: tc.appProto, Protocol: tc.proto}
 			if got := Protocol(p); got != tc.want {
 				t.Errorf("Protocol(%q, appProtocol %v) = %q, want %q", tc.port, tc.appProto, got, tc.want)
 			}

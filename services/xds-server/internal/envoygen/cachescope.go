@@ -1,6 +1,7 @@
 package envoygen
 
 import (
+	"slices"
 	"strings"
 	"sync"
 
@@ -54,6 +55,13 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 	}
 	if ix.localityLB && (typeURL == resourcev3.ClusterType || typeURL == resourcev3.EndpointType) {
 		b.WriteString(translate.LocalityKey(snap, proxy, ix.failoverLabelKeys))
+	}
+	if (typeURL == resourcev3.ListenerType || typeURL == resourcev3.RouteType) && proxy.IsSidecar() &&
+		len(proxy.IPs) > 0 && slices.ContainsFunc(ix.byIP[proxy.IPs[0]], func(e ipEndpoint) bool {
+		return model.ListensPerEndpoint(e.svc.Spec)
+	}) {
+		// Listeners per endpoint leave out the proxy's own address.
+		b.WriteString("/self=" + proxy.IPs[0])
 	}
 	if typeURL == resourcev3.RouteType && proxy.IsSidecar() {
 		// Short host names are relative to the proxy's DNS domain.

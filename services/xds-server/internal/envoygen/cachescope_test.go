@@ -52,6 +52,12 @@ func TestCacheScope(t *testing.T) {
 				v = clone(p)
 				v.NodeLocality = &discoveryv1.Locality{Region: "elsewhere"}
 				proxies = append(proxies, v)
+				// The same workload at each endpoint address: replicas of one service.
+				for _, addr := range endpointAddresses(tc.snap) {
+					v = clone(p)
+					v.IPs = []string{addr}
+					proxies = append(proxies, v)
+				}
 				for ns := range namespaces {
 					v = clone(p)
 					v.Namespace = ns
@@ -85,6 +91,20 @@ func TestCacheScope(t *testing.T) {
 			}
 		})
 	}
+}
+
+func endpointAddresses(snap *model.Snapshot) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, h := range snap.Hostnames() {
+		for _, ep := range snap.Services[h].Endpoints {
+			if a := ep.GetAddress(); !seen[a] {
+				seen[a] = true
+				out = append(out, a)
+			}
+		}
+	}
+	return out
 }
 
 func clone(p *model.Proxy) *model.Proxy {

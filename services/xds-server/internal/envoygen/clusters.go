@@ -118,9 +118,14 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 		h2 = true
 	}
 	var httpOpts *httpv3.HttpProtocolOptions
-	if (h2 || common != nil) && proto.isHTTP() {
+	switch {
+	case proto == protoSniffed && b.proxy.IsSidecar():
+		// Sidecars sniff an undeclared port and forward in the client's HTTP version, which
+		// istiod keeps even when the DestinationRule asks to upgrade to h2.
+		httpOpts = downstreamHTTPOptions(common)
+	case h2 || (common != nil && proto.isHTTP()):
 		httpOpts = upstreamHTTPOptions(h2, common)
-	} else if common != nil {
+	case common != nil:
 		log.Debug("HTTP connection pool settings do not apply to a TCP port")
 	}
 	if od := pol.Outlier; od != nil {

@@ -72,7 +72,7 @@ func (b *builder) gatewayServers() []gatewayServer {
 				continue
 			}
 			out = append(out, gatewayServer{gateway: gw.Namespace + "/" + gw.Name, gwNS: gw.Namespace, gwName: gw.Name,
-				server: s, proto: parseProtocol(s.GetPort().GetProtocol(), s.GetPort().GetName())})
+				server: s, proto: parseProtocol(s.GetPort().GetProtocol())})
 		}
 	}
 	return out
@@ -414,7 +414,7 @@ func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *rout
 			// others' routes, so catch-alls go last, as in istiod.
 			var rest, catchAll []*routev3.Route
 			for _, r := range v.Routes {
-				if matchesAll(r.GetMatch()) {
+				if translate.MatchesAll(r.GetMatch()) {
 					catchAll = append(catchAll, r)
 				} else {
 					rest = append(rest, r)

@@ -11,7 +11,6 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
@@ -100,7 +99,7 @@ func (ix *snapIndex) inboundPorts(sc *networking.Sidecar, proxy *model.Proxy, lo
 			addr = a
 		}
 		seen[p.GetNumber()] = true
-		in := inboundPort{port: p.GetNumber(), proto: parseProtocol(p.GetProtocol(), p.GetName()), endpoint: addr,
+		in := inboundPort{port: p.GetNumber(), proto: parseProtocol(p.GetProtocol()), endpoint: addr,
 			servicePort: p.GetNumber()}
 		// The service is the one whose workload port is the listener's, as in istiod.
 		if i := slices.IndexFunc(fromServices, func(s inboundPort) bool { return s.port == p.GetNumber() }); i >= 0 {
@@ -179,8 +178,11 @@ func (b *builder) inboundCluster(in inboundPort) *clusterv3.Cluster {
 	}
 	common, _ := applyConnectionPool(c, b.inboundConnectionPool(in))
 	h2 := in.proto == protoHTTP2
-	if h2 || (common != nil && in.proto.isHTTP()) {
+	switch {
+	case h2 || (common != nil && in.proto.isHTTP()):
 		c.TypedExtensionProtocolOptions = httpProtocolOptions(h2, common)
+	case in.proto == protoSniffed:
+		c.TypedExtensionProtocolOptions = downstreamProtocolOptions(common)
 	}
 	return c
 }
@@ -222,14 +224,8 @@ func (b *builder) passthroughCluster() *clusterv3.Cluster {
 		ConnectTimeout:       b.connectTimeout(),
 		LbPolicy:             clusterv3.Cluster_CLUSTER_PROVIDED,
 		CircuitBreakers:      &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{defaultThresholds()}},
-		TypedExtensionProtocolOptions: map[string]*anyMsg{httpProtocolOptionsKey: mustAny(&httpv3.HttpProtocolOptions{
-			CommonHttpProtocolOptions: &corev3.HttpProtocolOptions{IdleTimeout: durationpb.New(5 * time.Minute)},
-			UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_UseDownstreamProtocolConfig{
-				UseDownstreamProtocolConfig: &httpv3.HttpProtocolOptions_UseDownstreamHttpConfig{
-					HttpProtocolOptions:  &corev3.Http1ProtocolOptions{},
-					Http2ProtocolOptions: &corev3.Http2ProtocolOptions{},
-				}},
-		})},
+		TypedExtensionProtocolOptions: downstreamProtocolOptions(
+			&corev3.HttpProtocolOptions{IdleTimeout: durationpb.New(5 * time.Minute)}),
 	}
 	// The mesh-wide default pool caps passthrough egress too, as in istiod.
 	applyConnectionPool(c, b.snap.Mesh.GetDefaultTrafficPolicy().GetConnectionPool())

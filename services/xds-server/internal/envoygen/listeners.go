@@ -2,6 +2,7 @@ package envoygen
 
 import (
 	"cmp"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	tlsinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -80,56 +82,115 @@ func (b *builder) virtualOutbound() *listenerv3.Listener {
 	}
 }
 
-// virtualInbound receives captured inbound traffic; a filter chain per workload port, and
-// passthrough for ports no service declares.
+// virtualInbound receives captured inbound traffic: filter chains per workload port, and
+// passthrough for ports no service declares. As in istiod, http_inspector runs on the ports
+// whose protocol is not declared (sniffed ports and passthrough), where plaintext HTTP takes
+// an HTTP chain and anything else a TCP one.
 func (b *builder) virtualInbound() *listenerv3.Listener {
 	l := &listenerv3.Listener{
-		Name:             VirtualInboundListener,
-		Address:          translate.SocketAddress(wildcardIP, VirtualInboundPort),
-		TrafficDirection: corev3.TrafficDirection_INBOUND,
-		ListenerFilters:  []*listenerv3.ListenerFilter{listenerFilter(originalDstFilter, &origdstv3.OriginalDst{})},
+		Name:                             VirtualInboundListener,
+		Address:                          translate.SocketAddress(wildcardIP, VirtualInboundPort),
+		TrafficDirection:                 corev3.TrafficDirection_INBOUND,
+		ContinueOnListenerFiltersTimeout: true,
+		ListenerFiltersTimeout:           b.protocolDetectionTimeout(),
 		// A connection addressed to 15006 itself would loop; drop it, as istiod does.
 		FilterChains: []*listenerv3.FilterChain{{
 			Name:             VirtualInboundListener + "-blackhole",
 			FilterChainMatch: &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(VirtualInboundPort)},
 			Filters:          []*listenerv3.Filter{tcpProxy(BlackHoleCluster, BlackHoleCluster)},
+		}, {
+			Name:             VirtualInboundListener + "-catchall-http",
+			FilterChainMatch: sniffedHTTPMatch(0),
+			Filters: []*listenerv3.Filter{hcmFilterOf(b.inboundHCM(InboundPassthroughCluster,
+				InboundPassthroughCluster, 0))},
 		}},
 		DefaultFilterChain: &listenerv3.FilterChain{
 			Name:    "InboundPassthroughFilterChain",
 			Filters: []*listenerv3.Filter{tcpProxy(InboundPassthroughCluster, InboundPassthroughCluster)},
 		},
 	}
+	declared := []uint32{VirtualInboundPort} // ports http_inspector skips
 	for _, in := range b.inboundPorts() {
 		cluster := InboundClusterName(in.port)
-		fc := &listenerv3.FilterChain{
-			Name:             "0.0.0.0_" + itoa(in.port),
-			FilterChainMatch: &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(in.port)},
+		name := "0.0.0.0_" + itoa(in.port)
+		portMatch := &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(in.port)}
+		httpChain := func(m *listenerv3.FilterChainMatch) *listenerv3.FilterChain {
+			return &listenerv3.FilterChain{Name: name, FilterChainMatch: m,
+				Filters: []*listenerv3.Filter{hcmFilterOf(b.inboundHCM("inbound_"+name, cluster, in.port))}}
 		}
-		if in.proto.isHTTP() {
-			rc := &routev3.RouteConfiguration{
-				Name:             cluster,
-				ValidateClusters: wrapperspb.Bool(false),
-				VirtualHosts: []*routev3.VirtualHost{{
-					Name:    "inbound|http|" + itoa(in.port),
-					Domains: []string{"*"},
-					Routes: []*routev3.Route{{
-						Name:  "default",
-						Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-						Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-							ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
-							Timeout:          durationpb.New(0),
-						}},
-					}},
-				}},
-			}
-			hcm := b.hcm("inbound_0.0.0.0_"+itoa(in.port), "", rc, false)
-			fc.Filters = []*listenerv3.Filter{hcmFilterOf(hcm)}
-		} else {
-			fc.Filters = []*listenerv3.Filter{tcpProxy("inbound_0.0.0.0_"+itoa(in.port), cluster)}
+		tcpChain := &listenerv3.FilterChain{Name: name, FilterChainMatch: portMatch,
+			Filters: []*listenerv3.Filter{tcpProxy("inbound_"+name, cluster)}}
+		switch {
+		case in.proto == protoSniffed:
+			l.FilterChains = append(l.FilterChains, httpChain(sniffedHTTPMatch(in.port)), tcpChain)
+		case in.proto.isHTTP():
+			l.FilterChains = append(l.FilterChains, httpChain(portMatch))
+			declared = append(declared, in.port)
+		default:
+			l.FilterChains = append(l.FilterChains, tcpChain)
+			declared = append(declared, in.port)
 		}
-		l.FilterChains = append(l.FilterChains, fc)
+	}
+	l.ListenerFilters = []*listenerv3.ListenerFilter{
+		listenerFilter(originalDstFilter, &origdstv3.OriginalDst{}),
+		httpInspectorExcept(declared),
 	}
 	return l
+}
+
+// sniffedHTTPMatch matches what http_inspector found to be plaintext HTTP, on port (0: any).
+func sniffedHTTPMatch(port uint32) *listenerv3.FilterChainMatch {
+	m := &listenerv3.FilterChainMatch{TransportProtocol: "raw_buffer", ApplicationProtocols: plaintextHTTPALPNs}
+	if port != 0 {
+		m.DestinationPort = wrapperspb.UInt32(port)
+	}
+	return m
+}
+
+// httpInspectorExcept is http_inspector disabled on the given destination ports, whose
+// protocol is declared: sniffing there would only delay connections.
+func httpInspectorExcept(ports []uint32) *listenerv3.ListenerFilter {
+	f := listenerFilter(httpInspectorFilter, &httpinspectorv3.HttpInspector{})
+	slices.Sort(ports)
+	ports = slices.Compact(ports)
+	var rules []*listenerv3.ListenerFilterChainMatchPredicate
+	for _, p := range ports {
+		rules = append(rules, &listenerv3.ListenerFilterChainMatchPredicate{
+			Rule: &listenerv3.ListenerFilterChainMatchPredicate_DestinationPortRange{
+				DestinationPortRange: &typev3.Int32Range{Start: int32(p), End: int32(p) + 1}}})
+	}
+	switch len(rules) {
+	case 0:
+	case 1:
+		f.FilterDisabled = rules[0]
+	default:
+		f.FilterDisabled = &listenerv3.ListenerFilterChainMatchPredicate{
+			Rule: &listenerv3.ListenerFilterChainMatchPredicate_OrMatch{
+				OrMatch: &listenerv3.ListenerFilterChainMatchPredicate_MatchSet{Rules: rules}}}
+	}
+	return f
+}
+
+// inboundHCM is the HTTP manager of an inbound chain: every request to cluster, the
+// workload's port or (port 0) the passthrough.
+func (b *builder) inboundHCM(statPrefix, cluster string, port uint32) *hcmv3.HttpConnectionManager {
+	rc := &routev3.RouteConfiguration{
+		Name:             cluster,
+		ValidateClusters: wrapperspb.Bool(false),
+		VirtualHosts: []*routev3.VirtualHost{{
+			Name:    "inbound|http|" + itoa(port),
+			Domains: []string{"*"},
+			Routes: []*routev3.Route{{
+				Name:  "default",
+				Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+				Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+					ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
+					Timeout:          durationpb.New(0),
+				}},
+			}},
+		}},
+	}
+	return b.hcm(statPrefix, "", rc, false)
 }
 
 // hcm builds an HTTP connection manager with istiod's filter chain: fault and CORS (inert
@@ -174,9 +235,13 @@ type outboundListener struct {
 	name string
 	ip   string
 	port uint32
-	http bool       // an HTTP chain, chosen by ALPN after sniffing on a wildcard listener
-	sni  []tcpChain // TLS services told apart by SNI
-	tcp  *tcpChain  // the one TCP service that takes every connection no other chain matches
+	// rds names the route configuration of the HTTP chain, which http_inspector's ALPN
+	// chooses; empty for no HTTP chain. A sniffed service with a VIP has its own,
+	// "<host>:<port>" (sniffedHost), the wildcard listener shares "<port>".
+	rds         string
+	sniffedHost string
+	sni         []tcpChain // TLS services told apart by SNI
+	tcp         *tcpChain  // the one TCP service that takes every connection no other chain matches
 }
 
 type tcpChain struct {
@@ -197,7 +262,20 @@ var plaintextHTTPALPNs = []string{"http/1.1", "h2c"}
 // what matches nothing goes to the port's TCP service if there is one, else to the outbound
 // traffic policy's PassthroughFilterChain, so a destination outside the registry on a known
 // port is passed through (ALLOW_ANY) or dropped (REGISTRY_ONLY) rather than broken.
+//
+// A port whose protocol is not declared gets both: the service's TCP chain and an HTTP chain
+// for what http_inspector finds to be plaintext HTTP, so HTTP VirtualServices apply to it.
 func (b *builder) outboundListeners() []*listenerv3.Listener {
+	entries := b.outboundEntries()
+	out := make([]*listenerv3.Listener, 0, len(entries))
+	for _, ol := range entries {
+		out = append(out, b.outboundListener(ol))
+	}
+	return out
+}
+
+// outboundEntries plans the outbound listeners (see outboundListeners), in service order.
+func (b *builder) outboundEntries() []*outboundListener {
 	byName := map[string]*outboundListener{}
 	var order []*outboundListener
 	listener := func(ip string, port uint32) *outboundListener {
@@ -215,31 +293,64 @@ func (b *builder) outboundListeners() []*listenerv3.Listener {
 		for _, p := range b.visiblePorts(svc) {
 			proto := portProtocol(p)
 			if proto.isHTTP() {
-				listener(wildcardIP, p.GetNumber()).http = true
+				ol := listener(wildcardIP, p.GetNumber())
+				ol.rds, ol.sniffedHost = itoa(p.GetNumber()), ""
 				continue
 			}
 			ip := wildcardIP
 			if a := svc.Spec.GetAddresses(); len(a) > 0 && a[0] != "" {
 				ip = a[0]
 			}
-			ol := listener(ip, p.GetNumber())
+			ips := []string{ip}
+			if model.ListensPerEndpoint(svc.Spec) {
+				if eps, ok := b.endpointListenIPs(svc); ok {
+					ips = eps
+				}
+			}
 			chain := tcpChain{host: host, proxy: b.tcpRoute(host, p.GetNumber())}
-			switch {
-			case ip == wildcardIP && proto == protoTLS:
-				ol.sni = append(ol.sni, chain)
-			case ol.tcp == nil:
-				ol.tcp = &chain
-			default:
-				b.log.Debug("skipping conflicting outbound listener", "listener", ol.name, "host", host)
+			for _, ip := range ips {
+				ol := listener(ip, p.GetNumber())
+				if proto == protoSniffed && ol.rds == "" {
+					ol.rds = itoa(p.GetNumber())
+					if ip != wildcardIP {
+						ol.rds, ol.sniffedHost = host+":"+itoa(p.GetNumber()), host
+					}
+				}
+				switch {
+				case ip == wildcardIP && proto == protoTLS:
+					ol.sni = append(ol.sni, chain)
+				case ol.tcp == nil:
+					ol.tcp = &chain
+				default:
+					b.log.Debug("skipping conflicting outbound listener", "listener", ol.name, "host", host)
+				}
 			}
 		}
 	}
-	out := make([]*listenerv3.Listener, 0, len(order))
-	for _, ol := range order {
-		out = append(out, b.outboundListener(ol))
-	}
-	return out
+	return order
 }
+
+// endpointListenIPs are the addresses of the listeners istiod gives a service without VIP nor
+// resolution on its non-HTTP ports, which a wildcard listener could not tell apart: one per
+// endpoint (IP addresses only), but the proxy's own, whose traffic to itself does not pass
+// through outbound listeners. ok is false for a service outside Kubernetes without endpoints,
+// which keeps the wildcard listener; a Kubernetes service without endpoints gets none.
+func (b *builder) endpointListenIPs(svc *model.Service) (ips []string, ok bool) {
+	if len(svc.Endpoints) == 0 && svc.Spec.GetRegistry() != "kubernetes" {
+		return nil, false
+	}
+	for _, ep := range svc.Endpoints {
+		a := ep.GetAddress()
+		if _, err := netip.ParseAddr(a); err != nil || b.isOwnIP(a) || slices.Contains(ips, a) {
+			continue
+		}
+		ips = append(ips, a)
+	}
+	return ips, true
+}
+
+// isOwnIP reports whether ip is the proxy's primary address.
+func (b *builder) isOwnIP(ip string) bool { return len(b.proxy.IPs) > 0 && b.proxy.IPs[0] == ip }
 
 func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
 	l := &listenerv3.Listener{
@@ -254,8 +365,8 @@ func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
 		l.ListenerFilters = append(l.ListenerFilters, listenerFilter(tlsInspectorFilter,
 			&tlsinspectorv3.TlsInspector{InitialReadBufferSize: wrapperspb.UInt32(512)}))
 	}
-	if ol.http {
-		hcm := b.hcm("outbound_"+ol.name, itoa(ol.port), nil, false)
+	if ol.rds != "" {
+		hcm := b.hcm("outbound_"+ol.name, ol.rds, nil, false)
 		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
 			FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "raw_buffer",
 				ApplicationProtocols: plaintextHTTPALPNs},

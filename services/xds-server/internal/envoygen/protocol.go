@@ -3,6 +3,9 @@ package envoygen
 import (
 	"strings"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 )
 
@@ -14,19 +17,23 @@ const (
 	protoHTTP
 	protoHTTP2 // HTTP/2 and gRPC: upstream connections use h2
 	protoTLS   // TLS and HTTPS: opaque to the proxy, routed by SNI at most
+	// protoSniffed is a port whose protocol is not declared (istiod's "auto"): sidecars detect
+	// plaintext HTTP per connection with http_inspector, route it like an HTTP port and pass
+	// everything else on as TCP, upstream in the protocol the client spoke.
+	protoSniffed
 )
 
-// portProtocol reads the Istio protocol of a port, falling back to the port name's prefix
-// ("http-web", "grpc") like Istio does for services that declare none.
+// portProtocol reads the Istio protocol of a registry port. The registry has already read
+// what the platform declares (a Kubernetes port's appProtocol or name prefix); empty means
+// undeclared.
 func portProtocol(p *discoveryv1.Port) protocol {
-	return parseProtocol(p.GetProtocol(), p.GetName())
+	return parseProtocol(p.GetProtocol())
 }
 
-func parseProtocol(proto, name string) protocol {
+// parseProtocol reads an Istio protocol name; none, or one Istio does not know, is sniffed,
+// as in istiod.
+func parseProtocol(proto string) protocol {
 	s := strings.ToUpper(proto)
-	if s == "" {
-		s, _, _ = strings.Cut(strings.ToUpper(name), "-")
-	}
 	switch s {
 	case "HTTP", "HTTP_PROXY":
 		return protoHTTP
@@ -34,8 +41,31 @@ func parseProtocol(proto, name string) protocol {
 		return protoHTTP2
 	case "TLS", "HTTPS":
 		return protoTLS
+	case "TCP", "MONGO", "REDIS", "MYSQL", "UDP":
+		return protoTCP
 	}
-	return protoTCP
+	return protoSniffed
 }
 
 func (p protocol) isHTTP() bool { return p == protoHTTP || p == protoHTTP2 }
+
+// carriesHTTP reports whether HTTP routes apply to the port: declared HTTP, or sniffed.
+func (p protocol) carriesHTTP() bool { return p.isHTTP() || p == protoSniffed }
+
+// downstreamProtocolOptions makes a cluster speak upstream the HTTP version the client spoke,
+// as istiod does for sniffed ports and passthrough: h2 stays h2, HTTP/1.1 stays HTTP/1.1.
+func downstreamProtocolOptions(common *corev3.HttpProtocolOptions) map[string]*anyMsg {
+	return map[string]*anyMsg{httpProtocolOptionsKey: mustAny(downstreamHTTPOptions(common))}
+}
+
+// downstreamHTTPOptions are downstreamProtocolOptions before packing.
+func downstreamHTTPOptions(common *corev3.HttpProtocolOptions) *httpv3.HttpProtocolOptions {
+	return &httpv3.HttpProtocolOptions{
+		CommonHttpProtocolOptions: common,
+		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_UseDownstreamProtocolConfig{
+			UseDownstreamProtocolConfig: &httpv3.HttpProtocolOptions_UseDownstreamHttpConfig{
+				HttpProtocolOptions:  &corev3.Http1ProtocolOptions{},
+				Http2ProtocolOptions: &corev3.Http2ProtocolOptions{},
+			}},
+	}
+}

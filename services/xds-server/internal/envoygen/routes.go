@@ -1,7 +1,6 @@
 package envoygen
 
 import (
-	"cmp"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -25,30 +24,31 @@ func (b *builder) routes() []*routev3.RouteConfiguration {
 	if b.proxy.IsRouter() {
 		return sortByName(b.gatewayRoutes())
 	}
-	ports := map[uint32]bool{}
-	for _, svc := range b.services {
-		for _, p := range b.visiblePorts(svc) {
-			if portProtocol(p).isHTTP() {
-				ports[p.GetNumber()] = true
-			}
-		}
-	}
 	var out []*routev3.RouteConfiguration
-	for port := range ports {
-		out = append(out, b.sidecarRouteConfig(port))
+	seen := map[string]bool{}
+	for _, ol := range b.outboundEntries() {
+		if ol.rds == "" || seen[ol.rds] {
+			continue
+		}
+		seen[ol.rds] = true
+		if ol.sniffedHost != "" {
+			out = append(out, b.sniffedRouteConfig(ol.rds, ol.sniffedHost, ol.port))
+		} else {
+			out = append(out, b.sidecarRouteConfig(ol.port))
+		}
 	}
 	return sortByName(out)
 }
 
-// sidecarRouteConfig is RDS "<port>": a virtual host per service with an HTTP port of that
-// number, and a catch-all per the outbound traffic policy.
+// sidecarRouteConfig is RDS "<port>": a virtual host per service with an HTTP or sniffed port
+// of that number, and a catch-all per the outbound traffic policy.
 func (b *builder) sidecarRouteConfig(port uint32) *routev3.RouteConfiguration {
 	rc := &routev3.RouteConfiguration{Name: itoa(port), ValidateClusters: wrapperspb.Bool(false),
 		IgnorePortInHostMatching: true}
 	taken := map[string]bool{}
 	for _, svc := range b.services {
 		for _, p := range b.visiblePorts(svc) {
-			if p.GetNumber() != port || !portProtocol(p).isHTTP() {
+			if p.GetNumber() != port || !portProtocol(p).carriesHTTP() {
 				continue
 			}
 			host := svc.Spec.GetHostname()
@@ -65,20 +65,34 @@ func (b *builder) sidecarRouteConfig(port uint32) *routev3.RouteConfiguration {
 			if len(domains) == 0 {
 				continue
 			}
-			var routes []*routev3.Route
-			if vs := b.binds.VirtualService(host); vs != nil {
-				routes = b.httpRoutes(vs, host, port, nil)
-			}
-			if len(routes) == 0 {
-				routes = []*routev3.Route{b.defaultRoute(host, port)}
-			}
-			rc.VirtualHosts = append(rc.VirtualHosts, &routev3.VirtualHost{
-				Name: host + ":" + itoa(port), Domains: domains, Routes: routes, IncludeRequestAttemptCount: true})
+			rc.VirtualHosts = append(rc.VirtualHosts, b.serviceVirtualHost(host, port, domains))
 		}
 	}
 	sortByName(rc.VirtualHosts)
 	rc.VirtualHosts = append(rc.VirtualHosts, b.catchAllVirtualHost())
 	return rc
+}
+
+// sniffedRouteConfig is RDS "<host>:<port>" of the listener a sniffed service port has on its
+// VIP: only that service, for every Host header, and no catch-all, as in istiod.
+func (b *builder) sniffedRouteConfig(name, host string, port uint32) *routev3.RouteConfiguration {
+	return &routev3.RouteConfiguration{Name: name, ValidateClusters: wrapperspb.Bool(false),
+		IgnorePortInHostMatching: true,
+		VirtualHosts:             []*routev3.VirtualHost{b.serviceVirtualHost(host, port, []string{"*"})}}
+}
+
+// serviceVirtualHost routes a service port's HTTP traffic: its VirtualService's routes, else
+// the default route to the service.
+func (b *builder) serviceVirtualHost(host string, port uint32, domains []string) *routev3.VirtualHost {
+	var routes []*routev3.Route
+	if vs := b.binds.VirtualService(host); vs != nil {
+		routes = b.httpRoutes(vs, host, port, nil)
+	}
+	if len(routes) == 0 {
+		routes = []*routev3.Route{b.defaultRoute(host, port)}
+	}
+	return &routev3.VirtualHost{Name: host + ":" + itoa(port), Domains: domains, Routes: routes,
+		IncludeRequestAttemptCount: true}
 }
 
 func (b *builder) catchAllVirtualHost() *routev3.VirtualHost {
@@ -184,67 +198,32 @@ func qualifyGateway(ref, ns string) string {
 // matched in order, so nothing after one that matches every request is kept, as in istiod.
 func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host string, port uint32,
 	gws gatewayFilter) []*routev3.Route {
-	var out []*routev3.Route
-	for i, hr := range vs.Spec.GetHttp() {
+	out, skipped := translate.HTTPRoutes(vs.Spec.GetHttp(), func(i int, hr *networking.HTTPRoute,
+		m *networking.HTTPMatchRequest) (*routev3.Route, bool) {
 		log := b.log.With("virtualService", vs.Namespace+"/"+vs.Name, "http", i, "port", port)
-		matches := hr.GetMatch()
-		catchAll := len(matches) == 0
-		if catchAll {
-			matches = []*networking.HTTPMatchRequest{nil}
+		if m.GetPort() != 0 && m.GetPort() != port {
+			return nil, false
 		}
-		for _, m := range matches {
-			if m.GetPort() != 0 && m.GetPort() != port {
-				continue
-			}
-			if !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), nil) {
-				continue
-			}
-			if len(m.GetGateways()) > 0 && !gws.accepts(m.GetGateways(), vs.Namespace) {
-				continue
-			}
-			rm, reason := translate.RouteMatch(m, translate.Envoy)
-			if rm == nil {
-				// Dropping the whole match is safer than dropping one condition of it, which
-				// would widen what the route catches.
-				log.Debug("skipping unsupported match", "reason", reason)
-				continue
-			}
-			name := hr.GetName()
-			if m.GetName() != "" {
-				name = cmp.Or(name+"."+m.GetName(), m.GetName())
-			}
-			r := &routev3.Route{Name: name, Match: rm}
-			if !b.routeAction(r, hr, vs.Namespace, host, port, m, log) {
-				break
-			}
-			out = append(out, r)
-			if matchesAll(rm) {
-				catchAll = true
-				break
-			}
+		if !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), nil) {
+			return nil, false
 		}
-		if catchAll {
-			if rest := len(vs.Spec.GetHttp()) - i - 1; rest > 0 {
-				log.Debug("skipping http routes after one that matches every request", "skipped", rest)
-			}
-			break
+		if len(m.GetGateways()) > 0 && !gws.accepts(m.GetGateways(), vs.Namespace) {
+			return nil, false
 		}
+		r := translate.MatchRoute(hr, m, translate.Envoy, log)
+		if r == nil {
+			return nil, false
+		}
+		if !b.routeAction(r, hr, vs.Namespace, host, port, m, log) {
+			return nil, true
+		}
+		return r, false
+	})
+	if skipped > 0 {
+		b.log.Debug("skipping http routes after one that matches every request",
+			"virtualService", vs.Namespace+"/"+vs.Name, "port", port, "skipped", skipped)
 	}
 	return out
-}
-
-// matchesAll reports whether a route match takes every request (istiod's catch-all test).
-func matchesAll(m *routev3.RouteMatch) bool {
-	all := false
-	switch p := m.GetPathSpecifier().(type) {
-	case *routev3.RouteMatch_Prefix:
-		all = p.Prefix == "/"
-	case *routev3.RouteMatch_PathSeparatedPrefix:
-		all = p.PathSeparatedPrefix == "/"
-	case *routev3.RouteMatch_SafeRegex:
-		all = p.SafeRegex.GetRegex() == ".*"
-	}
-	return all && len(m.GetHeaders()) == 0 && len(m.GetQueryParameters()) == 0 && len(m.GetDynamicMetadata()) == 0
 }
 
 // routeAction fills r's action and per-route settings; false when the route has nothing usable.

@@ -36,55 +36,62 @@ func (g *generator) defaultRoute(host string, port uint32) *routev3.Route {
 	return translate.DefaultRoute(ClusterName(port, "", host), g.hashPolicy(host, port, ""))
 }
 
+// vsRoutes translates a VirtualService's http routes for one port. Routes are matched in
+// order, so nothing after one that matches every request is kept, as in istiod.
 func (g *generator) vsRoutes(svc *model.Service, port *discoveryv1.Port,
 	vs *model.Config[*networking.VirtualService]) []*routev3.Route {
-	var routes []*routev3.Route
-	for i, http := range vs.Spec.GetHttp() {
+	actions := map[int]*routev3.RouteAction{} // one per http route, for all its matches
+	routes, skipped := translate.HTTPRoutes(vs.Spec.GetHttp(), func(i int, http *networking.HTTPRoute,
+		m *networking.HTTPMatchRequest) (*routev3.Route, bool) {
 		log := g.log.With("virtualService", vs.Namespace+"/"+vs.Name, "http", i, "port", port.GetNumber())
-		if len(http.GetRoute()) == 0 {
-			log.Debug("skipping http route without destinations (redirect, direct response and delegate are not supported for gRPC)")
-			continue
+		action, built := actions[i]
+		if !built {
+			action = g.httpAction(http, svc, port, vs.Namespace, log)
+			actions[i] = action
 		}
-		action := g.routeAction(http, svc, port, vs.Namespace)
 		if action == nil {
-			log.Debug("skipping http route without usable destination")
-			continue
+			return nil, true
 		}
-		matches := http.GetMatch()
-		if len(matches) == 0 {
-			matches = []*networking.HTTPMatchRequest{nil}
+		if m.GetPort() != 0 && m.GetPort() != port.GetNumber() {
+			return nil, false
 		}
-		for _, m := range matches {
-			if m.GetPort() != 0 && m.GetPort() != port.GetNumber() {
-				continue
-			}
-			if !model.AppliesToMesh(m.GetGateways()) {
-				continue
-			}
-			rm, reason := translate.RouteMatch(m, translate.Proxyless)
-			if rm == nil {
-				// Dropping the whole match is safer than dropping one condition of it, which
-				// would widen what the route catches.
-				log.Debug("skipping unsupported match", "reason", reason)
-				continue
-			}
-			name := http.GetName()
-			if m.GetName() != "" {
-				name = name + "." + m.GetName()
-			}
-			r := &routev3.Route{Name: name, Match: rm, Action: &routev3.Route_Route{Route: action}}
-			if f := translate.Fault(http.GetFault(), log); f != nil {
-				cfg, err := marshalAny(f)
-				if err != nil {
-					log.Debug("skipping fault injection", "err", err)
-				} else {
-					r.TypedPerFilterConfig = map[string]*anypb.Any{translate.FaultFilter: cfg}
-				}
-			}
-			routes = append(routes, r)
+		if !model.AppliesToMesh(m.GetGateways()) {
+			return nil, false
 		}
+		r := translate.MatchRoute(http, m, translate.Proxyless, log)
+		if r == nil {
+			return nil, false
+		}
+		r.Action = &routev3.Route_Route{Route: action}
+		if f := translate.Fault(http.GetFault(), log); f != nil {
+			cfg, err := marshalAny(f)
+			if err != nil {
+				log.Debug("skipping fault injection", "err", err)
+			} else {
+				r.TypedPerFilterConfig = map[string]*anypb.Any{translate.FaultFilter: cfg}
+			}
+		}
+		return r, false
+	})
+	if skipped > 0 {
+		g.log.Debug("skipping http routes after one that matches every request",
+			"virtualService", vs.Namespace+"/"+vs.Name, "port", port.GetNumber(), "skipped", skipped)
 	}
 	return routes
+}
+
+// httpAction is the action of an http route; nil, logged, when gRPC clients cannot use it.
+func (g *generator) httpAction(http *networking.HTTPRoute, svc *model.Service, port *discoveryv1.Port,
+	ns string, log interface{ Debug(string, ...any) }) *routev3.RouteAction {
+	if len(http.GetRoute()) == 0 {
+		log.Debug("skipping http route without destinations (redirect, direct response and delegate are not supported for gRPC)")
+		return nil
+	}
+	action := g.routeAction(http, svc, port, ns)
+	if action == nil {
+		log.Debug("skipping http route without usable destination")
+	}
+	return action
 }
 
 func (g *generator) routeAction(http *networking.HTTPRoute, svc *model.Service, port *discoveryv1.Port,

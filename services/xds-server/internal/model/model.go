@@ -207,11 +207,13 @@ func (s *Store) apply(c bus.Change) error {
 	for _, name := range c.Removed {
 		if old, ok := m[name]; ok {
 			s.pending.record(kind, old, nil)
+			s.recordListenerEndpoints(kind, name)
 			delete(m, name)
 		}
 	}
 	for _, r := range c.Updated {
 		s.pending.record(kind, m[r.Name], r)
+		s.recordListenerEndpoints(kind, r.Name)
 		m[r.Name] = r
 	}
 	s.mu.Unlock()
@@ -220,6 +222,20 @@ func (s *Store) apply(c bus.Change) error {
 	default:
 	}
 	return nil
+}
+
+// recordListenerEndpoints records a change of the endpoints named name as a change of their
+// service too when sidecars have listeners per endpoint of it (see ListensPerEndpoint): like
+// istiod, which pushes everything for those, since more than EDS then depends on endpoints.
+// Registries publish a service and its endpoints under one name. s.mu is held.
+func (s *Store) recordListenerEndpoints(kind schema.Kind, name string) {
+	if kind.TypeURL != schema.Endpoints.TypeURL {
+		return
+	}
+	svc := s.state[schema.Service.TypeURL][name]
+	if svc != nil && ListensPerEndpoint(svc.Body.(*discoveryv1.Service)) {
+		s.pending.record(schema.Service, svc, svc)
+	}
 }
 
 // PendingFull reports whether the changes waiting for Next include more than endpoints.

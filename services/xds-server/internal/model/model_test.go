@@ -63,12 +63,7 @@ func TestSnapshotPrecedence(t *testing.T) {
 	s := NewStore()
 	h := s.Handler(nil)
 	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
-	mustApply := func(c bus.Change) {
-		t.Helper()
-		if err := h.Apply(c); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mustApply := applier(t, h)
 	mustApply(bus.Change{TypeURL: schema.VirtualService.TypeURL, Updated: []*bus.Resource{
 		{Name: "b/young", CreateTime: t0.Add(time.Hour), Body: &networking.VirtualService{}},
 		{Name: "z/old", CreateTime: t0, Body: &networking.VirtualService{}},
@@ -140,12 +135,7 @@ func TestSynced(t *testing.T) {
 func TestNextIncremental(t *testing.T) {
 	s := NewStore()
 	h := s.Handler(nil)
-	mustApply := func(c bus.Change) {
-		t.Helper()
-		if err := h.Apply(c); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mustApply := applier(t, h)
 	svc := func(host string, exportTo ...string) *bus.Resource {
 		return &bus.Resource{Name: "demo/" + host, Body: &discoveryv1.Service{Hostname: host, Namespace: "demo", ExportTo: exportTo}}
 	}
@@ -220,6 +210,57 @@ func TestVisibility(t *testing.T) {
 			if v.Sees(ns) {
 				t.Errorf("exportTo %v: %s should not see it", tc.exportTo, ns)
 			}
+		}
+	}
+}
+
+// Sidecars have a listener per endpoint of a headless service with a non-HTTP port, so a change
+// of its endpoints is a change of the service, as in istiod; a headless HTTP-only service's
+// endpoints stay an endpoints-only change.
+func TestNextHeadlessEndpoints(t *testing.T) {
+	s := NewStore()
+	h := s.Handler(nil)
+	mustApply := applier(t, h)
+	headless := func(host, proto string) *bus.Resource {
+		return &bus.Resource{Name: "demo/" + host, Body: &discoveryv1.Service{Hostname: host, Namespace: "demo",
+			Resolution: discoveryv1.Resolution_NONE, Ports: []*discoveryv1.Port{{Name: "p", Number: 80, Protocol: proto}}}}
+	}
+	eps := func(host, addr string) *bus.Resource {
+		return &bus.Resource{Name: "demo/" + host, Body: &discoveryv1.Endpoints{Hostname: host, Namespace: "demo",
+			Endpoints: []*discoveryv1.Endpoint{{Address: addr}}}}
+	}
+	mustApply(bus.Change{TypeURL: schema.Service.TypeURL, Updated: []*bus.Resource{
+		headless("db.com", "TCP"), headless("sniffed.com", ""), headless("web.com", "HTTP")}})
+	first, _ := s.Next()
+
+	for _, tc := range []struct {
+		host string
+		full bool
+	}{{"db.com", true}, {"sniffed.com", true}, {"web.com", false}} {
+		mustApply(bus.Change{TypeURL: schema.Endpoints.TypeURL, Updated: []*bus.Resource{eps(tc.host, "10.0.0.1")}})
+		snap, ch := s.Next()
+		_, keyed := ch.Configs[ConfigKey{Kind: "Service", Namespace: "demo", Name: tc.host}]
+		if ch.Full != tc.full || keyed != tc.full || (snap.ConfigVersion != first.ConfigVersion) != tc.full {
+			t.Errorf("%s endpoints: full=%v keyed=%v config version %d; want full=%v", tc.host, ch.Full, keyed,
+				snap.ConfigVersion, tc.full)
+		}
+		if _, ok := ch.Endpoints[tc.host]; !ok {
+			t.Errorf("%s endpoints: change %+v lacks its endpoints", tc.host, ch)
+		}
+		first = snap
+	}
+	mustApply(bus.Change{TypeURL: schema.Endpoints.TypeURL, Removed: []string{"demo/db.com"}})
+	if _, ch := s.Next(); !ch.Full {
+		t.Errorf("removing db.com endpoints: not a full change")
+	}
+}
+
+// applier returns a function applying a change to h that fails the test on error.
+func applier(t *testing.T, h bus.Handler) func(bus.Change) {
+	return func(c bus.Change) {
+		t.Helper()
+		if err := h.Apply(c); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

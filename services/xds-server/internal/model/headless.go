@@ -1,0 +1,37 @@
+package model
+
+import (
+	"strings"
+
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
+)
+
+// ListensPerEndpoint reports whether sidecars reach the service through one outbound
+// listener per endpoint address ("<ip>_<port>"), as istiod builds them: a service without
+// VIP nor resolution (a Kubernetes headless service, a ServiceEntry with resolution NONE)
+// that has a port not declared HTTP. Its listeners then depend on its endpoints.
+func ListensPerEndpoint(svc *discoveryv1.Service) bool {
+	if svc.GetResolution() != discoveryv1.Resolution_NONE || hasVIP(svc) {
+		return false
+	}
+	for _, p := range svc.GetPorts() {
+		if !IsHTTPProtocol(p.GetProtocol()) {
+			return true
+		}
+	}
+	return false
+}
+
+func hasVIP(svc *discoveryv1.Service) bool {
+	a := svc.GetAddresses()
+	return len(a) > 0 && a[0] != "" && a[0] != "0.0.0.0"
+}
+
+// IsHTTPProtocol reports whether an Istio protocol name declares HTTP (HTTP/1.1, HTTP/2, gRPC).
+func IsHTTPProtocol(p string) bool {
+	switch strings.ToUpper(p) {
+	case "HTTP", "HTTP_PROXY", "HTTP2", "GRPC", "GRPC-WEB":
+		return true
+	}
+	return false
+}
