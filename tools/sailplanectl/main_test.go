@@ -12,6 +12,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/grpcbootstrap"
 	"sailplane.dev/shared/schema"
 )
 
@@ -34,7 +35,7 @@ func TestBootstrapGRPC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b grpcBootstrap
+	var b grpcbootstrap.Bootstrap
 	if err := json.Unmarshal([]byte(out), &b); err != nil {
 		t.Fatalf("not JSON: %v\n%s", err, out)
 	}
