@@ -48,9 +48,11 @@ func New(log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
 
 // Server serves a grpc.Server on an address under the Run(ctx) lifecycle.
 type Server struct {
-	Addr   string
-	GRPC   *grpc.Server
-	Logger *slog.Logger
+	// Network is "tcp" when empty, or "unix" (Addr is then the socket's path).
+	Network string
+	Addr    string
+	GRPC    *grpc.Server
+	Logger  *slog.Logger
 	// Listening, when set, is called with the bound address once the listener is open.
 	Listening func(net.Addr)
 }
@@ -58,7 +60,11 @@ type Server struct {
 // Run listens on Addr and serves until ctx ends, then stops gracefully, cutting streams that
 // are still open after a few seconds (xDS streams never end on their own).
 func (s *Server) Run(ctx context.Context) error {
-	lis, err := net.Listen("tcp", s.Addr)
+	network := s.Network
+	if network == "" {
+		network = "tcp"
+	}
+	lis, err := net.Listen(network, s.Addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", s.Addr, err)
 	}

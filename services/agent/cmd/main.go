@@ -1,28 +1,41 @@
-// Command agent runs beside each workload: key and CSR, SDS to the proxy, bootstrap, xDS proxy.
-// It is not built yet: the binary exists so the layout, build and deployment are complete, and it
-// says so instead of pretending to work.
+// Command agent runs beside each workload, pod or VM: it generates the workload's key, gets its
+// certificate from the ca (Istio's CreateCertificate API) and keeps it renewed, serving it as
+// Envoy's SDS over a Unix socket and as files plus a gRPC xDS bootstrap for proxyless gRPC. It
+// needs no Kubernetes client.
 package main
 
 import (
-	"errors"
-	"fmt"
-	"os"
-
 	"github.com/spf13/cobra"
+
+	"sailplane.dev/shared/cli"
+	"sailplane.dev/shared/component"
+
+	agent "sailplane.dev/services/agent"
 )
 
 func main() {
+	var (
+		logOpts cli.LogOptions
+		cfg     agent.Config
+	)
 	cmd := &cobra.Command{
-		Use:           "agent",
-		Short:         "Sailplane agent: runs beside each workload: key and CSR, SDS to the proxy, bootstrap, xDS proxy",
-		SilenceUsage:  true,
-		SilenceErrors: true,
+		Use:   "agent",
+		Short: "Sailplane agent: the workload's key and certificate, served over SDS and as files for proxyless gRPC",
 		RunE: func(*cobra.Command, []string) error {
-			return errors.New("agent is not implemented yet")
+			log, err := logOpts.Logger()
+			if err != nil {
+				return err
+			}
+			a, err := agent.New(cfg, agent.Deps{Logger: log.With("component", "agent")})
+			if err != nil {
+				return err
+			}
+			var m component.Manager
+			m.Add("agent", a)
+			return cli.RunUntilSignal(&m)
 		},
 	}
-	if err := cmd.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		os.Exit(1)
-	}
+	logOpts.AddFlags(cmd.Flags())
+	cfg.AddFlags(cmd.Flags())
+	cli.Execute(cmd)
 }

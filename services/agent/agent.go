@@ -1,0 +1,258 @@
+// Package agent runs beside each workload, pod or VM, as Istio's istio-agent does: it generates
+// the workload's private key locally (it never leaves), gets the certificate for its identity
+// from the ca over Istio's CreateCertificate API (a service-account token first, then its own
+// certificate), renews it at 80 % of its lifetime, and hands it out as Envoy's SDS over a Unix
+// socket and, for proxyless gRPC, as files with a gRPC xDS bootstrap pointing at them. It needs no
+// Kubernetes client and links nothing of the ca's signing code.
+package agent
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/grpcbootstrap"
+	"sailplane.dev/shared/pki"
+)
+
+// Config configures the agent. The outputs (SDS socket, files, bootstrap, readiness) are each
+// off when their setting is empty; the binary's flags turn them on at Istio's paths.
+type Config struct {
+	// CAAddress is the ca's TLS address; Istio's CA_ADDR default when empty.
+	CAAddress string
+	// RootCertFile is the root that verifies the ca's serving certificate (Istio mounts the
+	// istio-ca-root-cert ConfigMap there). Required. It is re-read at every request.
+	RootCertFile string
+	// TokenFile is the service-account token (audience istio-ca), re-read at every request
+	// since the kubelet rotates it. Optional once the agent holds a certificate.
+	TokenFile string
+	// ProvisionedCertDir, when set, holds cert-chain.pem and key.pem that authenticate a
+	// workload without a token (Istio's PROV_CERT, for VMs).
+	ProvisionedCertDir string
+	// ClusterID is sent to the ca as the caller's cluster; "Kubernetes" when empty.
+	ClusterID string
+	// TrustDomain names the identity in the CSR; "cluster.local" when empty. The ca signs the
+	// caller's identity in its own trust domain regardless.
+	TrustDomain string
+	// KeyAlgorithm is the workload key's kind: ECDSA P-256 (the default) or RSA 2048.
+	KeyAlgorithm pki.KeyAlgorithm
+	// CertTTL is the lifetime asked for; 24h when zero (the ca may shorten it).
+	CertTTL time.Duration
+	// RetryInitial and RetryMax bound the jittered backoff while the ca cannot sign; 1s and 30s
+	// when zero.
+	RetryInitial, RetryMax time.Duration
+
+	// SDSSocket is the Unix socket serving Envoy's SDS ("default" and "ROOTCA").
+	SDSSocket string
+	// OutputDir receives cert-chain.pem, key.pem and root-cert.pem for proxyless gRPC.
+	OutputDir string
+	// FileRefresh is how often gRPC re-reads those files (the bootstrap's refresh_interval);
+	// 900s (Istio's) when zero.
+	FileRefresh time.Duration
+	// GRPCBootstrap is where the gRPC xDS bootstrap goes (GRPC_XDS_BOOTSTRAP); it needs OutputDir.
+	GRPCBootstrap string
+	// XDSAddress is the xDS server the bootstrap names; XDSOverTLS makes that channel mTLS with
+	// the workload's certificate instead of plaintext.
+	XDSAddress string
+	XDSOverTLS bool
+	// Pod, Namespace, IP and Labels describe the workload in the bootstrap's node (Istio's node
+	// ID and metadata); the namespace defaults to the identity's.
+	Pod, Namespace, IP string
+	Labels             map[string]string
+
+	// ReadinessAddr serves /healthz/ready (200 once a certificate is held, else 503).
+	ReadinessAddr string
+}
+
+// Deps are the agent's collaborators.
+type Deps struct {
+	Logger *slog.Logger
+	// DialOptions are added to the connection to the ca (tests observe the requests with them).
+	DialOptions []grpc.DialOption
+}
+
+// Agent is one workload's agent.
+type Agent struct {
+	cfg  Config
+	log  *slog.Logger
+	deps Deps
+	sds  *sdsServer
+
+	ready     chan struct{}
+	readyOnce sync.Once
+	mu        sync.Mutex
+	current       *Credential
+	published     int // certificates published so far
+	readinessAddr net.Addr
+}
+
+// DefaultCAAddress is Istio's CA_ADDR default.
+const DefaultCAAddress = "istiod.istio-system.svc:15012"
+
+// New checks cfg; nothing is read or written before Run.
+func New(cfg Config, deps Deps) (*Agent, error) {
+	if deps.Logger == nil {
+		deps.Logger = slog.Default()
+	}
+	if cfg.CAAddress == "" {
+		cfg.CAAddress = DefaultCAAddress
+	}
+	if cfg.ClusterID == "" {
+		cfg.ClusterID = "Kubernetes"
+	}
+	if cfg.TrustDomain == "" {
+		cfg.TrustDomain = "cluster.local"
+	}
+	if cfg.CertTTL <= 0 {
+		cfg.CertTTL = 24 * time.Hour
+	}
+	if cfg.RetryInitial <= 0 {
+		cfg.RetryInitial = time.Second
+	}
+	if cfg.RetryMax <= 0 {
+		cfg.RetryMax = 30 * time.Second
+	}
+	if cfg.FileRefresh <= 0 {
+		cfg.FileRefresh = 900 * time.Second
+	}
+	switch {
+	case cfg.RootCertFile == "":
+		return nil, errors.New("agent: the root certificate file that verifies the ca is required")
+	case cfg.TokenFile == "" && cfg.ProvisionedCertDir == "":
+		return nil, errors.New("agent: a token file or a provisioned certificate folder is needed to authenticate to the ca")
+	case cfg.GRPCBootstrap != "" && cfg.OutputDir == "":
+		return nil, errors.New("agent: the gRPC bootstrap points at the credential files: set the output folder too")
+	}
+	if a := cfg.KeyAlgorithm; a != "" && a != pki.ECDSAP256 && a != pki.RSA2048 {
+		return nil, fmt.Errorf("agent: key algorithm %q: want %s or %s", a, pki.ECDSAP256, pki.RSA2048)
+	}
+	a := &Agent{cfg: cfg, log: deps.Logger, deps: deps, ready: make(chan struct{})}
+	if cfg.SDSSocket != "" {
+		a.sds = newSDSServer(a.log)
+	}
+	return a, nil
+}
+
+// Run gets the first certificate and keeps it renewed, serving SDS and readiness, until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	if a.cfg.OutputDir != "" {
+		if err := os.MkdirAll(a.cfg.OutputDir, 0o755); err != nil {
+			return fmt.Errorf("agent: output folder: %w", err)
+		}
+	}
+	var m component.Manager
+	m.Add("certificates", component.Func(a.rotate))
+	if a.sds != nil {
+		m.Add("sds", component.Func(func(ctx context.Context) error { return a.sds.run(ctx, a.cfg.SDSSocket) }))
+	}
+	if a.cfg.ReadinessAddr != "" {
+		m.Add("readiness", component.Func(a.serveReadiness))
+	}
+	if err := m.Run(ctx); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	return nil
+}
+
+// Ready is closed once the agent holds a certificate (and has published it).
+func (a *Agent) Ready() <-chan struct{} { return a.ready }
+
+// Current is the certificate the agent holds, nil before the first.
+func (a *Agent) Current() *Credential {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.current
+}
+
+// Published is how many certificates the agent has handed out so far.
+func (a *Agent) Published() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.published
+}
+
+// Credential file names in OutputDir (Istio's workload-spiffe-credentials layout).
+const (
+	CertChainFile = "cert-chain.pem"
+	KeyFile       = "key.pem"
+	RootCertFile  = "root-cert.pem"
+)
+
+// publish hands a new certificate to every output: files first (so the bootstrap never names
+// missing files), then the bootstrap, then SDS.
+func (a *Agent) publish(ctx context.Context, c *Credential) error {
+	if dir := a.cfg.OutputDir; dir != "" {
+		// The key before the chain: gRPC's file_watcher re-reads both and keeps the old pair
+		// while they do not match, never serving a half-written file (each write is a rename).
+		for _, f := range []struct {
+			name string
+			data []byte
+			perm os.FileMode
+		}{{KeyFile, c.KeyPEM, 0o600}, {CertChainFile, c.ChainPEM, 0o644}, {RootCertFile, c.RootsPEM, 0o644}} {
+			if err := grpcbootstrap.WriteAtomic(filepath.Join(dir, f.name), f.data, f.perm); err != nil {
+				return fmt.Errorf("write %s: %w", f.name, err)
+			}
+		}
+		if a.cfg.GRPCBootstrap != "" && a.Published() == 0 {
+			if err := a.writeBootstrap(c); err != nil {
+				return err
+			}
+		}
+	}
+	if a.sds != nil {
+		if err := a.sds.update(ctx, c); err != nil {
+			return err
+		}
+	}
+	a.mu.Lock()
+	a.current = c
+	a.published++
+	a.mu.Unlock()
+	a.readyOnce.Do(func() { close(a.ready) })
+	return nil
+}
+
+func (a *Agent) writeBootstrap(c *Credential) error {
+	ns := a.cfg.Namespace
+	if ns == "" {
+		ns = c.ID.Namespace
+	}
+	dir, err := filepath.Abs(a.cfg.OutputDir) // gRPC resolves relative paths from its own working folder
+	if err != nil {
+		return err
+	}
+	b, err := grpcbootstrap.New(grpcbootstrap.Proxyless{
+		XDSAddress: a.cfg.XDSAddress, XDSOverTLS: a.cfg.XDSOverTLS,
+		IP: a.cfg.IP, Pod: a.cfg.Pod, Namespace: ns, ServiceAccount: c.ID.ServiceAccount,
+		ClusterID: a.cfg.ClusterID, Labels: a.cfg.Labels,
+		Credentials: &grpcbootstrap.Files{
+			CertChain: filepath.Join(dir, CertChainFile), Key: filepath.Join(dir, KeyFile), Roots: filepath.Join(dir, RootCertFile),
+			RefreshInterval: fmt.Sprintf("%ds", int(a.cfg.FileRefresh.Seconds())),
+		},
+	})
+	if err != nil {
+		return err
+	}
+	if err := b.WriteFile(a.cfg.GRPCBootstrap); err != nil {
+		return fmt.Errorf("write the gRPC bootstrap: %w", err)
+	}
+	return nil
+}
+
+// renewAt is when a certificate received at got is renewed: at 80 % of the lifetime left
+// then, less up to 5 % of it of jitter, so workloads started together do not renew together.
+// (NotBefore is backdated for clock skew, so the lifetime counts from receipt.)
+func renewAt(leaf *x509.Certificate, got time.Time, jitter float64) time.Time {
+	life := leaf.NotAfter.Sub(got)
+	return got.Add(time.Duration(float64(life) * (0.8 - 0.05*jitter)))
+}

@@ -1,0 +1,33 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"sailplane.dev/shared/cli"
+)
+
+// AddFlags registers the agent's flags with Istio's paths and environment variables as defaults,
+// so the agent drops into a pod spec made for istio-agent.
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.CAAddress, "ca-address", cli.EnvOr("CA_ADDR", DefaultCAAddress), "the ca's TLS address (Istio's CA_ADDR)")
+	fs.StringVar(&c.RootCertFile, "root-cert", "./var/run/secrets/istio/root-cert.pem", "root certificate that verifies the ca (the istio-ca-root-cert ConfigMap); re-read at each request")
+	fs.StringVar(&c.TokenFile, "token-file", "/var/run/secrets/tokens/istio-token", "service-account token (audience istio-ca) sent to the ca; re-read at each request")
+	fs.StringVar(&c.ProvisionedCertDir, "provisioned-cert-dir", cli.EnvOr("PROV_CERT", ""), "folder with cert-chain.pem and key.pem authenticating the first request without a token (VMs; Istio's PROV_CERT)")
+	fs.StringVar(&c.ClusterID, "cluster-id", cli.EnvOr("ISTIO_META_CLUSTER_ID", "Kubernetes"), "cluster the workload runs in, sent to the ca")
+	fs.StringVar(&c.TrustDomain, "trust-domain", "cluster.local", "trust domain named in the CSR")
+	fs.StringVar((*string)(&c.KeyAlgorithm), "key-algorithm", "ECDSA_P256", "workload key: ECDSA_P256 or RSA_2048")
+	fs.DurationVar(&c.CertTTL, "cert-ttl", 24*time.Hour, "certificate lifetime asked for (the ca may shorten it); renewed at 80 %")
+	fs.StringVar(&c.SDSSocket, "sds-socket", "./var/run/secrets/workload-spiffe-uds/socket", "Unix socket serving Envoy's SDS (default and ROOTCA); empty: none")
+	fs.StringVar(&c.OutputDir, "output-dir", "./var/run/secrets/workload-spiffe-credentials", "folder receiving cert-chain.pem, key.pem and root-cert.pem for proxyless gRPC; empty: none")
+	fs.DurationVar(&c.FileRefresh, "file-refresh", 900*time.Second, "how often gRPC re-reads the credential files (the bootstrap's refresh_interval)")
+	fs.StringVar(&c.GRPCBootstrap, "grpc-bootstrap", cli.EnvOr("GRPC_XDS_BOOTSTRAP", "./etc/istio/proxy/grpc-bootstrap.json"), "where the gRPC xDS bootstrap is written; empty: none")
+	fs.StringVar(&c.XDSAddress, "xds-address", "istiod.istio-system.svc:15010", "xDS server named in the gRPC bootstrap")
+	fs.BoolVar(&c.XDSOverTLS, "xds-tls", false, "the bootstrap's xDS channel uses mTLS with the workload certificate (else plaintext)")
+	fs.StringVar(&c.Pod, "pod", cli.EnvOr("POD_NAME", ""), "pod (or workload) name, in the node ID")
+	fs.StringVar(&c.Namespace, "namespace", cli.EnvOr("POD_NAMESPACE", ""), "namespace in the node ID (default: the identity's)")
+	fs.StringVar(&c.IP, "ip", cli.EnvOr("INSTANCE_IP", ""), "workload IP, in the node ID")
+	fs.StringToStringVar(&c.Labels, "labels", nil, "workload labels, in the node metadata (k=v,...)")
+	fs.StringVar(&c.ReadinessAddr, "readiness-address", "127.0.0.1:15020", "address serving /healthz/ready; empty: none")
+}

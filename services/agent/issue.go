@@ -1,0 +1,320 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	pb "istio.io/api/security/v1alpha1"
+
+	"sailplane.dev/shared/pki"
+	"sailplane.dev/shared/spiffe"
+)
+
+// Credential is a workload certificate with its key and the trust bundle it came with.
+type Credential struct {
+	ID    spiffe.ID
+	Key   crypto.Signer
+	Chain []*x509.Certificate // leaf first, then intermediates
+	Roots []*x509.Certificate
+	// The PEM forms, as written to files and served over SDS.
+	KeyPEM, ChainPEM, RootsPEM []byte
+	// Received is when the ca answered; the renewal is planned from it.
+	Received time.Time
+}
+
+// Leaf is the workload certificate.
+func (c *Credential) Leaf() *x509.Certificate { return c.Chain[0] }
+
+func (c *Credential) tlsCertificate() tls.Certificate {
+	t := tls.Certificate{PrivateKey: c.Key, Leaf: c.Chain[0]}
+	for _, x := range c.Chain {
+		t.Certificate = append(t.Certificate, x.Raw)
+	}
+	return t
+}
+
+// ErrCA marks the ca refusing a request (as opposed to being unreachable).
+var ErrCA = errors.New("the ca refused the certificate request")
+
+// errUnreachable marks the ca not answering: no other credential is tried.
+var errUnreachable = errors.New("the ca is unreachable")
+
+// rotate gets a certificate, then renews it before it expires, until ctx ends. While the ca
+// cannot sign, the current certificate stays in use and the request is retried with a capped,
+// jittered backoff; the outage is logged once, and its end once.
+func (a *Agent) rotate(ctx context.Context) error {
+	var next time.Time // zero: now
+	backoff := a.cfg.RetryInitial
+	var outage error
+	for {
+		if wait := time.Until(next); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-t.C:
+			}
+		}
+		c, err := a.issue(ctx)
+		if err == nil {
+			err = a.publish(ctx, c)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			if outage == nil {
+				a.log.Warn("cannot get a certificate; keeping the current one and retrying",
+					"ca", a.cfg.CAAddress, "error", err, "holding", a.Current() != nil)
+			} else {
+				a.log.Debug("still cannot get a certificate", "error", err)
+			}
+			outage = err
+			// Equal jitter: between half and all of the backoff.
+			next = time.Now().Add(backoff/2 + rand.N(backoff/2+1))
+			backoff = min(2*backoff, a.cfg.RetryMax)
+			continue
+		}
+		if outage != nil {
+			a.log.Info("certificate obtained again", "ca", a.cfg.CAAddress)
+			outage = nil
+		}
+		backoff = a.cfg.RetryInitial
+		next = renewAt(c.Leaf(), c.Received, rand.Float64())
+		a.log.Info("certificate", "identity", c.ID.String(), "expires", c.Leaf().NotAfter.UTC().Format(time.RFC3339),
+			"renew-at", next.UTC().Format(time.RFC3339), "serial", c.Leaf().SerialNumber.Text(16))
+	}
+}
+
+// issue asks the ca for a certificate for a fresh key, authenticated with the first credential
+// that works: the current certificate, the provisioned one, then the token.
+func (a *Agent) issue(ctx context.Context) (*Credential, error) {
+	rootsPEM, err := os.ReadFile(a.cfg.RootCertFile)
+	if err != nil {
+		return nil, fmt.Errorf("root certificate: %w", err)
+	}
+	roots, err := pki.ParseCerts(rootsPEM)
+	if err == nil && len(roots) == 0 {
+		err = errors.New("no certificate")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("root certificate %s: %w", a.cfg.RootCertFile, err)
+	}
+	pool := x509.NewCertPool()
+	for _, r := range roots {
+		pool.AddCert(r)
+	}
+	key, err := pki.GenerateKey(a.cfg.KeyAlgorithm)
+	if err != nil {
+		return nil, err
+	}
+
+	var refusals []error
+	for _, auth := range a.authenticators() {
+		c, err := a.request(ctx, pool, key, auth)
+		if err == nil {
+			return c, nil
+		}
+		if errors.Is(err, errUnreachable) {
+			return nil, err
+		}
+		refusals = append(refusals, err)
+	}
+	if len(refusals) == 0 {
+		return nil, errors.New("no credential to authenticate with: no valid certificate and no token")
+	}
+	return nil, errors.Join(refusals...)
+}
+
+// authenticator is one way of proving the workload's identity to the ca.
+type authenticator struct {
+	name  string
+	id    spiffe.ID // the identity the CSR names
+	cert  *tls.Certificate
+	token string
+}
+
+func (a *Agent) authenticators() []authenticator {
+	var out []authenticator
+	now := time.Now()
+	if c := a.Current(); c != nil && now.Before(c.Leaf().NotAfter) {
+		t := c.tlsCertificate()
+		out = append(out, authenticator{name: "certificate", id: c.ID, cert: &t})
+	}
+	if dir := a.cfg.ProvisionedCertDir; dir != "" && len(out) == 0 {
+		if auth, err := provisioned(dir); err != nil {
+			a.log.Debug("provisioned certificate unusable", "dir", dir, "error", err)
+		} else if now.Before(auth.cert.Leaf.NotAfter) {
+			out = append(out, auth)
+		}
+	}
+	if a.cfg.TokenFile != "" {
+		if data, err := os.ReadFile(a.cfg.TokenFile); err != nil {
+			a.log.Debug("token unreadable", "file", a.cfg.TokenFile, "error", err)
+		} else if token := strings.TrimSpace(string(data)); token != "" {
+			id, err := tokenIdentity(token)
+			if err != nil {
+				a.log.Debug("token unusable", "file", a.cfg.TokenFile, "error", err)
+			} else {
+				id.TrustDomain = a.cfg.TrustDomain
+				out = append(out, authenticator{name: "token", id: id, token: token})
+			}
+		}
+	}
+	return out
+}
+
+// provisioned reads a certificate and key given to the workload out of band (a VM's).
+func provisioned(dir string) (authenticator, error) {
+	t, err := tls.LoadX509KeyPair(filepath.Join(dir, CertChainFile), filepath.Join(dir, KeyFile))
+	if err != nil {
+		return authenticator{}, err
+	}
+	if len(t.Leaf.URIs) != 1 {
+		return authenticator{}, fmt.Errorf("%s: %d URI SANs, want one SPIFFE ID", CertChainFile, len(t.Leaf.URIs))
+	}
+	id, err := spiffe.FromURL(t.Leaf.URIs[0])
+	if err != nil {
+		return authenticator{}, fmt.Errorf("%s: %w", CertChainFile, err)
+	}
+	return authenticator{name: "provisioned certificate", id: id, cert: &t}, nil
+}
+
+// tokenIdentity reads the service account a Kubernetes token names (its sub claim). The token
+// is not verified here: the ca does that; this only names the identity in the CSR.
+func tokenIdentity(token string) (spiffe.ID, error) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return spiffe.ID{}, errors.New("not a JWT")
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return spiffe.ID{}, fmt.Errorf("JWT payload: %w", err)
+	}
+	var claims struct {
+		Sub string `json:"sub"`
+	}
+	if err := json.Unmarshal(payload, &claims); err != nil {
+		return spiffe.ID{}, fmt.Errorf("JWT payload: %w", err)
+	}
+	return spiffe.FromServiceAccountUser("", claims.Sub)
+}
+
+const requestTimeout = 15 * time.Second
+
+// request sends one CSR for key, authenticated with auth, and checks the answer.
+func (a *Agent) request(ctx context.Context, roots *x509.CertPool, key crypto.Signer, auth authenticator) (*Credential, error) {
+	csr, err := pki.CreateCSR(key, auth.id)
+	if err != nil {
+		return nil, err
+	}
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}
+	if auth.cert != nil {
+		tlsCfg.Certificates = []tls.Certificate{*auth.cert}
+	}
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg))}, a.deps.DialOptions...)
+	conn, err := grpc.NewClient(a.cfg.CAAddress, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("ca address %q: %w", a.cfg.CAAddress, err)
+	}
+	defer conn.Close()
+
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "clusterid", a.cfg.ClusterID)
+	if auth.token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+auth.token)
+	}
+	resp, err := pb.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, &pb.IstioCertificateRequest{
+		Csr: string(csr), ValidityDuration: int64(a.cfg.CertTTL / time.Second),
+	})
+	if err != nil {
+		switch status.Code(err) {
+		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+			return nil, fmt.Errorf("%w: %s: %w", errUnreachable, a.cfg.CAAddress, err)
+		}
+		return nil, fmt.Errorf("%w (%s): %w", ErrCA, auth.name, err)
+	}
+	c, err := credentialFrom(key, resp.GetCertChain())
+	if err != nil {
+		return nil, fmt.Errorf("the ca's answer (%s): %w", auth.name, err)
+	}
+	return c, nil
+}
+
+// credentialFrom checks the ca's answer: leaf first, then intermediates, the trust bundle last;
+// the leaf is for key, has one SPIFFE ID and chains to the bundle.
+func credentialFrom(key crypto.Signer, chainPEM []string) (*Credential, error) {
+	if len(chainPEM) < 2 {
+		return nil, fmt.Errorf("%d entries in cert_chain, want the certificate and the roots", len(chainPEM))
+	}
+	var chain []*x509.Certificate
+	for i, p := range chainPEM[:len(chainPEM)-1] {
+		certs, err := pki.ParseCerts([]byte(p))
+		if err != nil {
+			return nil, fmt.Errorf("cert_chain[%d]: %w", i, err)
+		}
+		chain = append(chain, certs...)
+	}
+	roots, err := pki.ParseCerts([]byte(chainPEM[len(chainPEM)-1]))
+	if err != nil {
+		return nil, fmt.Errorf("roots: %w", err)
+	}
+	if len(chain) == 0 || len(roots) == 0 {
+		return nil, errors.New("no certificate or no root")
+	}
+	leaf := chain[0]
+	if !publicKeysEqual(leaf.PublicKey, key.Public()) {
+		return nil, errors.New("the certificate is not for the key the CSR carried")
+	}
+	if len(leaf.URIs) != 1 {
+		return nil, fmt.Errorf("the certificate has %d URI SANs, want one SPIFFE ID", len(leaf.URIs))
+	}
+	id, err := spiffe.FromURL(leaf.URIs[0])
+	if err != nil {
+		return nil, err
+	}
+	pool, inter := x509.NewCertPool(), x509.NewCertPool()
+	for _, r := range roots {
+		pool.AddCert(r)
+	}
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return nil, fmt.Errorf("the certificate does not chain to the roots sent with it: %w", err)
+	}
+	keyPEM, err := pki.EncodeKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return &Credential{
+		ID: id, Key: key, Chain: chain, Roots: roots,
+		KeyPEM: keyPEM, ChainPEM: pki.EncodeCerts(chain...), RootsPEM: pki.EncodeCerts(roots...),
+		Received: time.Now(),
+	}, nil
+}
+
+func publicKeysEqual(a, b crypto.PublicKey) bool {
+	ak, err1 := x509.MarshalPKIXPublicKey(a)
+	bk, err2 := x509.MarshalPKIXPublicKey(b)
+	return err1 == nil && err2 == nil && bytes.Equal(ak, bk)
+}

@@ -1,0 +1,56 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+)
+
+// ReadyPath is Istio's agent readiness endpoint.
+const ReadyPath = "/healthz/ready"
+
+// serveReadiness answers ReadyPath on ReadinessAddr: 200 once a certificate is held, 503 before.
+func (a *Agent) serveReadiness(ctx context.Context) error {
+	mux := http.NewServeMux()
+	mux.HandleFunc(ReadyPath, func(w http.ResponseWriter, _ *http.Request) {
+		if a.Current() == nil {
+			http.Error(w, "no certificate yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	lis, err := net.Listen("tcp", a.cfg.ReadinessAddr)
+	if err != nil {
+		return fmt.Errorf("readiness: %w", err)
+	}
+	a.mu.Lock()
+	a.readinessAddr = lis.Addr()
+	a.mu.Unlock()
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil {
+		return err
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// ReadinessAddr is the readiness listener's address once it listens, nil before.
+func (a *Agent) ReadinessAddr() net.Addr {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.readinessAddr
+}
