@@ -88,9 +88,9 @@ type Agent struct {
 	deps Deps
 	sds  *sdsServer
 
-	ready     chan struct{}
-	readyOnce sync.Once
-	mu        sync.Mutex
+	ready         chan struct{}
+	readyOnce     sync.Once
+	mu            sync.Mutex
 	current       *Credential
 	published     int // certificates published so far
 	readinessAddr net.Addr

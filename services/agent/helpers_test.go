@@ -1,0 +1,248 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/base64"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	pb "istio.io/api/security/v1alpha1"
+
+	ca "sailplane.dev/services/ca"
+	"sailplane.dev/shared/pki"
+	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/shared/testlog"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// testCA is a real ca run in-process, its root in a folder.
+type testCA struct {
+	cfg      ca.Config
+	svc      *ca.Service
+	stop     func()
+	RootFile string // the trust bundle, where an agent reads it
+}
+
+// startCA runs a ca with its root in dir on listen ("127.0.0.1:0" for any port).
+func startCA(t *testing.T, cfg ca.Config) *testCA {
+	t.Helper()
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	svc, err := ca.New(cfg, ca.Deps{Logger: testlog.New(t, slog.LevelInfo).With("component", "ca")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	select {
+	case <-svc.Ready():
+	case err := <-done:
+		cancel()
+		t.Fatalf("ca stopped before serving: %v", err)
+	case <-time.After(30 * time.Second):
+		cancel()
+		t.Fatal("ca not ready after 30s")
+	}
+	var once sync.Once
+	c := &testCA{cfg: cfg, svc: svc, RootFile: filepath.Join(t.TempDir(), "root-cert.pem")}
+	c.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("ca: %v", err)
+			}
+		})
+	}
+	t.Cleanup(c.stop)
+	if err := os.WriteFile(c.RootFile, svc.RootsPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Addr is the ca's address.
+func (c *testCA) Addr() string { return c.svc.Addr().String() }
+
+// restart starts the ca again on the same address with the same root.
+func (c *testCA) restart(t *testing.T) *testCA {
+	cfg := c.cfg
+	cfg.Listen = c.Addr()
+	n := startCA(t, cfg)
+	n.RootFile = c.RootFile
+	return n
+}
+
+// provision issues a certificate for id with the ca's own key, as an operator provisions a VM,
+// into a folder the agent authenticates its first request with.
+func provision(t *testing.T, certDir string, id spiffe.ID) string {
+	t.Helper()
+	files := map[string][]byte{}
+	for _, name := range []string{pki.CACertFile, pki.CAKeyFile, pki.RootCertFile, pki.CertChainFile} {
+		if data, err := os.ReadFile(filepath.Join(certDir, name)); err == nil {
+			files[name] = data
+		}
+	}
+	auth, err := pki.FromIstioLayout(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := pki.GenerateKey(pki.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{URIs: []*url.URL{id.URL()}, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := pki.EncodeKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for name, data := range map[string][]byte{CertChainFile: pki.EncodeCerts(leaf), KeyFile: keyPEM} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// runningAgent is an agent run for a test, with every request it sent to the ca.
+type runningAgent struct {
+	*Agent
+	stop func()
+
+	mu       sync.Mutex
+	requests []*pb.IstioCertificateRequest
+	failures int // requests that got no answer or an error
+}
+
+func startAgent(t *testing.T, cfg Config) *runningAgent {
+	t.Helper()
+	r := &runningAgent{}
+	record := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		r.mu.Lock()
+		r.requests = append(r.requests, req.(*pb.IstioCertificateRequest))
+		if err != nil {
+			r.failures++
+		}
+		r.mu.Unlock()
+		return err
+	}
+	if cfg.RetryInitial == 0 {
+		cfg.RetryInitial, cfg.RetryMax = 20*time.Millisecond, 200*time.Millisecond
+	}
+	a, err := New(cfg, Deps{Logger: testlog.New(t, slog.LevelDebug).With("component", "agent"), DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(record)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Agent = a
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	var once sync.Once
+	r.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("agent: %v", err)
+			}
+		})
+	}
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *runningAgent) failed() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failures
+}
+
+func (r *runningAgent) sent() []*pb.IstioCertificateRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*pb.IstioCertificateRequest(nil), r.requests...)
+}
+
+// eventually waits until cond holds, failing t after a deadline.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func waitReady(t *testing.T, a *runningAgent) *Credential {
+	t.Helper()
+	select {
+	case <-a.Ready():
+	case <-time.After(30 * time.Second):
+		t.Fatal("agent got no certificate in 30s")
+	}
+	return a.Current()
+}
+
+// checkCredential checks the certificate names want, chains to the ca's roots, and that its key
+// is the one written beside it.
+func checkCredential(t *testing.T, c *Credential, want spiffe.ID, rootsPEM []byte) {
+	t.Helper()
+	leaf := c.Leaf()
+	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != want.String() {
+		t.Errorf("certificate SANs %v, want exactly %s", leaf.URIs, want)
+	}
+	if !bytes.Equal(c.RootsPEM, rootsPEM) {
+		t.Errorf("roots differ from the ca's")
+	}
+	roots, err := pki.ParseCerts(rootsPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	for _, r := range roots {
+		pool.AddCert(r)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}}); err != nil {
+		t.Errorf("certificate does not verify with the ca's roots: %v", err)
+	}
+	if !publicKeysEqual(leaf.PublicKey, c.Key.Public()) {
+		t.Error("certificate is not for the agent's key")
+	}
+}
+
+// checkNoKeySent checks that every request carried a CSR for a public key and nothing private.
+func checkNoKeySent(t *testing.T, reqs []*pb.IstioCertificateRequest) {
+	t.Helper()
+	if len(reqs) == 0 {
+		t.Fatal("no request recorded")
+	}
+	for i, req := range reqs {
+		if bytes.Contains([]byte(req.String()), []byte("PRIVATE KEY")) {
+			t.Errorf("request %d carries a private key", i)
+		}
+		if _, err := pki.ParseCSR([]byte(req.GetCsr())); err != nil {
+			t.Errorf("request %d: %v", i, err)
+		}
+	}
+}
+
+func b64(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
