@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	pb "istio.io/api/security/v1alpha1"
 
 	ca "sailplane.dev/services/ca"
@@ -128,7 +129,8 @@ type runningAgent struct {
 
 	mu       sync.Mutex
 	requests []*pb.IstioCertificateRequest
-	failures int // requests that got no answer or an error
+	failures int    // requests that got no answer or an error
+	auth     []bool // per request: whether it carried a bearer token
 }
 
 func startAgent(t *testing.T, cfg Config) *runningAgent {
@@ -138,6 +140,8 @@ func startAgent(t *testing.T, cfg Config) *runningAgent {
 		err := invoker(ctx, method, req, reply, cc, opts...)
 		r.mu.Lock()
 		r.requests = append(r.requests, req.(*pb.IstioCertificateRequest))
+		md, _ := metadata.FromOutgoingContext(ctx)
+		r.auth = append(r.auth, len(md.Get("authorization")) > 0)
 		if err != nil {
 			r.failures++
 		}
@@ -166,6 +170,13 @@ func startAgent(t *testing.T, cfg Config) *runningAgent {
 	}
 	t.Cleanup(r.stop)
 	return r
+}
+
+// tokens is, per request sent, whether it carried the token.
+func (r *runningAgent) tokens() []bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]bool(nil), r.auth...)
 }
 
 func (r *runningAgent) failed() int {
