@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -25,6 +24,7 @@ import (
 	"sailplane.dev/e2e/framework"
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/tools/testenv"
 )
 
 // TestAgentMTLS: the ca and two agents as real binaries; each agent gets its workload's
@@ -83,9 +83,8 @@ func TestAgentMTLS(t *testing.T) {
 // agent with it in its own folder; it returns the gRPC bootstrap the agent wrote once ready.
 func startAgentBinary(t *testing.T, caAddr, caDir, rootFile string, id spiffe.ID) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), id.ServiceAccount)
-	prov := filepath.Join(dir, "etc/certs")
-	provisionCert(t, filepath.Join(caDir, "etc/certs"), prov, id)
+	dir := t.TempDir()
+	prov := testenv.ProvisionCert(t, filepath.Join(caDir, "etc/certs"), id)
 	ready := framework.FreeAddr(t)
 	framework.Start(t, dir, framework.Binary(t, "agent"),
 		"--ca-address", caAddr, "--root-cert", rootFile, "--provisioned-cert-dir", prov,
@@ -104,40 +103,6 @@ func startAgentBinary(t *testing.T, caAddr, caDir, rootFile string, id spiffe.ID
 		return nil
 	})
 	return filepath.Join(dir, "grpc-bootstrap.json")
-}
-
-func provisionCert(t *testing.T, caCerts, dir string, id spiffe.ID) {
-	t.Helper()
-	files := map[string][]byte{}
-	for _, name := range []string{pki.CACertFile, pki.CAKeyFile, pki.RootCertFile, pki.CertChainFile} {
-		if data, err := os.ReadFile(filepath.Join(caCerts, name)); err == nil {
-			files[name] = data
-		}
-	}
-	auth, err := pki.FromIstioLayout(files)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := pki.GenerateKey(pki.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{URIs: []*url.URL{id.URL()}, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyPEM, err := pki.EncodeKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	for name, data := range map[string][]byte{"cert-chain.pem": pki.EncodeCerts(leaf), "key.pem": keyPEM} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // mtlsConfig is TLS from the bootstrap's "default" certificate provider (gRPC's file_watcher

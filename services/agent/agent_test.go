@@ -17,6 +17,7 @@ import (
 	"sailplane.dev/shared/grpcbootstrap"
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/tools/testenv"
 )
 
 func timeout() <-chan time.Time { return time.After(30 * time.Second) }
@@ -42,7 +43,7 @@ func TestFirstCertificate(t *testing.T) {
 			caDir := t.TempDir()
 			c := startCA(t, ca.Config{CertDir: caDir})
 			cfg := outputs(t, c)
-			cfg.ProvisionedCertDir = provision(t, caDir, web)
+			cfg.ProvisionedCertDir = testenv.ProvisionCert(t, caDir, web)
 			cfg.KeyAlgorithm = alg
 			a := startAgent(t, cfg)
 			cred := waitReady(t, a)
@@ -170,7 +171,7 @@ func TestRotation(t *testing.T) {
 	caDir := t.TempDir()
 	c := startCA(t, ca.Config{CertDir: caDir})
 	cfg := outputs(t, c)
-	cfg.ProvisionedCertDir = provision(t, caDir, web)
+	cfg.ProvisionedCertDir = testenv.ProvisionCert(t, caDir, web)
 	cfg.CertTTL = 3 * time.Second
 	a := startAgent(t, cfg)
 	first := waitReady(t, a)
@@ -223,7 +224,7 @@ func TestCAOutage(t *testing.T) {
 	caDir := t.TempDir()
 	c := startCA(t, ca.Config{CertDir: caDir})
 	cfg := outputs(t, c)
-	cfg.ProvisionedCertDir = provision(t, caDir, web)
+	cfg.ProvisionedCertDir = testenv.ProvisionCert(t, caDir, web)
 	cfg.CertTTL = 4 * time.Second
 	c.stop()
 
@@ -263,7 +264,7 @@ func TestRenewWithCertificate(t *testing.T) {
 	caDir := t.TempDir()
 	c := startCA(t, ca.Config{CertDir: caDir})
 	cfg := outputs(t, c)
-	cfg.ProvisionedCertDir = provision(t, caDir, web)
+	cfg.ProvisionedCertDir = testenv.ProvisionCert(t, caDir, web)
 	cfg.CertTTL = 3 * time.Second
 	a := startAgent(t, cfg)
 	first := waitReady(t, a)

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"log/slog"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sync"
@@ -85,41 +84,6 @@ func (c *testCA) restart(t *testing.T) *testCA {
 	n := startCA(t, cfg)
 	n.RootFile = c.RootFile
 	return n
-}
-
-// provision issues a certificate for id with the ca's own key, as an operator provisions a VM,
-// into a folder the agent authenticates its first request with.
-func provision(t *testing.T, certDir string, id spiffe.ID) string {
-	t.Helper()
-	files := map[string][]byte{}
-	for _, name := range []string{pki.CACertFile, pki.CAKeyFile, pki.RootCertFile, pki.CertChainFile} {
-		if data, err := os.ReadFile(filepath.Join(certDir, name)); err == nil {
-			files[name] = data
-		}
-	}
-	auth, err := pki.FromIstioLayout(files)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := pki.GenerateKey(pki.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{URIs: []*url.URL{id.URL()}, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyPEM, err := pki.EncodeKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	for name, data := range map[string][]byte{CertChainFile: pki.EncodeCerts(leaf), KeyFile: keyPEM} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
 }
 
 // runningAgent is an agent run for a test, with every request it sent to the ca.
