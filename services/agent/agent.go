@@ -70,6 +70,10 @@ type Config struct {
 	Pod, Namespace, IP string
 	Labels             map[string]string
 
+	// XDSProxySocket is a Unix socket forwarding ADS streams (SotW and delta) to XDSAddress,
+	// over mTLS with the workload certificate when XDSOverTLS: what Envoy's bootstrap points at.
+	XDSProxySocket string
+
 	// ReadinessAddr serves /healthz/ready (200 once a certificate is held, else 503).
 	ReadinessAddr string
 }
@@ -130,6 +134,8 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		return nil, errors.New("agent: the root certificate file that verifies the ca is required")
 	case cfg.TokenFile == "" && cfg.ProvisionedCertDir == "":
 		return nil, errors.New("agent: a token file or a provisioned certificate folder is needed to authenticate to the ca")
+	case cfg.XDSProxySocket != "" && cfg.XDSAddress == "":
+		return nil, errors.New("agent: the xDS proxy needs the xDS server's address")
 	case cfg.GRPCBootstrap != "" && cfg.OutputDir == "":
 		return nil, errors.New("agent: the gRPC bootstrap points at the credential files: set the output folder too")
 	}
@@ -154,6 +160,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	m.Add("certificates", component.Func(a.rotate))
 	if a.sds != nil {
 		m.Add("sds", component.Func(func(ctx context.Context) error { return a.sds.run(ctx, a.cfg.SDSSocket) }))
+	}
+	if a.cfg.XDSProxySocket != "" {
+		m.Add("xds-proxy", component.Func(a.runXDSProxy))
 	}
 	if a.cfg.ReadinessAddr != "" {
 		m.Add("readiness", component.Func(a.serveReadiness))

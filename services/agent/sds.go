@@ -2,12 +2,9 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync/atomic"
 
@@ -68,19 +65,8 @@ func inline(b []byte) *corev3.DataSource {
 
 // run serves SDS on the Unix socket at path until ctx ends.
 func (s *sdsServer) run(ctx context.Context, path string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("SDS socket folder: %w", err)
-	}
-	// A socket left by an earlier run would make the listen fail; anything else is not ours.
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&fs.ModeSocket == 0 {
-			return fmt.Errorf("SDS socket %s: exists and is not a socket", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return fmt.Errorf("SDS socket %s: %w", path, err)
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("SDS socket %s: %w", path, err)
+	if err := removeStaleSocket(path); err != nil {
+		return fmt.Errorf("SDS socket: %w", err)
 	}
 	g := grpcserver.New(s.log)
 	secretv3.RegisterSecretDiscoveryServiceServer(g, server.NewServer(ctx, s.cache, nil))

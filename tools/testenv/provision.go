@@ -16,16 +16,7 @@ import (
 // folder it returns: what an operator gives a VM so its agent can authenticate without a token.
 func ProvisionCert(t testing.TB, caCertDir string, id spiffe.ID) string {
 	t.Helper()
-	files := map[string][]byte{}
-	for _, name := range []string{pki.CACertFile, pki.CAKeyFile, pki.RootCertFile, pki.CertChainFile} {
-		if data, err := os.ReadFile(filepath.Join(caCertDir, name)); err == nil {
-			files[name] = data
-		}
-	}
-	auth, err := pki.FromIstioLayout(files)
-	if err != nil {
-		t.Fatalf("CA in %s: %v", caCertDir, err)
-	}
+	auth := CAFromFolder(t, caCertDir)
 	key, err := pki.GenerateKey(pki.ECDSAP256)
 	if err != nil {
 		t.Fatal(err)
@@ -45,4 +36,21 @@ func ProvisionCert(t testing.TB, caCertDir string, id spiffe.ID) string {
 		}
 	}
 	return dir
+}
+
+// CAFromFolder reads the CA the ca keeps in caCertDir (Istio's layout), for tests that issue
+// certificates out of band.
+func CAFromFolder(t testing.TB, caCertDir string) *pki.Authority {
+	t.Helper()
+	files := map[string][]byte{}
+	for _, name := range []string{pki.CACertFile, pki.CAKeyFile, pki.RootCertFile, pki.CertChainFile} {
+		if data, err := os.ReadFile(filepath.Join(caCertDir, name)); err == nil {
+			files[name] = data
+		}
+	}
+	auth, err := pki.FromIstioLayout(files)
+	if err != nil {
+		t.Fatalf("CA in %s: %v", caCertDir, err)
+	}
+	return auth
 }
