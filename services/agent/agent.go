@@ -74,6 +74,10 @@ type Config struct {
 	// over mTLS with the workload certificate when XDSOverTLS: what Envoy's bootstrap points at.
 	XDSProxySocket string
 
+	// EnvoyBootstrap is where Envoy's bootstrap goes: ADS through XDSProxySocket, SDS from
+	// SDSSocket (both needed), the node as istiod knows it.
+	EnvoyBootstrap string
+
 	// ReadinessAddr serves /healthz/ready (200 once a certificate is held, else 503).
 	ReadinessAddr string
 }
@@ -136,6 +140,8 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		return nil, errors.New("agent: a token file or a provisioned certificate folder is needed to authenticate to the ca")
 	case cfg.XDSProxySocket != "" && cfg.XDSAddress == "":
 		return nil, errors.New("agent: the xDS proxy needs the xDS server's address")
+	case cfg.EnvoyBootstrap != "" && (cfg.XDSProxySocket == "" || cfg.SDSSocket == ""):
+		return nil, errors.New("agent: the Envoy bootstrap points at the xDS proxy and SDS sockets: set both")
 	case cfg.GRPCBootstrap != "" && cfg.OutputDir == "":
 		return nil, errors.New("agent: the gRPC bootstrap points at the credential files: set the output folder too")
 	}
@@ -198,7 +204,8 @@ const (
 )
 
 // publish hands a new certificate to every output: files first (so the bootstrap never names
-// missing files), then the bootstrap, then SDS.
+// missing files), then the bootstraps (written once, with the first certificate, which names the
+// workload's namespace and service account), then SDS.
 func (a *Agent) publish(ctx context.Context, c *Credential) error {
 	if dir := a.cfg.OutputDir; dir != "" {
 		// The key before the chain: gRPC's file_watcher re-reads both and keeps the old pair
@@ -213,9 +220,14 @@ func (a *Agent) publish(ctx context.Context, c *Credential) error {
 			}
 		}
 		if a.cfg.GRPCBootstrap != "" && a.Published() == 0 {
-			if err := a.writeBootstrap(c); err != nil {
+			if err := a.writeGRPCBootstrap(c); err != nil {
 				return err
 			}
+		}
+	}
+	if a.cfg.EnvoyBootstrap != "" && a.Published() == 0 {
+		if err := a.writeEnvoyBootstrap(c); err != nil {
+			return err
 		}
 	}
 	if a.sds != nil {
@@ -231,24 +243,30 @@ func (a *Agent) publish(ctx context.Context, c *Credential) error {
 	return nil
 }
 
-func (a *Agent) writeBootstrap(c *Credential) error {
+// workload is how the bootstraps present the workload: the namespace defaults to its identity's.
+func (a *Agent) workload(c *Credential) grpcbootstrap.Workload {
 	ns := a.cfg.Namespace
 	if ns == "" {
 		ns = c.ID.Namespace
 	}
+	return grpcbootstrap.Workload{
+		XDSAddress: a.cfg.XDSAddress, XDSOverTLS: a.cfg.XDSOverTLS,
+		IP: a.cfg.IP, Pod: a.cfg.Pod, Namespace: ns, ServiceAccount: c.ID.ServiceAccount,
+		ClusterID: a.cfg.ClusterID, Labels: a.cfg.Labels,
+	}
+}
+
+func (a *Agent) writeGRPCBootstrap(c *Credential) error {
 	dir, err := filepath.Abs(a.cfg.OutputDir) // gRPC resolves relative paths from its own working folder
 	if err != nil {
 		return err
 	}
-	b, err := grpcbootstrap.New(grpcbootstrap.Proxyless{
-		XDSAddress: a.cfg.XDSAddress, XDSOverTLS: a.cfg.XDSOverTLS,
-		IP: a.cfg.IP, Pod: a.cfg.Pod, Namespace: ns, ServiceAccount: c.ID.ServiceAccount,
-		ClusterID: a.cfg.ClusterID, Labels: a.cfg.Labels,
-		Credentials: &grpcbootstrap.Files{
-			CertChain: filepath.Join(dir, CertChainFile), Key: filepath.Join(dir, KeyFile), Roots: filepath.Join(dir, RootCertFile),
-			RefreshInterval: fmt.Sprintf("%ds", int(a.cfg.FileRefresh.Seconds())),
-		},
-	})
+	w := a.workload(c)
+	w.Credentials = &grpcbootstrap.Files{
+		CertChain: filepath.Join(dir, CertChainFile), Key: filepath.Join(dir, KeyFile), Roots: filepath.Join(dir, RootCertFile),
+		RefreshInterval: fmt.Sprintf("%ds", int(a.cfg.FileRefresh.Seconds())),
+	}
+	b, err := grpcbootstrap.New(w)
 	if err != nil {
 		return err
 	}

@@ -31,6 +31,7 @@ func outputs(t *testing.T, c *testCA) Config {
 		CAAddress: c.Addr(), RootCertFile: c.RootFile,
 		SDSSocket: filepath.Join(dir, "sds.sock"), OutputDir: filepath.Join(dir, "creds"),
 		GRPCBootstrap: filepath.Join(dir, "bootstrap.json"), XDSAddress: "127.0.0.1:15010",
+		XDSProxySocket: filepath.Join(dir, "XDS"), EnvoyBootstrap: filepath.Join(dir, "envoy-rev.json"),
 		Pod: "web-0", IP: "10.0.0.1", ReadinessAddr: "127.0.0.1:0",
 	}
 }
@@ -79,6 +80,16 @@ func TestFirstCertificate(t *testing.T) {
 			}
 
 			checkBootstrap(t, cfg)
+			eb := readEnvoyBootstrap(t, cfg.EnvoyBootstrap)
+			if want := "sidecar~10.0.0.1~web-0.demo~demo.svc.cluster.local"; eb.GetNode().GetId() != want {
+				t.Errorf("Envoy node %q, want %q", eb.GetNode().GetId(), want)
+			}
+			for _, c := range eb.GetStaticResources().GetClusters() {
+				path := c.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetPipe().GetPath()
+				if want := map[string]string{xdsCluster: cfg.XDSProxySocket, sdsCluster: cfg.SDSSocket}[c.GetName()]; path != want {
+					t.Errorf("Envoy cluster %s reaches %q, want %q", c.GetName(), path, want)
+				}
+			}
 
 			// SDS serves both secrets.
 			ctx, cancel := context.WithCancel(context.Background())

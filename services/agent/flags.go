@@ -30,5 +30,6 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.IP, "ip", cli.EnvOr("INSTANCE_IP", ""), "workload IP, in the node ID")
 	fs.StringToStringVar(&c.Labels, "labels", nil, "workload labels, in the node metadata (k=v,...)")
 	fs.StringVar(&c.XDSProxySocket, "xds-proxy-socket", "./etc/istio/proxy/XDS", "Unix socket forwarding the local proxy's ADS streams to --xds-address; empty: none")
+	fs.StringVar(&c.EnvoyBootstrap, "envoy-bootstrap", "./etc/istio/proxy/envoy-rev.json", "where Envoy's bootstrap is written (ADS through --xds-proxy-socket, SDS from --sds-socket); empty: none")
 	fs.StringVar(&c.ReadinessAddr, "readiness-address", "127.0.0.1:15020", "address serving /healthz/ready; empty: none")
 }

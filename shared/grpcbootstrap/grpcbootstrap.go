@@ -71,8 +71,8 @@ type Files struct {
 	RefreshInterval string
 }
 
-// Proxyless describes a proxyless gRPC workload.
-type Proxyless struct {
+// Workload describes a workload as its bootstraps present it to the control plane.
+type Workload struct {
 	XDSAddress                    string
 	IP, Pod, Namespace, DNSDomain string // DNSDomain: "cluster.local" when empty
 	ServiceAccount, ClusterID     string // ClusterID: "Kubernetes" when empty
@@ -97,16 +97,14 @@ func SidecarNodeID(ip, pod, namespace, domain string) string {
 	return fmt.Sprintf("sidecar~%s~%s.%s~%s.svc.%s", ip, pod, namespace, namespace, domain)
 }
 
-// New is the bootstrap Istio's agent writes for a proxyless gRPC workload.
-func New(p Proxyless) (Bootstrap, error) {
-	if p.XDSOverTLS && p.Credentials == nil {
-		return Bootstrap{}, fmt.Errorf("gRPC bootstrap: xDS over TLS needs the credential files")
-	}
+// NodeMetadata is the node metadata istiod reads (NAMESPACE, CLUSTER_ID, NAME, SERVICE_ACCOUNT,
+// INSTANCE_IPS, LABELS), shared by the gRPC and the Envoy bootstraps.
+func NodeMetadata(p Workload) map[string]any {
 	cluster := p.ClusterID
 	if cluster == "" {
 		cluster = "Kubernetes"
 	}
-	md := map[string]any{"GENERATOR": "grpc", "NAMESPACE": p.Namespace, "CLUSTER_ID": cluster}
+	md := map[string]any{"NAMESPACE": p.Namespace, "CLUSTER_ID": cluster}
 	if p.Pod != "" {
 		md["NAME"] = p.Pod
 	}
@@ -117,8 +115,22 @@ func New(p Proxyless) (Bootstrap, error) {
 		md["INSTANCE_IPS"] = p.IP
 	}
 	if len(p.Labels) > 0 {
-		md["LABELS"] = p.Labels
+		labels := map[string]any{} // any, so the map converts to a protobuf Struct too
+		for k, v := range p.Labels {
+			labels[k] = v
+		}
+		md["LABELS"] = labels
 	}
+	return md
+}
+
+// New is the bootstrap Istio's agent writes for a proxyless gRPC workload.
+func New(p Workload) (Bootstrap, error) {
+	if p.XDSOverTLS && p.Credentials == nil {
+		return Bootstrap{}, fmt.Errorf("gRPC bootstrap: xDS over TLS needs the credential files")
+	}
+	md := NodeMetadata(p)
+	md["GENERATOR"] = "grpc"
 	creds := ChannelCreds{Type: "insecure"}
 	if p.XDSOverTLS {
 		creds = ChannelCreds{Type: "tls", Config: TLSCreds{

@@ -7,7 +7,7 @@ import (
 )
 
 func bootstrapCmd() *cobra.Command {
-	var p grpcbootstrap.Proxyless
+	var p grpcbootstrap.Workload
 	cmd := &cobra.Command{
 		Use:   "bootstrap",
 		Short: "Print client bootstraps",
