@@ -29,7 +29,9 @@ type sdsUpdate struct {
 
 func dialSDS(t *testing.T, socket string) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Waiting for ready, as Envoy retries: the socket may not be listening yet.
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
 	if err != nil {
 		t.Fatal(err)
 	}
