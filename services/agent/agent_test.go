@@ -244,6 +244,9 @@ func TestCAOutage(t *testing.T) {
 	if code := readiness(t, a); code != http.StatusServiceUnavailable {
 		t.Errorf("readiness %d without a certificate, want 503", code)
 	}
+	if w := a.warned(); len(w) != 1 {
+		t.Errorf("the outage before the first certificate was logged %d times, want once: %q", len(w), w)
+	}
 	c = c.restart(t)
 	held := waitReady(t, a)
 	if code := readiness(t, a); code != http.StatusOK {
@@ -262,6 +265,10 @@ func TestCAOutage(t *testing.T) {
 	}
 	if code := readiness(t, a); code != http.StatusOK {
 		t.Errorf("readiness %d during the outage, want 200 (the certificate is held)", code)
+	}
+
+	if w := a.warned(); len(w) != 2 {
+		t.Errorf("two outages logged %d times, want twice: %q", len(w), w)
 	}
 
 	c = c.restart(t)

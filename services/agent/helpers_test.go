@@ -95,6 +95,36 @@ type runningAgent struct {
 	requests []*pb.IstioCertificateRequest
 	failures int    // requests that got no answer or an error
 	auth     []bool // per request: whether it carried a bearer token
+	warnings []string
+}
+
+// countingHandler keeps the agent's warnings, to count how often a problem is logged.
+type countingHandler struct {
+	slog.Handler
+	r *runningAgent
+}
+
+func (h *countingHandler) Handle(ctx context.Context, rec slog.Record) error {
+	if rec.Level >= slog.LevelWarn {
+		h.r.mu.Lock()
+		h.r.warnings = append(h.r.warnings, rec.Message)
+		h.r.mu.Unlock()
+	}
+	return h.Handler.Handle(ctx, rec)
+}
+
+func (h *countingHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return &countingHandler{Handler: h.Handler.WithAttrs(attrs), r: h.r}
+}
+
+func (h *countingHandler) WithGroup(name string) slog.Handler {
+	return &countingHandler{Handler: h.Handler.WithGroup(name), r: h.r}
+}
+
+func (r *runningAgent) warned() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.warnings...)
 }
 
 func startAgent(t *testing.T, cfg Config) *runningAgent {
@@ -115,7 +145,8 @@ func startAgent(t *testing.T, cfg Config) *runningAgent {
 	if cfg.RetryInitial == 0 {
 		cfg.RetryInitial, cfg.RetryMax = 20*time.Millisecond, 200*time.Millisecond
 	}
-	a, err := New(cfg, Deps{Logger: testlog.New(t, slog.LevelDebug).With("component", "agent"), DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(record)}})
+	log := slog.New(&countingHandler{Handler: testlog.New(t, slog.LevelDebug).Handler(), r: r}).With("component", "agent")
+	a, err := New(cfg, Deps{Logger: log, DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(record)}})
 	if err != nil {
 		t.Fatal(err)
 	}
