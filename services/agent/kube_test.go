@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -70,6 +71,31 @@ func TestTokenAuth(t *testing.T) {
 		if withToken {
 			t.Errorf("renewal %d sent the token", i+1)
 		}
+	}
+
+	// The ca comes back with another root (its CA was lost and replaced): the workload's
+	// certificate is foreign now and refused; the token, good again, gets a new one.
+	if err := os.WriteFile(cfg.TokenFile, []byte(tr.Status.Token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.stop()
+	before := len(a.tokens())
+	c2 := startCA(t, ca.Config{Kube: k.RestConfig(), CertDir: t.TempDir(), Listen: c.Addr()})
+	if err := os.WriteFile(c.RootFile, c2.svc.RootsPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a certificate under the new root", func() bool { return bytes.Equal(a.Current().RootsPEM, c2.svc.RootsPEM()) })
+	checkCredential(t, a.Current(), cart, c2.svc.RootsPEM())
+	sent := a.tokens()[before:]
+	fellBack := false
+	for i := 1; i < len(sent); i++ {
+		fellBack = fellBack || !sent[i-1] && sent[i]
+	}
+	if !fellBack {
+		t.Errorf("requests since the new root carried the token: %v; want a certificate attempt, then the token", sent)
+	}
+	if c2.svc.Stats().Unauthenticated == 0 {
+		t.Error("the new ca refused nothing: the foreign certificate was not tried")
 	}
 	checkNoKeySent(t, a.sent())
 }
