@@ -37,7 +37,8 @@ type Config struct {
 	// since the kubelet rotates it. Optional once the agent holds a certificate.
 	TokenFile string
 	// ProvisionedCertDir, when set, holds cert-chain.pem and key.pem that authenticate a
-	// workload without a token (Istio's PROV_CERT, for VMs).
+	// workload without a token (Istio's PROV_CERT, for VMs). Set to OutputDir, a restarted
+	// agent authenticates with the certificate it last got.
 	ProvisionedCertDir string
 	// ClusterID is sent to the ca as the caller's cluster; "Kubernetes" when empty.
 	ClusterID string

@@ -363,3 +363,19 @@ func TestNewRejects(t *testing.T) {
 		})
 	}
 }
+
+// TestRestartWithOwnCertificate: with the provisioned folder set to the output folder (Istio's
+// VM setup), a restarted agent authenticates with the certificate it last wrote.
+func TestRestartWithOwnCertificate(t *testing.T) {
+	caDir := t.TempDir()
+	c := startCA(t, ca.Config{CertDir: caDir})
+	cfg := outputs(t, c)
+	cfg.ProvisionedCertDir = testenv.ProvisionCert(t, caDir, web)
+	first := startAgent(t, cfg)
+	waitReady(t, first)
+	first.stop()
+
+	cfg.ProvisionedCertDir = cfg.OutputDir
+	second := startAgent(t, cfg)
+	checkCredential(t, waitReady(t, second), web, c.svc.RootsPEM())
+}

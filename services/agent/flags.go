@@ -14,7 +14,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.CAAddress, "ca-address", cli.EnvOr("CA_ADDR", DefaultCAAddress), "the ca's TLS address (Istio's CA_ADDR)")
 	fs.StringVar(&c.RootCertFile, "root-cert", "./var/run/secrets/istio/root-cert.pem", "root certificate that verifies the ca (the istio-ca-root-cert ConfigMap); re-read at each request")
 	fs.StringVar(&c.TokenFile, "token-file", "/var/run/secrets/tokens/istio-token", "service-account token (audience istio-ca) sent to the ca; re-read at each request")
-	fs.StringVar(&c.ProvisionedCertDir, "provisioned-cert-dir", cli.EnvOr("PROV_CERT", ""), "folder with cert-chain.pem and key.pem authenticating the first request without a token (VMs; Istio's PROV_CERT)")
+	fs.StringVar(&c.ProvisionedCertDir, "provisioned-cert-dir", cli.EnvOr("PROV_CERT", ""), "folder with cert-chain.pem and key.pem authenticating the first request without a token (VMs; Istio's PROV_CERT); the --output-dir itself lets a restarted agent use the certificate it last got")
 	fs.StringVar(&c.ClusterID, "cluster-id", cli.EnvOr("ISTIO_META_CLUSTER_ID", "Kubernetes"), "cluster the workload runs in, sent to the ca")
 	fs.StringVar(&c.TrustDomain, "trust-domain", "cluster.local", "trust domain named in the CSR")
 	fs.StringVar((*string)(&c.KeyAlgorithm), "key-algorithm", "ECDSA_P256", "workload key: ECDSA_P256 or RSA_2048")
