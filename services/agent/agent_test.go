@@ -36,15 +36,22 @@ func outputs(t *testing.T, c *testCA) Config {
 	}
 }
 
+// provisionedAgent starts a ca with its root in a folder and returns it with an agent config with
+// every output on, provisioned with a certificate for web (as a VM is).
+func provisionedAgent(t *testing.T) (*testCA, Config) {
+	caDir := t.TempDir()
+	c := startCA(t, ca.Config{CertDir: caDir})
+	cfg := outputs(t, c)
+	cfg.ProvisionedCertDir = testenv.ProvisionCert(t, caDir, web)
+	return c, cfg
+}
+
 // TestFirstCertificate: a workload provisioned with a certificate (a VM) gets its own for a key
 // it generated, in files, a gRPC bootstrap and SDS, and turns ready; its key never leaves it.
 func TestFirstCertificate(t *testing.T) {
 	for _, alg := range []pki.KeyAlgorithm{pki.ECDSAP256, pki.RSA2048} {
 		t.Run(string(alg), func(t *testing.T) {
-			caDir := t.TempDir()
-			c := startCA(t, ca.Config{CertDir: caDir})
-			cfg := outputs(t, c)
-			cfg.ProvisionedCertDir = testenv.ProvisionCert(t, caDir, web)
+			c, cfg := provisionedAgent(t)
 			cfg.KeyAlgorithm = alg
 			a := startAgent(t, cfg)
 			cred := waitReady(t, a)
@@ -179,10 +186,7 @@ func readiness(t *testing.T, a *runningAgent) int {
 // TestRotation: with a certificate of a few seconds the agent renews it before expiry, with a
 // new key, rewriting the files and pushing it over SDS (state of the world and delta).
 func TestRotation(t *testing.T) {
-	caDir := t.TempDir()
-	c := startCA(t, ca.Config{CertDir: caDir})
-	cfg := outputs(t, c)
-	cfg.ProvisionedCertDir = testenv.ProvisionCert(t, caDir, web)
+	c, cfg := provisionedAgent(t)
 	cfg.CertTTL = 3 * time.Second
 	a := startAgent(t, cfg)
 	first := waitReady(t, a)
@@ -232,10 +236,7 @@ func TestRotation(t *testing.T) {
 // stopping costs nothing: the agent keeps its certificate while it retries, and renews once the
 // ca is back.
 func TestCAOutage(t *testing.T) {
-	caDir := t.TempDir()
-	c := startCA(t, ca.Config{CertDir: caDir})
-	cfg := outputs(t, c)
-	cfg.ProvisionedCertDir = testenv.ProvisionCert(t, caDir, web)
+	c, cfg := provisionedAgent(t)
 	cfg.CertTTL = 4 * time.Second
 	c.stop()
 
@@ -279,10 +280,7 @@ func TestCAOutage(t *testing.T) {
 // TestRenewWithCertificate: once it holds a certificate the agent renews with it, so the
 // provisioned one (or a token) is no longer needed.
 func TestRenewWithCertificate(t *testing.T) {
-	caDir := t.TempDir()
-	c := startCA(t, ca.Config{CertDir: caDir})
-	cfg := outputs(t, c)
-	cfg.ProvisionedCertDir = testenv.ProvisionCert(t, caDir, web)
+	c, cfg := provisionedAgent(t)
 	cfg.CertTTL = 3 * time.Second
 	a := startAgent(t, cfg)
 	first := waitReady(t, a)
@@ -367,10 +365,7 @@ func TestNewRejects(t *testing.T) {
 // TestRestartWithOwnCertificate: with the provisioned folder set to the output folder (Istio's
 // VM setup), a restarted agent authenticates with the certificate it last wrote.
 func TestRestartWithOwnCertificate(t *testing.T) {
-	caDir := t.TempDir()
-	c := startCA(t, ca.Config{CertDir: caDir})
-	cfg := outputs(t, c)
-	cfg.ProvisionedCertDir = testenv.ProvisionCert(t, caDir, web)
+	c, cfg := provisionedAgent(t)
 	first := startAgent(t, cfg)
 	waitReady(t, first)
 	first.stop()

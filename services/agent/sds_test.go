@@ -11,6 +11,7 @@ import (
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 const secretTypeURL = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
@@ -51,32 +52,15 @@ func streamSDS(t *testing.T, ctx context.Context, conn *grpc.ClientConn, names .
 	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: envoyNode, TypeUrl: secretTypeURL, ResourceNames: names}); err != nil {
 		t.Fatal(err)
 	}
-	c := &sdsClient{updates: make(chan sdsUpdate, 100)}
-	go func() {
-		defer close(c.updates)
-		for {
-			resp, err := stream.Recv()
-			if err != nil {
-				return
-			}
-			got := map[string]*tlsv3.Secret{}
-			for _, r := range resp.GetResources() {
-				s := &tlsv3.Secret{}
-				if err := r.UnmarshalTo(s); err != nil {
-					t.Errorf("SDS resource: %v", err)
-					return
-				}
-				got[s.GetName()] = s
-			}
-			c.updates <- sdsUpdate{secrets: got, received: time.Now()}
-			if err := stream.Send(&discoveryv3.DiscoveryRequest{
+	return newSDSClient(t, func() ([]*anypb.Any, func() error, error) {
+		resp, err := stream.Recv()
+		ack := func() error {
+			return stream.Send(&discoveryv3.DiscoveryRequest{
 				TypeUrl: secretTypeURL, ResourceNames: names, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce(),
-			}); err != nil {
-				return
-			}
+			})
 		}
-	}()
-	return c
+		return resp.GetResources(), ack, err
+	})
 }
 
 // deltaSDS opens a delta stream for names.
@@ -89,25 +73,41 @@ func deltaSDS(t *testing.T, ctx context.Context, conn *grpc.ClientConn, names ..
 	if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{Node: envoyNode, TypeUrl: secretTypeURL, ResourceNamesSubscribe: names}); err != nil {
 		t.Fatal(err)
 	}
+	return newSDSClient(t, func() ([]*anypb.Any, func() error, error) {
+		resp, err := stream.Recv()
+		var resources []*anypb.Any
+		for _, r := range resp.GetResources() {
+			resources = append(resources, r.GetResource())
+		}
+		ack := func() error {
+			return stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: secretTypeURL, ResponseNonce: resp.GetNonce()})
+		}
+		return resources, ack, err
+	})
+}
+
+// newSDSClient reads responses with next (their secrets, and how to ACK them) until the stream
+// ends, passing each on as an update.
+func newSDSClient(t *testing.T, next func() (resources []*anypb.Any, ack func() error, err error)) *sdsClient {
 	c := &sdsClient{updates: make(chan sdsUpdate, 100)}
 	go func() {
 		defer close(c.updates)
 		for {
-			resp, err := stream.Recv()
+			resources, ack, err := next()
 			if err != nil {
 				return
 			}
 			got := map[string]*tlsv3.Secret{}
-			for _, r := range resp.GetResources() {
+			for _, r := range resources {
 				s := &tlsv3.Secret{}
-				if err := r.GetResource().UnmarshalTo(s); err != nil {
+				if err := r.UnmarshalTo(s); err != nil {
 					t.Errorf("SDS resource: %v", err)
 					return
 				}
 				got[s.GetName()] = s
 			}
 			c.updates <- sdsUpdate{secrets: got, received: time.Now()}
-			if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: secretTypeURL, ResponseNonce: resp.GetNonce()}); err != nil {
+			if err := ack(); err != nil {
 				return
 			}
 		}
