@@ -31,7 +31,7 @@ import (
 // certificate and writes it with a gRPC bootstrap. A grpc-go server and client load their
 // credentials through the bootstrap's file_watcher certificate provider (what xDS credentials
 // use) and each verifies the other's SPIFFE ID over mTLS; a client expecting another identity
-// is refused.
+// is refused. The certificates rotate every few seconds and new connections use the new ones.
 func TestAgentMTLS(t *testing.T) {
 	dir := t.TempDir()
 	caDir := filepath.Join(dir, "ca")
@@ -55,7 +55,7 @@ func TestAgentMTLS(t *testing.T) {
 	go func() { defer close(done); _ = srv.Serve(lis) }()
 	t.Cleanup(func() { srv.Stop(); <-done })
 
-	call := func(expect spiffe.ID) (string, error) {
+	call := func(expect spiffe.ID) (*testpb.SimpleResponse, error) {
 		conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(mtlsConfig(t, clientBootstrap, expect, false))))
 		if err != nil {
 			t.Fatal(err)
@@ -63,20 +63,34 @@ func TestAgentMTLS(t *testing.T) {
 		defer conn.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		resp, err := testpb.NewTestServiceClient(conn).UnaryCall(ctx, &testpb.SimpleRequest{})
-		return resp.GetServerId(), err
+		return testpb.NewTestServiceClient(conn).UnaryCall(ctx, &testpb.SimpleRequest{})
 	}
-	seen, err := call(server)
+	first, err := call(server)
 	if err != nil {
 		t.Fatalf("mTLS call: %v", err)
 	}
-	if seen != client.String() {
-		t.Errorf("the server saw %q, want %s", seen, client)
+	if first.GetServerId() != client.String() {
+		t.Errorf("the server saw %q, want %s", first.GetServerId(), client)
 	}
 	other := spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAccount: "impostor"}
 	if _, err := call(other); err == nil {
 		t.Errorf("a client expecting %s reached a server that is %s", other, server)
 	}
+
+	// The certificates live a few seconds: the agents renew them, gRPC re-reads the files, and
+	// new connections present the renewed ones, every call verified as before and none failing.
+	framework.Eventually(t, 30*time.Second, func() error {
+		resp, err := call(server)
+		switch {
+		case err != nil:
+			t.Fatalf("mTLS call during rotation: %v", err) // none may fail
+		case resp.GetServerId() != client.String():
+			return fmt.Errorf("the server saw %q, want %s", resp.GetServerId(), client)
+		case resp.GetHostname() == first.GetHostname():
+			return fmt.Errorf("the client still presents certificate %s", first.GetHostname())
+		}
+		return nil
+	})
 }
 
 // startAgentBinary provisions a certificate for id (as an operator does for a VM) and runs an
@@ -90,7 +104,7 @@ func startAgentBinary(t *testing.T, caAddr, caDir, rootFile string, id spiffe.ID
 		"--ca-address", caAddr, "--root-cert", rootFile, "--provisioned-cert-dir", prov,
 		"--token-file", filepath.Join(dir, "no-token"), "--readiness-address", ready,
 		"--grpc-bootstrap", "grpc-bootstrap.json", "--xds-address", "127.0.0.1:15010",
-		"--pod", id.ServiceAccount+"-0", "--ip", "127.0.0.1")
+		"--pod", id.ServiceAccount+"-0", "--ip", "127.0.0.1", "--cert-ttl", "8s", "--file-refresh", "1s")
 	framework.Eventually(t, 30*time.Second, func() error {
 		resp, err := http.Get("http://" + ready + "/healthz/ready")
 		if err != nil {
@@ -135,10 +149,14 @@ func mtlsConfig(t *testing.T, bootstrap string, peerID spiffe.ID, isServer bool)
 		t.Fatal(err)
 	}
 	t.Cleanup(provider.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	km, err := provider.KeyMaterial(ctx)
-	if err != nil {
+	// Read at every handshake, as xDS credentials do: a rotated certificate is used as soon as
+	// the provider has re-read the files.
+	material := func() (*certprovider.KeyMaterial, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return provider.KeyMaterial(ctx)
+	}
+	if _, err := material(); err != nil {
 		t.Fatalf("key material from %s: %v", bootstrap, err)
 	}
 	verify := func(raw [][]byte, _ [][]*x509.Certificate) error {
@@ -159,6 +177,10 @@ func mtlsConfig(t *testing.T, bootstrap string, peerID spiffe.ID, isServer bool)
 		if isServer {
 			usage = x509.ExtKeyUsageClientAuth
 		}
+		km, err := material()
+		if err != nil {
+			return err
+		}
 		if _, err := certs[0].Verify(x509.VerifyOptions{Roots: km.Roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
 			return err
 		}
@@ -168,7 +190,21 @@ func mtlsConfig(t *testing.T, bootstrap string, peerID spiffe.ID, isServer bool)
 		return nil
 	}
 	c := &tls.Config{
-		MinVersion: tls.VersionTLS13, Certificates: km.Certs,
+		MinVersion: tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			km, err := material()
+			if err != nil {
+				return nil, err
+			}
+			return &km.Certs[0], nil
+		},
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			km, err := material()
+			if err != nil {
+				return nil, err
+			}
+			return &km.Certs[0], nil
+		},
 		// Workload certificates name a SPIFFE ID, not a host: verified by verify.
 		InsecureSkipVerify: true, VerifyPeerCertificate: verify,
 	}
@@ -189,5 +225,6 @@ func (identityEcho) UnaryCall(ctx context.Context, _ *testpb.SimpleRequest) (*te
 	if !ok || len(info.State.PeerCertificates) == 0 || len(info.State.PeerCertificates[0].URIs) != 1 {
 		return nil, errors.New("no client certificate with one URI")
 	}
-	return &testpb.SimpleResponse{ServerId: info.State.PeerCertificates[0].URIs[0].String()}, nil
+	leaf := info.State.PeerCertificates[0]
+	return &testpb.SimpleResponse{ServerId: leaf.URIs[0].String(), Hostname: leaf.SerialNumber.Text(16)}, nil
 }

@@ -277,6 +277,24 @@ func (a *Agent) writeGRPCBootstrap(c *Credential) error {
 	return nil
 }
 
+// renewTime is renewAt, early enough that gRPC, re-reading the files every FileRefresh, sees
+// the new certificate before the old one expires: two refresh intervals before (one to be read,
+// one of slack), but not before half the lifetime, so a refresh interval as long as the
+// certificate cannot make the agent renew in a loop.
+func (a *Agent) renewTime(c *Credential, jitter float64) time.Time {
+	at := renewAt(c.Leaf(), c.Received, jitter)
+	if a.cfg.OutputDir == "" {
+		return at
+	}
+	if seen := c.Leaf().NotAfter.Add(-2 * a.cfg.FileRefresh); seen.Before(at) {
+		at = seen
+		if half := c.Received.Add(c.Leaf().NotAfter.Sub(c.Received) / 2); at.Before(half) {
+			at = half
+		}
+	}
+	return at
+}
+
 // renewAt is when a certificate received at got is renewed: at 80 % of the lifetime left
 // then, less up to 5 % of it of jitter, so workloads started together do not renew together.
 // (NotBefore is backdated for clock skew, so the lifetime counts from receipt.)

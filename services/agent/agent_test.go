@@ -312,6 +312,33 @@ func TestRenewAt(t *testing.T) {
 	}
 }
 
+// TestRenewTime: with files, the renewal leaves gRPC two refresh intervals to re-read them.
+func TestRenewTime(t *testing.T) {
+	got := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name             string
+		life, refresh    time.Duration
+		files            bool
+		wantAfterGetting time.Duration
+	}{
+		{"no files: 80%", 10 * time.Second, 5 * time.Second, false, 8 * time.Second},
+		{"refresh well within the last 20%", 24 * time.Hour, 15 * time.Minute, true, 19*time.Hour + 12*time.Minute},
+		{"two refreshes longer than the last 20%", 10 * time.Second, 1500 * time.Millisecond, true, 7 * time.Second},
+		{"two refreshes longer than half the life", 10 * time.Second, 3 * time.Second, true, 5 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &Agent{cfg: Config{FileRefresh: tc.refresh}}
+			if tc.files {
+				a.cfg.OutputDir = "out"
+			}
+			c := &Credential{Chain: []*x509.Certificate{{NotAfter: got.Add(tc.life)}}, Received: got}
+			if at := a.renewTime(c, 0); at.Sub(got) != tc.wantAfterGetting {
+				t.Errorf("renew after %s, want %s", at.Sub(got), tc.wantAfterGetting)
+			}
+		})
+	}
+}
+
 func TestTokenIdentity(t *testing.T) {
 	jwt := func(payload string) string {
 		return "eyJhbGciOiJSUzI1NiJ9." + b64(payload) + ".c2ln"

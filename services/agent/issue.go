@@ -98,7 +98,7 @@ func (a *Agent) rotate(ctx context.Context) error {
 			outage = nil
 		}
 		backoff = a.cfg.RetryInitial
-		next = renewAt(c.Leaf(), c.Received, rand.Float64())
+		next = a.renewTime(c, rand.Float64())
 		a.log.Info("certificate", "identity", c.ID.String(), "expires", c.Leaf().NotAfter.UTC().Format(time.RFC3339),
 			"renew-at", next.UTC().Format(time.RFC3339), "serial", c.Leaf().SerialNumber.Text(16))
 	}
