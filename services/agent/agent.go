@@ -2,8 +2,9 @@
 // the workload's private key locally (it never leaves), gets the certificate for its identity
 // from the ca over Istio's CreateCertificate API (a service-account token first, then its own
 // certificate), renews it at 80 % of its lifetime, and hands it out as Envoy's SDS over a Unix
-// socket and, for proxyless gRPC, as files with a gRPC xDS bootstrap pointing at them. It needs no
-// Kubernetes client and links nothing of the ca's signing code.
+// socket and, for proxyless gRPC, as files with a gRPC xDS bootstrap pointing at them. For Envoy
+// it also writes the bootstrap and proxies ADS from a local socket to the xDS server. It needs
+// no Kubernetes client and links nothing of the ca's signing code.
 package agent
 
 import (
@@ -156,7 +157,8 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	return a, nil
 }
 
-// Run gets the first certificate and keeps it renewed, serving SDS and readiness, until ctx ends.
+// Run gets the first certificate and keeps it renewed, serving SDS, the xDS proxy and readiness,
+// until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.OutputDir != "" {
 		if err := os.MkdirAll(a.cfg.OutputDir, 0o755); err != nil {

@@ -1,7 +1,7 @@
 // Command agent runs beside each workload, pod or VM: it generates the workload's key, gets its
 // certificate from the ca (Istio's CreateCertificate API) and keeps it renewed, serving it as
-// Envoy's SDS over a Unix socket and as files plus a gRPC xDS bootstrap for proxyless gRPC. It
-// needs no Kubernetes client.
+// Envoy's SDS over a Unix socket and as files plus a gRPC xDS bootstrap for proxyless gRPC; for
+// Envoy it writes the bootstrap and proxies ADS to the xDS server. It needs no Kubernetes client.
 package main
 
 import (
@@ -20,7 +20,7 @@ func main() {
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
-		Short: "Sailplane agent: the workload's key and certificate, served over SDS and as files for proxyless gRPC",
+		Short: "Sailplane agent: the workload's key and certificate (SDS, files for proxyless gRPC), Envoy bootstrap, xDS proxy",
 		RunE: func(*cobra.Command, []string) error {
 			log, err := logOpts.Logger()
 			if err != nil {
