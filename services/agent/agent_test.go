@@ -82,7 +82,7 @@ func TestFirstCertificate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !publicKeysEqual(csr.PublicKey, cred.Leaf().PublicKey) {
+			if !pki.PublicKeysEqual(csr.PublicKey, cred.Leaf().PublicKey) {
 				t.Error("the certificate is not for the CSR's key")
 			}
 
@@ -220,7 +220,7 @@ func TestRotation(t *testing.T) {
 		}
 	}
 	now := a.Current()
-	if now.Leaf().SerialNumber.Cmp(first.Leaf().SerialNumber) == 0 || publicKeysEqual(now.Key.Public(), first.Key.Public()) {
+	if now.Leaf().SerialNumber.Cmp(first.Leaf().SerialNumber) == 0 || pki.PublicKeysEqual(now.Key.Public(), first.Key.Public()) {
 		t.Error("rotation kept the certificate or the key")
 	}
 	checkCredential(t, now, web, c.svc.RootsPEM())

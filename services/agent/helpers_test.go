@@ -230,7 +230,7 @@ func checkCredential(t *testing.T, c *Credential, want spiffe.ID, rootsPEM []byt
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}}); err != nil {
 		t.Errorf("certificate does not verify with the ca's roots: %v", err)
 	}
-	if !publicKeysEqual(leaf.PublicKey, c.Key.Public()) {
+	if !pki.PublicKeysEqual(leaf.PublicKey, c.Key.Public()) {
 		t.Error("certificate is not for the agent's key")
 	}
 }

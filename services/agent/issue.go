@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"crypto"
 	"crypto/tls"
@@ -282,7 +281,7 @@ func credentialFrom(key crypto.Signer, chainPEM []string) (*Credential, error) {
 		return nil, errors.New("no certificate or no root")
 	}
 	leaf := chain[0]
-	if !publicKeysEqual(leaf.PublicKey, key.Public()) {
+	if !pki.PublicKeysEqual(leaf.PublicKey, key.Public()) {
 		return nil, errors.New("the certificate is not for the key the CSR carried")
 	}
 	if len(leaf.URIs) != 1 {
@@ -313,8 +312,3 @@ func credentialFrom(key crypto.Signer, chainPEM []string) (*Credential, error) {
 	}, nil
 }
 
-func publicKeysEqual(a, b crypto.PublicKey) bool {
-	ak, err1 := x509.MarshalPKIXPublicKey(a)
-	bk, err2 := x509.MarshalPKIXPublicKey(b)
-	return err1 == nil && err2 == nil && bytes.Equal(ak, bk)
-}

@@ -38,7 +38,7 @@ func NewAuthority(cert *x509.Certificate, key crypto.Signer, intermediates, root
 	if !cert.IsCA || !cert.BasicConstraintsValid {
 		return nil, fmt.Errorf("%w: the signing certificate (%s) is not a CA certificate", ErrBundle, cert.Subject)
 	}
-	if !publicKeysEqual(cert.PublicKey, key.Public()) {
+	if !PublicKeysEqual(cert.PublicKey, key.Public()) {
 		return nil, fmt.Errorf("%w: the private key does not match the signing certificate (%s)", ErrBundle, cert.Subject)
 	}
 	rootPool, interPool := x509.NewCertPool(), x509.NewCertPool()
@@ -56,7 +56,9 @@ func NewAuthority(cert *x509.Certificate, key crypto.Signer, intermediates, root
 	return &Authority{Cert: cert, Key: key, Intermediates: intermediates, Roots: roots}, nil
 }
 
-func publicKeysEqual(a, b crypto.PublicKey) bool {
+// PublicKeysEqual reports whether a and b are the same public key (a certificate's and a
+// private key's, say).
+func PublicKeysEqual(a, b crypto.PublicKey) bool {
 	ka, ok := a.(interface{ Equal(crypto.PublicKey) bool })
 	return ok && ka.Equal(b)
 }
