@@ -311,4 +311,3 @@ func credentialFrom(key crypto.Signer, chainPEM []string) (*Credential, error) {
 		Received: time.Now(),
 	}, nil
 }
-
