@@ -81,13 +81,15 @@ func newProxylessGenerator(log *slog.Logger) *proxylessGenerator {
 	return &proxylessGenerator{log: log, memo: map[string]proxylessMemo{}}
 }
 
-// CacheScope: grpcgen reads nothing of the proxy but what its namespace can see and, for
-// endpoints, its locality when locality load balancing may apply.
+// CacheScope: grpcgen reads nothing of the proxy but what its namespace can see, its DNS
+// domain (the short names of routes) and, for endpoints, its locality when locality load
+// balancing may apply.
 func (g *proxylessGenerator) CacheScope(snap *model.Snapshot, p *model.Proxy, typeURL string) string {
+	scope := "grpc/" + p.Namespace + "/d=" + p.DNSDomain
 	if typeURL != resourcev3.EndpointType {
-		return "grpc/" + p.Namespace
+		return scope
 	}
-	return "grpc/" + p.Namespace + g.localityKey(snap, p)
+	return scope + g.localityKey(snap, p)
 }
 
 // localityKey is translate.LocalityKey when locality load balancing may apply in snap, else "".
@@ -125,7 +127,7 @@ func (g *proxylessGenerator) Generate(snap *model.Snapshot, p *model.Proxy, type
 			hosts[hostOf(n)] = true
 		}
 		client, _ := g.client(snap, p)
-		res = grpcgen.Generate(visible(snap, p.Namespace, hosts), client, g.log)
+		res = grpcgen.Generate(visible(snap, p.Namespace, hosts), p.DNSDomain, client, g.log)
 	} else {
 		res = g.translate(snap, p)
 	}
@@ -160,13 +162,13 @@ func (g *proxylessGenerator) Generate(snap *model.Snapshot, p *model.Proxy, type
 
 func (g *proxylessGenerator) translate(snap *model.Snapshot, p *model.Proxy) *grpcgen.Resources {
 	client, key := g.client(snap, p)
-	key = p.Namespace + key
+	key = p.Namespace + "/d=" + p.DNSDomain + key
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if m, ok := g.memo[key]; ok && m.snap == snap {
 		return m.res
 	}
-	res := grpcgen.Generate(visible(snap, p.Namespace, nil), client, g.log)
+	res := grpcgen.Generate(visible(snap, p.Namespace, nil), p.DNSDomain, client, g.log)
 	g.memo[key] = proxylessMemo{snap: snap, res: res}
 	return res
 }

@@ -7,6 +7,7 @@ import (
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/xds-server/internal/model"
 )
 
 // protocol is how a port's traffic is handled.
@@ -41,10 +42,11 @@ func parseProtocol(proto string) protocol {
 		return protoHTTP2
 	case "TLS", "HTTPS":
 		return protoTLS
-	case "TCP", "MONGO", "REDIS", "MYSQL", "UDP":
-		return protoTCP
 	}
-	return protoSniffed
+	if model.CarriesHTTP(s) {
+		return protoSniffed
+	}
+	return protoTCP
 }
 
 func (p protocol) isHTTP() bool { return p == protoHTTP || p == protoHTTP2 }

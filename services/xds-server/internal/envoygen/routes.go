@@ -1,7 +1,6 @@
 package envoygen
 
 import (
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,7 +14,6 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
 
-	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/translate"
 )
@@ -53,7 +51,7 @@ func (b *builder) sidecarRouteConfig(port uint32) *routev3.RouteConfiguration {
 			}
 			host := svc.Spec.GetHostname()
 			var domains []string
-			for _, d := range b.domains(svc) {
+			for _, d := range translate.Domains(svc.Spec, b.proxy.DNSDomain) {
 				// Envoy refuses a route configuration that repeats a domain.
 				if taken[d] {
 					b.log.Debug("domain already used by another virtual host", "domain", d, "host", host)
@@ -107,63 +105,6 @@ func (b *builder) catchAllVirtualHost() *routev3.VirtualHost {
 	return &routev3.VirtualHost{Name: "block_all", Domains: []string{"*"}, IncludeRequestAttemptCount: true,
 		Routes: []*routev3.Route{{Name: "block_all", Match: match, Action: &routev3.Route_DirectResponse{
 			DirectResponse: &routev3.DirectResponseAction{Status: 502}}}}}
-}
-
-// domains are the Host headers that reach the service, as istiod writes them for Envoy
-// sidecars: without ports (the route configuration ignores the port in host matching), the
-// FQDN and its absolute form with a trailing dot, the short names a client in the proxy's DNS
-// domain may use, and the VIPs; a Kubernetes headless service also matches its pods' names.
-func (b *builder) domains(svc *model.Service) []string {
-	host := svc.Spec.GetHostname()
-	out := []string{host}
-	if _, err := netip.ParseAddr(host); err != nil {
-		out = append(out, host+".")
-	}
-	out = append(out, altHosts(host, b.proxy.DNSDomain)...)
-	if svc.Spec.GetResolution() == discoveryv1.Resolution_NONE && svc.Spec.GetRegistry() == "kubernetes" {
-		for _, d := range out {
-			out = append(out, "*."+d)
-		}
-	}
-	for _, a := range svc.Spec.GetAddresses() {
-		if a != "" && a != wildcardIP {
-			out = append(out, a)
-		}
-	}
-	return out
-}
-
-// altHosts are the shorter names of host a client in DNS domain proxyDomain may use: for a
-// Kubernetes proxy ("<ns>.svc.<suffix>") and a service of the same cluster, "name",
-// "name.ns.svc" and "name.ns" from the service's namespace, "name.ns" and "name.ns.svc" from
-// elsewhere; otherwise the part of the host not shared with the proxy's domain.
-func altHosts(host, proxyDomain string) []string {
-	if i := strings.Index(proxyDomain, ".svc."); i >= 0 {
-		ih := strings.Index(host, ".svc.")
-		dot := strings.Index(host, ".")
-		if !strings.HasSuffix(host, proxyDomain[i:]) || ih <= 0 || dot+1 > ih {
-			return nil
-		}
-		if host[dot+1:ih] == proxyDomain[:i] {
-			return []string{host[:dot], host[:ih] + ".svc", host[:ih]}
-		}
-		return []string{host[:ih], host[:ih] + ".svc"}
-	}
-	hostParts, domainParts := strings.Split(host, "."), strings.Split(proxyDomain, ".")
-	shared := 0
-	for shared < min(len(hostParts), len(domainParts)) &&
-		hostParts[len(hostParts)-1-shared] == domainParts[len(domainParts)-1-shared] {
-		shared++
-	}
-	if shared == 0 || shared == len(hostParts) {
-		return nil
-	}
-	unique := hostParts[:len(hostParts)-shared]
-	out := []string{strings.Join(unique, ".")}
-	if len(unique) == 2 {
-		out = append(out, out[0]+"."+hostParts[len(hostParts)-shared])
-	}
-	return out
 }
 
 func (b *builder) defaultRoute(host string, port uint32) *routev3.Route {

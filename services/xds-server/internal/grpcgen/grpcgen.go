@@ -56,15 +56,17 @@ type Client struct {
 	Labels map[string]string
 }
 
-// Generate translates a snapshot for client (nil: one whose locality is unknown). It never
+// Generate translates a snapshot for a client in DNS domain dnsDomain (its node ID's last
+// part, "<namespace>.svc.cluster.local", which decides the short names its virtual hosts
+// match) and locality client (nil: unknown). It never
 // fails: config gRPC cannot use is skipped and logged at debug level, so one bad resource
 // cannot take the whole mesh down.
-func Generate(snap *model.Snapshot, client *Client, log *slog.Logger) *Resources {
+func Generate(snap *model.Snapshot, dnsDomain string, client *Client, log *slog.Logger) *Resources {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	// Proxyless clients see every rule: exportTo and namespace ranking are sidecar behaviour.
-	g := &generator{snap: snap, log: log, binds: snap.Bindings(nil, nil)}
+	g := &generator{snap: snap, dnsDomain: dnsDomain, log: log, binds: snap.Bindings(nil, nil)}
 	out := &Resources{}
 	for _, host := range snap.Hostnames() {
 		svc := snap.Services[host]
@@ -110,9 +112,10 @@ func Generate(snap *model.Snapshot, client *Client, log *slog.Logger) *Resources
 }
 
 type generator struct {
-	snap  *model.Snapshot
-	log   *slog.Logger
-	binds *model.Bindings
+	snap      *model.Snapshot
+	dnsDomain string
+	log       *slog.Logger
+	binds     *model.Bindings
 }
 
 func (g *generator) listener(host string, port uint32) (*listenerv3.Listener, error) {
@@ -152,12 +155,6 @@ func adsConfigSource() *corev3.ConfigSource {
 		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
 		ResourceApiVersion:    corev3.ApiVersion_V3,
 	}
-}
-
-// domains are the names a client may dial the service by: the FQDN and, for Kubernetes
-// services, the short forms, each bare and with the port.
-func domains(svc *discoveryv1.Service, port uint32) []string {
-	return translate.WithPort(append([]string{svc.GetHostname()}, translate.ShortNames(svc, true)...), port)
 }
 
 func marshalAny(m proto.Message) (*anypb.Any, error) {

@@ -37,7 +37,8 @@ func generate(t *testing.T, dir string) *Resources {
 			t.Fatalf("apply %s: %v", c.TypeURL, err)
 		}
 	}
-	return Generate(store.Snapshot(), nil, testLogger(t))
+	// The client runs in namespace demo, as most test services.
+	return Generate(store.Snapshot(), "demo.svc.cluster.local", nil, testLogger(t))
 }
 
 func all(r *Resources) []proto.Message {

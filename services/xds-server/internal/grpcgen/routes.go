@@ -14,6 +14,11 @@ import (
 func (g *generator) routeConfig(svc *model.Service, port *discoveryv1.Port,
 	vs *model.Config[*networking.VirtualService]) *routev3.RouteConfiguration {
 	host := svc.Spec.GetHostname()
+	name := ClusterName(port.GetNumber(), "", host)
+	// As istiod, a port HTTP routes do not apply to (declared TCP, TLS…) has no virtual host.
+	if !model.CarriesHTTP(port.GetProtocol()) {
+		return &routev3.RouteConfiguration{Name: name}
+	}
 	var routes []*routev3.Route
 	if vs != nil {
 		routes = g.vsRoutes(svc, port, vs)
@@ -23,10 +28,10 @@ func (g *generator) routeConfig(svc *model.Service, port *discoveryv1.Port,
 		routes = []*routev3.Route{g.defaultRoute(host, port.GetNumber())}
 	}
 	return &routev3.RouteConfiguration{
-		Name: ClusterName(port.GetNumber(), "", host),
+		Name: name,
 		VirtualHosts: []*routev3.VirtualHost{{
 			Name:    ListenerName(host, port.GetNumber()),
-			Domains: domains(svc.Spec, port.GetNumber()),
+			Domains: translate.WithPort(translate.Domains(svc.Spec, g.dnsDomain), port.GetNumber()),
 			Routes:  routes,
 		}},
 	}

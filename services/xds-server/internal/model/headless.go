@@ -35,3 +35,14 @@ func IsHTTPProtocol(p string) bool {
 	}
 	return false
 }
+
+// CarriesHTTP reports whether HTTP routes apply to a port of Istio protocol p, as istiod's
+// IsHTTPOrSniffed: declared HTTP, or not declared at all (a name Istio does not know counts
+// as undeclared, and is sniffed).
+func CarriesHTTP(p string) bool {
+	switch strings.ToUpper(p) {
+	case "TCP", "TLS", "HTTPS", "MONGO", "REDIS", "MYSQL", "UDP":
+		return false
+	}
+	return true
+}

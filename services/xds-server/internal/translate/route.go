@@ -4,13 +4,11 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 	networking "istio.io/api/networking/v1alpha3"
 
-	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
 )
 
@@ -150,33 +148,4 @@ func DefaultRoute(cluster string, hash []*routev3.RouteAction_HashPolicy) *route
 			HashPolicy:       hash,
 		}},
 	}
-}
-
-// ShortNames are the other names of a Kubernetes service's FQDN "<name>.<ns>.svc.<domain>":
-// "<name>.<ns>.svc", "<name>.<ns>" and, when bare, "<name>" (which resolves only from the same
-// namespace). None for other hosts.
-func ShortNames(svc *discoveryv1.Service, bare bool) []string {
-	host, ns := svc.GetHostname(), svc.GetNamespace()
-	if ns == "" {
-		return nil
-	}
-	name, ok := strings.CutSuffix(host, "."+ns+".svc."+model.DomainSuffix)
-	if !ok || strings.Contains(name, ".") {
-		return nil
-	}
-	out := []string{name + "." + ns + ".svc", name + "." + ns}
-	if bare {
-		out = append(out, name)
-	}
-	return out
-}
-
-// WithPort lists each name bare and with ":<port>", as virtual host domains.
-func WithPort(names []string, port uint32) []string {
-	p := ":" + strconv.FormatUint(uint64(port), 10)
-	out := make([]string, 0, 2*len(names))
-	for _, n := range names {
-		out = append(out, n, n+p)
-	}
-	return out
 }
