@@ -15,6 +15,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
@@ -112,22 +113,12 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 	} else if pol.LB != nil {
 		log.Debug("load balancer settings do not apply to a service without resolution")
 	}
-	h2 := proto == protoHTTP2
-	common, upgrade := applyConnectionPool(c, pol.Pool)
-	if upgrade && proto == protoHTTP {
-		h2 = true
-	}
-	var httpOpts *httpv3.HttpProtocolOptions
-	switch {
-	case proto == protoSniffed && b.proxy.IsSidecar():
-		// Sidecars sniff an undeclared port and forward in the client's HTTP version, which
-		// istiod keeps even when the DestinationRule asks to upgrade to h2.
-		httpOpts = downstreamHTTPOptions(common)
-	case h2 || (common != nil && proto.isHTTP()):
-		httpOpts = upstreamHTTPOptions(h2, common)
-	case common != nil:
-		log.Debug("HTTP connection pool settings do not apply to a TCP port")
-	}
+	pool := applyConnectionPool(c, pol.Pool)
+	// Sidecars sniff an undeclared port and forward in the client's HTTP version, which
+	// istiod keeps even when the DestinationRule asks to upgrade to h2.
+	sniffed := proto == protoSniffed && b.proxy.IsSidecar()
+	h2 := proto == protoHTTP2 || (!sniffed && pool.upgradesH2(proto.isHTTP(), b.snap.Mesh.GetH2UpgradePolicy()))
+	httpOpts := pool.options(h2, sniffed)
 	if od := pol.Outlier; od != nil {
 		applyOutlier(c, od)
 	}
@@ -157,77 +148,112 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 	return c
 }
 
-func cmpOrNew(o *corev3.HttpProtocolOptions) *corev3.HttpProtocolOptions {
-	if o == nil {
-		return &corev3.HttpProtocolOptions{}
+// poolHTTP is what a connection pool asks of a cluster's HTTP protocol options.
+type poolHTTP struct {
+	common            *corev3.HttpProtocolOptions // nil when the pool sets none
+	h2Upgrade         networking.ConnectionPoolSettings_HTTPSettings_H2UpgradePolicy
+	useClientProtocol bool
+	// For clusters that speak h2 only.
+	maxConcurrentStreams uint32
+	h2Keepalive          *corev3.KeepaliveSettings
+}
+
+// upgradesH2 reports whether an outbound cluster upgrades HTTP/1.1 to h2, as istiod: the
+// pool's UPGRADE on any port (its author knows the port speaks HTTP), the mesh's on ports
+// declared HTTP unless the pool says DO_NOT_UPGRADE; never when the client's protocol is kept.
+func (p poolHTTP) upgradesH2(declaredHTTP bool, mesh meshv1alpha1.MeshConfig_H2UpgradePolicy) bool {
+	switch {
+	case p.useClientProtocol:
+		return false
+	case p.h2Upgrade == networking.ConnectionPoolSettings_HTTPSettings_UPGRADE:
+		return true
+	case p.h2Upgrade == networking.ConnectionPoolSettings_HTTPSettings_DO_NOT_UPGRADE:
+		return false
 	}
-	return o
+	return declaredHTTP && mesh == meshv1alpha1.MeshConfig_UPGRADE
+}
+
+// options are a cluster's HTTP protocol options as istiod builds them: the client's HTTP
+// version when downstream or the pool asks for it, else h2 or HTTP/1.1 explicitly; nil when
+// nothing asks for any. istiod sets the pool's options whatever the port's protocol (Envoy
+// uses them only where the cluster carries HTTP, e.g. a TCP port's sniffed traffic).
+func (p poolHTTP) options(h2, downstream bool) *httpv3.HttpProtocolOptions {
+	switch {
+	case downstream || p.useClientProtocol:
+		return downstreamHTTPOptions(p.common)
+	case h2:
+		o := upstreamHTTPOptions(true, p.common)
+		h2opts := o.GetExplicitHttpConfig().GetHttp2ProtocolOptions()
+		if p.maxConcurrentStreams > 0 {
+			h2opts.MaxConcurrentStreams = wrapperspb.UInt32(p.maxConcurrentStreams)
+		}
+		h2opts.ConnectionKeepalive = p.h2Keepalive
+		return o
+	case p.common != nil:
+		return upstreamHTTPOptions(false, p.common)
+	}
+	return nil
+}
+
+// applyConnectionPool sets a connection pool's limits on c (a DestinationRule's for clients,
+// also a Sidecar's for the inbound side), returning what it asks of the HTTP options. HTTP
+// limits become circuit breakers on every port, as in istiod.
+func applyConnectionPool(c *clusterv3.Cluster, cp *networking.ConnectionPoolSettings) poolHTTP {
+	var pool poolHTTP
+	if cp == nil {
+		return pool
+	}
+	th := c.CircuitBreakers.Thresholds[0]
+	tcp, hp := cp.GetTcp(), cp.GetHttp()
+	if n := tcp.GetMaxConnections(); n > 0 {
+		th.MaxConnections = wrapperspb.UInt32(uint32(n))
+	}
+	if d := tcp.GetConnectTimeout(); d != nil && d.AsDuration() > 0 {
+		c.ConnectTimeout = d
+	}
+	if ka := tcp.GetTcpKeepalive(); ka != nil {
+		k := &corev3.TcpKeepalive{}
+		if ka.GetProbes() > 0 {
+			k.KeepaliveProbes = wrapperspb.UInt32(ka.GetProbes())
+		}
+		if t := ka.GetTime(); t != nil {
+			k.KeepaliveTime = wrapperspb.UInt32(uint32(max(t.AsDuration()/time.Second, 1)))
+		}
+		if t := ka.GetInterval(); t != nil {
+			k.KeepaliveInterval = wrapperspb.UInt32(uint32(max(t.AsDuration()/time.Second, 1)))
+		}
+		c.UpstreamConnectionOptions = &clusterv3.UpstreamConnectionOptions{TcpKeepalive: k}
+	}
+	if n := hp.GetHttp1MaxPendingRequests(); n > 0 {
+		th.MaxPendingRequests = wrapperspb.UInt32(uint32(n))
+	}
+	if n := hp.GetHttp2MaxRequests(); n > 0 {
+		th.MaxRequests = wrapperspb.UInt32(uint32(n))
+	}
+	if n := hp.GetMaxRetries(); n > 0 {
+		th.MaxRetries = wrapperspb.UInt32(uint32(n))
+	}
+	pool.h2Upgrade = hp.GetH2UpgradePolicy()
+	pool.useClientProtocol = hp.GetUseClientProtocol()
+	pool.maxConcurrentStreams = uint32(max(hp.GetMaxConcurrentStreams(), 0))
+	if ka := hp.GetHttp2KeepAlive(); ka != nil {
+		pool.h2Keepalive = &corev3.KeepaliveSettings{Interval: ka.GetInterval(), Timeout: ka.GetTimeout()}
+	}
+	// As istiod: the HTTP idle timeout, else the TCP one; an explicit 0s disables it.
+	idle := cmp.Or(hp.GetIdleTimeout(), tcp.GetIdleTimeout())
+	maxDuration := tcp.GetMaxConnectionDuration()
+	perConn := uint32(max(hp.GetMaxRequestsPerConnection(), 0))
+	if idle != nil || maxDuration != nil || perConn > 0 || pool.maxConcurrentStreams > 0 || pool.h2Keepalive != nil {
+		pool.common = &corev3.HttpProtocolOptions{IdleTimeout: idle, MaxConnectionDuration: maxDuration}
+		if perConn > 0 {
+			pool.common.MaxRequestsPerConnection = wrapperspb.UInt32(perConn)
+		}
+	}
+	return pool
 }
 
 // defaultThresholds lifts Envoy's low default limits the way istiod does: the mesh, not
 // Envoy's defaults, decides when to shed load.
-// applyConnectionPool sets a connection pool's limits on c (a DestinationRule's for clients,
-// also a Sidecar's for the inbound side), returning the HTTP options it implies and whether it
-// asks to upgrade HTTP/1.1 to h2.
-func applyConnectionPool(c *clusterv3.Cluster, cp *networking.ConnectionPoolSettings) (
-	common *corev3.HttpProtocolOptions, upgradeH2 bool) {
-	if cp == nil {
-		return nil, false
-	}
-	th := c.CircuitBreakers.Thresholds[0]
-	if tcp := cp.GetTcp(); tcp != nil {
-		if n := tcp.GetMaxConnections(); n > 0 {
-			th.MaxConnections = wrapperspb.UInt32(uint32(n))
-		}
-		if d := tcp.GetConnectTimeout(); d != nil && d.AsDuration() > 0 {
-			c.ConnectTimeout = d
-		}
-		if ka := tcp.GetTcpKeepalive(); ka != nil {
-			k := &corev3.TcpKeepalive{}
-			if ka.GetProbes() > 0 {
-				k.KeepaliveProbes = wrapperspb.UInt32(ka.GetProbes())
-			}
-			if t := ka.GetTime(); t != nil {
-				k.KeepaliveTime = wrapperspb.UInt32(uint32(max(t.AsDuration()/time.Second, 1)))
-			}
-			if t := ka.GetInterval(); t != nil {
-				k.KeepaliveInterval = wrapperspb.UInt32(uint32(max(t.AsDuration()/time.Second, 1)))
-			}
-			c.UpstreamConnectionOptions = &clusterv3.UpstreamConnectionOptions{TcpKeepalive: k}
-		}
-		if d := tcp.GetMaxConnectionDuration(); d != nil && d.AsDuration() > 0 {
-			common = cmpOrNew(common)
-			common.MaxConnectionDuration = d
-		}
-	}
-	if hp := cp.GetHttp(); hp != nil {
-		if n := hp.GetHttp1MaxPendingRequests(); n > 0 {
-			th.MaxPendingRequests = wrapperspb.UInt32(uint32(n))
-		}
-		if n := hp.GetHttp2MaxRequests(); n > 0 {
-			th.MaxRequests = wrapperspb.UInt32(uint32(n))
-		}
-		if n := hp.GetMaxRetries(); n > 0 {
-			th.MaxRetries = wrapperspb.UInt32(uint32(n))
-		}
-		if n := hp.GetMaxRequestsPerConnection(); n > 0 {
-			common = cmpOrNew(common)
-			common.MaxRequestsPerConnection = wrapperspb.UInt32(uint32(n))
-		}
-		if d := hp.GetIdleTimeout(); d != nil && d.AsDuration() > 0 {
-			common = cmpOrNew(common)
-			common.IdleTimeout = d
-		}
-		upgradeH2 = hp.GetH2UpgradePolicy() == networking.ConnectionPoolSettings_HTTPSettings_UPGRADE
-	}
-	return common, upgradeH2
-}
-
-// httpProtocolOptions pins the upstream protocol to h2 or HTTP/1.1, with common options.
-func httpProtocolOptions(h2 bool, common *corev3.HttpProtocolOptions) map[string]*anyMsg {
-	return map[string]*anyMsg{httpProtocolOptionsKey: mustAny(upstreamHTTPOptions(h2, common))}
-}
-
 // upstreamHTTPOptions speaks HTTP/2 or HTTP/1.1 to the upstream, with common options if any.
 func upstreamHTTPOptions(h2 bool, common *corev3.HttpProtocolOptions) *httpv3.HttpProtocolOptions {
 	opts := &httpv3.HttpProtocolOptions{CommonHttpProtocolOptions: common}

@@ -176,13 +176,9 @@ func (b *builder) inboundCluster(in inboundPort) *clusterv3.Cluster {
 	if ip := in.endpoint.GetSocketAddress().GetAddress(); in.endpoint == nil || (ip != "" && ip != "127.0.0.1" && ip != "::1") {
 		c.UpstreamBindConfig = &corev3.BindConfig{SourceAddress: translate.SocketAddress(inboundPassthroughBind, 0).GetSocketAddress()}
 	}
-	common, _ := applyConnectionPool(c, b.inboundConnectionPool(in))
-	h2 := in.proto == protoHTTP2
-	switch {
-	case h2 || (common != nil && in.proto.isHTTP()):
-		c.TypedExtensionProtocolOptions = httpProtocolOptions(h2, common)
-	case in.proto == protoSniffed:
-		c.TypedExtensionProtocolOptions = downstreamProtocolOptions(common)
+	pool := applyConnectionPool(c, b.inboundConnectionPool(in))
+	if opts := pool.options(in.proto == protoHTTP2, in.proto == protoSniffed); opts != nil {
+		c.TypedExtensionProtocolOptions = map[string]*anyMsg{httpProtocolOptionsKey: mustAny(opts)}
 	}
 	return c
 }
