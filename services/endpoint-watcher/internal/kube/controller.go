@@ -719,7 +719,9 @@ func clusterEndpoints(cl *cluster, svc *corev1.Service) []*discoveryv1.Endpoint 
 					}
 					continue
 				}
-				byAddr[addr] = sliceEndpoint(cl, s, e, addr)
+				if ep := sliceEndpoint(cl, s, e, addr); ep != nil {
+					byAddr[addr] = ep
+				}
 			}
 		}
 	}
@@ -737,7 +739,9 @@ func deref[T any](p *T) T {
 }
 
 // sliceEndpoint makes the endpoint of one address of an EndpointSlice endpoint, completed from
-// its Pod (labels, service account, name) and the Pod's Node (locality).
+// its Pod (labels, service account, name) and the Pod's Node (locality). It is nil while the
+// Pod it names is not in the cache, as in istiod: its labels and identity are unknown until
+// then, and the Pod's arrival recomputes the Service (onPod, through the byPod index).
 func sliceEndpoint(cl *cluster, s *discovery.EndpointSlice, e *discovery.Endpoint, addr string) *discoveryv1.Endpoint {
 	ep := &discoveryv1.Endpoint{
 		Address:   addr,
@@ -752,14 +756,16 @@ func sliceEndpoint(cl *cluster, s *discovery.EndpointSlice, e *discovery.Endpoin
 	}
 	nodeName := deref(e.NodeName)
 	if r := e.TargetRef; r != nil && r.Kind == "Pod" {
-		if pod, err := cl.cur.pods.Pods(refNamespace(r, s.Namespace)).Get(r.Name); err == nil {
-			// Shared with the informer cache, which never modifies it; published resources
-			// are immutable too.
-			ep.Labels = pod.Labels
-			ep.ServiceAccount = pod.Spec.ServiceAccountName
-			ep.Network = pod.Labels[LabelNetwork]
-			nodeName = cmp.Or(nodeName, pod.Spec.NodeName)
+		pod, err := cl.cur.pods.Pods(refNamespace(r, s.Namespace)).Get(r.Name)
+		if err != nil {
+			return nil
 		}
+		// Shared with the informer cache, which never modifies it; published resources are
+		// immutable too.
+		ep.Labels = pod.Labels
+		ep.ServiceAccount = pod.Spec.ServiceAccountName
+		ep.Network = pod.Labels[LabelNetwork]
+		nodeName = cmp.Or(nodeName, pod.Spec.NodeName)
 		ep.Workload = r.Name
 	}
 	if nodeName != "" {

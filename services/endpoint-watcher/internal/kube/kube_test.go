@@ -225,6 +225,46 @@ func TestServiceEndpoints(t *testing.T) {
 	})
 }
 
+// TestEndpointWaitsForItsPod: as istiod, an EndpointSlice endpoint whose targetRef Pod is not
+// (yet) in the cache is left out, since its labels and identity are unknown; the Pod's arrival
+// brings it in. Endpoints without a targetRef do not wait.
+func TestEndpointWaitsForItsPod(t *testing.T) {
+	k := sharedKube(t)
+	cs := clientFor(t, k.RestConfig())
+	ns := newNamespace(t, cs, "latepod")
+	createPod(t, cs, podSpec{ns: ns, name: "api-1", sa: "api-sa", ip: "198.18.2.1", labels: map[string]string{"app": "api"}, ready: true})
+	createService(t, cs, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "api", Namespace: ns},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "api"},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+	})
+	createSlice(t, cs, newSlice(ns, "api-1", "api", []discovery.EndpointPort{slicePort("http", 8080)},
+		sliceEP("198.18.2.1", "api-1", "", true, true, false),
+		sliceEP("198.18.2.2", "api-2", "", true, true, false), // its Pod comes later
+		sliceEP("198.18.2.9", "", "", true, true, false),      // no Pod: not waited for
+	))
+	_, rec := startController(t, Config{ClusterID: "c1"}, Deps{Kube: k.RestConfig()})
+
+	host := "api." + ns + ".svc.cluster.local"
+	name := ns + "/" + host
+	ep := func(addr, pod string) *discoveryv1.Endpoint {
+		e := &discoveryv1.Endpoint{Address: addr, Ports: map[string]uint32{"http": 8080}, Health: discoveryv1.Health_HEALTHY, ClusterId: "c1"}
+		if pod != "" {
+			e.Labels, e.ServiceAccount, e.Workload = podLabels(t, cs, ns, pod), "api-sa", pod
+		}
+		return e
+	}
+	// The first state is computed from synced caches, so api-2 is absent from it, not late.
+	waitEndpoints(t, rec, name, &discoveryv1.Endpoints{Hostname: host, Namespace: ns, Endpoints: []*discoveryv1.Endpoint{
+		ep("198.18.2.1", "api-1"), ep("198.18.2.9", ""),
+	}})
+
+	createPod(t, cs, podSpec{ns: ns, name: "api-2", sa: "api-sa", ip: "198.18.2.2", labels: map[string]string{"app": "api", "version": "v2"}, ready: true})
+	waitEndpoints(t, rec, name, &discoveryv1.Endpoints{Hostname: host, Namespace: ns, Endpoints: []*discoveryv1.Endpoint{
+		ep("198.18.2.1", "api-1"), ep("198.18.2.2", "api-2"), ep("198.18.2.9", ""),
+	}})
+}
+
 func TestHeadlessAndExternalName(t *testing.T) {
 	k := sharedKube(t)
 	cs := clientFor(t, k.RestConfig())
