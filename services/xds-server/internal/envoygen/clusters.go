@@ -239,7 +239,7 @@ func applyConnectionPool(c *clusterv3.Cluster, cp *networking.ConnectionPoolSett
 	if ka := hp.GetHttp2KeepAlive(); ka != nil {
 		pool.h2Keepalive = &corev3.KeepaliveSettings{Interval: ka.GetInterval(), Timeout: ka.GetTimeout()}
 	}
-	// As istiod: the HTTP idle timeout, else the TCP one; an explicit 0s disables it.
+	// As istiod: the HTTP idle timeout, else the TCP one.
 	idle := cmp.Or(hp.GetIdleTimeout(), tcp.GetIdleTimeout())
 	maxDuration := tcp.GetMaxConnectionDuration()
 	perConn := uint32(max(hp.GetMaxRequestsPerConnection(), 0))
