@@ -11,6 +11,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
@@ -319,5 +320,47 @@ spec:
 		if got[tc.region] != 0 || got[tc.other] != 1 {
 			t.Errorf("client in %s: priorities %v, want its region 0 and %s 1", tc.region, got, tc.other)
 		}
+	}
+}
+
+// TestProxylessShortNamesPerNamespace: a proxyless client's virtual host matches the short
+// names of its own DNS domain, as istiod writes them, so clients of two namespaces connected at
+// once must not share one cached route configuration.
+func TestProxylessShortNamesPerNamespace(t *testing.T) {
+	srv := startServer(t, fakebus.New(changes(t, registry(10001, 10002))...))
+	domains := func(ns string) []string {
+		t.Helper()
+		stream, err := adsClient(t, srv.Addr()).DeltaAggregatedResources(streamContext(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		md, _ := structpb.NewStruct(map[string]any{"GENERATOR": "grpc", "NAMESPACE": ns})
+		node := &corev3.Node{Id: "sidecar~127.0.0.1~client." + ns + "~" + ns + ".svc.cluster.local", Metadata: md}
+		if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{
+			Node: node, TypeUrl: resource.RouteType, ResourceNamesSubscribe: []string{echoCluster},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetResources()) != 1 {
+			t.Fatalf("%s: got %d route configurations, want 1", ns, len(resp.GetResources()))
+		}
+		var rc routev3.RouteConfiguration
+		if err := resp.GetResources()[0].GetResource().UnmarshalTo(&rc); err != nil {
+			t.Fatal(err)
+		}
+		return rc.GetVirtualHosts()[0].GetDomains()
+	}
+	demo, other := domains("demo"), domains("other")
+	for _, d := range []string{"echo", "echo:7070", "echo.demo", "echo.demo.svc.cluster.local."} {
+		if !slices.Contains(demo, d) {
+			t.Errorf("client in demo: domains %q lack %q", demo, d)
+		}
+	}
+	if slices.Contains(other, "echo") || !slices.Contains(other, "echo.demo") {
+		t.Errorf("client in other: domains %q, want echo.demo and not the bare echo", other)
 	}
 }
