@@ -188,6 +188,16 @@ func (e *env) update(changes ...bus.Change) {
 	e.push()
 }
 
+// updatePushed is update, then waits until a push has started. A connection handles pushes and
+// requests on one goroutine, so a drain() after it sees that push's responses; a drain() right
+// after update could be answered before the queued push begins.
+func (e *env) updatePushed(changes ...bus.Change) {
+	e.t.Helper()
+	before := e.srv.pushes.Load()
+	e.update(changes...)
+	waitUntil(e.t, func() bool { return e.srv.pushes.Load() > before })
+}
+
 func services(ns string, hosts ...string) bus.Change {
 	c := bus.Change{TypeURL: schema.Service.TypeURL}
 	for _, h := range hosts {

@@ -184,7 +184,7 @@ func TestAffectedProxies(t *testing.T) {
 		c.recvType(lds)
 	}
 	// A service only namespace a sees: b is not pushed.
-	e.update(exportedService("a", "private.a", "."))
+	e.updatePushed(exportedService("a", "private.a", "."))
 	if got := inA.drain(); len(got) == 0 {
 		t.Fatal("namespace a not pushed")
 	}
@@ -235,7 +235,7 @@ func TestEndpointOnlyPush(t *testing.T) {
 	other.send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: eds, ResourceNamesSubscribe: []string{cluster("b.demo")}})
 	other.recvType(eds)
 	calls := e.gen.calls.Load()
-	e.update(endpoints("demo", "a.demo", "10.9.9.9"))
+	e.updatePushed(endpoints("demo", "a.demo", "10.9.9.9"))
 	if got := deltaTypes(watching.drain()); len(got) != 1 || got[0] != "ClusterLoadAssignment" {
 		t.Fatalf("watching proxy got %v, want one endpoints response", got)
 	}
@@ -298,7 +298,7 @@ func TestEndpointPushWhenClusterNamesEqual(t *testing.T) {
 	c.recvType(cds)
 	c.subscribe(eds, cluster("a.demo"))
 	c.recvType(eds)
-	e.update(endpoints("demo", "a.demo", "10.9.9.9"))
+	e.updatePushed(endpoints("demo", "a.demo", "10.9.9.9"))
 	if got := types_(c.drain()); !slices.Equal(got, []string{"ClusterLoadAssignment"}) {
 		t.Fatalf("responses after an endpoint change = %v, want one endpoints response", got)
 	}
