@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,8 +25,13 @@ import (
 type Config struct {
 	// TrustDomain is the trust domain of every identity the ca signs; "cluster.local" when empty.
 	TrustDomain string
-	// Listen is the TLS address serving CreateCertificate; "127.0.0.1:15012" when empty.
+	// Listen is the TLS address serving CreateCertificate; "127.0.0.1:15012" when empty. Its host
+	// is also a name (or IP) of the serving certificate.
 	Listen string
+	// Embedded leaves serving to another gRPC server on Listen (hyper's xDS port, as istiod does):
+	// Run loads the root and keeps it, the caller registers the API with Register and takes the
+	// serving certificate from GetCertificate.
+	Embedded bool
 
 	// Kube, when set, is the API server that reviews service-account tokens and, unless CertDir
 	// is set, keeps the root in the istio-ca-secret Secret in Namespace (a cacerts Secret there
@@ -81,10 +87,11 @@ type Service struct {
 	log  *slog.Logger
 	kube kubernetes.Interface // nil without Kubernetes: no token authentication
 
-	ready chan struct{}
-	mu    sync.Mutex
-	auth  *pki.Authority
-	addr  net.Addr
+	ready   chan struct{}
+	mu      sync.Mutex
+	auth    *pki.Authority
+	serving *servingCert
+	addr    net.Addr
 
 	reviewerOnce sync.Once
 	reviewer     *tokenReviewer
@@ -136,6 +143,10 @@ func withDefaults(cfg Config) Config {
 	if len(cfg.ServingDNSNames) == 0 {
 		cfg.ServingDNSNames = []string{"istiod." + cfg.Namespace + ".svc", "localhost"}
 	}
+	// The address clients dial must be in the certificate they verify.
+	if host, _, err := net.SplitHostPort(cfg.Listen); err == nil && host != "" && !slices.Contains(cfg.ServingDNSNames, host) {
+		cfg.ServingDNSNames = append(slices.Clone(cfg.ServingDNSNames), host)
+	}
 	def(&cfg.RootTTL, 10*365*24*time.Hour)
 	def(&cfg.DefaultCertTTL, 24*time.Hour)
 	def(&cfg.MaxCertTTL, 90*24*time.Hour)
@@ -169,18 +180,27 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ca: %w", err)
 	}
+	serving, err := newServingCert(auth, s.cfg.ServingDNSNames, s.cfg.KeyAlgorithm)
+	if err != nil {
+		return fmt.Errorf("ca: serving certificate: %w", err)
+	}
 	s.mu.Lock()
-	s.auth = auth
+	s.auth, s.serving = auth, serving
 	s.mu.Unlock()
 	s.log.Info("root of trust", "subject", auth.Cert.Subject.String(), "self-signed", auth.SelfSigned(),
 		"root-expires", auth.Roots[0].NotAfter.UTC().Format(time.RFC3339))
-	return s.serve(ctx, auth)
+	if s.cfg.Embedded {
+		close(s.ready)
+		<-ctx.Done()
+		return nil
+	}
+	return s.serve(ctx)
 }
 
-// Ready is closed once the ca serves on its listener.
+// Ready is closed once the ca serves on its listener (Embedded: once the root is loaded).
 func (s *Service) Ready() <-chan struct{} { return s.ready }
 
-// Addr is the listener's address, once Ready.
+// Addr is the listener's address, once Ready; nil when Embedded.
 func (s *Service) Addr() net.Addr {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -46,9 +46,7 @@ func main() {
 			default:
 				return errors.New(`--kubernetes: want auto, true or false`)
 			}
-			if cfg.Kube == nil && cfg.CertDir == "" && cfg.PluggedCertDir == "" {
-				cfg.CertDir = "etc/certs"
-			}
+			cfg.UseKube(cfg.Kube)
 			svc, err := ca.New(cfg, ca.Deps{Logger: log.With("component", "ca")})
 			if err != nil {
 				return err
@@ -60,8 +58,6 @@ func main() {
 	}
 	logOpts.AddFlags(cmd.Flags())
 	cfg.AddFlags(cmd.Flags())
-	cmd.Flags().StringVar(&cfg.Namespace, "namespace", cli.EnvOr("POD_NAMESPACE", "istio-system"), "the ca's namespace (Kubernetes): the istio-ca-secret and cacerts Secrets live there")
-	cmd.Flags().StringVar(&cfg.ClusterID, "cluster-id", cli.EnvOr("CLUSTER_ID", "Kubernetes"), "this cluster's name; callers claiming another (clusterid metadata) are refused")
 	cmd.Flags().StringVar(&useKube, "kubernetes", "auto", "use Kubernetes (token reviews, root in a Secret): auto (when a cluster is found), true or false")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
 	cli.Execute(cmd)

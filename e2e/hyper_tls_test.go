@@ -1,0 +1,98 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
+
+	"sailplane.dev/e2e/framework"
+)
+
+// TestHyperSecureXDS: hyper in files mode keeps its root under etc/certs (generated on the first
+// start) and serves, on one TLS port as istiod's 15012, xDS and the ca's CreateCertificate with a
+// serving certificate the root verifies. A gRPC xDS client bootstrapped with that root gets its
+// config; a client without it fails the handshake. The plaintext port is off (--xds-listen=).
+func TestHyperSecureXDS(t *testing.T) {
+	v1 := framework.StartEcho(t, "v1", "127.0.0.1:0")
+	v2 := framework.StartEcho(t, "v2", "127.0.0.1:0")
+	dir := t.TempDir()
+	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", "")
+	framework.WriteFile(t, dir, "etc/sailplane/conf/service.yaml", serviceYAML(v1, v2))
+	framework.WriteFile(t, dir, "etc/sailplane/conf/traffic.yaml", trafficYAML(0, 100))
+	secure := framework.FreeAddr(t)
+	framework.Start(t, dir, framework.Binary(t, "hyper"), "--config-source", "files",
+		"--xds-listen=", "--xds-tls-listen", secure, "--bus-listen", framework.FreeAddr(t))
+
+	rootFile := filepath.Join(dir, "etc/certs/root-cert.pem")
+	framework.Eventually(t, time.Minute, func() error {
+		_, err := os.Stat(filepath.Join(dir, "etc/certs/ca-key.pem"))
+		return err
+	})
+	rootPEM, err := os.ReadFile(rootFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(rootPEM) {
+		t.Fatalf("%s holds no certificate", rootFile)
+	}
+
+	// The serving certificate verifies with the root for istiod's name and the listen address,
+	// and not without it.
+	var handshake error
+	framework.Eventually(t, time.Minute, func() error {
+		handshake = tlsHandshake(secure, &tls.Config{RootCAs: roots, ServerName: "istiod.istio-system.svc"})
+		return handshake
+	})
+	if err := tlsHandshake(secure, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"}); err != nil {
+		t.Errorf("serving certificate for the listen host: %v", err)
+	}
+	var unknown x509.UnknownAuthorityError
+	if err := tlsHandshake(secure, &tls.Config{ServerName: "127.0.0.1"}); !errors.As(err, &unknown) {
+		t.Errorf("a client without the root: got %v, want an unknown-authority handshake failure", err)
+	}
+
+	client := framework.XDSClientTLS(t, secure, echoTarget, rootFile)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	framework.Eventually(t, time.Minute, func() error {
+		_, err := framework.Call(ctx, client)
+		return err
+	})
+	if counts := countBackends(ctx, t, client, 20); counts["v2"] != 20 {
+		t.Fatalf("want all 20 RPCs on v2, got %v", counts)
+	}
+
+	// The ca answers on the same port: an anonymous request is Unauthenticated, not Unimplemented.
+	conn, err := grpc.NewClient(secure, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	err = conn.Invoke(ctx, "/istio.v1.auth.IstioCertificateService/CreateCertificate", &emptypb.Empty{}, &emptypb.Empty{})
+	if status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("CreateCertificate on the xDS port: got %v, want Unauthenticated", err)
+	}
+}
+
+func tlsHandshake(addr string, cfg *tls.Config) error {
+	d := tls.Dialer{Config: cfg}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
