@@ -19,20 +19,51 @@ import (
 	"sailplane.dev/e2e/framework"
 )
 
-// TestHyperSecureXDS: hyper in files mode keeps its root under etc/certs (generated on the first
-// start) and serves, on one TLS port as istiod's 15012, xDS and the ca's CreateCertificate with a
-// serving certificate the root verifies. A gRPC xDS client bootstrapped with that root gets its
-// config; a client without it fails the handshake. The plaintext port is off (--xds-listen=).
-func TestHyperSecureXDS(t *testing.T) {
+// secureTopologies start Sailplane with TLS xDS on a free port and the plaintext port off
+// (--xds-listen=), its root generated into workdir/etc/certs; they return the TLS address.
+var secureTopologies = []struct {
+	name  string
+	start func(t *testing.T, dir string) string
+}{
+	// As istiod: xDS and CreateCertificate on one port.
+	{"hyper", func(t *testing.T, dir string) string {
+		secure := framework.FreeAddr(t)
+		framework.Start(t, dir, framework.Binary(t, "hyper"), "--config-source", "files",
+			"--xds-listen=", "--xds-tls-listen", secure, "--bus-listen", framework.FreeAddr(t))
+		return secure
+	}},
+	// The ca keeps xds-server's serving certificate in a folder xds-server re-reads; the ca's own
+	// port is separate.
+	{"microservices", func(t *testing.T, dir string) string {
+		configBus, registryBus, secure := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
+		framework.Start(t, dir, framework.Binary(t, "ca"), "--kubernetes=false",
+			"--ca-listen", framework.FreeAddr(t), "--serving-cert-dir", "var/xds-cert")
+		framework.Start(t, dir, framework.Binary(t, "xds-server"), "--config-bus", configBus, "--registry-bus", registryBus,
+			"--xds-listen=", "--xds-tls-listen", secure, "--tls-cert-dir", "var/xds-cert")
+		framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"), "--config-bus", configBus, "--bus-listen", registryBus)
+		framework.Start(t, dir, framework.Binary(t, "config-ingest"), "--mesh-config", "etc/sailplane/mesh.yaml", "--bus-listen", configBus)
+		return secure
+	}},
+}
+
+// TestSecureXDS: Sailplane keeps its root under etc/certs (generated on the first start) and
+// serves xDS over TLS (istiod's 15012) with a serving certificate the root verifies; in hyper
+// the ca's CreateCertificate answers on the same port. A gRPC xDS client bootstrapped with that
+// root ("tls" channel credentials) gets its config; a client without it fails the handshake.
+func TestSecureXDS(t *testing.T) {
+	for _, topo := range secureTopologies {
+		t.Run(topo.name, func(t *testing.T) { testSecureXDS(t, topo.name == "hyper", topo.start) })
+	}
+}
+
+func testSecureXDS(t *testing.T, caOnXDSPort bool, start func(*testing.T, string) string) {
 	v1 := framework.StartEcho(t, "v1", "127.0.0.1:0")
 	v2 := framework.StartEcho(t, "v2", "127.0.0.1:0")
 	dir := t.TempDir()
 	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", "")
 	framework.WriteFile(t, dir, "etc/sailplane/conf/service.yaml", serviceYAML(v1, v2))
 	framework.WriteFile(t, dir, "etc/sailplane/conf/traffic.yaml", trafficYAML(0, 100))
-	secure := framework.FreeAddr(t)
-	framework.Start(t, dir, framework.Binary(t, "hyper"), "--config-source", "files",
-		"--xds-listen=", "--xds-tls-listen", secure, "--bus-listen", framework.FreeAddr(t))
+	secure := start(t, dir)
 
 	rootFile := filepath.Join(dir, "etc/certs/root-cert.pem")
 	framework.Eventually(t, time.Minute, func() error {
@@ -74,6 +105,9 @@ func TestHyperSecureXDS(t *testing.T) {
 		t.Fatalf("want all 20 RPCs on v2, got %v", counts)
 	}
 
+	if !caOnXDSPort {
+		return
+	}
 	// The ca answers on the same port: an anonymous request is Unauthenticated, not Unimplemented.
 	conn, err := grpc.NewClient(secure, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots})))
 	if err != nil {

@@ -49,6 +49,10 @@ type Config struct {
 	// ServingDNSNames are the DNS names in the listener's certificate (127.0.0.1 and ::1 are
 	// always in it); istiod.<Namespace>.svc and localhost when empty.
 	ServingDNSNames []string
+	// ServingCertDir, when set, is a folder where the ca keeps a serving certificate for
+	// ServingDNSNames (tls.crt, tls.key, ca.crt), renewed at half its lifetime: xds-server in
+	// microservices mode serves TLS xDS with it, as it has no identity to ask with.
+	ServingCertDir string
 	// KeyAlgorithm is the kind of key a generated root and the serving certificate get.
 	KeyAlgorithm pki.KeyAlgorithm
 	// RootTTL is the lifetime of a generated root; 10 years when zero.
@@ -189,12 +193,25 @@ func (s *Service) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	s.log.Info("root of trust", "subject", auth.Cert.Subject.String(), "self-signed", auth.SelfSigned(),
 		"root-expires", auth.Roots[0].NotAfter.UTC().Format(time.RFC3339))
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 2)
+	if dir := s.cfg.ServingCertDir; dir != "" {
+		wg.Go(func() { errc <- s.writeServingDir(ctx, serving, dir) })
+	}
 	if s.cfg.Embedded {
 		close(s.ready)
-		<-ctx.Done()
-		return nil
+	} else {
+		wg.Go(func() { errc <- s.serve(ctx) })
 	}
-	return s.serve(ctx)
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		return err
+	}
 }
 
 // Ready is closed once the ca serves on its listener (Embedded: once the root is loaded).
