@@ -5,8 +5,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,32 +19,35 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"sailplane.dev/e2e/framework"
+	securityv1 "sailplane.dev/proto/security/v1"
+	"sailplane.dev/shared/schema"
 )
 
 // secureTopologies start Sailplane with TLS xDS on a free port and the plaintext port off
-// (--xds-listen=), its root generated into workdir/etc/certs; they return the TLS address.
+// (--xds-listen=), its root generated into workdir/etc/certs; they return the TLS address and
+// the bus the trust bundle is published on.
 var secureTopologies = []struct {
 	name  string
-	start func(t *testing.T, dir string) string
+	start func(t *testing.T, dir string) (secure, bundleBus string)
 }{
 	// As istiod: xDS and CreateCertificate on one port.
-	{"hyper", func(t *testing.T, dir string) string {
-		secure := framework.FreeAddr(t)
+	{"hyper", func(t *testing.T, dir string) (string, string) {
+		secure, busAddr := framework.FreeAddr(t), framework.FreeAddr(t)
 		framework.Start(t, dir, framework.Binary(t, "hyper"), "--config-source", "files",
-			"--xds-listen=", "--xds-tls-listen", secure, "--bus-listen", framework.FreeAddr(t))
-		return secure
+			"--xds-listen=", "--xds-tls-listen", secure, "--bus-listen", busAddr)
+		return secure, busAddr
 	}},
 	// The ca keeps xds-server's serving certificate in a folder xds-server re-reads; the ca's own
 	// port is separate.
-	{"microservices", func(t *testing.T, dir string) string {
-		configBus, registryBus, secure := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
+	{"microservices", func(t *testing.T, dir string) (string, string) {
+		configBus, registryBus, caBus, secure := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
 		framework.Start(t, dir, framework.Binary(t, "ca"), "--kubernetes=false",
-			"--ca-listen", framework.FreeAddr(t), "--serving-cert-dir", "var/xds-cert")
+			"--ca-listen", framework.FreeAddr(t), "--serving-cert-dir", "var/xds-cert", "--bus-listen", caBus)
 		framework.Start(t, dir, framework.Binary(t, "xds-server"), "--config-bus", configBus, "--registry-bus", registryBus,
-			"--xds-listen=", "--xds-tls-listen", secure, "--tls-cert-dir", "var/xds-cert")
+			"--ca-bus", caBus, "--xds-listen=", "--xds-tls-listen", secure, "--tls-cert-dir", "var/xds-cert")
 		framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"), "--config-bus", configBus, "--bus-listen", registryBus)
 		framework.Start(t, dir, framework.Binary(t, "config-ingest"), "--mesh-config", "etc/sailplane/mesh.yaml", "--bus-listen", configBus)
-		return secure
+		return secure, caBus
 	}},
 }
 
@@ -56,14 +61,14 @@ func TestSecureXDS(t *testing.T) {
 	}
 }
 
-func testSecureXDS(t *testing.T, caOnXDSPort bool, start func(*testing.T, string) string) {
+func testSecureXDS(t *testing.T, caOnXDSPort bool, start func(*testing.T, string) (string, string)) {
 	v1 := framework.StartEcho(t, "v1", "127.0.0.1:0")
 	v2 := framework.StartEcho(t, "v2", "127.0.0.1:0")
 	dir := t.TempDir()
 	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", "")
 	framework.WriteFile(t, dir, "etc/sailplane/conf/service.yaml", serviceYAML(v1, v2))
 	framework.WriteFile(t, dir, "etc/sailplane/conf/traffic.yaml", trafficYAML(0, 100))
-	secure := start(t, dir)
+	secure, bundleBus := start(t, dir)
 
 	rootFile := filepath.Join(dir, "etc/certs/root-cert.pem")
 	framework.Eventually(t, time.Minute, func() error {
@@ -78,6 +83,19 @@ func testSecureXDS(t *testing.T, caOnXDSPort bool, start func(*testing.T, string
 	if !roots.AppendCertsFromPEM(rootPEM) {
 		t.Fatalf("%s holds no certificate", rootFile)
 	}
+
+	// The bus carries the same root as the trust bundle.
+	bundles := framework.RecordBus(t, bundleBus, schema.TrustBundle.TypeURL)
+	framework.Eventually(t, time.Minute, func() error {
+		r, ok := bundles.Get(schema.TrustBundle.TypeURL, "cluster.local")
+		if !ok {
+			return errors.New("no TrustBundle cluster.local on the bus")
+		}
+		if got := strings.Join(r.Body.(*securityv1.TrustBundle).GetRootCertificates(), ""); got != string(rootPEM) {
+			return fmt.Errorf("TrustBundle roots\n%s\nwant %s's\n%s", got, rootFile, rootPEM)
+		}
+		return nil
+	})
 
 	// The serving certificate verifies with the root for istiod's name and the listen address,
 	// and not without it.

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/pki"
 )
 
@@ -75,6 +76,9 @@ type Config struct {
 // Deps are the ca's collaborators.
 type Deps struct {
 	Logger *slog.Logger
+	// Publisher, when set, receives the trust bundle (schema.TrustBundle) once the root is
+	// loaded, before Ready.
+	Publisher bus.Publisher
 }
 
 // ErrStoredCA marks a root of trust that exists but cannot be used (corrupt, partly missing,
@@ -89,6 +93,7 @@ var ErrKubernetes = errors.New("kubernetes")
 type Service struct {
 	cfg  Config
 	log  *slog.Logger
+	pub  bus.Publisher        // nil: the bundle is not published
 	kube kubernetes.Interface // nil without Kubernetes: no token authentication
 
 	ready   chan struct{}
@@ -118,7 +123,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if a := cfg.KeyAlgorithm; a != "" && a != pki.ECDSAP256 && a != pki.RSA2048 {
 		return nil, fmt.Errorf("ca: key algorithm %q: want %s or %s", cfg.KeyAlgorithm, pki.ECDSAP256, pki.RSA2048)
 	}
-	s := &Service{cfg: cfg, log: deps.Logger, ready: make(chan struct{})}
+	s := &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, ready: make(chan struct{})}
 	if cfg.Kube != nil {
 		c, err := kubernetes.NewForConfig(cfg.Kube)
 		if err != nil {
@@ -193,6 +198,11 @@ func (s *Service) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	s.log.Info("root of trust", "subject", auth.Cert.Subject.String(), "self-signed", auth.SelfSigned(),
 		"root-expires", auth.Roots[0].NotAfter.UTC().Format(time.RFC3339))
+	if s.pub != nil {
+		if err := s.publishBundle(s.pub, auth); err != nil {
+			return err
+		}
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)

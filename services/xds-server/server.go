@@ -27,6 +27,7 @@ import (
 	"sailplane.dev/services/xds-server/internal/xds"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/grpcserver"
+	"sailplane.dev/shared/schema"
 )
 
 // Config configures the server.
@@ -67,6 +68,9 @@ type Deps struct {
 	Config bus.Source
 	// Registry carries schema.Service and schema.Endpoints from endpoint-watcher.
 	Registry bus.Source
+	// Bundle, when set, carries the ca's trust bundle (schema.TrustBundle), which the server
+	// holds (TrustBundle); it does not hold readiness back.
+	Bundle bus.Source
 	// TLS is the secure listener's TLS config (its serving certificate); required with
 	// Config.SecureListen.
 	TLS *tls.Config
@@ -89,11 +93,12 @@ const gracePeriod = 5 * time.Second
 // Server is the xds-server. Run (or Serve) it once. It keeps no state but what it derives from
 // the bus and what each connection asked for, so any replica can serve any proxy.
 type Server struct {
-	cfg   Config
-	deps  Deps
-	log   *slog.Logger
-	store *model.Store
-	xds   *xds.Server
+	cfg     Config
+	deps    Deps
+	log     *slog.Logger
+	store   *model.Store
+	xds     *xds.Server
+	bundles *trustBundles
 
 	started    atomic.Bool
 	ready      chan struct{}
@@ -126,8 +131,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, deps: deps, log: log,
-		store: model.NewStore(),
-		ready: make(chan struct{}),
+		store:   model.NewStore(),
+		bundles: newTrustBundles(),
+		ready:   make(chan struct{}),
 	}
 	s.xds = xds.NewServer(xds.Options{
 		Logger:          log.With("component", "ads"),
@@ -213,7 +219,7 @@ func (s *Server) serve(ctx context.Context, plain, secure net.Listener) error {
 	defer cancel()
 
 	var wg sync.WaitGroup
-	errc := make(chan error, 4) // two subscriptions, two listeners
+	errc := make(chan error, 5) // three subscriptions, two listeners
 	configSynced, registrySynced := make(chan struct{}), make(chan struct{})
 	subscribe := func(name string, src bus.Source, typeURLs []string, synced chan struct{}) {
 		wg.Go(func() {
@@ -225,6 +231,14 @@ func (s *Server) serve(ctx context.Context, plain, secure net.Listener) error {
 	}
 	subscribe("config", s.deps.Config, model.TypeURLs(model.ConfigKinds), configSynced)
 	subscribe("registry", s.deps.Registry, model.TypeURLs(model.RegistryKinds), registrySynced)
+	if s.deps.Bundle != nil {
+		wg.Go(func() {
+			err := s.deps.Bundle.Subscribe(ctx, []string{schema.TrustBundle.TypeURL}, s.bundles)
+			if ctx.Err() == nil {
+				errc <- fmt.Errorf("%w: trust bundle: %w", ErrSubscription, cmp.Or(err, errors.New("returned early")))
+			}
+		})
+	}
 
 	ka := keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}
 	if s.cfg.MaxConnectionAge > 0 {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/kube"
@@ -21,6 +22,7 @@ func main() {
 		cfg        ca.Config
 		kubeconfig string
 		useKube    string
+		busListen  string
 	)
 	cmd := &cobra.Command{
 		Use:   "ca",
@@ -47,17 +49,23 @@ func main() {
 				return errors.New(`--kubernetes: want auto, true or false`)
 			}
 			cfg.UseKube(cfg.Kube)
-			svc, err := ca.New(cfg, ca.Deps{Logger: log.With("component", "ca")})
+			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
+			svc, err := ca.New(cfg, ca.Deps{Logger: log.With("component", "ca"), Publisher: store})
 			if err != nil {
 				return err
 			}
+			store.SyncAfter(svc.Ready(), ca.PublishedTypes()...)
 			var m component.Manager
 			m.Add("ca", svc)
+			if busListen != "" {
+				m.Add("bus-server", bus.ServeGRPC(store, busListen, log))
+			}
 			return cli.RunUntilSignal(&m)
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
 	cfg.AddFlags(cmd.Flags())
+	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15053", "address serving the trust bundle (TrustBundle) on the bus; empty to disable")
 	cmd.Flags().StringVar(&useKube, "kubernetes", "auto", "use Kubernetes (token reviews, root in a Secret): auto (when a cluster is found), true or false")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
 	cli.Execute(cmd)

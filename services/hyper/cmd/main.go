@@ -61,11 +61,11 @@ func newCommand() *cobra.Command {
 				caCfg.Listen = xdsCfg.SecureListen
 			}
 			caCfg.Embedded = caCfg.Listen != "" && caCfg.Listen == xdsCfg.SecureListen
-			authority, err := ca.New(caCfg, ca.Deps{Logger: log.With("component", "ca")})
+			authority, err := ca.New(caCfg, ca.Deps{Logger: log.With("component", "ca"), Publisher: store})
 			if err != nil {
 				return err
 			}
-			xdsDeps := xdsserver.Deps{Logger: log.With("component", "xds-server"), Config: local, Registry: local}
+			xdsDeps := xdsserver.Deps{Logger: log.With("component", "xds-server"), Config: local, Registry: local, Bundle: local}
 			if xdsCfg.SecureListen != "" {
 				xdsDeps.TLS = authority.ServerTLS()
 			}
@@ -89,6 +89,7 @@ func newCommand() *cobra.Command {
 			// Consumers (in-process and external) see each producer's state only once it is whole.
 			store.SyncAfter(ingest.Ready(), configingest.PublishedTypes()...)
 			store.SyncAfter(watcher.Ready(), endpointwatcher.PublishedTypes()...)
+			store.SyncAfter(authority.Ready(), ca.PublishedTypes()...)
 
 			var m component.Manager
 			m.Add("config-ingest", ingest)
