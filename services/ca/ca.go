@@ -76,6 +76,9 @@ type Config struct {
 // Deps are the ca's collaborators.
 type Deps struct {
 	Logger *slog.Logger
+	// Mesh, when set, carries the MeshConfig (schema.MeshConfig): its discoverySelectors choose
+	// the namespaces that get the istio-ca-root-cert ConfigMap (Kubernetes); without it, all do.
+	Mesh bus.Source
 	// Publisher, when set, receives the trust bundle (schema.TrustBundle) once the root is
 	// loaded, before Ready.
 	Publisher bus.Publisher
@@ -94,6 +97,7 @@ type Service struct {
 	cfg  Config
 	log  *slog.Logger
 	pub  bus.Publisher        // nil: the bundle is not published
+	mesh bus.Source           // nil: every namespace gets the root ConfigMap
 	kube kubernetes.Interface // nil without Kubernetes: no token authentication
 
 	ready   chan struct{}
@@ -123,7 +127,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if a := cfg.KeyAlgorithm; a != "" && a != pki.ECDSAP256 && a != pki.RSA2048 {
 		return nil, fmt.Errorf("ca: key algorithm %q: want %s or %s", cfg.KeyAlgorithm, pki.ECDSAP256, pki.RSA2048)
 	}
-	s := &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, ready: make(chan struct{})}
+	s := &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, mesh: deps.Mesh, ready: make(chan struct{})}
 	if cfg.Kube != nil {
 		c, err := kubernetes.NewForConfig(cfg.Kube)
 		if err != nil {
@@ -207,7 +211,10 @@ func (s *Service) Run(ctx context.Context) error {
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
+	if s.kube != nil {
+		wg.Go(func() { errc <- s.runRootCertController(ctx, pki.EncodeCerts(auth.Roots...), s.mesh) })
+	}
 	if dir := s.cfg.ServingCertDir; dir != "" {
 		wg.Go(func() { errc <- s.writeServingDir(ctx, serving, dir) })
 	}
@@ -216,11 +223,15 @@ func (s *Service) Run(ctx context.Context) error {
 	} else {
 		wg.Go(func() { errc <- s.serve(ctx) })
 	}
-	select {
-	case <-ctx.Done():
-		return nil
-	case err := <-errc:
-		return err
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errc:
+			if err != nil {
+				return err
+			}
+		}
 	}
 }
 

@@ -23,6 +23,7 @@ func main() {
 		kubeconfig string
 		useKube    string
 		busListen  string
+		configBus  string
 	)
 	cmd := &cobra.Command{
 		Use:   "ca",
@@ -50,7 +51,11 @@ func main() {
 			}
 			cfg.UseKube(cfg.Kube)
 			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
-			svc, err := ca.New(cfg, ca.Deps{Logger: log.With("component", "ca"), Publisher: store})
+			deps := ca.Deps{Logger: log.With("component", "ca"), Publisher: store}
+			if configBus != "" {
+				deps.Mesh = bus.Dial(configBus, bus.WithDialLogger(log.With("component", "config-bus")))
+			}
+			svc, err := ca.New(cfg, deps)
 			if err != nil {
 				return err
 			}
@@ -66,6 +71,7 @@ func main() {
 	logOpts.AddFlags(cmd.Flags())
 	cfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15053", "address serving the trust bundle (TrustBundle) on the bus; empty to disable")
+	cmd.Flags().StringVar(&configBus, "config-bus", "", "config-ingest's bus address, for the mesh config's discoverySelectors (which namespaces get istio-ca-root-cert); empty: every namespace")
 	cmd.Flags().StringVar(&useKube, "kubernetes", "auto", "use Kubernetes (token reviews, root in a Secret): auto (when a cluster is found), true or false")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
 	cli.Execute(cmd)

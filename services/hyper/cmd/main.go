@@ -61,7 +61,7 @@ func newCommand() *cobra.Command {
 				caCfg.Listen = xdsCfg.SecureListen
 			}
 			caCfg.Embedded = caCfg.Listen != "" && caCfg.Listen == xdsCfg.SecureListen
-			authority, err := ca.New(caCfg, ca.Deps{Logger: log.With("component", "ca"), Publisher: store})
+			authority, err := ca.New(caCfg, ca.Deps{Logger: log.With("component", "ca"), Publisher: store, Mesh: local})
 			if err != nil {
 				return err
 			}
