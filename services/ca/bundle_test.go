@@ -1,16 +1,12 @@
 package ca
 
 import (
-	"context"
-	"log/slog"
 	"strings"
 	"testing"
-	"time"
 
 	securityv1 "sailplane.dev/proto/security/v1"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
-	"sailplane.dev/shared/testlog"
 )
 
 // TestTrustBundlePublished: once Ready, the bus holds the ca's trust bundle, named after its
@@ -21,20 +17,9 @@ func TestTrustBundlePublished(t *testing.T) {
 	var first string
 	for run := range 2 {
 		store := bus.NewStore()
-		svc, err := New(Config{CertDir: dir, TrustDomain: "example.org", Embedded: true},
-			Deps{Logger: testlog.New(t, slog.LevelInfo), Publisher: store})
+		svc, err := tryStartCAWith(t, Config{CertDir: dir, TrustDomain: "example.org"}, Deps{Publisher: store})
 		if err != nil {
 			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- svc.Run(ctx) }()
-		select {
-		case <-svc.Ready():
-		case err := <-done:
-			t.Fatalf("Run: %v", err)
-		case <-time.After(30 * time.Second):
-			t.Fatal("not ready")
 		}
 		r, ok := store.Get(schema.TrustBundle.TypeURL, "example.org")
 		if !ok {
@@ -50,8 +35,7 @@ func TestTrustBundlePublished(t *testing.T) {
 		} else if roots != first {
 			t.Fatal("a restart published another root")
 		}
-		cancel()
-		if err := <-done; err != nil {
+		if err := svc.stop(); err != nil {
 			t.Fatalf("Run: %v", err)
 		}
 	}

@@ -71,21 +71,5 @@ func writeServingFiles(dir string, c *tls.Certificate, chain []*x509.Certificate
 
 // replaceFile writes path through a temporary file renamed over it.
 func replaceFile(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return writeVia(path, data, mode, func(tmp string) error { return os.Rename(tmp, path) })
 }
