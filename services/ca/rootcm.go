@@ -29,8 +29,9 @@ const (
 	RootCertKey       = "root-cert.pem"
 )
 
-// systemNamespaces never get the ConfigMap, as with istiod: no workload of the mesh runs there.
-var systemNamespaces = map[string]bool{"kube-system": true, "kube-public": true, "kube-node-lease": true, "local-path-storage": true}
+// systemNamespaces never get the ConfigMap, as with istiod (which writes kube-system, for
+// ztunnel).
+var systemNamespaces = map[string]bool{"kube-public": true, "kube-node-lease": true, "local-path-storage": true}
 
 // rootCertLabels are the labels istiod gives the ConfigMap.
 var rootCertLabels = map[string]string{"istio.io/config": "true"}
@@ -173,27 +174,27 @@ func (c *rootCertController) reconcile(ctx context.Context, name string) error {
 			ObjectMeta: metav1.ObjectMeta{Name: RootCertConfigMap, Namespace: name, Labels: rootCertLabels},
 			Data:       map[string]string{RootCertKey: c.roots},
 		}, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("created meanwhile; checking it again")
-		}
-		if err == nil {
+		switch {
+		case err == nil:
 			c.log.Info("wrote the trust bundle", "namespace", name)
+		case apierrors.IsAlreadyExists(err), apierrors.IsNotFound(err),
+			apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+			// Created meanwhile (its event brings it back here), or the namespace is going away.
+			return nil
 		}
 		return err
 	case err != nil:
 		return err
 	}
-	if len(cm.Data) == 1 && cm.Data[RootCertKey] == c.roots && len(cm.BinaryData) == 0 {
+	if cm.Data[RootCertKey] == c.roots {
 		return nil
 	}
+	// As istiod: only the key is corrected; other keys someone added are kept.
 	fixed := cm.DeepCopy()
-	fixed.Data, fixed.BinaryData = map[string]string{RootCertKey: c.roots}, nil
-	if fixed.Labels == nil {
-		fixed.Labels = map[string]string{}
+	if fixed.Data == nil {
+		fixed.Data = map[string]string{}
 	}
-	for k, v := range rootCertLabels {
-		fixed.Labels[k] = v
-	}
+	fixed.Data[RootCertKey] = c.roots
 	if _, err := cms.Update(ctx, fixed, metav1.UpdateOptions{}); err != nil {
 		return err
 	}

@@ -47,8 +47,8 @@ func testRootCertConfigMaps(t *testing.T, env *kubeEnv) {
 			if cm == nil {
 				return fmt.Errorf("no %s/%s", ns, RootCertConfigMap)
 			}
-			if len(cm.Data) != 1 || cm.Data[RootCertKey] != roots {
-				return fmt.Errorf("%s/%s holds %v, want only %s with the roots", ns, RootCertConfigMap, cm.Data, RootCertKey)
+			if cm.Data[RootCertKey] != roots {
+				return fmt.Errorf("%s/%s holds %v, want %s with the roots", ns, RootCertConfigMap, cm.Data, RootCertKey)
 			}
 			return nil
 		}
@@ -66,7 +66,7 @@ func testRootCertConfigMaps(t *testing.T, env *kubeEnv) {
 		t.Fatalf("%s, not selected, got the ConfigMap", outside)
 	}
 
-	// Edited: restored.
+	// Edited: restored; a key someone added is kept, as istiod keeps it.
 	cm := cms("rootcm-inside")
 	cm.Data[RootCertKey] = "tampered"
 	cm.Data["extra"] = "x"
@@ -74,6 +74,9 @@ func testRootCertConfigMaps(t *testing.T, env *kubeEnv) {
 		t.Fatal(err)
 	}
 	waitFor(t, hasRoots("rootcm-inside"))
+	if got := cms("rootcm-inside").Data["extra"]; got != "x" {
+		t.Errorf("the added key became %q, want kept", got)
+	}
 	// Deleted: recreated.
 	if err := env.client.CoreV1().ConfigMaps("rootcm-inside").Delete(ctx, RootCertConfigMap, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
