@@ -93,6 +93,15 @@ func TestSegregatedCARBAC(t *testing.T) {
 		if _, err := as.CoreV1().ConfigMaps("default").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=istio-ca-root-cert"}); err != nil {
 			t.Errorf("the ca: list ConfigMaps named istio-ca-root-cert: %v", err)
 		}
+		// xds-server's serving certificate, which it keeps in istio-system.
+		tlsSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "xds-server-tls"}, Type: corev1.SecretTypeTLS,
+			Data: map[string][]byte{"tls.crt": nil, "tls.key": nil}}
+		if _, err := as.CoreV1().Secrets("istio-system").Create(ctx, tlsSecret, metav1.CreateOptions{}); err != nil {
+			t.Errorf("the ca: create Secret istio-system/xds-server-tls: %v", err)
+		}
+		if _, err := as.CoreV1().Secrets("istio-system").Get(ctx, "xds-server-tls", metav1.GetOptions{}); err != nil {
+			t.Errorf("the ca: get Secret istio-system/xds-server-tls: %v", err)
+		}
 	}
 }
 

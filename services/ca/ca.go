@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -54,6 +55,10 @@ type Config struct {
 	// ServingDNSNames (tls.crt, tls.key, ca.crt), renewed at half its lifetime: xds-server in
 	// microservices mode serves TLS xDS with it, as it has no identity to ask with.
 	ServingCertDir string
+	// ServingCertSecret, when set, is a kubernetes.io/tls Secret ("name" in Namespace, or
+	// "namespace/name") where the ca keeps the same certificate, for xds-server to mount
+	// (Kubernetes only).
+	ServingCertSecret string
 	// KeyAlgorithm is the kind of key a generated root and the serving certificate get.
 	KeyAlgorithm pki.KeyAlgorithm
 	// RootTTL is the lifetime of a generated root; 10 years when zero.
@@ -120,6 +125,9 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	cfg = withDefaults(cfg)
 	if cfg.Kube == nil && cfg.CertDir == "" && cfg.PluggedCertDir == "" {
 		return nil, errors.New("ca: the root needs a home: set Config.Kube (Secret), CertDir or PluggedCertDir")
+	}
+	if cfg.ServingCertSecret != "" && cfg.Kube == nil {
+		return nil, errors.New("ca: a serving-certificate Secret needs Kubernetes")
 	}
 	if cfg.DefaultCertTTL > cfg.MaxCertTTL {
 		return nil, fmt.Errorf("ca: default certificate TTL %s exceeds the maximum %s", cfg.DefaultCertTTL, cfg.MaxCertTTL)
@@ -216,7 +224,16 @@ func (s *Service) Run(ctx context.Context) error {
 		wg.Go(func() { errc <- s.runRootCertController(ctx, pki.EncodeCerts(auth.Roots...), s.mesh) })
 	}
 	if dir := s.cfg.ServingCertDir; dir != "" {
-		wg.Go(func() { errc <- s.writeServingDir(ctx, serving, dir) })
+		wg.Go(func() {
+			errc <- s.keepServingCert(ctx, serving, "folder "+dir, func(f map[string][]byte) error { return writeServingFolder(dir, f) })
+		})
+	}
+	if ns, name := s.servingSecret(); name != "" {
+		wg.Go(func() {
+			errc <- s.keepServingCert(ctx, serving, "Secret "+ns+"/"+name, func(f map[string][]byte) error {
+				return s.writeServingSecret(ctx, ns, name, f)
+			})
+		})
 	}
 	if s.cfg.Embedded {
 		close(s.ready)
@@ -233,6 +250,14 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// servingSecret is ServingCertSecret's namespace and name.
+func (s *Service) servingSecret() (namespace, name string) {
+	if ns, name, found := strings.Cut(s.cfg.ServingCertSecret, "/"); found {
+		return ns, name
+	}
+	return s.cfg.Namespace, s.cfg.ServingCertSecret
 }
 
 // Ready is closed once the ca serves on its listener (Embedded: once the root is loaded).

@@ -76,6 +76,7 @@ func TestKubernetes(t *testing.T) {
 	t.Run("DamagedSecretRefusesToStart", func(t *testing.T) { testDamagedSecret(t, env) })
 	t.Run("PluggedSecret", func(t *testing.T) { testPluggedSecret(t, env) })
 	t.Run("RootCertConfigMaps", func(t *testing.T) { testRootCertConfigMaps(t, env) })
+	t.Run("ServingCertSecret", func(t *testing.T) { testServingCertSecret(t, env) })
 	// Last: it stops the API server for a while.
 	t.Run("APIServerDown", func(t *testing.T) { testAPIServerDown(t, env) })
 }

@@ -1,6 +1,8 @@
 package ca
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"testing"
 	"time"
@@ -124,5 +126,34 @@ func waitFor(t *testing.T, cond func() error) {
 			t.Fatal(err)
 		}
 		<-time.After(50 * time.Millisecond) // polling a condition, with a deadline
+	}
+}
+
+// testServingCertSecret: the ca keeps a serving certificate for xds-server in a
+// kubernetes.io/tls Secret of another namespace: a key pair that verifies with the roots (ca.crt)
+// for istiod's name.
+func testServingCertSecret(t *testing.T, env *kubeEnv) {
+	caNS, xdsNS := env.namespace(t, "serving-ca"), env.namespace(t, "serving-xds")
+	r, err := tryStartCA(t, Config{Kube: env.cfg, Namespace: caNS, ServingCertSecret: xdsNS + "/xds-server-tls"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	var secret *corev1.Secret
+	waitFor(t, func() error {
+		secret, err = env.client.CoreV1().Secrets(xdsNS).Get(ctx, "xds-server-tls", metav1.GetOptions{})
+		return err
+	})
+	if secret.Type != corev1.SecretTypeTLS || string(secret.Data[ServingRootFile]) != string(r.RootsPEM()) {
+		t.Fatalf("Secret type %q, ca.crt\n%s\nwant %s with the roots", secret.Type, secret.Data[ServingRootFile], corev1.SecretTypeTLS)
+	}
+	pair, err := tls.X509KeyPair(secret.Data[ServingCertFile], secret.Data[ServingKeyFile])
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(secret.Data[ServingRootFile])
+	if _, err := pair.Leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: "istiod." + caNS + ".svc"}); err != nil {
+		t.Fatalf("serving certificate: %v", err)
 	}
 }
