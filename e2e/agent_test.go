@@ -36,7 +36,8 @@ func TestAgentMTLS(t *testing.T) {
 	dir := t.TempDir()
 	caDir := filepath.Join(dir, "ca")
 	caAddr := framework.FreeAddr(t)
-	framework.Start(t, dir, framework.Binary(t, "ca"), "--kubernetes=false", "--ca-listen", caAddr, "--ca-cert-dir", filepath.Join(caDir, "etc/certs"))
+	framework.Start(t, dir, framework.Binary(t, "ca"), "--kubernetes=false", "--ca-listen", caAddr, "--ca-cert-dir", filepath.Join(caDir, "etc/certs"),
+		"--bus-listen", framework.FreeAddr(t))
 	rootFile := filepath.Join(caDir, "etc/certs", pki.RootCertFile)
 	framework.Eventually(t, 30*time.Second, func() error { _, err := os.Stat(filepath.Join(caDir, "etc/certs", pki.CAKeyFile)); return err })
 

@@ -24,7 +24,7 @@ var consulTopologies = []struct {
 	{"hyper", func(t *testing.T, dir, consulAddr string) (string, string) {
 		xds, busAddr := framework.FreeAddr(t), framework.FreeAddr(t)
 		framework.Start(t, dir, framework.Binary(t, "hyper"), "--config-source", "files",
-			"--consul", consulAddr, "--xds-listen", xds, "--bus-listen", busAddr)
+			"--consul", consulAddr, "--xds-listen", xds, "--bus-listen", busAddr, "--xds-tls-listen", framework.FreeAddr(t))
 		return xds, busAddr
 	}},
 	{"microservices", func(t *testing.T, dir, consulAddr string) (string, string) {

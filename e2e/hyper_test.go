@@ -17,7 +17,7 @@ import (
 // file is empty (Istio's defaults), so the config comes from etc/sailplane/conf/ beside it.
 func TestHyperNoFlags(t *testing.T) {
 	const defaultXDS = "127.0.0.1:15010"
-	for _, addr := range []string{defaultXDS, "127.0.0.1:15051"} {
+	for _, addr := range []string{defaultXDS, "127.0.0.1:15012", "127.0.0.1:15051"} {
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			t.Fatalf("hyper's default port %s is taken by another process: %v", addr, err)
@@ -61,7 +61,7 @@ spec:
 	dir := t.TempDir() // no etc/sailplane here: files mode would find nothing to serve
 	busAddr := framework.FreeAddr(t)
 	hyper := framework.Start(t, dir, framework.Binary(t, "hyper"),
-		"--xds-listen", framework.FreeAddr(t), "--bus-listen", busAddr)
+		"--xds-listen", framework.FreeAddr(t), "--bus-listen", busAddr, "--xds-tls-listen", framework.FreeAddr(t))
 	config := framework.RecordBus(t, busAddr, schema.VirtualService.TypeURL)
 	framework.Eventually(t, time.Minute, func() error {
 		return config.HasAll(schema.VirtualService.TypeURL, "demo/found")

@@ -26,7 +26,8 @@ func TestRestartAfterInvalidEdit(t *testing.T) {
 		{"hyper", func(t *testing.T, dir string) (string, *framework.Process, func() string) {
 			start := func() (string, *framework.Process) {
 				xds := framework.FreeAddr(t)
-				return xds, framework.Start(t, dir, framework.Binary(t, "hyper"), "--xds-listen", xds, "--bus-listen", framework.FreeAddr(t))
+				return xds, framework.Start(t, dir, framework.Binary(t, "hyper"), "--xds-listen", xds, "--bus-listen", framework.FreeAddr(t),
+					"--xds-tls-listen", framework.FreeAddr(t))
 			}
 			xds, hyper := start()
 			return xds, hyper, func() string {

@@ -25,7 +25,7 @@ var topologies = []topology{
 	{"hyper", func(t *testing.T, dir string) (string, *framework.Process) {
 		xds := framework.FreeAddr(t)
 		hyper := framework.Start(t, dir, framework.Binary(t, "hyper"),
-			"--xds-listen", xds, "--bus-listen", framework.FreeAddr(t))
+			"--xds-listen", xds, "--bus-listen", framework.FreeAddr(t), "--xds-tls-listen", framework.FreeAddr(t))
 		return xds, hyper
 	}},
 	{"microservices", func(t *testing.T, dir string) (string, *framework.Process) {

@@ -73,6 +73,16 @@ func GRPCBootstrap(xdsAddr, nodeID string) []byte {
 
 // GRPCBootstrapIn is GRPCBootstrap for a client that says it runs in region and zone.
 func GRPCBootstrapIn(xdsAddr, nodeID, region, zone string) []byte {
+	return bootstrap(xdsAddr, nodeID, region, zone, map[string]any{"type": "insecure"})
+}
+
+// GRPCBootstrapTLS is GRPCBootstrap over TLS (istiod's 15012): the client verifies the xDS
+// server's certificate with the roots in rootFile.
+func GRPCBootstrapTLS(xdsAddr, nodeID, rootFile string) []byte {
+	return bootstrap(xdsAddr, nodeID, "", "", map[string]any{"type": "tls", "config": map[string]any{"ca_certificate_file": rootFile}})
+}
+
+func bootstrap(xdsAddr, nodeID, region, zone string, creds map[string]any) []byte {
 	locality := map[string]any{}
 	if region != "" {
 		locality["region"] = region
@@ -83,7 +93,7 @@ func GRPCBootstrapIn(xdsAddr, nodeID, region, zone string) []byte {
 	b, _ := json.Marshal(map[string]any{
 		"xds_servers": []any{map[string]any{
 			"server_uri":      xdsAddr,
-			"channel_creds":   []any{map[string]any{"type": "insecure"}},
+			"channel_creds":   []any{creds},
 			"server_features": []string{"xds_v3"},
 		}},
 		"node": map[string]any{
@@ -109,6 +119,13 @@ func XDSClientIn(t testing.TB, xdsAddr, target, region, zone string) EchoClient 
 	t.Helper()
 	nodeID := fmt.Sprintf("sidecar~192.0.2.1~%s-%s.demo~demo.svc.cluster.local", strings.ReplaceAll(t.Name(), "/", "-"), region)
 	return xdsClient(t, target, GRPCBootstrapIn(xdsAddr, nodeID, region, zone))
+}
+
+// XDSClientTLS is XDSClient for an xDS server over TLS, verified with the roots in rootFile.
+func XDSClientTLS(t testing.TB, xdsAddr, target, rootFile string) EchoClient {
+	t.Helper()
+	nodeID := fmt.Sprintf("sidecar~127.0.0.1~%s.demo~demo.svc.cluster.local", strings.ReplaceAll(t.Name(), "/", "-"))
+	return xdsClient(t, target, GRPCBootstrapTLS(xdsAddr, nodeID, rootFile))
 }
 
 func xdsClient(t testing.TB, target string, bootstrap []byte) EchoClient {

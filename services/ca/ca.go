@@ -11,12 +11,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/pki"
 )
 
@@ -24,8 +27,13 @@ import (
 type Config struct {
 	// TrustDomain is the trust domain of every identity the ca signs; "cluster.local" when empty.
 	TrustDomain string
-	// Listen is the TLS address serving CreateCertificate; "127.0.0.1:15012" when empty.
+	// Listen is the TLS address serving CreateCertificate; "127.0.0.1:15012" when empty. Its host
+	// is also a name (or IP) of the serving certificate.
 	Listen string
+	// Embedded leaves serving to another gRPC server on Listen (hyper's xDS port, as istiod does):
+	// Run loads the root and keeps it, the caller registers the API with Register and takes the
+	// serving certificate from GetCertificate.
+	Embedded bool
 
 	// Kube, when set, is the API server that reviews service-account tokens and, unless CertDir
 	// is set, keeps the root in the istio-ca-secret Secret in Namespace (a cacerts Secret there
@@ -43,6 +51,14 @@ type Config struct {
 	// ServingDNSNames are the DNS names in the listener's certificate (127.0.0.1 and ::1 are
 	// always in it); istiod.<Namespace>.svc and localhost when empty.
 	ServingDNSNames []string
+	// ServingCertDir, when set, is a folder where the ca keeps a serving certificate for
+	// ServingDNSNames (tls.crt, tls.key, ca.crt), renewed at half its lifetime: xds-server in
+	// microservices mode serves TLS xDS with it, as it has no identity to ask with.
+	ServingCertDir string
+	// ServingCertSecret, when set, is a kubernetes.io/tls Secret ("name" in Namespace, or
+	// "namespace/name") where the ca keeps the same certificate, for xds-server to mount
+	// (Kubernetes only).
+	ServingCertSecret string
 	// KeyAlgorithm is the kind of key a generated root and the serving certificate get.
 	KeyAlgorithm pki.KeyAlgorithm
 	// RootTTL is the lifetime of a generated root; 10 years when zero.
@@ -65,6 +81,12 @@ type Config struct {
 // Deps are the ca's collaborators.
 type Deps struct {
 	Logger *slog.Logger
+	// Mesh, when set, carries the MeshConfig (schema.MeshConfig): its discoverySelectors choose
+	// the namespaces that get the istio-ca-root-cert ConfigMap (Kubernetes); without it, all do.
+	Mesh bus.Source
+	// Publisher, when set, receives the trust bundle (schema.TrustBundle) once the root is
+	// loaded, before Ready.
+	Publisher bus.Publisher
 }
 
 // ErrStoredCA marks a root of trust that exists but cannot be used (corrupt, partly missing,
@@ -79,12 +101,15 @@ var ErrKubernetes = errors.New("kubernetes")
 type Service struct {
 	cfg  Config
 	log  *slog.Logger
+	pub  bus.Publisher        // nil: the bundle is not published
+	mesh bus.Source           // nil: every namespace gets the root ConfigMap
 	kube kubernetes.Interface // nil without Kubernetes: no token authentication
 
-	ready chan struct{}
-	mu    sync.Mutex
-	auth  *pki.Authority
-	addr  net.Addr
+	ready   chan struct{}
+	mu      sync.Mutex
+	auth    *pki.Authority
+	serving *servingCert
+	addr    net.Addr
 
 	reviewerOnce sync.Once
 	reviewer     *tokenReviewer
@@ -101,13 +126,16 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if cfg.Kube == nil && cfg.CertDir == "" && cfg.PluggedCertDir == "" {
 		return nil, errors.New("ca: the root needs a home: set Config.Kube (Secret), CertDir or PluggedCertDir")
 	}
+	if cfg.ServingCertSecret != "" && cfg.Kube == nil {
+		return nil, errors.New("ca: a serving-certificate Secret needs Kubernetes")
+	}
 	if cfg.DefaultCertTTL > cfg.MaxCertTTL {
 		return nil, fmt.Errorf("ca: default certificate TTL %s exceeds the maximum %s", cfg.DefaultCertTTL, cfg.MaxCertTTL)
 	}
 	if a := cfg.KeyAlgorithm; a != "" && a != pki.ECDSAP256 && a != pki.RSA2048 {
 		return nil, fmt.Errorf("ca: key algorithm %q: want %s or %s", cfg.KeyAlgorithm, pki.ECDSAP256, pki.RSA2048)
 	}
-	s := &Service{cfg: cfg, log: deps.Logger, ready: make(chan struct{})}
+	s := &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, mesh: deps.Mesh, ready: make(chan struct{})}
 	if cfg.Kube != nil {
 		c, err := kubernetes.NewForConfig(cfg.Kube)
 		if err != nil {
@@ -135,6 +163,10 @@ func withDefaults(cfg Config) Config {
 	}
 	if len(cfg.ServingDNSNames) == 0 {
 		cfg.ServingDNSNames = []string{"istiod." + cfg.Namespace + ".svc", "localhost"}
+	}
+	// The address clients dial must be in the certificate they verify.
+	if host, _, err := net.SplitHostPort(cfg.Listen); err == nil && host != "" && !slices.Contains(cfg.ServingDNSNames, host) {
+		cfg.ServingDNSNames = append(slices.Clone(cfg.ServingDNSNames), host)
 	}
 	def(&cfg.RootTTL, 10*365*24*time.Hour)
 	def(&cfg.DefaultCertTTL, 24*time.Hour)
@@ -169,18 +201,69 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ca: %w", err)
 	}
+	serving, err := newServingCert(auth, s.cfg.ServingDNSNames, s.cfg.KeyAlgorithm)
+	if err != nil {
+		return fmt.Errorf("ca: serving certificate: %w", err)
+	}
 	s.mu.Lock()
-	s.auth = auth
+	s.auth, s.serving = auth, serving
 	s.mu.Unlock()
 	s.log.Info("root of trust", "subject", auth.Cert.Subject.String(), "self-signed", auth.SelfSigned(),
 		"root-expires", auth.Roots[0].NotAfter.UTC().Format(time.RFC3339))
-	return s.serve(ctx, auth)
+	if s.pub != nil {
+		if err := s.publishBundle(s.pub, auth); err != nil {
+			return err
+		}
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 3)
+	if s.kube != nil {
+		wg.Go(func() { errc <- s.runRootCertController(ctx, pki.EncodeCerts(auth.Roots...), s.mesh) })
+	}
+	if dir := s.cfg.ServingCertDir; dir != "" {
+		wg.Go(func() {
+			errc <- s.keepServingCert(ctx, serving, "folder "+dir, func(f map[string][]byte) error { return writeServingFolder(dir, f) })
+		})
+	}
+	if ns, name := s.servingSecret(); name != "" {
+		wg.Go(func() {
+			errc <- s.keepServingCert(ctx, serving, "Secret "+ns+"/"+name, func(f map[string][]byte) error {
+				return s.writeServingSecret(ctx, ns, name, f)
+			})
+		})
+	}
+	if s.cfg.Embedded {
+		close(s.ready)
+	} else {
+		wg.Go(func() { errc <- s.serve(ctx) })
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errc:
+			if err != nil {
+				return err
+			}
+		}
+	}
 }
 
-// Ready is closed once the ca serves on its listener.
+// servingSecret is ServingCertSecret's namespace and name.
+func (s *Service) servingSecret() (namespace, name string) {
+	if ns, name, found := strings.Cut(s.cfg.ServingCertSecret, "/"); found {
+		return ns, name
+	}
+	return s.cfg.Namespace, s.cfg.ServingCertSecret
+}
+
+// Ready is closed once the ca serves on its listener (Embedded: once the root is loaded).
 func (s *Service) Ready() <-chan struct{} { return s.ready }
 
-// Addr is the listener's address, once Ready.
+// Addr is the listener's address, once Ready; nil when Embedded.
 func (s *Service) Addr() net.Addr {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -286,8 +286,9 @@ func TestBearerTokenOverPlaintextRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	svc.auth = auth
 	g := grpc.NewServer()
-	pb.RegisterIstioCertificateServiceServer(g, &certService{s: svc, auth: auth})
+	svc.Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

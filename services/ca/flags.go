@@ -4,19 +4,39 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
+
+	"sailplane.dev/shared/cli"
 )
 
-// AddFlags registers the ca's own flags, for the ca and hyper binaries. Kube, Namespace and
-// ClusterID are the caller's: they are shared with other services in hyper.
+// DefaultCertDir keeps the self-signed root without Kubernetes, relative to the working folder
+// (the seed's layout: etc/certs beside etc/sailplane).
+const DefaultCertDir = "etc/certs"
+
+// AddFlags registers the ca's flags, for the ca and hyper binaries. --namespace and
+// --cluster-id are shared with the other services hyper links.
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Listen, "ca-listen", "127.0.0.1:15012", "TLS address serving Istio's CreateCertificate API")
 	fs.StringVar(&c.TrustDomain, "trust-domain", "cluster.local", "trust domain of the identities signed: spiffe://<trust-domain>/ns/<ns>/sa/<sa>")
-	fs.StringVar(&c.CertDir, "ca-cert-dir", "", "keep the self-signed root in this folder (istio-ca-secret's file names) instead of a Secret; the default without Kubernetes is etc/certs")
+	fs.StringVar(&c.CertDir, "ca-cert-dir", "", "keep the self-signed root in this folder (istio-ca-secret's file names) instead of a Secret; the default without Kubernetes is "+DefaultCertDir)
 	fs.StringVar(&c.PluggedCertDir, "cacerts-dir", "", "a plugged-in CA in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); takes precedence")
-	fs.StringSliceVar(&c.ServingDNSNames, "ca-dns-names", nil, "DNS names of the listener's certificate (default istiod.<namespace>.svc and localhost; 127.0.0.1 and ::1 always)")
+	fs.StringSliceVar(&c.ServingDNSNames, "ca-dns-names", nil, "DNS names of the listener's certificate (default istiod.<namespace>.svc and localhost; the listen host, 127.0.0.1 and ::1 always)")
+	fs.StringVar(&c.ServingCertDir, "serving-cert-dir", "", "keep a serving certificate for the --ca-dns-names in this folder (tls.crt, tls.key, ca.crt), renewed at half its life: xds-server's --tls-cert-dir in microservices mode; empty: none")
+	fs.StringVar(&c.ServingCertSecret, "serving-cert-secret", "", "keep the same serving certificate in this kubernetes.io/tls Secret (name in --namespace, or namespace/name), for xds-server to mount; empty: none")
 	fs.StringVar((*string)(&c.KeyAlgorithm), "ca-key-algorithm", "ECDSA_P256", "key of a generated root and of the serving certificate: ECDSA_P256 or RSA_2048")
 	fs.DurationVar(&c.RootTTL, "root-ttl", 10*365*24*time.Hour, "lifetime of a generated root")
 	fs.DurationVar(&c.DefaultCertTTL, "default-cert-ttl", 24*time.Hour, "lifetime of a workload certificate whose request asks for none")
 	fs.DurationVar(&c.MaxCertTTL, "max-cert-ttl", 90*24*time.Hour, "longest workload certificate lifetime; longer requests are shortened to it")
 	fs.StringSliceVar(&c.TokenAudiences, "token-audiences", []string{"istio-ca"}, "audiences a service-account token must be valid for")
+	cli.NamespaceVar(fs, &c.Namespace)
+	cli.SharedStringVar(fs, &c.ClusterID, "cluster-id", cli.EnvOr("CLUSTER_ID", "Kubernetes"), "this cluster's name; callers claiming another (clusterid metadata) are refused")
+}
+
+// UseKube sets the API server (nil: none). Without one, and without a folder asked for, the
+// root is kept in DefaultCertDir.
+func (c *Config) UseKube(kube *rest.Config) {
+	c.Kube = kube
+	if kube == nil && c.CertDir == "" && c.PluggedCertDir == "" {
+		c.CertDir = DefaultCertDir
+	}
 }

@@ -42,8 +42,15 @@ func startCA(t testing.TB, cfg Config) *running {
 // tryStartCA is startCA returning Run's error when the ca stops before serving.
 func tryStartCA(t testing.TB, cfg Config) (*running, error) {
 	t.Helper()
+	return tryStartCAWith(t, cfg, Deps{})
+}
+
+// tryStartCAWith is tryStartCA with deps (their Logger is the test's).
+func tryStartCAWith(t testing.TB, cfg Config, deps Deps) (*running, error) {
+	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
-	svc, err := New(cfg, Deps{Logger: testlog.New(t, slog.LevelInfo)})
+	deps.Logger = testlog.New(t, slog.LevelInfo)
+	svc, err := New(cfg, deps)
 	if err != nil {
 		return nil, err
 	}

@@ -75,6 +75,8 @@ func TestKubernetes(t *testing.T) {
 	t.Run("ConcurrentStartsShareOneRoot", func(t *testing.T) { testConcurrentStarts(t, env) })
 	t.Run("DamagedSecretRefusesToStart", func(t *testing.T) { testDamagedSecret(t, env) })
 	t.Run("PluggedSecret", func(t *testing.T) { testPluggedSecret(t, env) })
+	t.Run("RootCertConfigMaps", func(t *testing.T) { testRootCertConfigMaps(t, env) })
+	t.Run("ServingCertSecret", func(t *testing.T) { testServingCertSecret(t, env) })
 	// Last: it stops the API server for a while.
 	t.Run("APIServerDown", func(t *testing.T) { testAPIServerDown(t, env) })
 }

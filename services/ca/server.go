@@ -46,28 +46,56 @@ func (s *Service) Stats() Stats {
 	}
 }
 
-// certService implements Istio's IstioCertificateService for one authority.
+// certService implements Istio's IstioCertificateService.
 type certService struct {
 	pb.UnimplementedIstioCertificateServiceServer
-	s    *Service
-	auth *pki.Authority
+	s *Service
 }
 
-func (s *Service) serve(ctx context.Context, auth *pki.Authority) error {
-	serving, err := newServingCert(auth, s.cfg.ServingDNSNames, s.cfg.KeyAlgorithm)
-	if err != nil {
-		return fmt.Errorf("ca: serving certificate: %w", err)
-	}
-	tlsCfg := &tls.Config{
+// errNotLoaded answers requests that arrive before Run loaded the root.
+var errNotLoaded = errors.New("ca: the root of trust is not loaded yet")
+
+// Register registers Istio's IstioCertificateService on g, for a server that serves the ca
+// beside other services (Config.Embedded). Its TLS config must take the serving certificate from
+// GetCertificate and request (not require) client certificates, as ServerTLS does.
+func (s *Service) Register(g grpc.ServiceRegistrar) {
+	pb.RegisterIstioCertificateServiceServer(g, &certService{s: s})
+}
+
+// ServerTLS is the TLS config of a listener serving the ca: the serving certificate the ca
+// issues itself, and client certificates requested for authentication.
+func (s *Service) ServerTLS() *tls.Config {
+	return &tls.Config{
 		MinVersion:     tls.VersionTLS12,
-		GetCertificate: serving.get,
+		GetCertificate: s.GetCertificate,
 		// Verified in the handler, so a foreign or expired certificate is a clean
 		// Unauthenticated rather than a failed handshake.
 		ClientAuth: tls.RequestClientCert,
 		NextProtos: []string{"h2"},
 	}
-	g := grpcserver.New(s.log, grpc.Creds(credentials.NewTLS(tlsCfg)), grpc.MaxRecvMsgSize(maxRequestBytes))
-	pb.RegisterIstioCertificateServiceServer(g, &certService{s: s, auth: auth})
+}
+
+// GetCertificate returns the serving certificate (tls.Config.GetCertificate), renewed at half
+// its lifetime; an error until Run loaded the root.
+func (s *Service) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	s.mu.Lock()
+	serving := s.serving
+	s.mu.Unlock()
+	if serving == nil {
+		return nil, errNotLoaded
+	}
+	return serving.get(hello)
+}
+
+func (s *Service) authority() *pki.Authority {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.auth
+}
+
+func (s *Service) serve(ctx context.Context) error {
+	g := grpcserver.New(s.log, grpc.Creds(credentials.NewTLS(s.ServerTLS())), grpc.MaxRecvMsgSize(maxRequestBytes))
+	s.Register(g)
 	srv := &grpcserver.Server{Addr: s.cfg.Listen, GRPC: g, Logger: s.log, Listening: func(a net.Addr) {
 		s.mu.Lock()
 		s.addr = a
@@ -80,7 +108,11 @@ func (s *Service) serve(ctx context.Context, auth *pki.Authority) error {
 // CreateCertificate signs the CSR for the caller's identity, whatever identity the CSR names.
 func (cs *certService) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
 	s := cs.s
-	c, err := s.authenticate(ctx, cs.auth)
+	auth := s.authority()
+	if auth == nil {
+		return nil, status.Error(codes.Unavailable, errNotLoaded.Error())
+	}
+	c, err := s.authenticate(ctx, auth)
 	if err != nil {
 		code := codes.Unauthenticated
 		if errors.Is(err, errUnavailable) {
@@ -113,7 +145,7 @@ func (cs *certService) CreateCertificate(ctx context.Context, req *pb.IstioCerti
 	case ttl > s.cfg.MaxCertTTL:
 		ttl = s.cfg.MaxCertTTL
 	}
-	leaf, err := cs.auth.Issue(csr.PublicKey, pki.LeafOptions{URIs: []*url.URL{c.id.URL()}, TTL: ttl})
+	leaf, err := auth.Issue(csr.PublicKey, pki.LeafOptions{URIs: []*url.URL{c.id.URL()}, TTL: ttl})
 	if err != nil {
 		s.log.Error("signing failed", append(c.logAttrs(), "error", err)...)
 		return nil, status.Error(codes.Internal, "signing failed")
@@ -123,10 +155,10 @@ func (cs *certService) CreateCertificate(ctx context.Context, req *pb.IstioCerti
 	// Leaf first, then each intermediate, the roots last in one entry (Istio's agent takes the
 	// last entry as its trust bundle).
 	chain := []string{string(pki.EncodeCerts(leaf))}
-	for _, c := range cs.auth.Chain() {
+	for _, c := range auth.Chain() {
 		chain = append(chain, string(pki.EncodeCerts(c)))
 	}
-	chain = append(chain, string(pki.EncodeCerts(cs.auth.Roots...)))
+	chain = append(chain, string(pki.EncodeCerts(auth.Roots...)))
 	return &pb.IstioCertificateResponse{CertChain: chain}, nil
 }
 

@@ -154,20 +154,31 @@ func readLayout(dir string) (map[string][]byte, error) {
 // writeNew writes a file that must not exist yet (0600: the key is among them), through a
 // temporary file so it is never seen half-written.
 func writeNew(path string, data []byte) error {
+	return writeVia(path, data, 0o600, func(tmp string) error {
+		if err := os.Link(tmp, path); err != nil {
+			return fmt.Errorf("store root: %w", err)
+		}
+		return nil
+	})
+}
+
+// writeVia writes data with mode to a temporary file beside path, hands it to place (which
+// links or renames it to path), and removes the temporary name.
+func writeVia(path string, data []byte, mode os.FileMode, place func(tmp string) error) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Chmod(mode)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return err
 	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Link(tmp.Name(), path); err != nil {
-		return fmt.Errorf("store root: %w", err)
-	}
-	return nil
+	return place(tmp.Name())
 }

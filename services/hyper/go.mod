@@ -12,6 +12,8 @@ require sailplane.dev/services/endpoint-watcher v0.0.0
 
 require sailplane.dev/services/xds-server v0.0.0
 
+require sailplane.dev/services/ca v0.0.0
+
 require (
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.10

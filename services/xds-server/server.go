@@ -5,6 +5,7 @@ package xdsserver
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -25,12 +27,16 @@ import (
 	"sailplane.dev/services/xds-server/internal/xds"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/grpcserver"
+	"sailplane.dev/shared/schema"
 )
 
 // Config configures the server.
 type Config struct {
-	// Listen is the ADS address; default "127.0.0.1:15010".
+	// Listen is the plaintext ADS address (istiod's 15010); "127.0.0.1:15010" when both it and
+	// SecureListen are empty, off when only it is.
 	Listen string
+	// SecureListen is the ADS address over TLS (istiod's 15012), served with Deps.TLS; empty: off.
+	SecureListen string
 	// Debounce is how long changes must stay quiet before they are pushed; default 100ms.
 	Debounce time.Duration
 	// DebounceMax bounds how long a steady stream of changes can hold a push back; default
@@ -62,6 +68,15 @@ type Deps struct {
 	Config bus.Source
 	// Registry carries schema.Service and schema.Endpoints from endpoint-watcher.
 	Registry bus.Source
+	// Bundle, when set, carries the ca's trust bundle (schema.TrustBundle), which the server
+	// holds (TrustBundle); it does not hold readiness back.
+	Bundle bus.Source
+	// TLS is the secure listener's TLS config (its serving certificate); required with
+	// Config.SecureListen.
+	TLS *tls.Config
+	// SecureServices, when set, registers more services on the secure listener (hyper: the ca's
+	// CreateCertificate, on one port as istiod serves it).
+	SecureServices func(grpc.ServiceRegistrar)
 }
 
 // Errors returned by New and Serve.
@@ -78,15 +93,17 @@ const gracePeriod = 5 * time.Second
 // Server is the xds-server. Run (or Serve) it once. It keeps no state but what it derives from
 // the bus and what each connection asked for, so any replica can serve any proxy.
 type Server struct {
-	cfg   Config
-	deps  Deps
-	log   *slog.Logger
-	store *model.Store
-	xds   *xds.Server
+	cfg     Config
+	deps    Deps
+	log     *slog.Logger
+	store   *model.Store
+	xds     *xds.Server
+	bundles *trustBundles
 
-	started atomic.Bool
-	ready   chan struct{}
-	addr    atomic.Pointer[net.Addr]
+	started    atomic.Bool
+	ready      chan struct{}
+	addr       atomic.Pointer[net.Addr]
+	secureAddr atomic.Pointer[net.Addr]
 }
 
 // New validates the configuration and returns a server ready to Run.
@@ -97,7 +114,12 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if cfg.Debounce < 0 || cfg.DebounceMax < 0 || cfg.EndpointDebounce < 0 || cfg.PushConcurrency < 0 || cfg.MaxConnectionAge < 0 || cfg.MaxConnectionAgeGrace < 0 {
 		return nil, fmt.Errorf("%w: negative duration or concurrency", ErrInvalidConfig)
 	}
-	cfg.Listen = cmp.Or(cfg.Listen, "127.0.0.1:15010")
+	if cfg.SecureListen != "" && deps.TLS == nil {
+		return nil, fmt.Errorf("%w: a secure listener (%s) needs Deps.TLS", ErrMissingDependency, cfg.SecureListen)
+	}
+	if cfg.SecureListen == "" {
+		cfg.Listen = cmp.Or(cfg.Listen, "127.0.0.1:15010")
+	}
 	cfg.Debounce = cmp.Or(cfg.Debounce, 100*time.Millisecond)
 	cfg.DebounceMax = cmp.Or(cfg.DebounceMax, 10*cfg.Debounce)
 	cfg.EndpointDebounce = cmp.Or(cfg.EndpointDebounce, cfg.Debounce/10)
@@ -109,8 +131,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, deps: deps, log: log,
-		store: model.NewStore(),
-		ready: make(chan struct{}),
+		store:   model.NewStore(),
+		bundles: newTrustBundles(),
+		ready:   make(chan struct{}),
 	}
 	s.xds = xds.NewServer(xds.Options{
 		Logger:          log.With("component", "ads"),
@@ -127,7 +150,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 // NOT_SERVING, so proxies and readiness probes turn to another replica instead of waiting.
 func (s *Server) Ready() <-chan struct{} { return s.ready }
 
-// Addr is the address the server listens on; valid after Ready.
+// Addr is the plaintext listener's address; valid after Ready, nil when it is off.
 func (s *Server) Addr() net.Addr {
 	if a := s.addr.Load(); a != nil {
 		return *a
@@ -135,28 +158,68 @@ func (s *Server) Addr() net.Addr {
 	return nil
 }
 
-// Run listens on Config.Listen and serves until ctx ends.
-func (s *Server) Run(ctx context.Context) error {
-	lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", s.cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("xdsserver: listen: %w", err)
+// SecureAddr is the TLS listener's address; valid after Ready, nil when it is off.
+func (s *Server) SecureAddr() net.Addr {
+	if a := s.secureAddr.Load(); a != nil {
+		return *a
 	}
-	return s.Serve(ctx, lis)
+	return nil
 }
 
-// Serve serves on lis, which it closes, until ctx ends; then it stops gracefully.
+// Run listens on Config.Listen and Config.SecureListen (each unless empty) and serves until ctx
+// ends.
+func (s *Server) Run(ctx context.Context) error {
+	var plain, secure net.Listener
+	for _, l := range []struct {
+		addr string
+		lis  *net.Listener
+	}{{s.cfg.Listen, &plain}, {s.cfg.SecureListen, &secure}} {
+		if l.addr == "" {
+			continue
+		}
+		lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", l.addr)
+		if err != nil {
+			if plain != nil {
+				_ = plain.Close()
+			}
+			return fmt.Errorf("xdsserver: listen: %w", err)
+		}
+		*l.lis = lis
+	}
+	return s.serve(ctx, plain, secure)
+}
+
+// Serve serves plaintext ADS on lis, which it closes, until ctx ends; then it stops gracefully.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	return s.serve(ctx, lis, nil)
+}
+
+// serve serves on the plaintext and the TLS listener, either of which may be nil.
+func (s *Server) serve(ctx context.Context, plain, secure net.Listener) error {
 	if !s.started.CompareAndSwap(false, true) {
-		_ = lis.Close()
+		for _, lis := range []net.Listener{plain, secure} {
+			if lis != nil {
+				_ = lis.Close()
+			}
+		}
 		return ErrAlreadyStarted
 	}
-	addr := lis.Addr()
-	s.addr.Store(&addr)
+	var addrs []string
+	for _, l := range []struct {
+		lis net.Listener
+		to  *atomic.Pointer[net.Addr]
+	}{{plain, &s.addr}, {secure, &s.secureAddr}} {
+		if l.lis != nil {
+			a := l.lis.Addr()
+			l.to.Store(&a)
+			addrs = append(addrs, a.String())
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
+	errc := make(chan error, 5) // three subscriptions, two listeners
 	configSynced, registrySynced := make(chan struct{}), make(chan struct{})
 	subscribe := func(name string, src bus.Source, typeURLs []string, synced chan struct{}) {
 		wg.Go(func() {
@@ -168,6 +231,14 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	}
 	subscribe("config", s.deps.Config, model.TypeURLs(model.ConfigKinds), configSynced)
 	subscribe("registry", s.deps.Registry, model.TypeURLs(model.RegistryKinds), registrySynced)
+	if s.deps.Bundle != nil {
+		wg.Go(func() {
+			err := s.deps.Bundle.Subscribe(ctx, []string{schema.TrustBundle.TypeURL}, s.bundles)
+			if ctx.Err() == nil {
+				errc <- fmt.Errorf("%w: trust bundle: %w", ErrSubscription, cmp.Or(err, errors.New("returned early")))
+			}
+		})
+	}
 
 	ka := keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}
 	if s.cfg.MaxConnectionAge > 0 {
@@ -176,24 +247,41 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		ka.MaxConnectionAge = s.cfg.MaxConnectionAge
 		ka.MaxConnectionAgeGrace = s.cfg.MaxConnectionAgeGrace
 	}
-	// Sailplane's server defaults (panic recovery, permissive keepalive enforcement for clients
-	// that hold ADS streams for hours), plus the connection age.
-	gs := grpcserver.New(s.log,
-		// Responses reference the cached encodings instead of copying them per connection.
-		grpc.ForceServerCodecV2(xds.Codec()),
-		grpc.KeepaliveParams(ka),
-	)
-	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(gs, syncGate{s.xds, s.ready})
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	healthpb.RegisterHealthServer(gs, hs)
+	newGRPC := func(opts ...grpc.ServerOption) *grpc.Server {
+		// Sailplane's server defaults (panic recovery, permissive keepalive enforcement for
+		// clients that hold ADS streams for hours), plus the connection age.
+		gs := grpcserver.New(s.log, append([]grpc.ServerOption{
+			// Responses reference the cached encodings instead of copying them per connection.
+			grpc.ForceServerCodecV2(xds.Codec()),
+			grpc.KeepaliveParams(ka),
+		}, opts...)...)
+		discoverygrpc.RegisterAggregatedDiscoveryServiceServer(gs, syncGate{s.xds, s.ready})
+		healthpb.RegisterHealthServer(gs, hs)
+		return gs
+	}
+	var servers []*grpc.Server
+	serveOn := func(gs *grpc.Server, lis net.Listener) {
+		servers = append(servers, gs)
+		wg.Go(func() {
+			if err := gs.Serve(lis); err != nil {
+				errc <- fmt.Errorf("xdsserver: serve %s: %w", lis.Addr(), err)
+			}
+		})
+	}
 	// The ADS streams end when the push workers stop with ctx, which lets GracefulStop finish.
 	wg.Go(func() { _ = s.xds.Run(ctx) })
-	wg.Go(func() {
-		if err := gs.Serve(lis); err != nil {
-			errc <- fmt.Errorf("xdsserver: serve: %w", err)
+	if plain != nil {
+		serveOn(newGRPC(), plain)
+	}
+	if secure != nil {
+		gs := newGRPC(grpc.Creds(credentials.NewTLS(s.deps.TLS)))
+		if s.deps.SecureServices != nil {
+			s.deps.SecureServices(gs)
 		}
-	})
+		serveOn(gs, secure)
+	}
 
 	wg.Go(func() {
 		for _, synced := range []chan struct{}{configSynced, registrySynced} {
@@ -206,7 +294,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		s.push()
 		close(s.ready)
 		hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-		s.log.Info("serving xDS", "addr", addr.String())
+		s.log.Info("serving xDS", "addrs", addrs)
 		quiet := func() time.Duration {
 			if s.store.PendingFull() {
 				return s.cfg.Debounce
@@ -223,7 +311,11 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	}
 	cancel()
 	hs.Shutdown()
-	stopGracefully(gs)
+	var stopping sync.WaitGroup
+	for _, gs := range servers {
+		stopping.Go(func() { stopGracefully(gs) })
+	}
+	stopping.Wait()
 	wg.Wait()
 	return err
 }

@@ -13,6 +13,7 @@ import (
 	security "istio.io/api/security/v1beta1"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	securityv1 "sailplane.dev/proto/security/v1"
 )
 
 // Kind describes one resource kind.
@@ -99,6 +100,14 @@ var (
 	}
 )
 
+// TrustBundle is every root the mesh trusts, published by the ca: one resource per trust
+// domain, named after it.
+var TrustBundle = Kind{
+	Group: "sailplane.dev", Version: "v1", Kind: "TrustBundle", TypeURL: "sailplane.dev/security/v1/TrustBundle",
+	New:           func() proto.Message { return &securityv1.TrustBundle{} },
+	ClusterScoped: true,
+}
+
 // IstioConfig lists the Istio config kinds config-ingest reads and publishes.
 var IstioConfig = []Kind{
 	VirtualService, DestinationRule, Gateway, ServiceEntry, WorkloadEntry, WorkloadGroup, Sidecar,
@@ -106,7 +115,7 @@ var IstioConfig = []Kind{
 }
 
 // All lists every kind known to Sailplane.
-var All = append(append([]Kind{}, IstioConfig...), MeshConfig, Service, Endpoints)
+var All = append(append([]Kind{}, IstioConfig...), MeshConfig, Service, Endpoints, TrustBundle)
 
 // ByTypeURL finds a kind by its bus type URL, accepting the legacy versions of Istio kinds
 // ("networking.istio.io/v1alpha3/VirtualService").

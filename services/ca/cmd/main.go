@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/kube"
@@ -21,6 +22,8 @@ func main() {
 		cfg        ca.Config
 		kubeconfig string
 		useKube    string
+		busListen  string
+		configBus  string
 	)
 	cmd := &cobra.Command{
 		Use:   "ca",
@@ -46,22 +49,29 @@ func main() {
 			default:
 				return errors.New(`--kubernetes: want auto, true or false`)
 			}
-			if cfg.Kube == nil && cfg.CertDir == "" && cfg.PluggedCertDir == "" {
-				cfg.CertDir = "etc/certs"
+			cfg.UseKube(cfg.Kube)
+			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
+			deps := ca.Deps{Logger: log.With("component", "ca"), Publisher: store}
+			if configBus != "" {
+				deps.Mesh = bus.Dial(configBus, bus.WithDialLogger(log.With("component", "config-bus")))
 			}
-			svc, err := ca.New(cfg, ca.Deps{Logger: log.With("component", "ca")})
+			svc, err := ca.New(cfg, deps)
 			if err != nil {
 				return err
 			}
+			store.SyncAfter(svc.Ready(), ca.PublishedTypes()...)
 			var m component.Manager
 			m.Add("ca", svc)
+			if busListen != "" {
+				m.Add("bus-server", bus.ServeGRPC(store, busListen, log))
+			}
 			return cli.RunUntilSignal(&m)
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
 	cfg.AddFlags(cmd.Flags())
-	cmd.Flags().StringVar(&cfg.Namespace, "namespace", cli.EnvOr("POD_NAMESPACE", "istio-system"), "the ca's namespace (Kubernetes): the istio-ca-secret and cacerts Secrets live there")
-	cmd.Flags().StringVar(&cfg.ClusterID, "cluster-id", cli.EnvOr("CLUSTER_ID", "Kubernetes"), "this cluster's name; callers claiming another (clusterid metadata) are refused")
+	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15053", "address serving the trust bundle (TrustBundle) on the bus; empty to disable")
+	cmd.Flags().StringVar(&configBus, "config-bus", "", "config-ingest's bus address, for the mesh config's discoverySelectors (which namespaces get istio-ca-root-cert); empty: every namespace")
 	cmd.Flags().StringVar(&useKube, "kubernetes", "auto", "use Kubernetes (token reviews, root in a Secret): auto (when a cluster is found), true or false")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
 	cli.Execute(cmd)

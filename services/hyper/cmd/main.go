@@ -1,5 +1,7 @@
 // Command hyper is the whole Sailplane control plane in one process, like istiod: config-ingest,
-// endpoint-watcher and xds-server linked together over an in-process bus (no serialization).
+// endpoint-watcher, xds-server and the ca linked together over an in-process bus (no
+// serialization). As istiod, it serves xDS and the ca's CreateCertificate over TLS on one port
+// (15012) and plaintext xDS on 15010.
 // Run with no flags, it uses the Kubernetes cluster it finds (in-cluster, $KUBECONFIG,
 // ~/.kube/config) or, with none, the folder's etc/sailplane/mesh.yaml and etc/sailplane/conf/.
 package main
@@ -11,6 +13,7 @@ import (
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
 
+	ca "sailplane.dev/services/ca"
 	configingest "sailplane.dev/services/config-ingest"
 	endpointwatcher "sailplane.dev/services/endpoint-watcher"
 	xdsserver "sailplane.dev/services/xds-server"
@@ -27,6 +30,7 @@ func newCommand() *cobra.Command {
 		source     configingest.SourceFlags
 		watcherCfg endpointwatcher.Config
 		xdsCfg     xdsserver.Config
+		caCfg      ca.Config
 		pprofAddr  string
 		busListen  string
 	)
@@ -51,6 +55,23 @@ func newCommand() *cobra.Command {
 			// One cluster for config and discovery.
 			ingestCfg.UseKube(kubeCfg, cmd.Flags())
 			watcherCfg.Kube = kubeCfg
+			caCfg.UseKube(kubeCfg)
+			// The ca shares the secure xDS port unless given its own.
+			if !cmd.Flags().Changed("ca-listen") {
+				caCfg.Listen = xdsCfg.SecureListen
+			}
+			caCfg.Embedded = caCfg.Listen != "" && caCfg.Listen == xdsCfg.SecureListen
+			authority, err := ca.New(caCfg, ca.Deps{Logger: log.With("component", "ca"), Publisher: store, Mesh: local})
+			if err != nil {
+				return err
+			}
+			xdsDeps := xdsserver.Deps{Logger: log.With("component", "xds-server"), Config: local, Registry: local, Bundle: local}
+			if xdsCfg.SecureListen != "" {
+				xdsDeps.TLS = authority.ServerTLS()
+			}
+			if caCfg.Embedded {
+				xdsDeps.SecureServices = authority.Register
+			}
 			ingest, err := configingest.New(ingestCfg,
 				configingest.Deps{Logger: log.With("component", "config-ingest"), Publisher: store})
 			if err != nil {
@@ -61,19 +82,20 @@ func newCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			xds, err := xdsserver.New(xdsCfg,
-				xdsserver.Deps{Logger: log.With("component", "xds-server"), Config: local, Registry: local})
+			xds, err := xdsserver.New(xdsCfg, xdsDeps)
 			if err != nil {
 				return err
 			}
 			// Consumers (in-process and external) see each producer's state only once it is whole.
 			store.SyncAfter(ingest.Ready(), configingest.PublishedTypes()...)
 			store.SyncAfter(watcher.Ready(), endpointwatcher.PublishedTypes()...)
+			store.SyncAfter(authority.Ready(), ca.PublishedTypes()...)
 
 			var m component.Manager
 			m.Add("config-ingest", ingest)
 			m.Add("endpoint-watcher", watcher)
 			m.Add("xds-server", xds)
+			m.Add("ca", authority)
 			if busListen != "" {
 				m.Add("bus-server", bus.ServeGRPC(store, busListen, log))
 			}
@@ -88,6 +110,9 @@ func newCommand() *cobra.Command {
 	source.AddFlags(cmd.Flags())
 	watcherCfg.AddFlags(cmd.Flags())
 	xdsCfg.AddFlags(cmd.Flags())
+	cmd.Flags().StringVar(&xdsCfg.SecureListen, "xds-tls-listen", "127.0.0.1:15012",
+		"address serving ADS over TLS with the ca's serving certificate, and the ca's CreateCertificate unless --ca-listen differs; empty: off")
+	caCfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the bus to external MCP consumers; empty to disable")
 	return cmd

@@ -7,6 +7,7 @@ import (
 
 	"sailplane.dev/shared/cli"
 
+	ca "sailplane.dev/services/ca"
 	configingest "sailplane.dev/services/config-ingest"
 	endpointwatcher "sailplane.dev/services/endpoint-watcher"
 	xdsserver "sailplane.dev/services/xds-server"
@@ -25,6 +26,7 @@ func TestFlagsOfLinkedServices(t *testing.T) {
 		{"config source", (&configingest.SourceFlags{}).AddFlags},
 		{"endpoint-watcher", (&endpointwatcher.Config{}).AddFlags},
 		{"xds-server", (&xdsserver.Config{}).AddFlags},
+		{"ca", (&ca.Config{}).AddFlags},
 	} {
 		fs := pflag.NewFlagSet(svc.name, pflag.ContinueOnError)
 		svc.addFlags(fs)

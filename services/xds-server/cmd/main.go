@@ -3,6 +3,8 @@
 package main
 
 import (
+	"errors"
+
 	"github.com/spf13/cobra"
 
 	"sailplane.dev/shared/bus"
@@ -19,6 +21,8 @@ func main() {
 		registryBus string
 		cfg         xdsserver.Config
 		pprofAddr   string
+		certDir     string
+		caBus       string
 	)
 	cmd := &cobra.Command{
 		Use:   "xds-server",
@@ -28,11 +32,21 @@ func main() {
 			if err != nil {
 				return err
 			}
-			srv, err := xdsserver.New(cfg, xdsserver.Deps{
+			deps := xdsserver.Deps{
 				Logger:   log.With("component", "xds-server"),
 				Config:   bus.Dial(configBus, bus.WithDialLogger(log.With("component", "config-bus"))),
 				Registry: bus.Dial(registryBus, bus.WithDialLogger(log.With("component", "registry-bus"))),
-			})
+			}
+			if caBus != "" {
+				deps.Bundle = bus.Dial(caBus, bus.WithDialLogger(log.With("component", "ca-bus")))
+			}
+			if cfg.SecureListen != "" {
+				if certDir == "" {
+					return errors.New("--xds-tls-listen needs --tls-cert-dir: the folder where the ca keeps this server's certificate (ca --serving-cert-dir)")
+				}
+				deps.TLS = xdsserver.FolderTLS(certDir)
+			}
+			srv, err := xdsserver.New(cfg, deps)
 			if err != nil {
 				return err
 			}
@@ -48,6 +62,9 @@ func main() {
 	cmd.Flags().StringVar(&configBus, "config-bus", "127.0.0.1:15051", "config-ingest's bus address")
 	cmd.Flags().StringVar(&registryBus, "registry-bus", "127.0.0.1:15052", "endpoint-watcher's bus address")
 	cfg.AddFlags(cmd.Flags())
+	cmd.Flags().StringVar(&caBus, "ca-bus", "", "the ca's bus address (its --bus-listen), for the mesh's trust bundle; empty: none")
+	cmd.Flags().StringVar(&cfg.SecureListen, "xds-tls-listen", "", "address serving ADS over TLS (istiod's 15012) with the certificate in --tls-cert-dir; empty: off")
+	cmd.Flags().StringVar(&certDir, "tls-cert-dir", "", "folder holding the TLS listener's certificate (tls.crt, tls.key), kept by the ca (--serving-cert-dir) or a mounted kubernetes.io/tls Secret; re-read when it changes")
 	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")
 	cli.Execute(cmd)
 }

@@ -547,13 +547,7 @@ func (s *Source) selectedLocked(ns string) bool {
 	if !ok {
 		return false
 	}
-	set := labels.Set(n.Labels)
-	for _, sel := range s.selectors {
-		if sel.Matches(set) {
-			return true
-		}
-	}
-	return false
+	return mesh.Selected(s.selectors, n.Labels)
 }
 
 func (s *Source) onNamespace(key string) {
@@ -624,21 +618,7 @@ func (s *Source) setMeshLocked(m *meshv1alpha1.MeshConfig) error {
 
 // selectors compiles the mesh config's discoverySelectors; nil when there are none.
 func selectors(m *meshv1alpha1.MeshConfig) ([]labels.Selector, error) {
-	var out []labels.Selector
-	for i, ls := range m.GetDiscoverySelectors() {
-		k := &metav1.LabelSelector{MatchLabels: ls.GetMatchLabels()}
-		for _, e := range ls.GetMatchExpressions() {
-			k.MatchExpressions = append(k.MatchExpressions, metav1.LabelSelectorRequirement{
-				Key: e.GetKey(), Operator: metav1.LabelSelectorOperator(e.GetOperator()), Values: e.GetValues(),
-			})
-		}
-		sel, err := metav1.LabelSelectorAsSelector(k)
-		if err != nil {
-			return nil, &config.Error{Field: fmt.Sprintf("discoverySelectors[%d]", i), Err: err}
-		}
-		out = append(out, sel)
-	}
-	return out, nil
+	return mesh.DiscoverySelectors(m)
 }
 
 func (s *Source) enqueueStatusLocked(k statusKey) {
