@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
+	security "istio.io/api/security/v1beta1"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/shared/bus"
@@ -25,7 +26,7 @@ const DomainSuffix = "cluster.local"
 
 // ConfigKinds are the Istio config kinds the xds-server subscribes to.
 var ConfigKinds = []schema.Kind{schema.VirtualService, schema.DestinationRule, schema.Gateway, schema.Sidecar,
-	schema.MeshConfig}
+	schema.MeshConfig, schema.AuthorizationPolicy, schema.RequestAuthentication}
 
 // RegistryKinds are the registry kinds the xds-server subscribes to.
 var RegistryKinds = []schema.Kind{schema.Service, schema.Endpoints}
@@ -71,6 +72,10 @@ type Snapshot struct {
 	// Gateways and Sidecars, in the same order; only Envoy proxies use them.
 	Gateways []Config[*networking.Gateway]
 	Sidecars []Config[*networking.Sidecar]
+	// AuthorizationPolicies and RequestAuthentications, in the same order; they apply to
+	// the inbound side of the workloads they select.
+	AuthorizationPolicies  []Config[*security.AuthorizationPolicy]
+	RequestAuthentications []Config[*security.RequestAuthentication]
 
 	// Version increases with every snapshot Store.Next builds (0 from Store.Snapshot);
 	// successive snapshots share unchanged parts.
@@ -315,6 +320,8 @@ func (s *Store) build() *Snapshot {
 	snap.DestinationRules = configs[*networking.DestinationRule](s.state[schema.DestinationRule.TypeURL])
 	snap.Gateways = configs[*networking.Gateway](s.state[schema.Gateway.TypeURL])
 	snap.Sidecars = configs[*networking.Sidecar](s.state[schema.Sidecar.TypeURL])
+	snap.AuthorizationPolicies = configs[*security.AuthorizationPolicy](s.state[schema.AuthorizationPolicy.TypeURL])
+	snap.RequestAuthentications = configs[*security.RequestAuthentication](s.state[schema.RequestAuthentication.TypeURL])
 	for _, r := range s.state[schema.MeshConfig.TypeURL] {
 		snap.Mesh = r.Body.(*meshv1alpha1.MeshConfig)
 	}
