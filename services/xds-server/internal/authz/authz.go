@@ -86,6 +86,24 @@ func Select(snap *model.Snapshot, ns string, labels map[string]string) Policies 
 	return out
 }
 
+// SelectorLabelKeys lists the label keys the selectors of AuthorizationPolicies and
+// RequestAuthentications name, sorted: a workload's filters depend on its labels only
+// through them.
+func SelectorLabelKeys(snap *model.Snapshot) []string {
+	keys := map[string]bool{}
+	for _, c := range snap.AuthorizationPolicies {
+		for k := range c.Spec.GetSelector().GetMatchLabels() {
+			keys[k] = true
+		}
+	}
+	for _, c := range snap.RequestAuthentications {
+		for k := range c.Spec.GetSelector().GetMatchLabels() {
+			keys[k] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(keys))
+}
+
 func selects(selector, labels map[string]string) bool {
 	for k, v := range selector {
 		if got, ok := labels[k]; !ok || got != v {
@@ -464,9 +482,11 @@ func headerList(hs []string) *matcherv3.ListStringMatcher {
 	return out
 }
 
+// mustAny packs m with a stable byte encoding (RBAC policies and JWT providers are maps), so
+// equal configs encode equally and proxies can share cached output.
 func mustAny(m proto.Message) *anypb.Any {
-	a, err := anypb.New(m)
-	if err != nil {
+	a := &anypb.Any{}
+	if err := anypb.MarshalFrom(a, m, proto.MarshalOptions{Deterministic: true}); err != nil {
 		panic(err)
 	}
 	return a
