@@ -271,7 +271,9 @@ func (c condition) principalIDs(tcp, allow bool) ([]*rbacpb.Principal, error) {
 }
 
 func permAny() *rbacpb.Permission { return &rbacpb.Permission{Rule: &rbacpb.Permission_Any{Any: true}} }
-func princAny() *rbacpb.Principal { return &rbacpb.Principal{Identifier: &rbacpb.Principal_Any{Any: true}} }
+func princAny() *rbacpb.Principal {
+	return &rbacpb.Principal{Identifier: &rbacpb.Principal_Any{Any: true}}
+}
 
 func httpOnly(key string, tcp bool) error {
 	if tcp {

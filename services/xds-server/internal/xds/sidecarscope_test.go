@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	networking "istio.io/api/networking/v1alpha3"
+	security "istio.io/api/security/v1beta1"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
@@ -18,6 +19,11 @@ const (
 	svcB   = "svc.b.svc.cluster.local"
 	otherB = "other.b.svc.cluster.local"
 )
+
+func authzPolicy(ns, name string) bus.Change {
+	return bus.Change{TypeURL: schema.AuthorizationPolicy.TypeURL, Updated: []*bus.Resource{{Name: ns + "/" + name,
+		Body: &security.AuthorizationPolicy{Action: security.AuthorizationPolicy_DENY, Rules: []*security.Rule{{}}}}}}
+}
 
 func sidecar(ns, name string, hosts ...string) bus.Change {
 	return bus.Change{TypeURL: schema.Sidecar.TypeURL, Updated: []*bus.Resource{{Name: ns + "/" + name,
@@ -98,6 +104,16 @@ func TestSidecarScopedPush(t *testing.T) {
 		{name: "service with endpoints at the proxy", pre: []bus.Change{endpoints("b", otherB, "10.0.0.1")},
 			changes: []bus.Change{withPort("b", otherB, 81)},
 			want:    map[string]string{"sidecarA": all, "sidecarC": "", "sidecarE": ""}},
+		{name: "AuthorizationPolicy in a namespace", changes: []bus.Change{authzPolicy("a", "deny")},
+			want: map[string]string{"sidecarA": "LDS", "sidecarC": "", "sidecarE": "", "routerA": "", "proxylessA": "LDS"}},
+		{name: "AuthorizationPolicy deleted", pre: []bus.Change{authzPolicy("c", "deny")},
+			changes: []bus.Change{{TypeURL: schema.AuthorizationPolicy.TypeURL, Removed: []string{"c/deny"}}},
+			want:    map[string]string{"sidecarA": "", "sidecarC": "LDS", "sidecarE": "", "proxylessA": ""}},
+		{name: "AuthorizationPolicy in the root namespace", changes: []bus.Change{authzPolicy("istio-system", "deny")},
+			want: map[string]string{"sidecarA": "LDS", "sidecarC": "LDS", "sidecarE": "LDS", "routerA": "", "proxylessA": "LDS"}},
+		{name: "RequestAuthentication", changes: []bus.Change{{TypeURL: schema.RequestAuthentication.TypeURL,
+			Updated: []*bus.Resource{{Name: "c/jwt", Body: &security.RequestAuthentication{}}}}},
+			want: map[string]string{"sidecarA": "", "sidecarC": "LDS", "sidecarE": "", "routerA": ""}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := model.NewStore()

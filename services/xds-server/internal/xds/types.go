@@ -137,6 +137,12 @@ func affectedTypes(p *model.Proxy, req *PushRequest, snap *model.Snapshot) map[s
 			if !p.IsRouter() && (vis.Sees(p.Namespace) || key.Namespace == root) {
 				add(pushOrder...)
 			}
+		case "AuthorizationPolicy", "RequestAuthentication":
+			// Filters of the inbound chains of sidecars and proxyless servers (listeners
+			// only); gateways get none yet.
+			if !p.IsRouter() && (vis.Sees(p.Namespace) || key.Namespace == root) {
+				add(resourcev3.ListenerType)
+			}
 		default: // MeshConfig and kinds without a finer rule.
 			return all
 		}
