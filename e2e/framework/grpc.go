@@ -95,6 +95,49 @@ func GRPCBootstrapIn(xdsAddr, nodeID, region, zone string) []byte {
 	return b
 }
 
+// GRPCServerBootstrap is the bootstrap of a proxyless gRPC server (xds.NewGRPCServer) in
+// namespace demo with labels: it asks Sailplane for its server-side listener by the name
+// istio-agent's bootstrap template gives, "xds.istio.io/grpc/lds/inbound/<ip>:<port>".
+func GRPCServerBootstrap(xdsAddr, nodeID string, labels map[string]string) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"xds_servers": []any{map[string]any{
+			"server_uri":      xdsAddr,
+			"channel_creds":   []any{map[string]any{"type": "insecure"}},
+			"server_features": []string{"xds_v3"},
+		}},
+		"node": map[string]any{
+			"id":       nodeID,
+			"locality": map[string]any{},
+			"metadata": map[string]any{"GENERATOR": "grpc", "NAMESPACE": "demo", "CLUSTER_ID": "Kubernetes", "LABELS": labels},
+		},
+		"server_listener_resource_name_template": "xds.istio.io/grpc/lds/inbound/%s",
+	})
+	return b
+}
+
+// StartXDSEchoOn serves an Echo backend on lis with a gRPC xDS server (xds.NewGRPCServer,
+// plaintext) bootstrapped with bootstrap, so it applies the server-side listener (and its RBAC
+// filters) Sailplane sends; it serves only once it has that listener. Stopped when the test ends.
+func StartXDSEchoOn(t testing.TB, id string, lis net.Listener, bootstrap []byte) *Echo {
+	t.Helper()
+	srv, err := xds.NewGRPCServer(grpc.Creds(insecure.NewCredentials()), xds.BootstrapContentsForTesting(bootstrap))
+	if err != nil {
+		t.Fatalf("xds server %s: %v", id, err)
+	}
+	e := &Echo{ID: id, Addr: lis.Addr().String()}
+	testpb.RegisterTestServiceServer(srv, e)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-done
+	})
+	return e
+}
+
 // XDSClient dials target (e.g. "xds:///echo.demo.svc.cluster.local:7070") through gRPC's xDS
 // resolver, bootstrapped against xdsAddr. Each client has its own xDS connection.
 func XDSClient(t testing.TB, xdsAddr, target string) EchoClient {
