@@ -134,11 +134,8 @@ func (b *Builder) HTTP() (custom, local []*hcmv3.HttpFilter) {
 		custom = append(custom, &hcmv3.HttpFilter{Name: f.name, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(f.http)}})
 	}
 	for _, set := range b.local(false) {
-		shadowPrefix := ""
-		if set.shadow != nil {
-			shadowPrefix = shadowStatPrefix(set.shadow.GetAction())
-		}
-		cfg := &rbachttp.RBAC{Rules: set.rules, ShadowRules: set.shadow, ShadowRulesStatPrefix: shadowPrefix}
+		// istiod writes the prefix even without shadow rules (that of ALLOW then).
+		cfg := &rbachttp.RBAC{Rules: set.rules, ShadowRules: set.shadow, ShadowRulesStatPrefix: shadowStatPrefix(set.shadow.GetAction())}
 		local = append(local, &hcmv3.HttpFilter{Name: HTTPRBACFilter, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(cfg)}})
 	}
 	return custom, local
@@ -156,11 +153,8 @@ func (b *Builder) TCP() []*listenerv3.Filter {
 		out = append(out, &listenerv3.Filter{Name: f.name, ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(f.tcp)}})
 	}
 	for _, set := range b.local(true) {
-		shadowPrefix := ""
-		if set.shadow != nil {
-			shadowPrefix = shadowStatPrefix(set.shadow.GetAction())
-		}
-		cfg := &rbactcp.RBAC{Rules: set.rules, StatPrefix: tcpStatPrefix, ShadowRules: set.shadow, ShadowRulesStatPrefix: shadowPrefix}
+		cfg := &rbactcp.RBAC{Rules: set.rules, StatPrefix: tcpStatPrefix, ShadowRules: set.shadow,
+			ShadowRulesStatPrefix: shadowStatPrefix(set.shadow.GetAction())}
 		out = append(out, &listenerv3.Filter{Name: NetworkRBACFilter, ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(cfg)}})
 	}
 	return out

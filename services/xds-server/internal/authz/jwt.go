@@ -3,7 +3,9 @@ package authz
 import (
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -36,6 +38,8 @@ func (b *Builder) JWT() []*hcmv3.HttpFilter {
 	if len(rules) == 0 {
 		return nil
 	}
+	// By issuer, as istiod orders them, so provider names are stable.
+	slices.SortStableFunc(rules, func(a, b *security.JWTRule) int { return strings.Compare(a.GetIssuer(), b.GetIssuer()) })
 	cfg := &jwtv3.JwtAuthentication{Providers: map[string]*jwtv3.JwtProvider{}, BypassCorsPreflight: true}
 	var inner, outer []*jwtv3.JwtRequirement
 	for i, r := range rules {
