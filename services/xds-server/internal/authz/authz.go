@@ -5,6 +5,7 @@ package authz
 
 import (
 	"fmt"
+	"iter"
 	"maps"
 	"slices"
 	"strings"
@@ -202,22 +203,34 @@ func (b *Builder) local(tcp bool) []ruleSet {
 // addPolicies adds one RBAC policy per rule of p, named as istiod names them; a policy
 // without rules gets one that never matches (so an ALLOW policy without rules denies all).
 func addPolicies(into map[string]*rbacpb.Policy, p model.Config[*security.AuthorizationPolicy], prefix string, allow, tcp bool) {
-	for i, r := range p.Spec.GetRules() {
-		if r == nil {
-			continue
-		}
-		m, err := newRuleModel(p.Namespace, r)
-		if err != nil {
-			continue
-		}
-		pol, err := m.policy(tcp, allow)
-		if err != nil {
-			continue
-		}
+	for i, pol := range translatedRules(p, allow, tcp) {
 		into[policyName(prefix, p.Namespace, p.Name, i)] = pol
 	}
 	if len(p.Spec.GetRules()) == 0 {
 		into[policyName(prefix, p.Namespace, p.Name, 0)] = matchNever()
+	}
+}
+
+// translatedRules yields each rule of p Envoy can check, by index; a rule that cannot be
+// translated is skipped.
+func translatedRules(p model.Config[*security.AuthorizationPolicy], allow, tcp bool) iter.Seq2[int, *rbacpb.Policy] {
+	return func(yield func(int, *rbacpb.Policy) bool) {
+		for i, r := range p.Spec.GetRules() {
+			if r == nil {
+				continue
+			}
+			m, err := newRuleModel(p.Namespace, r)
+			if err != nil {
+				continue
+			}
+			pol, err := m.policy(tcp, allow)
+			if err != nil {
+				continue
+			}
+			if !yield(i, pol) {
+				return
+			}
+		}
 	}
 }
 

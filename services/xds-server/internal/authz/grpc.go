@@ -36,18 +36,7 @@ func (b *Builder) GRPC() []*hcmv3.HttpFilter {
 func grpcRules(action rbacpb.RBAC_Action, policies []model.Config[*security.AuthorizationPolicy]) *rbacpb.RBAC {
 	rules := &rbacpb.RBAC{Action: action, Policies: map[string]*rbacpb.Policy{}}
 	for _, p := range policies {
-		for i, r := range p.Spec.GetRules() {
-			if r == nil {
-				continue
-			}
-			m, err := newRuleModel(p.Namespace, r)
-			if err != nil {
-				continue
-			}
-			pol, err := m.policy(false, action == rbacpb.RBAC_ALLOW)
-			if err != nil {
-				continue
-			}
+		for i, pol := range translatedRules(p, action == rbacpb.RBAC_ALLOW, false) {
 			rules.Policies[fmt.Sprintf("%s-%s-%d", p.Namespace, p.Name, i)] = pol
 		}
 	}

@@ -186,31 +186,65 @@ func tolerate(err error, allow bool) error {
 	return nil
 }
 
-func (c condition) permissions(tcp, allow bool) ([]*rbacpb.Permission, error) {
-	var out []*rbacpb.Permission
-	build := func(vs []string) (*rbacpb.Permission, error) {
+// rbacNode is a Permission or a Principal: they combine the same way.
+type rbacNode interface {
+	*rbacpb.Permission | *rbacpb.Principal
+}
+
+// shape builds the OR and NOT nodes of one kind.
+type shape[T rbacNode] struct {
+	or  func([]T) T
+	not func(T) T
+}
+
+var (
+	permShape = shape[*rbacpb.Permission]{
+		or: func(ps []*rbacpb.Permission) *rbacpb.Permission {
+			return &rbacpb.Permission{Rule: &rbacpb.Permission_OrRules{OrRules: &rbacpb.Permission_Set{Rules: ps}}}
+		},
+		not: func(p *rbacpb.Permission) *rbacpb.Permission {
+			return &rbacpb.Permission{Rule: &rbacpb.Permission_NotRule{NotRule: p}}
+		},
+	}
+	princShape = shape[*rbacpb.Principal]{
+		or: func(ps []*rbacpb.Principal) *rbacpb.Principal {
+			return &rbacpb.Principal{Identifier: &rbacpb.Principal_OrIds{OrIds: &rbacpb.Principal_Set{Ids: ps}}}
+		},
+		not: func(p *rbacpb.Principal) *rbacpb.Principal {
+			return &rbacpb.Principal{Identifier: &rbacpb.Principal_NotId{NotId: p}}
+		},
+	}
+)
+
+// nodes builds a condition's matchers: its values ORed, its notValues ORed and negated. one
+// generates per value, all (when set) for the whole list.
+func nodes[T rbacNode](c condition, sh shape[T], one func(key, v string, tcp bool) (T, error),
+	all func(key string, vs []string, tcp bool) (T, error), tcp, allow bool) ([]T, error) {
+	build := func(vs []string) (T, error) {
+		var none T
 		if len(vs) == 0 {
-			return nil, nil
+			return none, nil
 		}
-		if c.permAll != nil {
-			p, err := c.permAll(c.key, vs, tcp)
+		if all != nil {
+			p, err := all(c.key, vs, tcp)
 			return p, tolerate(err, allow)
 		}
-		var or []*rbacpb.Permission
+		var or []T
 		for _, v := range vs {
-			p, err := c.perm(c.key, v, tcp)
+			p, err := one(c.key, v, tcp)
 			if err := tolerate(err, allow); err != nil {
-				return nil, err
+				return none, err
 			}
 			if p != nil {
 				or = append(or, p)
 			}
 		}
 		if len(or) == 0 {
-			return nil, nil
+			return none, nil
 		}
-		return &rbacpb.Permission{Rule: &rbacpb.Permission_OrRules{OrRules: &rbacpb.Permission_Set{Rules: or}}}, nil
+		return sh.or(or), nil
 	}
+	var out []T
 	p, err := build(c.values)
 	if err != nil {
 		return nil, err
@@ -223,51 +257,17 @@ func (c condition) permissions(tcp, allow bool) ([]*rbacpb.Permission, error) {
 		return nil, err
 	}
 	if n != nil {
-		out = append(out, &rbacpb.Permission{Rule: &rbacpb.Permission_NotRule{NotRule: n}})
+		out = append(out, sh.not(n))
 	}
 	return out, nil
 }
 
+func (c condition) permissions(tcp, allow bool) ([]*rbacpb.Permission, error) {
+	return nodes(c, permShape, c.perm, c.permAll, tcp, allow)
+}
+
 func (c condition) principalIDs(tcp, allow bool) ([]*rbacpb.Principal, error) {
-	var out []*rbacpb.Principal
-	build := func(vs []string) (*rbacpb.Principal, error) {
-		if len(vs) == 0 {
-			return nil, nil
-		}
-		if c.princAll != nil {
-			p, err := c.princAll(c.key, vs, tcp)
-			return p, tolerate(err, allow)
-		}
-		var or []*rbacpb.Principal
-		for _, v := range vs {
-			p, err := c.princ(c.key, v, tcp)
-			if err := tolerate(err, allow); err != nil {
-				return nil, err
-			}
-			if p != nil {
-				or = append(or, p)
-			}
-		}
-		if len(or) == 0 {
-			return nil, nil
-		}
-		return &rbacpb.Principal{Identifier: &rbacpb.Principal_OrIds{OrIds: &rbacpb.Principal_Set{Ids: or}}}, nil
-	}
-	p, err := build(c.values)
-	if err != nil {
-		return nil, err
-	}
-	if p != nil {
-		out = append(out, p)
-	}
-	n, err := build(c.notValues)
-	if err != nil {
-		return nil, err
-	}
-	if n != nil {
-		out = append(out, &rbacpb.Principal{Identifier: &rbacpb.Principal_NotId{NotId: n}})
-	}
-	return out, nil
+	return nodes(c, princShape, c.princ, c.princAll, tcp, allow)
 }
 
 func permAny() *rbacpb.Permission { return &rbacpb.Permission{Rule: &rbacpb.Permission_Any{Any: true}} }
