@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	"sailplane.dev/services/xds-server/internal/authz"
+	"sailplane.dev/services/xds-server/internal/jwks"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/xds"
 	"sailplane.dev/shared/bus"
@@ -83,6 +85,7 @@ type Server struct {
 	log   *slog.Logger
 	store *model.Store
 	xds   *xds.Server
+	jwks  *jwks.Resolver
 
 	started atomic.Bool
 	ready   chan struct{}
@@ -112,6 +115,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		store: model.NewStore(),
 		ready: make(chan struct{}),
 	}
+	s.jwks = jwks.New(s.store, log.With("component", "jwks"), 0, 0, 0)
 	s.xds = xds.NewServer(xds.Options{
 		Logger:          log.With("component", "ads"),
 		Generator:       generatorFor(log),
@@ -189,6 +193,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	healthpb.RegisterHealthServer(gs, hs)
 	// The ADS streams end when the push workers stop with ctx, which lets GracefulStop finish.
 	wg.Go(func() { _ = s.xds.Run(ctx) })
+	wg.Go(func() { _ = s.jwks.Run(ctx) })
 	wg.Go(func() {
 		if err := gs.Serve(lis); err != nil {
 			errc <- fmt.Errorf("xdsserver: serve: %w", err)
@@ -270,6 +275,10 @@ func (s *Server) push() {
 		return
 	}
 	s.xds.Push(snap, ch)
+	if ch.Full {
+		// Keys of new jwksUris are fetched, and come back as a change of their own.
+		s.jwks.Want(authz.JWKSURIs(snap))
+	}
 	s.log.Debug("pushing", "version", snap.Version, "full", ch.Full, "configs", len(ch.Configs),
 		"endpoints", len(ch.Endpoints), "took", time.Since(start))
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	rbacpb "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
+	jwtv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
 	rbachttp "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	rbactcp "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	"go.uber.org/goleak"
@@ -239,5 +240,30 @@ func TestJWKSCluster(t *testing.T) {
 		if got := jwksCluster(in); got != want {
 			t.Errorf("jwksCluster(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// A jwksUri's keys are inlined once fetched (istiod's default); before, Envoy fetches them.
+func TestJWTKeysFromURI(t *testing.T) {
+	const uri = "https://idp.example.com/keys"
+	snap := snapshot()
+	snap.RequestAuthentications = []model.Config[*security.RequestAuthentication]{{Namespace: "ns", Name: "jwt",
+		Spec: &security.RequestAuthentication{JwtRules: []*security.JWTRule{{Issuer: "idp", JwksUri: uri}}}}}
+	if got := JWKSURIs(snap); len(got) != 1 || got[0] != uri {
+		t.Fatalf("JWKSURIs = %v", got)
+	}
+	provider := func() *jwtv3.JwtProvider {
+		fs := NewBuilder(snap, "ns", nil).JWT()
+		if len(fs) != 1 {
+			t.Fatalf("%d JWT filters, want 1", len(fs))
+		}
+		return unpack(t, fs[0].GetTypedConfig(), &jwtv3.JwtAuthentication{}).GetProviders()["origins-0"]
+	}
+	if p := provider(); p.GetRemoteJwks().GetHttpUri().GetCluster() != "outbound|443||idp.example.com" {
+		t.Fatalf("before fetching: %v, want remote_jwks", p)
+	}
+	snap.JWKS = map[string]string{uri: `{"keys":[]}`}
+	if p := provider(); p.GetLocalJwks().GetInlineString() != `{"keys":[]}` {
+		t.Fatalf("after fetching: %v, want the keys inline", p)
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/emptypb"
 	security "istio.io/api/security/v1beta1"
+
+	"sailplane.dev/services/xds-server/internal/model"
 )
 
 // jwksCacheDuration is how long Envoy keeps keys fetched from a jwksUri, as istiod sets it.
@@ -22,8 +24,9 @@ var jwksCacheDuration = durationpb.New(300e9)
 // JWT returns the jwt_authn filter of the RequestAuthentications selecting the workload (root
 // namespace and its own, by selector), or nothing. As in istiod, each JWT rule is a provider
 // "origins-<i>"; a request without a token passes (AuthorizationPolicy decides), one with an
-// invalid token is rejected. Keys: inline `jwks`, else `jwksUri` fetched by Envoy through the
-// outbound cluster of the URI's host (istiod's PILOT_JWT_ENABLE_REMOTE_JWKS=envoy mode).
+// invalid token is rejected. Keys: inline `jwks`, else those the xds-server fetched from
+// `jwksUri` (snapshot JWKS), inlined as istiod does by default; until they are fetched, Envoy
+// fetches them itself through the outbound cluster of the URI's host.
 func (b *Builder) JWT() []*hcmv3.HttpFilter {
 	var rules []*security.JWTRule
 	root := b.snap.RootNamespace()
@@ -44,7 +47,7 @@ func (b *Builder) JWT() []*hcmv3.HttpFilter {
 	var inner, outer []*jwtv3.JwtRequirement
 	for i, r := range rules {
 		name := fmt.Sprintf("origins-%d", i)
-		cfg.Providers[name] = jwtProvider(r)
+		cfg.Providers[name] = jwtProvider(r, b.snap.JWKS)
 		byName := &jwtv3.JwtRequirement{RequiresType: &jwtv3.JwtRequirement_ProviderName{ProviderName: name}}
 		inner = append(inner, &jwtv3.JwtRequirement{RequiresType: &jwtv3.JwtRequirement_RequiresAny{RequiresAny: &jwtv3.JwtRequirementOrList{
 			Requirements: []*jwtv3.JwtRequirement{byName,
@@ -66,7 +69,22 @@ func (b *Builder) JWT() []*hcmv3.HttpFilter {
 	return []*hcmv3.HttpFilter{{Name: jwtFilter, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(cfg)}}}
 }
 
-func jwtProvider(r *security.JWTRule) *jwtv3.JwtProvider {
+// JWKSURIs lists, sorted, the jwksUris of RequestAuthentications without inline keys: the
+// keys the xds-server fetches (see package jwks).
+func JWKSURIs(snap *model.Snapshot) []string {
+	var out []string
+	for _, c := range snap.RequestAuthentications {
+		for _, r := range c.Spec.GetJwtRules() {
+			if r.GetJwks() == "" && r.GetJwksUri() != "" && !slices.Contains(out, r.GetJwksUri()) {
+				out = append(out, r.GetJwksUri())
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func jwtProvider(r *security.JWTRule, fetched map[string]string) *jwtv3.JwtProvider {
 	claims := []string{"permission", "scope"}
 	p := &jwtv3.JwtProvider{
 		Issuer:                     r.GetIssuer(),
@@ -88,11 +106,16 @@ func jwtProvider(r *security.JWTRule) *jwtv3.JwtProvider {
 	if timeout == nil {
 		timeout = durationpb.New(5e9)
 	}
-	if r.GetJwks() != "" || r.GetJwksUri() == "" {
+	keys, ok := r.GetJwks(), true
+	if keys == "" && r.GetJwksUri() != "" {
+		keys, ok = fetched[r.GetJwksUri()]
+	}
+	if ok {
 		p.JwksSourceSpecifier = &jwtv3.JwtProvider_LocalJwks{LocalJwks: &corev3.DataSource{
-			Specifier: &corev3.DataSource_InlineString{InlineString: r.GetJwks()}}}
+			Specifier: &corev3.DataSource_InlineString{InlineString: keys}}}
 		return p
 	}
+	// Not fetched yet: Envoy fetches the keys itself meanwhile.
 	p.JwksSourceSpecifier = &jwtv3.JwtProvider_RemoteJwks{RemoteJwks: &jwtv3.RemoteJwks{
 		HttpUri: &corev3.HttpUri{Uri: r.GetJwksUri(), Timeout: timeout,
 			HttpUpstreamType: &corev3.HttpUri_Cluster{Cluster: jwksCluster(r.GetJwksUri())}},

@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -76,6 +77,9 @@ type Snapshot struct {
 	// the inbound side of the workloads they select.
 	AuthorizationPolicies  []Config[*security.AuthorizationPolicy]
 	RequestAuthentications []Config[*security.RequestAuthentication]
+	// JWKS holds the keys fetched from RequestAuthentication jwksUris (see Store.SetJWKS),
+	// by URI; a URI not fetched yet has no entry.
+	JWKS map[string]string
 
 	// Version increases with every snapshot Store.Next builds (0 from Store.Snapshot);
 	// successive snapshots share unchanged parts.
@@ -147,6 +151,8 @@ type Store struct {
 	version uint64
 	// epVersion is the Version at which each hostname's endpoints last changed.
 	epVersion map[string]uint64
+	// jwks are the fetched JWKS documents by URI.
+	jwks map[string]string
 }
 
 // NewStore returns an empty store.
@@ -243,6 +249,34 @@ func (s *Store) recordListenerEndpoints(kind schema.Kind, name string) {
 	}
 }
 
+// JWKSKind names JWKS changes in Change.Configs (Name is the URI).
+const JWKSKind = "JWKS"
+
+// SetJWKS records the keys fetched from a jwksUri ("" forgets them); a change makes the next
+// snapshot carry them and pushes the listeners that inline them.
+func (s *Store) SetJWKS(uri, keys string) {
+	s.mu.Lock()
+	if old, ok := s.jwks[uri]; (ok && old == keys) || (!ok && keys == "") {
+		s.mu.Unlock()
+		return
+	}
+	if keys == "" {
+		delete(s.jwks, uri)
+	} else {
+		if s.jwks == nil {
+			s.jwks = map[string]string{}
+		}
+		s.jwks[uri] = keys
+	}
+	s.pending.Full = true
+	s.pending.addConfig(ConfigKey{Kind: JWKSKind, Name: uri}, Visibility{All: true})
+	s.mu.Unlock()
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
 // PendingFull reports whether the changes waiting for Next include more than endpoints.
 func (s *Store) PendingFull() bool {
 	s.mu.Lock()
@@ -322,6 +356,7 @@ func (s *Store) build() *Snapshot {
 	snap.Sidecars = configs[*networking.Sidecar](s.state[schema.Sidecar.TypeURL])
 	snap.AuthorizationPolicies = configs[*security.AuthorizationPolicy](s.state[schema.AuthorizationPolicy.TypeURL])
 	snap.RequestAuthentications = configs[*security.RequestAuthentication](s.state[schema.RequestAuthentication.TypeURL])
+	snap.JWKS = maps.Clone(s.jwks)
 	for _, r := range s.state[schema.MeshConfig.TypeURL] {
 		snap.Mesh = r.Body.(*meshv1alpha1.MeshConfig)
 	}

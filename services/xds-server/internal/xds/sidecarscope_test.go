@@ -149,6 +149,31 @@ func TestSidecarScopedPush(t *testing.T) {
 	}
 }
 
+// Fetched JWKS are inlined only into sidecars' listeners.
+func TestJWKSPush(t *testing.T) {
+	s := model.NewStore()
+	s.Next()
+	s.SetJWKS("https://idp/keys", "k")
+	snap, ch := s.Next()
+	req := &PushRequest{Full: ch.Full, Configs: ch.Configs, Endpoints: ch.Endpoints, Hosts: ch.Hosts}
+	for _, tc := range []struct {
+		proxy *model.Proxy
+		want  string
+	}{
+		{&model.Proxy{Type: model.SidecarProxy, Namespace: "a"}, "LDS"},
+		{&model.Proxy{Type: model.Router, Namespace: "a"}, ""},
+		{&model.Proxy{Type: model.Proxyless, Namespace: "a"}, ""},
+	} {
+		var got []string
+		for typ := range affectedTypes(tc.proxy, req, snap) {
+			got = append(got, abbrev[typ])
+		}
+		if g := strings.Join(got, ","); g != tc.want {
+			t.Errorf("%s: pushed %q, want %q", tc.proxy.Type, g, tc.want)
+		}
+	}
+}
+
 // Merging requests keeps the hosts of both, so a debounced push still reaches the proxy.
 func TestPushRequestMergeHosts(t *testing.T) {
 	k1 := model.ConfigKey{Kind: "Service", Namespace: "a", Name: svcA}

@@ -137,6 +137,11 @@ func affectedTypes(p *model.Proxy, req *PushRequest, snap *model.Snapshot) map[s
 			if !p.IsRouter() && (vis.Sees(p.Namespace) || key.Namespace == root) {
 				add(pushOrder...)
 			}
+		case model.JWKSKind:
+			// Keys inlined into the jwt_authn filters of sidecars' inbound listeners.
+			if p.IsSidecar() {
+				add(resourcev3.ListenerType)
+			}
 		case "AuthorizationPolicy", "RequestAuthentication":
 			// Filters of the inbound chains of sidecars and proxyless servers (listeners
 			// only); gateways get none yet.
