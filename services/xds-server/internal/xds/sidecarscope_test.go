@@ -65,6 +65,8 @@ func TestSidecarScopedPush(t *testing.T) {
 		"sidecarE":   sc("e"), // the root namespace's default Sidecar applies
 		"routerA":    {Type: model.Router, Namespace: "a"},
 		"proxylessA": {Type: model.Proxyless, Namespace: "a"},
+		// A proxyless gRPC server at the endpoint's address.
+		"proxylessServer": {Type: model.Proxyless, Namespace: "a", IPs: []string{"10.0.0.1"}},
 	}
 	all := "CDS,EDS,LDS,RDS"
 	for _, tc := range []struct {
@@ -104,6 +106,8 @@ func TestSidecarScopedPush(t *testing.T) {
 		{name: "service with endpoints at the proxy", pre: []bus.Change{endpoints("b", otherB, "10.0.0.1")},
 			changes: []bus.Change{withPort("b", otherB, 81)},
 			want:    map[string]string{"sidecarA": all, "sidecarC": "", "sidecarE": ""}},
+		{name: "own endpoint appears", changes: []bus.Change{endpoints("b", otherB, "10.0.0.1")},
+			want: map[string]string{"sidecarA": "CDS,EDS,LDS", "sidecarC": "EDS", "routerA": "EDS", "proxylessA": "EDS", "proxylessServer": "EDS,LDS"}},
 		{name: "AuthorizationPolicy in a namespace", changes: []bus.Change{authzPolicy("a", "deny")},
 			want: map[string]string{"sidecarA": "LDS", "sidecarC": "", "sidecarE": "", "routerA": "", "proxylessA": "LDS"}},
 		{name: "AuthorizationPolicy deleted", pre: []bus.Change{authzPolicy("c", "deny")},
