@@ -28,23 +28,27 @@ spec:
 // TestProxylessServerAuthorization runs a real gRPC xDS server (xds.NewGRPCServer) and client
 // through Sailplane: an AuthorizationPolicy denying one method for requests with a header makes
 // those RPCs fail with PermissionDenied on the server (gRPC's RBAC filter, from the server-side
-// listener), others pass, and deleting the policy lets them all through again.
+// listener, which follows the server's endpoint appearing in the registry), others pass, and
+// deleting the policy lets them all through again.
 func TestProxylessServerAuthorization(t *testing.T) {
 	for _, topo := range topologies {
 		t.Run(topo.name, func(t *testing.T) {
 			lis := listen(t)
 			dir := t.TempDir()
 			framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", meshYAML)
-			framework.WriteFile(t, dir, "etc/sailplane/conf/echo.yaml", echoServiceEntry+fmt.Sprintf(`apiVersion: networking.istio.io/v1
+			framework.WriteFile(t, dir, "etc/sailplane/conf/echo.yaml", echoServiceEntry)
+			framework.WriteFile(t, dir, "etc/sailplane/conf/authz.yaml", denyUnaryCallYAML)
+			xdsAddr, _ := topo.start(t, dir)
+
+			// The server starts before the registry has its endpoint, as a pod does before it
+			// is ready: its listener must follow when the endpoint appears.
+			nodeID := "sidecar~127.0.0.1~echo-server.demo~demo.svc.cluster.local"
+			framework.StartXDSEchoOn(t, "server", lis, framework.GRPCServerBootstrap(xdsAddr, nodeID, map[string]string{"app": "echo"}))
+			framework.WriteFile(t, dir, "etc/sailplane/conf/workload.yaml", fmt.Sprintf(`apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {name: echo-server, namespace: demo}
 spec: {address: 127.0.0.1, ports: {grpc: %s}, labels: {app: echo}}
 `, port(lis.Addr().String())))
-			framework.WriteFile(t, dir, "etc/sailplane/conf/authz.yaml", denyUnaryCallYAML)
-			xdsAddr, _ := topo.start(t, dir)
-
-			nodeID := "sidecar~127.0.0.1~echo-server.demo~demo.svc.cluster.local"
-			framework.StartXDSEchoOn(t, "server", lis, framework.GRPCServerBootstrap(xdsAddr, nodeID, map[string]string{"app": "echo"}))
 			client := framework.XDSClient(t, xdsAddr, echoTarget)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
