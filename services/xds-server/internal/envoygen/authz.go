@@ -6,7 +6,8 @@ import (
 	"sailplane.dev/services/xds-server/internal/authz"
 )
 
-// inboundFilters are the security filters of the workload's inbound chains.
+// inboundFilters are the security filters of the workload's inbound chains (a gateway's
+// chains, for gateways).
 type inboundFilters struct{ *authz.Builder }
 
 func (b *builder) inboundAuthz() inboundFilters {

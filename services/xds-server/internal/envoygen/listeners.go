@@ -218,6 +218,10 @@ func (b *builder) hcm(statPrefix, rds string, inline *routev3.RouteConfiguration
 	} else {
 		h.RouteSpecifier = &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{ConfigSource: adsConfigSource(), RouteConfigName: rds}}
 	}
+	if gateway {
+		// A gateway enforces the policies selecting it, as a sidecar does inbound.
+		h.HttpFilters = append(b.inboundAuthz().HTTP(), h.HttpFilters...)
+	}
 	return h
 }
 

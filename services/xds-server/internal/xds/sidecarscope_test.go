@@ -109,12 +109,12 @@ func TestSidecarScopedPush(t *testing.T) {
 		{name: "own endpoint appears", changes: []bus.Change{endpoints("b", otherB, "10.0.0.1")},
 			want: map[string]string{"sidecarA": "CDS,EDS,LDS", "sidecarC": "EDS", "routerA": "EDS", "proxylessA": "EDS", "proxylessServer": "EDS,LDS"}},
 		{name: "AuthorizationPolicy in a namespace", changes: []bus.Change{authzPolicy("a", "deny")},
-			want: map[string]string{"sidecarA": "LDS", "sidecarC": "", "sidecarE": "", "routerA": "", "proxylessA": "LDS"}},
+			want: map[string]string{"sidecarA": "LDS", "sidecarC": "", "sidecarE": "", "routerA": "LDS", "proxylessA": "LDS"}},
 		{name: "AuthorizationPolicy deleted", pre: []bus.Change{authzPolicy("c", "deny")},
 			changes: []bus.Change{{TypeURL: schema.AuthorizationPolicy.TypeURL, Removed: []string{"c/deny"}}},
 			want:    map[string]string{"sidecarA": "", "sidecarC": "LDS", "sidecarE": "", "proxylessA": ""}},
 		{name: "AuthorizationPolicy in the root namespace", changes: []bus.Change{authzPolicy("istio-system", "deny")},
-			want: map[string]string{"sidecarA": "LDS", "sidecarC": "LDS", "sidecarE": "LDS", "routerA": "", "proxylessA": "LDS"}},
+			want: map[string]string{"sidecarA": "LDS", "sidecarC": "LDS", "sidecarE": "LDS", "routerA": "LDS", "proxylessA": "LDS"}},
 		{name: "RequestAuthentication", changes: []bus.Change{{TypeURL: schema.RequestAuthentication.TypeURL,
 			Updated: []*bus.Resource{{Name: "c/jwt", Body: &security.RequestAuthentication{}}}}},
 			want: map[string]string{"sidecarA": "", "sidecarC": "LDS", "sidecarE": "", "routerA": ""}},
@@ -153,7 +153,7 @@ func TestSidecarScopedPush(t *testing.T) {
 	}
 }
 
-// Fetched JWKS are inlined only into sidecars' listeners.
+// Fetched JWKS are inlined into sidecars' and gateways' listeners, not proxyless ones.
 func TestJWKSPush(t *testing.T) {
 	s := model.NewStore()
 	s.Next()
@@ -165,7 +165,7 @@ func TestJWKSPush(t *testing.T) {
 		want  string
 	}{
 		{&model.Proxy{Type: model.SidecarProxy, Namespace: "a"}, "LDS"},
-		{&model.Proxy{Type: model.Router, Namespace: "a"}, ""},
+		{&model.Proxy{Type: model.Router, Namespace: "a"}, "LDS"},
 		{&model.Proxy{Type: model.Proxyless, Namespace: "a"}, ""},
 	} {
 		var got []string

@@ -147,14 +147,14 @@ func affectedTypes(p *model.Proxy, req *PushRequest, snap *model.Snapshot) map[s
 				add(pushOrder...)
 			}
 		case model.JWKSKind:
-			// Keys inlined into the jwt_authn filters of sidecars' inbound listeners.
-			if p.IsSidecar() {
+			// Keys inlined into the jwt_authn filters of sidecars' and gateways' listeners.
+			if !p.IsProxyless() {
 				add(resourcev3.ListenerType)
 			}
 		case "AuthorizationPolicy", "RequestAuthentication":
-			// Filters of the inbound chains of sidecars and proxyless servers (listeners
-			// only); gateways get none yet.
-			if !p.IsRouter() && (vis.Sees(p.Namespace) || key.Namespace == root) {
+			// Filters of the inbound chains of sidecars and proxyless servers, and of
+			// gateways' chains: listeners only.
+			if vis.Sees(p.Namespace) || key.Namespace == root {
 				add(resourcev3.ListenerType)
 			}
 		default: // MeshConfig and kinds without a finer rule.
