@@ -253,7 +253,7 @@ func TestJWTKeysFromURI(t *testing.T) {
 		t.Fatalf("JWKSURIs = %v", got)
 	}
 	provider := func() *jwtv3.JwtProvider {
-		fs := NewBuilder(snap, "ns", nil).JWT()
+		fs := NewBuilder(snap, "ns", nil).JWT(false)
 		if len(fs) != 1 {
 			t.Fatalf("%d JWT filters, want 1", len(fs))
 		}

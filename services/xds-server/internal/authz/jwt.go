@@ -27,7 +27,10 @@ var jwksCacheDuration = durationpb.New(300e9)
 // invalid token is rejected. Keys: inline `jwks`, else those the xds-server fetched from
 // `jwksUri` (snapshot JWKS), inlined as istiod does by default; until they are fetched, Envoy
 // fetches them itself through the outbound cluster of the URI's host.
-func (b *Builder) JWT() []*hcmv3.HttpFilter {
+//
+// clearRouteCache is set for gateways, as istiod does: routes may match on the claims the
+// filter copies into headers.
+func (b *Builder) JWT(clearRouteCache bool) []*hcmv3.HttpFilter {
 	var rules []*security.JWTRule
 	root := b.snap.RootNamespace()
 	for _, c := range b.snap.RequestAuthentications {
@@ -48,6 +51,7 @@ func (b *Builder) JWT() []*hcmv3.HttpFilter {
 	for i, r := range rules {
 		name := fmt.Sprintf("origins-%d", i)
 		cfg.Providers[name] = jwtProvider(r, b.snap.JWKS)
+		cfg.Providers[name].ClearRouteCache = clearRouteCache
 		byName := &jwtv3.JwtRequirement{RequiresType: &jwtv3.JwtRequirement_ProviderName{ProviderName: name}}
 		inner = append(inner, &jwtv3.JwtRequirement{RequiresType: &jwtv3.JwtRequirement_RequiresAny{RequiresAny: &jwtv3.JwtRequirementOrList{
 			Requirements: []*jwtv3.JwtRequirement{byName,
