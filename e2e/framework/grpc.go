@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"strings"
 	"testing"
@@ -90,19 +91,60 @@ func bootstrap(xdsAddr, nodeID, region, zone string, creds map[string]any) []byt
 	if zone != "" {
 		locality["zone"] = zone
 	}
-	b, _ := json.Marshal(map[string]any{
+	return bootstrap(xdsAddr, map[string]any{
+		"id":       nodeID,
+		"locality": locality,
+		"metadata": map[string]any{"GENERATOR": "grpc", "NAMESPACE": "demo", "CLUSTER_ID": "Kubernetes"},
+	}, nil)
+}
+
+// GRPCServerBootstrap is the bootstrap of a proxyless gRPC server (xds.NewGRPCServer) in
+// namespace demo with labels: it asks Sailplane for its server-side listener by the name
+// istio-agent's bootstrap template gives, "xds.istio.io/grpc/lds/inbound/<ip>:<port>".
+func GRPCServerBootstrap(xdsAddr, nodeID string, labels map[string]string) []byte {
+	return bootstrap(xdsAddr, map[string]any{
+		"id":       nodeID,
+		"locality": map[string]any{},
+		"metadata": map[string]any{"GENERATOR": "grpc", "NAMESPACE": "demo", "CLUSTER_ID": "Kubernetes", "LABELS": labels},
+	}, map[string]any{"server_listener_resource_name_template": "xds.istio.io/grpc/lds/inbound/%s"})
+}
+
+// bootstrap is a gRPC xDS bootstrap for node, plaintext to xdsAddr, with extra top-level keys.
+func bootstrap(xdsAddr string, node, extra map[string]any) []byte {
+	doc := map[string]any{
 		"xds_servers": []any{map[string]any{
 			"server_uri":      xdsAddr,
 			"channel_creds":   []any{creds},
 			"server_features": []string{"xds_v3"},
 		}},
-		"node": map[string]any{
-			"id":       nodeID,
-			"locality": locality,
-			"metadata": map[string]any{"GENERATOR": "grpc", "NAMESPACE": "demo", "CLUSTER_ID": "Kubernetes"},
-		},
-	})
+		"node": node,
+	}
+	maps.Copy(doc, extra)
+	b, _ := json.Marshal(doc)
 	return b
+}
+
+// StartXDSEchoOn serves an Echo backend on lis with a gRPC xDS server (xds.NewGRPCServer,
+// plaintext) bootstrapped with bootstrapJSON, so it applies the server-side listener (and its RBAC
+// filters) Sailplane sends; it serves only once it has that listener. Stopped when the test ends.
+func StartXDSEchoOn(t testing.TB, id string, lis net.Listener, bootstrapJSON []byte) *Echo {
+	t.Helper()
+	srv, err := xds.NewGRPCServer(grpc.Creds(insecure.NewCredentials()), xds.BootstrapContentsForTesting(bootstrapJSON))
+	if err != nil {
+		t.Fatalf("xds server %s: %v", id, err)
+	}
+	e := &Echo{ID: id, Addr: lis.Addr().String()}
+	testpb.RegisterTestServiceServer(srv, e)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-done
+	})
+	return e
 }
 
 // XDSClient dials target (e.g. "xds:///echo.demo.svc.cluster.local:7070") through gRPC's xDS

@@ -4,12 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
+	"sailplane.dev/services/xds-server/internal/authz"
 	"sailplane.dev/services/xds-server/internal/envoygen"
 	"sailplane.dev/services/xds-server/internal/grpcgen"
 	"sailplane.dev/services/xds-server/internal/model"
@@ -86,6 +91,9 @@ func newProxylessGenerator(log *slog.Logger) *proxylessGenerator {
 // balancing may apply.
 func (g *proxylessGenerator) CacheScope(snap *model.Snapshot, p *model.Proxy, typeURL string) string {
 	scope := "grpc/" + p.Namespace + "/d=" + p.DNSDomain
+	if typeURL == resourcev3.ListenerType {
+		return scope + serverScope(snap, p)
+	}
 	if typeURL != resourcev3.EndpointType {
 		return scope
 	}
@@ -134,7 +142,10 @@ func (g *proxylessGenerator) Generate(snap *model.Snapshot, p *model.Proxy, type
 	var out []types.Resource
 	switch typeURL {
 	case resourcev3.ListenerType:
-		out = asResources(res.Listeners)
+		// Client listeners are shared by the namespace; server listeners are the proxy's own.
+		lis := append(slices.Clone(res.Listeners), grpcgen.ServerListeners(snap, serverOf(p))...)
+		slices.SortFunc(lis, func(a, b *listenerv3.Listener) int { return strings.Compare(a.GetName(), b.GetName()) })
+		out = asResources(lis)
 	case resourcev3.RouteType:
 		out = asResources(res.Routes)
 	case resourcev3.ClusterType:
@@ -216,4 +227,30 @@ func asResources[T types.Resource](in []T) []types.Resource {
 		out[i] = r
 	}
 	return out
+}
+
+// serverOf is what server listeners read of p.
+func serverOf(p *model.Proxy) grpcgen.Server {
+	return grpcgen.Server{Namespace: p.Namespace, Labels: p.Labels, IPs: p.IPs}
+}
+
+// serverScope names what p's server listeners depend on: the ports it serves, at its IPs,
+// and its values of the labels security policies select on. Empty when it serves nothing.
+func serverScope(snap *model.Snapshot, p *model.Proxy) string {
+	ports := grpcgen.ServerPorts(snap, serverOf(p))
+	if len(ports) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("/srv=" + strings.Join(p.IPs, ",") + "/")
+	for _, port := range ports {
+		b.WriteString(strconv.FormatUint(uint64(port), 10) + ",")
+	}
+	b.WriteString("/a=")
+	for _, k := range authz.SelectorLabelKeys(snap) {
+		if v, ok := p.Labels[k]; ok {
+			b.WriteString(k + "=" + v + ";")
+		}
+	}
+	return b.String()
 }

@@ -23,6 +23,8 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	"sailplane.dev/services/xds-server/internal/authz"
+	"sailplane.dev/services/xds-server/internal/jwks"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/xds"
 	"sailplane.dev/shared/bus"
@@ -99,6 +101,7 @@ type Server struct {
 	store   *model.Store
 	xds     *xds.Server
 	bundles *trustBundles
+	jwks    *jwks.Resolver
 
 	started    atomic.Bool
 	ready      chan struct{}
@@ -135,6 +138,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		bundles: newTrustBundles(),
 		ready:   make(chan struct{}),
 	}
+	s.jwks = jwks.New(s.store, log.With("component", "jwks"), 0, 0, 0)
 	s.xds = xds.NewServer(xds.Options{
 		Logger:          log.With("component", "ads"),
 		Generator:       generatorFor(log),
@@ -272,6 +276,7 @@ func (s *Server) serve(ctx context.Context, plain, secure net.Listener) error {
 	}
 	// The ADS streams end when the push workers stop with ctx, which lets GracefulStop finish.
 	wg.Go(func() { _ = s.xds.Run(ctx) })
+	wg.Go(func() { _ = s.jwks.Run(ctx) })
 	if plain != nil {
 		serveOn(newGRPC(), plain)
 	}
@@ -362,6 +367,10 @@ func (s *Server) push() {
 		return
 	}
 	s.xds.Push(snap, ch)
+	if ch.Full {
+		// Keys of new jwksUris are fetched, and come back as a change of their own.
+		s.jwks.Want(authz.JWKSURIs(snap))
+	}
 	s.log.Debug("pushing", "version", snap.Version, "full", ch.Full, "configs", len(ch.Configs),
 		"endpoints", len(ch.Endpoints), "took", time.Since(start))
 }

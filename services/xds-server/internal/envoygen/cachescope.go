@@ -8,6 +8,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/xds-server/internal/authz"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/translate"
 )
@@ -21,7 +22,8 @@ import (
 //   - the Sidecar resource that applies (it is chosen from the namespace and labels);
 //   - for listeners and routes, the proxy's values of the label keys some selector of the
 //     snapshot names (VirtualService sourceLabels, and Gateway selectors for gateways), since
-//     labels are read only through those selectors;
+//     labels are read only through those selectors; for sidecar listeners also the label
+//     keys AuthorizationPolicy and RequestAuthentication selectors name;
 //   - for sidecar clusters and listeners, the inbound ports the workload serves (derived from
 //     its IPs and the services whose endpoints they are, or from the Sidecar's ingress), rather
 //     than the IPs themselves, so every replica of a workload shares them;
@@ -79,6 +81,15 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 			}
 		}
 	}
+	if typeURL == resourcev3.ListenerType && proxy.IsSidecar() {
+		// Security policies select workloads by labels.
+		b.WriteString("/a=")
+		for _, k := range ix.securityLabelKeys {
+			if v, ok := proxy.Labels[k]; ok {
+				b.WriteString(k + "=" + v + ";")
+			}
+		}
+	}
 	return b.String()
 }
 
@@ -91,6 +102,9 @@ type snapIndex struct {
 	// sourceLabelKeys are the label keys VirtualService sourceLabels select on; routerLabelKeys
 	// add the Gateway selectors'. Sorted.
 	sourceLabelKeys, routerLabelKeys []string
+	// securityLabelKeys are the label keys AuthorizationPolicy and RequestAuthentication
+	// selectors name, sorted.
+	securityLabelKeys []string
 	// localityLB is set when some DestinationRule has outlier detection or a locality setting,
 	// or the mesh distributes by locality: only then may output depend on the proxy's locality.
 	// failoverLabelKeys are the labels failoverPriority entries name, sorted.
@@ -163,6 +177,7 @@ func newSnapIndex(snap *model.Snapshot) *snapIndex {
 		}
 	}
 	ix.routerLabelKeys = translate.SortedKeys(keys)
+	ix.securityLabelKeys = authz.SelectorLabelKeys(snap)
 	ix.localityLB, ix.failoverLabelKeys = translate.LocalityInputs(snap)
 	return ix
 }

@@ -178,7 +178,7 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 					log.Debug("no tcp route for gateway server")
 					continue
 				}
-				fc := &listenerv3.FilterChain{Filters: []*listenerv3.Filter{tcpProxyFilterOf(tp)}}
+				fc := &listenerv3.FilterChain{Filters: append(b.inboundAuthz().TCP(), tcpProxyFilterOf(tp))}
 				if s.terminates() {
 					fc.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: sniNames(serverHosts(s, ""))}
 					fc.TransportSocket = downstreamTLS(s.server.GetTls(), false)
@@ -249,7 +249,7 @@ func (b *builder) passthroughChains(s gatewayServer, port uint32) []*listenerv3.
 				slices.Sort(sni)
 				out = append(out, &listenerv3.FilterChain{
 					FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: slices.Compact(sni)},
-					Filters:          []*listenerv3.Filter{tcpProxyFilterOf(tp)},
+					Filters:          append(b.inboundAuthz().TCP(), tcpProxyFilterOf(tp)),
 				})
 			}
 		}

@@ -109,6 +109,8 @@ func (b *builder) virtualInbound() *listenerv3.Listener {
 			Filters: []*listenerv3.Filter{tcpProxy(InboundPassthroughCluster, InboundPassthroughCluster)},
 		},
 	}
+	az := b.inboundAuthz()
+	l.DefaultFilterChain.Filters = append(az.TCP(), l.DefaultFilterChain.Filters...)
 	declared := []uint32{VirtualInboundPort} // ports http_inspector skips
 	for _, in := range b.inboundPorts() {
 		cluster := InboundClusterName(in.port)
@@ -119,7 +121,7 @@ func (b *builder) virtualInbound() *listenerv3.Listener {
 				Filters: []*listenerv3.Filter{hcmFilterOf(b.inboundHCM("inbound_"+name, cluster, in.port))}}
 		}
 		tcpChain := &listenerv3.FilterChain{Name: name, FilterChainMatch: portMatch,
-			Filters: []*listenerv3.Filter{tcpProxy("inbound_"+name, cluster)}}
+			Filters: append(az.TCP(), tcpProxy("inbound_"+name, cluster))}
 		switch {
 		case in.proto == protoSniffed:
 			l.FilterChains = append(l.FilterChains, httpChain(sniffedHTTPMatch(in.port)), tcpChain)
@@ -190,7 +192,9 @@ func (b *builder) inboundHCM(statPrefix, cluster string, port uint32) *hcmv3.Htt
 			}},
 		}},
 	}
-	return b.hcm(statPrefix, "", rc, false)
+	h := b.hcm(statPrefix, "", rc, false)
+	h.HttpFilters = append(b.inboundAuthz().HTTP(), h.HttpFilters...)
+	return h
 }
 
 // hcm builds an HTTP connection manager with istiod's filter chain: fault and CORS (inert
@@ -213,6 +217,10 @@ func (b *builder) hcm(statPrefix, rds string, inline *routev3.RouteConfiguration
 		h.RouteSpecifier = &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: inline}
 	} else {
 		h.RouteSpecifier = &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{ConfigSource: adsConfigSource(), RouteConfigName: rds}}
+	}
+	if gateway {
+		// A gateway enforces the policies selecting it, as a sidecar does inbound.
+		h.HttpFilters = append(b.inboundAuthz().HTTP(), h.HttpFilters...)
 	}
 	return h
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -37,8 +38,22 @@ func generate(t *testing.T, dir string) *Resources {
 			t.Fatalf("apply %s: %v", c.TypeURL, err)
 		}
 	}
+	snap := store.Snapshot()
 	// The client runs in namespace demo, as most test services.
-	return Generate(store.Snapshot(), "demo.svc.cluster.local", nil, testLogger(t))
+	res := Generate(snap, "demo.svc.cluster.local", nil, testLogger(t))
+	// server.yaml, if present, names a proxyless server whose server-side listeners join.
+	if b, err := os.ReadFile(filepath.Join(dir, "server.yaml")); err == nil {
+		var srv struct {
+			Namespace string            `json:"namespace"`
+			Labels    map[string]string `json:"labels"`
+			IPs       []string          `json:"ips"`
+		}
+		if err := yaml.UnmarshalStrict(b, &srv); err != nil {
+			t.Fatalf("%s/server.yaml: %v", dir, err)
+		}
+		res.Listeners = append(res.Listeners, ServerListeners(snap, Server{Namespace: srv.Namespace, Labels: srv.Labels, IPs: srv.IPs})...)
+	}
+	return res
 }
 
 func all(r *Resources) []proto.Message {

@@ -339,8 +339,10 @@ func visibility(kind schema.Kind, ns string, r *bus.Resource) Visibility {
 	case exporter:
 		return ExportVisibility(ns, body.GetExportTo())
 	}
-	if kind.TypeURL == schema.Sidecar.TypeURL {
-		// A Sidecar in the root namespace is the mesh default; the filter widens it then.
+	switch kind.TypeURL {
+	case schema.Sidecar.TypeURL, schema.AuthorizationPolicy.TypeURL, schema.RequestAuthentication.TypeURL:
+		// These apply to workloads of their own namespace; in the root namespace, to every
+		// workload: the push filter widens them then.
 		return Visibility{Namespaces: []string{ns}}
 	}
 	return Visibility{All: true}

@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
+	security "istio.io/api/security/v1beta1"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/shared/bus"
@@ -25,7 +27,7 @@ const DomainSuffix = "cluster.local"
 
 // ConfigKinds are the Istio config kinds the xds-server subscribes to.
 var ConfigKinds = []schema.Kind{schema.VirtualService, schema.DestinationRule, schema.Gateway, schema.Sidecar,
-	schema.MeshConfig}
+	schema.MeshConfig, schema.AuthorizationPolicy, schema.RequestAuthentication}
 
 // RegistryKinds are the registry kinds the xds-server subscribes to.
 var RegistryKinds = []schema.Kind{schema.Service, schema.Endpoints}
@@ -71,6 +73,13 @@ type Snapshot struct {
 	// Gateways and Sidecars, in the same order; only Envoy proxies use them.
 	Gateways []Config[*networking.Gateway]
 	Sidecars []Config[*networking.Sidecar]
+	// AuthorizationPolicies and RequestAuthentications, in the same order; they apply to
+	// the inbound side of the workloads they select.
+	AuthorizationPolicies  []Config[*security.AuthorizationPolicy]
+	RequestAuthentications []Config[*security.RequestAuthentication]
+	// JWKS holds the keys fetched from RequestAuthentication jwksUris (see Store.SetJWKS),
+	// by URI; a URI not fetched yet has no entry.
+	JWKS map[string]string
 
 	// Version increases with every snapshot Store.Next builds (0 from Store.Snapshot);
 	// successive snapshots share unchanged parts.
@@ -142,6 +151,8 @@ type Store struct {
 	version uint64
 	// epVersion is the Version at which each hostname's endpoints last changed.
 	epVersion map[string]uint64
+	// jwks are the fetched JWKS documents by URI.
+	jwks map[string]string
 }
 
 // NewStore returns an empty store.
@@ -238,6 +249,34 @@ func (s *Store) recordListenerEndpoints(kind schema.Kind, name string) {
 	}
 }
 
+// JWKSKind names JWKS changes in Change.Configs (Name is the URI).
+const JWKSKind = "JWKS"
+
+// SetJWKS records the keys fetched from a jwksUri ("" forgets them); a change makes the next
+// snapshot carry them and pushes the listeners that inline them.
+func (s *Store) SetJWKS(uri, keys string) {
+	s.mu.Lock()
+	if old, ok := s.jwks[uri]; (ok && old == keys) || (!ok && keys == "") {
+		s.mu.Unlock()
+		return
+	}
+	if keys == "" {
+		delete(s.jwks, uri)
+	} else {
+		if s.jwks == nil {
+			s.jwks = map[string]string{}
+		}
+		s.jwks[uri] = keys
+	}
+	s.pending.Full = true
+	s.pending.addConfig(ConfigKey{Kind: JWKSKind, Name: uri}, Visibility{All: true})
+	s.mu.Unlock()
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
 // PendingFull reports whether the changes waiting for Next include more than endpoints.
 func (s *Store) PendingFull() bool {
 	s.mu.Lock()
@@ -315,6 +354,9 @@ func (s *Store) build() *Snapshot {
 	snap.DestinationRules = configs[*networking.DestinationRule](s.state[schema.DestinationRule.TypeURL])
 	snap.Gateways = configs[*networking.Gateway](s.state[schema.Gateway.TypeURL])
 	snap.Sidecars = configs[*networking.Sidecar](s.state[schema.Sidecar.TypeURL])
+	snap.AuthorizationPolicies = configs[*security.AuthorizationPolicy](s.state[schema.AuthorizationPolicy.TypeURL])
+	snap.RequestAuthentications = configs[*security.RequestAuthentication](s.state[schema.RequestAuthentication.TypeURL])
+	snap.JWKS = maps.Clone(s.jwks)
 	for _, r := range s.state[schema.MeshConfig.TypeURL] {
 		snap.Mesh = r.Body.(*meshv1alpha1.MeshConfig)
 	}

@@ -264,3 +264,26 @@ func applier(t *testing.T, h bus.Handler) func(bus.Change) {
 		}
 	}
 }
+
+// Fetched JWKS reach the next snapshot as a full change naming the URI; setting the same keys
+// again changes nothing.
+func TestSetJWKS(t *testing.T) {
+	s := NewStore()
+	s.Next()
+	s.SetJWKS("https://idp/keys", "k1")
+	snap, ch := s.Next()
+	if snap.JWKS["https://idp/keys"] != "k1" || !ch.Full {
+		t.Fatalf("snapshot JWKS %v, change %+v", snap.JWKS, ch)
+	}
+	if _, ok := ch.Configs[ConfigKey{Kind: JWKSKind, Name: "https://idp/keys"}]; !ok {
+		t.Fatalf("change %v does not name the URI", ch.Configs)
+	}
+	s.SetJWKS("https://idp/keys", "k1")
+	if _, ch := s.Next(); !ch.Empty() {
+		t.Fatalf("same keys again: change %+v", ch)
+	}
+	s.SetJWKS("https://idp/keys", "")
+	if snap, _ := s.Next(); len(snap.JWKS) != 0 {
+		t.Fatalf("forgotten keys still in %v", snap.JWKS)
+	}
+}

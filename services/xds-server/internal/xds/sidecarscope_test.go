@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	networking "istio.io/api/networking/v1alpha3"
+	security "istio.io/api/security/v1beta1"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
@@ -18,6 +19,11 @@ const (
 	svcB   = "svc.b.svc.cluster.local"
 	otherB = "other.b.svc.cluster.local"
 )
+
+func authzPolicy(ns, name string) bus.Change {
+	return bus.Change{TypeURL: schema.AuthorizationPolicy.TypeURL, Updated: []*bus.Resource{{Name: ns + "/" + name,
+		Body: &security.AuthorizationPolicy{Action: security.AuthorizationPolicy_DENY, Rules: []*security.Rule{{}}}}}}
+}
 
 func sidecar(ns, name string, hosts ...string) bus.Change {
 	return bus.Change{TypeURL: schema.Sidecar.TypeURL, Updated: []*bus.Resource{{Name: ns + "/" + name,
@@ -59,6 +65,8 @@ func TestSidecarScopedPush(t *testing.T) {
 		"sidecarE":   sc("e"), // the root namespace's default Sidecar applies
 		"routerA":    {Type: model.Router, Namespace: "a"},
 		"proxylessA": {Type: model.Proxyless, Namespace: "a"},
+		// A proxyless gRPC server at the endpoint's address.
+		"proxylessServer": {Type: model.Proxyless, Namespace: "a", IPs: []string{"10.0.0.1"}},
 	}
 	all := "CDS,EDS,LDS,RDS"
 	for _, tc := range []struct {
@@ -98,6 +106,18 @@ func TestSidecarScopedPush(t *testing.T) {
 		{name: "service with endpoints at the proxy", pre: []bus.Change{endpoints("b", otherB, "10.0.0.1")},
 			changes: []bus.Change{withPort("b", otherB, 81)},
 			want:    map[string]string{"sidecarA": all, "sidecarC": "", "sidecarE": ""}},
+		{name: "own endpoint appears", changes: []bus.Change{endpoints("b", otherB, "10.0.0.1")},
+			want: map[string]string{"sidecarA": "CDS,EDS,LDS", "sidecarC": "EDS", "routerA": "EDS", "proxylessA": "EDS", "proxylessServer": "EDS,LDS"}},
+		{name: "AuthorizationPolicy in a namespace", changes: []bus.Change{authzPolicy("a", "deny")},
+			want: map[string]string{"sidecarA": "LDS", "sidecarC": "", "sidecarE": "", "routerA": "LDS", "proxylessA": "LDS"}},
+		{name: "AuthorizationPolicy deleted", pre: []bus.Change{authzPolicy("c", "deny")},
+			changes: []bus.Change{{TypeURL: schema.AuthorizationPolicy.TypeURL, Removed: []string{"c/deny"}}},
+			want:    map[string]string{"sidecarA": "", "sidecarC": "LDS", "sidecarE": "", "proxylessA": ""}},
+		{name: "AuthorizationPolicy in the root namespace", changes: []bus.Change{authzPolicy("istio-system", "deny")},
+			want: map[string]string{"sidecarA": "LDS", "sidecarC": "LDS", "sidecarE": "LDS", "routerA": "LDS", "proxylessA": "LDS"}},
+		{name: "RequestAuthentication", changes: []bus.Change{{TypeURL: schema.RequestAuthentication.TypeURL,
+			Updated: []*bus.Resource{{Name: "c/jwt", Body: &security.RequestAuthentication{}}}}},
+			want: map[string]string{"sidecarA": "", "sidecarC": "LDS", "sidecarE": "", "routerA": ""}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := model.NewStore()
@@ -130,6 +150,31 @@ func TestSidecarScopedPush(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Fetched JWKS are inlined into sidecars' and gateways' listeners, not proxyless ones.
+func TestJWKSPush(t *testing.T) {
+	s := model.NewStore()
+	s.Next()
+	s.SetJWKS("https://idp/keys", "k")
+	snap, ch := s.Next()
+	req := &PushRequest{Full: ch.Full, Configs: ch.Configs, Endpoints: ch.Endpoints, Hosts: ch.Hosts}
+	for _, tc := range []struct {
+		proxy *model.Proxy
+		want  string
+	}{
+		{&model.Proxy{Type: model.SidecarProxy, Namespace: "a"}, "LDS"},
+		{&model.Proxy{Type: model.Router, Namespace: "a"}, "LDS"},
+		{&model.Proxy{Type: model.Proxyless, Namespace: "a"}, ""},
+	} {
+		var got []string
+		for typ := range affectedTypes(tc.proxy, req, snap) {
+			got = append(got, abbrev[typ])
+		}
+		if g := strings.Join(got, ","); g != tc.want {
+			t.Errorf("%s: pushed %q, want %q", tc.proxy.Type, g, tc.want)
+		}
 	}
 }
 

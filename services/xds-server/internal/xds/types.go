@@ -100,6 +100,15 @@ func affectedTypes(p *model.Proxy, req *PushRequest, snap *model.Snapshot) map[s
 	}
 	if len(req.Endpoints) > 0 {
 		add(resourcev3.EndpointType)
+		// A workload's own endpoints give the ports it serves: its inbound listeners (and a
+		// sidecar's inbound clusters) change when one appears or changes, e.g. when its pod
+		// becomes ready after a proxyless server asked for its listener.
+		if !p.IsRouter() && ownEndpointChanged(p, req.Endpoints, snap) {
+			add(resourcev3.ListenerType)
+			if p.IsSidecar() {
+				add(resourcev3.ClusterType)
+			}
+		}
 	}
 	if !req.Full {
 		return out
@@ -137,11 +146,39 @@ func affectedTypes(p *model.Proxy, req *PushRequest, snap *model.Snapshot) map[s
 			if !p.IsRouter() && (vis.Sees(p.Namespace) || key.Namespace == root) {
 				add(pushOrder...)
 			}
+		case model.JWKSKind:
+			// Keys inlined into the jwt_authn filters of sidecars' and gateways' listeners.
+			if !p.IsProxyless() {
+				add(resourcev3.ListenerType)
+			}
+		case "AuthorizationPolicy", "RequestAuthentication":
+			// Filters of the inbound chains of sidecars and proxyless servers, and of
+			// gateways' chains: listeners only.
+			if vis.Sees(p.Namespace) || key.Namespace == root {
+				add(resourcev3.ListenerType)
+			}
 		default: // MeshConfig and kinds without a finer rule.
 			return all
 		}
 	}
 	return out
+}
+
+// ownEndpointChanged reports whether a host whose endpoints changed has one at p's IPs in snap.
+func ownEndpointChanged(p *model.Proxy, hosts map[string]struct{}, snap *model.Snapshot) bool {
+	if snap == nil || len(p.IPs) == 0 {
+		return false
+	}
+	for h := range hosts {
+		if svc := snap.Services[h]; svc != nil {
+			for _, ep := range svc.Endpoints {
+				if p.HasIP(ep.GetAddress()) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // sidecarFilter returns whether a Service, VirtualService or DestinationRule change can reach
