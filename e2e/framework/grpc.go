@@ -74,16 +74,19 @@ func GRPCBootstrap(xdsAddr, nodeID string) []byte {
 
 // GRPCBootstrapIn is GRPCBootstrap for a client that says it runs in region and zone.
 func GRPCBootstrapIn(xdsAddr, nodeID, region, zone string) []byte {
-	return bootstrap(xdsAddr, nodeID, region, zone, map[string]any{"type": "insecure"})
+	return clientBootstrap(xdsAddr, nodeID, region, zone, insecureCreds)
 }
 
 // GRPCBootstrapTLS is GRPCBootstrap over TLS (istiod's 15012): the client verifies the xDS
 // server's certificate with the roots in rootFile.
 func GRPCBootstrapTLS(xdsAddr, nodeID, rootFile string) []byte {
-	return bootstrap(xdsAddr, nodeID, "", "", map[string]any{"type": "tls", "config": map[string]any{"ca_certificate_file": rootFile}})
+	return clientBootstrap(xdsAddr, nodeID, "", "", map[string]any{"type": "tls", "config": map[string]any{"ca_certificate_file": rootFile}})
 }
 
-func bootstrap(xdsAddr, nodeID, region, zone string, creds map[string]any) []byte {
+var insecureCreds = map[string]any{"type": "insecure"}
+
+// clientBootstrap is the bootstrap of a proxyless client in namespace demo, region and zone.
+func clientBootstrap(xdsAddr, nodeID, region, zone string, creds map[string]any) []byte {
 	locality := map[string]any{}
 	if region != "" {
 		locality["region"] = region
@@ -91,7 +94,7 @@ func bootstrap(xdsAddr, nodeID, region, zone string, creds map[string]any) []byt
 	if zone != "" {
 		locality["zone"] = zone
 	}
-	return bootstrap(xdsAddr, map[string]any{
+	return bootstrap(xdsAddr, creds, map[string]any{
 		"id":       nodeID,
 		"locality": locality,
 		"metadata": map[string]any{"GENERATOR": "grpc", "NAMESPACE": "demo", "CLUSTER_ID": "Kubernetes"},
@@ -102,15 +105,15 @@ func bootstrap(xdsAddr, nodeID, region, zone string, creds map[string]any) []byt
 // namespace demo with labels: it asks Sailplane for its server-side listener by the name
 // istio-agent's bootstrap template gives, "xds.istio.io/grpc/lds/inbound/<ip>:<port>".
 func GRPCServerBootstrap(xdsAddr, nodeID string, labels map[string]string) []byte {
-	return bootstrap(xdsAddr, map[string]any{
+	return bootstrap(xdsAddr, insecureCreds, map[string]any{
 		"id":       nodeID,
 		"locality": map[string]any{},
 		"metadata": map[string]any{"GENERATOR": "grpc", "NAMESPACE": "demo", "CLUSTER_ID": "Kubernetes", "LABELS": labels},
 	}, map[string]any{"server_listener_resource_name_template": "xds.istio.io/grpc/lds/inbound/%s"})
 }
 
-// bootstrap is a gRPC xDS bootstrap for node, plaintext to xdsAddr, with extra top-level keys.
-func bootstrap(xdsAddr string, node, extra map[string]any) []byte {
+// bootstrap is a gRPC xDS bootstrap for node, to xdsAddr with creds, with extra top-level keys.
+func bootstrap(xdsAddr string, creds, node, extra map[string]any) []byte {
 	doc := map[string]any{
 		"xds_servers": []any{map[string]any{
 			"server_uri":      xdsAddr,
