@@ -49,8 +49,11 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 		}
 		if typeURL == resourcev3.ClusterType || typeURL == resourcev3.ListenerType {
 			b.WriteString("/in=")
+			// The rules the proxy's namespace sees, as its builder resolves them.
+			view := &builder{snap: snap, proxy: proxy}
+			binds := snap.Bindings(view.exported, view.destinationRuleRank)
 			for _, in := range ix.inboundPorts(specOf(sc), proxy, nil) {
-				b.WriteString(in.key())
+				b.WriteString(in.key(binds))
 				b.WriteByte(';')
 			}
 		}

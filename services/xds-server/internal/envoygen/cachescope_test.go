@@ -6,6 +6,7 @@ import (
 	"maps"
 	"testing"
 
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -118,4 +119,108 @@ func clone(p *model.Proxy) *model.Proxy {
 
 func describe(p *model.Proxy) string {
 	return fmt.Sprintf("%s ns=%s ips=%v labels=%v", p.NodeID, p.Namespace, p.IPs, p.Labels)
+}
+
+// TestCacheScopeSharedByServices: the workloads of different services that serve the same
+// ports read nothing of their service but its DestinationRule, so they share one cluster and
+// listener scope (one generation for a mesh of many small services, as in Istio's load test)
+// unless different rules apply to them.
+func TestCacheScopeSharedByServices(t *testing.T) {
+	const services = `
+apiVersion: sailplane.dev/v1
+kind: Service
+spec:
+  hostname: a.load.svc.cluster.local
+  namespace: load
+  ports: [{name: http, number: 8080, protocol: HTTP}]
+---
+apiVersion: sailplane.dev/v1
+kind: Endpoints
+spec:
+  hostname: a.load.svc.cluster.local
+  namespace: load
+  endpoints: [{address: 10.0.0.1}]
+---
+apiVersion: sailplane.dev/v1
+kind: Service
+spec:
+  hostname: b.load.svc.cluster.local
+  namespace: load
+  ports: [{name: http, number: 8080, protocol: HTTP}]
+---
+apiVersion: sailplane.dev/v1
+kind: Endpoints
+spec:
+  hostname: b.load.svc.cluster.local
+  namespace: load
+  endpoints: [{address: 10.0.0.2}]
+`
+	const poolOnA = `
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: a, namespace: load}
+spec:
+  host: a
+  trafficPolicy: {connectionPool: {tcp: {maxConnections: 7}}}
+`
+	const poolOnAll = `
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: all, namespace: load}
+spec:
+  host: "*.load.svc.cluster.local"
+  trafficPolicy: {connectionPool: {tcp: {maxConnections: 7}}}
+`
+	cases := []struct {
+		name  string
+		rules string
+		share bool
+	}{
+		{"no DestinationRule", "", true},
+		{"one rule for both", poolOnAll, true},
+		{"a rule for one", poolOnA, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			snap := snapshotOf(t, services+c.rules)
+			g := New(nil)
+			a := &model.Proxy{Type: model.SidecarProxy, Namespace: "load", IPs: []string{"10.0.0.1"}, Labels: map[string]string{}}
+			b := clone(a)
+			b.IPs = []string{"10.0.0.2"}
+			for _, typeURL := range []string{resourcev3.ClusterType, resourcev3.ListenerType} {
+				sa, sb := g.CacheScope(snap, a, typeURL), g.CacheScope(snap, b, typeURL)
+				if (sa == sb) != c.share {
+					t.Errorf("%s: scopes %q and %q, want shared = %v", typeURL, sa, sb, c.share)
+				}
+				ra, err := g.Generate(snap, a, typeURL, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rb, err := g.Generate(snap, b, typeURL, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// Shared scopes must mean equal output; the rule on one service must change its
+				// inbound cluster, or the case proves nothing.
+				same := equalResources(ra, rb)
+				if c.share && !same || !c.share && typeURL == resourcev3.ClusterType && same {
+					t.Errorf("%s: outputs equal = %v, want %v", typeURL, same, c.share)
+				}
+			}
+		})
+	}
+}
+
+func equalResources(a, b []types.Resource) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !proto.Equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
 }

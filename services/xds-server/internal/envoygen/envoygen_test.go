@@ -93,7 +93,14 @@ func load(t *testing.T, dir string) testCase {
 	if len(tc.proxies) == 0 {
 		t.Fatalf("%s: no Proxy document", dir)
 	}
-	items, err := testinput.Parse([]byte(strings.Join(rest, "\n---\n")))
+	tc.snap = snapshotOf(t, strings.Join(rest, "\n---\n"))
+	return tc
+}
+
+// snapshotOf builds a snapshot from testinput YAML documents.
+func snapshotOf(t *testing.T, docs string) *model.Snapshot {
+	t.Helper()
+	items, err := testinput.Parse([]byte(docs))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,8 +111,7 @@ func load(t *testing.T, dir string) testCase {
 			t.Fatalf("apply %s: %v", c.TypeURL, err)
 		}
 	}
-	tc.snap = store.Snapshot()
-	return tc
+	return store.Snapshot()
 }
 
 func all(r *Resources) []proto.Message {

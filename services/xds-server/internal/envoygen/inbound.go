@@ -110,8 +110,10 @@ func (ix *snapIndex) inboundPorts(sc *networking.Sidecar, proxy *model.Proxy, lo
 	return out
 }
 
-// key spells an inbound port with everything generation reads of it.
-func (in inboundPort) key() string {
+// key spells an inbound port with everything generation reads of it. The service is read
+// only through its DestinationRule (see inboundConnectionPool), so the key names that rule
+// rather than the host: workloads of different services on the same ports share a scope.
+func (in inboundPort) key(binds *model.Bindings) string {
 	addr := "orig"
 	if a := in.endpoint; a != nil {
 		addr = a.GetPipe().GetPath()
@@ -119,7 +121,19 @@ func (in inboundPort) key() string {
 			addr = sa.GetAddress() + ":" + itoa(sa.GetPortValue())
 		}
 	}
-	return itoa(in.port) + "," + itoa(uint32(in.proto)) + "," + addr + "," + in.host + "," + itoa(in.servicePort)
+	k := itoa(in.port) + "," + itoa(uint32(in.proto)) + "," + addr
+	if dr := in.destinationRule(binds); dr != nil {
+		k += ",dr=" + dr.Namespace + "/" + dr.Name + "," + itoa(in.servicePort)
+	}
+	return k
+}
+
+// destinationRule is the rule of the service the port serves, nil if none applies.
+func (in inboundPort) destinationRule(binds *model.Bindings) *model.Config[*networking.DestinationRule] {
+	if in.host == "" {
+		return nil
+	}
+	return binds.DestinationRule(in.host)
 }
 
 // parseDefaultEndpoint reads a Sidecar ingress defaultEndpoint as istiod does:
@@ -195,17 +209,15 @@ func (b *builder) inboundConnectionPool(in inboundPort) *networking.ConnectionPo
 	if cp := sc.GetInboundConnectionPool(); cp != nil {
 		return cp
 	}
-	if in.host != "" {
-		if dr := b.binds.DestinationRule(in.host); dr != nil {
-			tp := dr.Spec.GetTrafficPolicy()
-			for _, pls := range tp.GetPortLevelSettings() {
-				if pls.GetPort().GetNumber() == in.servicePort {
-					return cmp.Or(pls.GetConnectionPool(), b.snap.Mesh.GetDefaultTrafficPolicy().GetConnectionPool())
-				}
+	if dr := in.destinationRule(b.binds); dr != nil {
+		tp := dr.Spec.GetTrafficPolicy()
+		for _, pls := range tp.GetPortLevelSettings() {
+			if pls.GetPort().GetNumber() == in.servicePort {
+				return cmp.Or(pls.GetConnectionPool(), b.snap.Mesh.GetDefaultTrafficPolicy().GetConnectionPool())
 			}
-			if cp := tp.GetConnectionPool(); cp != nil {
-				return cp
-			}
+		}
+		if cp := tp.GetConnectionPool(); cp != nil {
+			return cp
 		}
 	}
 	return b.snap.Mesh.GetDefaultTrafficPolicy().GetConnectionPool()
