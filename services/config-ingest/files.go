@@ -37,6 +37,10 @@ const StateFile = "config-ingest-files.json"
 // maxDelay bounds how long a continuous stream of events can postpone a rescan.
 const maxDelay = time.Second
 
+// saveDelay is how long the saved state may trail the published config: a crash in between
+// restarts from the state before the last changes, as a crash just before them would.
+const saveDelay = time.Second
+
 // runFiles is Run in files mode.
 func (s *Service) runFiles(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
@@ -102,6 +106,7 @@ func (s *Service) runFiles(ctx context.Context) error {
 		state := f.tree.State(k.TypeURL)
 		s.published(f.tree, k.TypeURL, state, s.pub.Replace(k.TypeURL, state))
 	}
+	f.save()
 	close(s.ready)
 	s.log.Info("config published", "folders", f.roots, "resources", len(f.tree.Published()), "problems", len(f.tree.Problems()))
 
@@ -111,10 +116,18 @@ func (s *Service) runFiles(ctx context.Context) error {
 	settle := time.NewTimer(time.Hour)
 	settle.Stop()
 	defer settle.Stop()
+	// The state is saved saveDelay after a rescan, and when config-ingest stops: encoding and
+	// syncing the whole tree costs tens of milliseconds of CPU at a thousand services, which
+	// should neither delay the change nor compete with the pushes it causes.
+	save := time.NewTimer(time.Hour)
+	save.Stop()
+	defer save.Stop()
+	defer f.save()
 	var first time.Time // of the pending burst; zero when none is pending
 	rescan := func() {
 		first = time.Time{}
 		f.publish(f.scan())
+		save.Reset(saveDelay)
 		if f.newDirs {
 			// Files created in new folders before they were watched brought no event.
 			debounce.Reset(s.cfg.Debounce)
@@ -166,6 +179,8 @@ func (s *Service) runFiles(ctx context.Context) error {
 			rescan()
 		case <-settle.C:
 			rescan()
+		case <-save.C:
+			f.save()
 		}
 	}
 }
@@ -199,12 +214,12 @@ func (f *folders) setSources(m *meshv1alpha1.MeshConfig) bool {
 	return changed
 }
 
-// scan rescans the folders, updates what is watched, the problems and the saved state.
+// scan rescans the folders, updates what is watched and the problems; the caller saves the
+// state once the changes are published.
 func (f *folders) scan() []tree.Change {
 	changes := f.tree.Scan(f.roots, f.unsupported...)
 	f.newDirs = f.watch()
 	f.s.setProblems(f.tree.Problems())
-	f.save()
 	return changes
 }
 

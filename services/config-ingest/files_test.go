@@ -120,6 +120,29 @@ func TestRestartKeepsLastValid(t *testing.T) {
 	eventually(t, "fixed", func() bool { w := weights(rec, "default/split"); return len(w) == 2 && w[0] == 50 })
 }
 
+// The state saved for restarts follows changes made while running, even when config-ingest
+// stops right after one (the state is saved after publishing, and again on stop).
+func TestRestartKeepsChangeMadeBeforeStop(t *testing.T) {
+	root := t.TempDir()
+	mesh, state := filepath.Join(root, "mesh.yaml"), filepath.Join(root, "state")
+	write(t, mesh, "")
+	write(t, filepath.Join(root, "conf", "split.yaml"), split("split", 80, 20))
+	cfg := configingest.Config{MeshFile: mesh, StateDir: state}
+
+	rec := newRecorder()
+	_, stop := run(t, cfg, rec)
+	write(t, filepath.Join(root, "conf", "split.yaml"), split("split", 50, 50))
+	eventually(t, "change published", func() bool { w := weights(rec, "default/split"); return len(w) == 2 && w[0] == 50 })
+	stop()
+
+	write(t, filepath.Join(root, "conf", "split.yaml"), split("split", 180, 20))
+	rec = newRecorder()
+	run(t, cfg, rec)
+	if got := weights(rec, "default/split"); len(got) != 2 || got[0] != 50 || got[1] != 50 {
+		t.Fatalf("after restart, weights %v, want the last valid 50/50", got)
+	}
+}
+
 // Without configSources, the conf folder beside the mesh file is read; an empty mesh file is
 // Istio's defaults.
 func TestDefaultConfigFolder(t *testing.T) {
