@@ -126,37 +126,27 @@ func describe(p *model.Proxy) string {
 // listener scope (one generation for a mesh of many small services, as in Istio's load test)
 // unless different rules apply to them.
 func TestCacheScopeSharedByServices(t *testing.T) {
-	const services = `
+	// Services a and b, one HTTP port each, with one workload at 10.0.0.1 and 10.0.0.2.
+	var services string
+	for i, name := range []string{"a", "b"} {
+		services += fmt.Sprintf(`
 apiVersion: sailplane.dev/v1
 kind: Service
 spec:
-  hostname: a.load.svc.cluster.local
+  hostname: %[1]s.load.svc.cluster.local
   namespace: load
   ports: [{name: http, number: 8080, protocol: HTTP}]
 ---
 apiVersion: sailplane.dev/v1
 kind: Endpoints
 spec:
-  hostname: a.load.svc.cluster.local
+  hostname: %[1]s.load.svc.cluster.local
   namespace: load
-  endpoints: [{address: 10.0.0.1}]
+  endpoints: [{address: 10.0.0.%[2]d}]
 ---
-apiVersion: sailplane.dev/v1
-kind: Service
-spec:
-  hostname: b.load.svc.cluster.local
-  namespace: load
-  ports: [{name: http, number: 8080, protocol: HTTP}]
----
-apiVersion: sailplane.dev/v1
-kind: Endpoints
-spec:
-  hostname: b.load.svc.cluster.local
-  namespace: load
-  endpoints: [{address: 10.0.0.2}]
-`
+`, name, i+1)
+	}
 	const poolOnA = `
----
 apiVersion: networking.istio.io/v1
 kind: DestinationRule
 metadata: {name: a, namespace: load}
@@ -165,7 +155,6 @@ spec:
   trafficPolicy: {connectionPool: {tcp: {maxConnections: 7}}}
 `
 	const poolOnAll = `
----
 apiVersion: networking.istio.io/v1
 kind: DestinationRule
 metadata: {name: all, namespace: load}
