@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -99,6 +100,10 @@ func (s *Service) runFiles(ctx context.Context) error {
 	defer fw.Close()
 	f := &folders{s: s, fw: fw, watched: map[string]bool{},
 		tree: tree.New(s.cfg.DefaultNamespace, s.log, tree.WithSettle(s.cfg.Settle))}
+	if s.cfg.StateDir != "" {
+		f.writer = newStateWriter(s.log, f.statePath())
+		defer f.writer.close()
+	}
 	f.restore()
 	f.setSources(current)
 	f.scan()
@@ -116,9 +121,9 @@ func (s *Service) runFiles(ctx context.Context) error {
 	settle := time.NewTimer(time.Hour)
 	settle.Stop()
 	defer settle.Stop()
-	// The state is saved saveDelay after a rescan, and when config-ingest stops: encoding and
-	// syncing the whole tree costs tens of milliseconds of CPU at a thousand services, which
-	// should neither delay the change nor compete with the pushes it causes.
+	// The state is saved saveDelay after a rescan, and when config-ingest stops: encoding the
+	// whole tree costs tens of milliseconds of CPU at a thousand services, which should
+	// neither delay the change nor compete with the pushes it causes.
 	save := time.NewTimer(time.Hour)
 	save.Stop()
 	defer save.Stop()
@@ -197,8 +202,8 @@ type folders struct {
 	unsupported []error // config sources that cannot be read at all
 	newDirs     bool    // the last scan found folders not watched before
 
-	saved      []byte // the state last written to the state file
-	saveFailed bool
+	saved  []byte       // the state last handed to writer
+	writer *stateWriter // nil without a state folder
 }
 
 // setSources takes the folders to read from m (or Config.ConfigDirs) and reports whether they
@@ -302,31 +307,77 @@ func (f *folders) restore() {
 	f.s.log.Info("saved config state restored", "file", f.statePath())
 }
 
-// save writes the tree's state when it changed. Failing to is logged once (until it works
-// again) and changes nothing else: it only weakens what a restart remembers.
+// save hands the tree's state to the writer when it changed.
 func (f *folders) save() {
-	if f.s.cfg.StateDir == "" {
+	if f.writer == nil {
 		return
 	}
 	data, err := f.tree.MarshalState()
-	if err == nil && bytes.Equal(data, f.saved) {
-		return
-	}
-	if err == nil {
-		err = writeAtomic(f.statePath(), data)
-	}
 	if err != nil {
-		if !f.saveFailed {
-			f.s.log.Warn("cannot save config state: after a restart, files that are invalid then lose their last valid version", "file", f.statePath(), "error", err)
-		}
-		f.saveFailed = true
+		f.s.log.Warn("cannot save config state: after a restart, files that are invalid then lose their last valid version", "file", f.statePath(), "error", err)
 		return
 	}
-	if f.saveFailed {
-		f.s.log.Info("config state saved again", "file", f.statePath())
+	if bytes.Equal(data, f.saved) {
+		return
 	}
-	f.saveFailed = false
 	f.saved = data
+	f.writer.write(data)
+}
+
+// stateWriter writes the state file off the run loop, since syncing it can take long on a busy
+// disk; only the latest state waiting is written. Failing to write is logged once (until it
+// works again) and changes nothing else: it only weakens what a restart remembers. A failed
+// state is retried with the next change.
+type stateWriter struct {
+	log  *slog.Logger
+	path string
+	next chan []byte // holds the latest state not yet written
+	done chan struct{}
+}
+
+func newStateWriter(log *slog.Logger, path string) *stateWriter {
+	w := &stateWriter{log: log, path: path, next: make(chan []byte, 1), done: make(chan struct{})}
+	go w.run()
+	return w
+}
+
+func (w *stateWriter) run() {
+	defer close(w.done)
+	failed := false
+	for data := range w.next {
+		if err := writeAtomic(w.path, data); err != nil {
+			if !failed {
+				w.log.Warn("cannot save config state: after a restart, files that are invalid then lose their last valid version", "file", w.path, "error", err)
+			}
+			failed = true
+			continue
+		}
+		if failed {
+			w.log.Info("config state saved again", "file", w.path)
+		}
+		failed = false
+	}
+}
+
+// write queues data, replacing a state still waiting. Called from one goroutine.
+func (w *stateWriter) write(data []byte) {
+	for {
+		select {
+		case w.next <- data:
+			return
+		default:
+		}
+		select {
+		case <-w.next:
+		default:
+		}
+	}
+}
+
+// close writes what is queued and stops.
+func (w *stateWriter) close() {
+	close(w.next)
+	<-w.done
 }
 
 // savedMesh returns the mesh config saved by a previous run, nil when there is none (or no
