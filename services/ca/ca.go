@@ -66,6 +66,14 @@ type Config struct {
 	// DefaultCertTTL is the lifetime of a certificate whose request asks for none; 24h when zero.
 	// MaxCertTTL caps what a request may ask for; 90 days (istiod's default) when zero.
 	DefaultCertTTL, MaxCertTTL time.Duration
+	// RotateRootBefore, when set, replaces a self-signed root (CertDir) created before this time,
+	// once it has come, without downtime: the new root joins the bundle, signing switches to it
+	// RootRotationGrace later, and the old root leaves the bundle MaxCertTTL after that (when
+	// every leaf it signed has expired). Each step is kept beside the root, so a restart resumes.
+	RotateRootBefore time.Time
+	// RootRotationGrace is how long workloads have to learn the new root before it signs (they
+	// get it with their next certificate); MaxCertTTL when zero.
+	RootRotationGrace time.Duration
 
 	// TokenAudiences are the audiences a token must be valid for; istiod's ["istio-ca"] when empty.
 	TokenAudiences []string
@@ -110,6 +118,7 @@ type Service struct {
 	auth    *pki.Authority
 	serving *servingCert
 	addr    net.Addr
+	rotated chan struct{} // closed (and replaced) when a rotation step changes auth
 
 	reviewerOnce sync.Once
 	reviewer     *tokenReviewer
@@ -132,10 +141,13 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if cfg.DefaultCertTTL > cfg.MaxCertTTL {
 		return nil, fmt.Errorf("ca: default certificate TTL %s exceeds the maximum %s", cfg.DefaultCertTTL, cfg.MaxCertTTL)
 	}
+	if !cfg.RotateRootBefore.IsZero() && (cfg.CertDir == "" || cfg.PluggedCertDir != "" || cfg.Kube != nil) {
+		return nil, errors.New("ca: root rotation needs the self-signed root kept in a folder (--ca-cert-dir) without Kubernetes; a Secret, a plugged-in CA and the istio-ca-root-cert ConfigMaps do not follow a rotation yet")
+	}
 	if a := cfg.KeyAlgorithm; a != "" && a != pki.ECDSAP256 && a != pki.RSA2048 {
 		return nil, fmt.Errorf("ca: key algorithm %q: want %s or %s", cfg.KeyAlgorithm, pki.ECDSAP256, pki.RSA2048)
 	}
-	s := &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, mesh: deps.Mesh, ready: make(chan struct{})}
+	s := &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, mesh: deps.Mesh, ready: make(chan struct{}), rotated: make(chan struct{})}
 	if cfg.Kube != nil {
 		c, err := kubernetes.NewForConfig(cfg.Kube)
 		if err != nil {
@@ -171,6 +183,7 @@ func withDefaults(cfg Config) Config {
 	def(&cfg.RootTTL, 10*365*24*time.Hour)
 	def(&cfg.DefaultCertTTL, 24*time.Hour)
 	def(&cfg.MaxCertTTL, 90*24*time.Hour)
+	def(&cfg.RootRotationGrace, cfg.MaxCertTTL)
 	def(&cfg.TokenCacheTTL, time.Minute)
 	if len(cfg.TokenAudiences) == 0 {
 		cfg.TokenAudiences = []string{"istio-ca"}
@@ -201,36 +214,37 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ca: %w", err)
 	}
-	serving, err := newServingCert(auth, s.cfg.ServingDNSNames, s.cfg.KeyAlgorithm)
-	if err != nil {
-		return fmt.Errorf("ca: serving certificate: %w", err)
-	}
-	s.mu.Lock()
-	s.auth, s.serving = auth, serving
-	s.mu.Unlock()
-	s.log.Info("root of trust", "subject", auth.Cert.Subject.String(), "self-signed", auth.SelfSigned(),
-		"root-expires", auth.Roots[0].NotAfter.UTC().Format(time.RFC3339))
-	if s.pub != nil {
-		if err := s.publishBundle(s.pub, auth); err != nil {
-			return err
+	st := rootState{auth: auth}
+	if s.cfg.CertDir != "" && s.cfg.PluggedCertDir == "" {
+		if st, err = loadRotation(s.cfg.CertDir, auth); err != nil {
+			return fmt.Errorf("ca: %w: folder %s: %w", ErrStoredCA, s.cfg.CertDir, err)
 		}
+		auth = st.auth
 	}
+	if err := s.install(auth); err != nil {
+		return err
+	}
+	s.log.Info("root of trust", "subject", auth.Cert.Subject.String(), "self-signed", auth.SelfSigned(),
+		"root-expires", auth.Roots[0].NotAfter.UTC().Format(time.RFC3339), "rotation", st.rotation.Phase)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	if s.kube != nil {
 		wg.Go(func() { errc <- s.runRootCertController(ctx, pki.EncodeCerts(auth.Roots...), s.mesh) })
 	}
+	if _, rotating := s.due(st); rotating {
+		wg.Go(func() { errc <- s.runRotation(ctx, st) })
+	}
 	if dir := s.cfg.ServingCertDir; dir != "" {
 		wg.Go(func() {
-			errc <- s.keepServingCert(ctx, serving, "folder "+dir, func(f map[string][]byte) error { return writeServingFolder(dir, f) })
+			errc <- s.keepServingCert(ctx, "folder "+dir, func(f map[string][]byte) error { return writeServingFolder(dir, f) })
 		})
 	}
 	if ns, name := s.servingSecret(); name != "" {
 		wg.Go(func() {
-			errc <- s.keepServingCert(ctx, serving, "Secret "+ns+"/"+name, func(f map[string][]byte) error {
+			errc <- s.keepServingCert(ctx, "Secret "+ns+"/"+name, func(f map[string][]byte) error {
 				return s.writeServingSecret(ctx, ns, name, f)
 			})
 		})
@@ -250,6 +264,27 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// install makes auth sign and its roots the bundle: a new serving certificate, the bundle
+// published, and the holders of the old ones woken.
+func (s *Service) install(auth *pki.Authority) error {
+	serving, err := newServingCert(auth, s.cfg.ServingDNSNames, s.cfg.KeyAlgorithm)
+	if err != nil {
+		return fmt.Errorf("ca: serving certificate: %w", err)
+	}
+	s.mu.Lock()
+	first := s.auth == nil
+	s.auth, s.serving = auth, serving
+	if !first {
+		close(s.rotated)
+		s.rotated = make(chan struct{})
+	}
+	s.mu.Unlock()
+	if s.pub != nil {
+		return s.publishBundle(s.pub, auth)
+	}
+	return nil
 }
 
 // servingSecret is ServingCertSecret's namespace and name.

@@ -1,6 +1,7 @@
 package ca
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -27,6 +28,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.RootTTL, "root-ttl", 10*365*24*time.Hour, "lifetime of a generated root")
 	fs.DurationVar(&c.DefaultCertTTL, "default-cert-ttl", 24*time.Hour, "lifetime of a workload certificate whose request asks for none")
 	fs.DurationVar(&c.MaxCertTTL, "max-cert-ttl", 90*24*time.Hour, "longest workload certificate lifetime; longer requests are shortened to it")
+	fs.Var(timeValue{&c.RotateRootBefore}, "rotate-root-before", "rotate a self-signed root (--ca-cert-dir) created before this RFC 3339 time, once it has come: the new root joins the bundle, signs after --root-rotation-grace, and the old root leaves the bundle --max-cert-ttl later; a restart resumes the rotation")
+	fs.DurationVar(&c.RootRotationGrace, "root-rotation-grace", 0, "how long workloads have to learn a new root before it signs (default --max-cert-ttl)")
 	fs.StringSliceVar(&c.TokenAudiences, "token-audiences", []string{"istio-ca"}, "audiences a service-account token must be valid for")
 	cli.NamespaceVar(fs, &c.Namespace)
 	cli.SharedStringVar(fs, &c.ClusterID, "cluster-id", cli.EnvOr("CLUSTER_ID", "Kubernetes"), "this cluster's name; callers claiming another (clusterid metadata) are refused")
@@ -40,3 +43,24 @@ func (c *Config) UseKube(kube *rest.Config) {
 		c.CertDir = DefaultCertDir
 	}
 }
+
+// timeValue is an RFC 3339 time flag.
+type timeValue struct{ t *time.Time }
+
+func (v timeValue) String() string {
+	if v.t == nil || v.t.IsZero() {
+		return ""
+	}
+	return v.t.Format(time.RFC3339)
+}
+
+func (v timeValue) Set(s string) error {
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return fmt.Errorf("want an RFC 3339 time such as 2026-01-02T15:04:05Z: %w", err)
+	}
+	*v.t = t
+	return nil
+}
+
+func (timeValue) Type() string { return "time" }

@@ -27,10 +27,13 @@ const (
 
 // keepServingCert keeps a serving certificate for cfg.ServingDNSNames where write puts it (a
 // folder, a Secret), for a server that cannot ask the ca itself (xds-server in microservices mode
-// serving TLS on 15012): written at once, again at half its lifetime, until ctx ends. A failed
+// serving TLS on 15012): written at once, again at half its lifetime or when a root rotation steps, until ctx ends. A failed
 // write is retried with backoff.
-func (s *Service) keepServingCert(ctx context.Context, serving *servingCert, where string, write func(map[string][]byte) error) error {
+func (s *Service) keepServingCert(ctx context.Context, where string, write func(map[string][]byte) error) error {
 	for retry := time.Second; ; {
+		s.mu.Lock()
+		serving, rotated := s.serving, s.rotated
+		s.mu.Unlock()
 		c, err := serving.get(nil)
 		if err != nil {
 			return fmt.Errorf("ca: serving certificate for %s: %w", where, err)
@@ -52,6 +55,7 @@ func (s *Service) keepServingCert(ctx context.Context, serving *servingCert, whe
 		case <-ctx.Done():
 			return nil
 		case <-time.After(time.Until(next)):
+		case <-rotated: // another root signs, or the bundle changed
 		}
 	}
 }

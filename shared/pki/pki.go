@@ -46,8 +46,11 @@ func GenerateKey(alg KeyAlgorithm) (crypto.Signer, error) {
 	}
 }
 
-// clockSkew backdates NotBefore so a peer whose clock is a little behind accepts a fresh certificate.
-const clockSkew = 2 * time.Minute
+// ClockSkew backdates NotBefore so a peer whose clock is a little behind accepts a fresh
+// certificate: a certificate was made at its NotBefore plus ClockSkew.
+const ClockSkew = 2 * time.Minute
+
+const clockSkew = ClockSkew
 
 func serialNumber() (*big.Int, error) {
 	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 128))

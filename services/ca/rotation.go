@@ -1,0 +1,244 @@
+package ca
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"sailplane.dev/shared/pki"
+)
+
+// Root rotation of the folder-kept root, in three steps, each persisted before it takes effect
+// so a restart resumes where it was:
+//
+//	trust-new: a new root is added to the bundle; signing stays with the old one.
+//	sign-new:  after the grace period, signing switches to the new root; both stay trusted.
+//	done:      after MaxCertTTL more (every leaf of the old root has expired), the old root is
+//	           dropped from the bundle.
+const (
+	phaseTrustNew = "trust-new"
+	phaseSignNew  = "sign-new"
+)
+
+// Files beside the root (istio-ca-secret's names) while a rotation runs.
+const (
+	NextCACertFile = "next-ca-cert.pem" // the new root, until signing switches to it
+	NextCAKeyFile  = "next-ca-key.pem"
+	RotationFile   = "root-rotation.json" // the phase and when it began
+)
+
+// rotationState is RotationFile.
+type rotationState struct {
+	Phase string    `json:"phase"`
+	Since time.Time `json:"since"`
+}
+
+// rootState is the root of trust with its rotation, if one runs.
+type rootState struct {
+	auth     *pki.Authority // signs; its Roots are the bundle
+	next     *pki.Authority // phaseTrustNew: the new root
+	rotation rotationState  // zero: no rotation
+}
+
+// rotates reports whether the setting asks to replace root: it was created before RotateRootBefore
+// (to the second, a certificate's precision). The new root is created once that time has come, so
+// it is never replaced in turn.
+func rotates(root *x509.Certificate, before time.Time) bool {
+	return !before.IsZero() && root.NotBefore.Add(pki.ClockSkew).Before(before.Truncate(time.Second))
+}
+
+// due is when st's current phase ends; false when nothing is to be done (no rotation runs and
+// none is asked for).
+func (s *Service) due(st rootState) (time.Time, bool) {
+	switch st.rotation.Phase {
+	case phaseTrustNew:
+		return st.rotation.Since.Add(s.cfg.RootRotationGrace), true
+	case phaseSignNew:
+		return st.rotation.Since.Add(s.cfg.MaxCertTTL), true
+	}
+	return s.cfg.RotateRootBefore, rotates(st.auth.Cert, s.cfg.RotateRootBefore)
+}
+
+// step is the state after st's current phase, taken at now.
+func (s *Service) step(st rootState, now time.Time) (rootState, error) {
+	switch st.rotation.Phase {
+	case phaseTrustNew:
+		auth, err := pki.NewAuthority(st.next.Cert, st.next.Key, nil, []*x509.Certificate{st.next.Cert, st.auth.Cert})
+		return rootState{auth: auth, rotation: rotationState{Phase: phaseSignNew, Since: now}}, err
+	case phaseSignNew:
+		auth, err := pki.NewAuthority(st.auth.Cert, st.auth.Key, nil, []*x509.Certificate{st.auth.Cert})
+		return rootState{auth: auth}, err
+	}
+	next, err := pki.NewSelfSigned(s.cfg.KeyAlgorithm, s.cfg.TrustDomain, s.cfg.RootTTL)
+	if err != nil {
+		return rootState{}, fmt.Errorf("generate the new root: %w", err)
+	}
+	auth, err := pki.NewAuthority(st.auth.Cert, st.auth.Key, nil, []*x509.Certificate{st.auth.Cert, next.Cert})
+	return rootState{auth: auth, next: next, rotation: rotationState{Phase: phaseTrustNew, Since: now}}, err
+}
+
+// loadRotation completes the folder's root (auth, as its four files read) with the rotation
+// kept beside it, and writes the files back in the shape of that phase (finishing a step a
+// crash interrupted). Files of a rotation that never began (no RotationFile) are ignored.
+func loadRotation(dir string, auth *pki.Authority) (rootState, error) {
+	st := rootState{auth: auth}
+	data, err := os.ReadFile(filepath.Join(dir, RotationFile))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return st, nil
+	case err != nil:
+		return st, err
+	}
+	if err := json.Unmarshal(data, &st.rotation); err != nil {
+		return st, fmt.Errorf("%s: %w", RotationFile, err)
+	}
+	next, err := readNext(dir)
+	if err != nil {
+		return st, err
+	}
+	// The old root, whichever step was cut short: the bundle's root that does not sign.
+	others := func(signing *x509.Certificate) []*x509.Certificate {
+		return slices.DeleteFunc(slices.Clone(auth.Roots), func(c *x509.Certificate) bool { return c.Equal(signing) })
+	}
+	switch st.rotation.Phase {
+	case phaseTrustNew:
+		if next == nil {
+			return st, fmt.Errorf("%s says %s but %s/%s are missing", RotationFile, phaseTrustNew, NextCACertFile, NextCAKeyFile)
+		}
+		st.next = next
+		st.auth, err = pki.NewAuthority(auth.Cert, auth.Key, nil, []*x509.Certificate{auth.Cert, next.Cert})
+	case phaseSignNew:
+		signing := auth
+		if next != nil { // the switch was cut short: the next root signs
+			signing = next
+		}
+		st.auth, err = pki.NewAuthority(signing.Cert, signing.Key, nil, append([]*x509.Certificate{signing.Cert}, others(signing.Cert)...))
+	default:
+		return st, fmt.Errorf("%s: unknown phase %q (want %s or %s)", RotationFile, st.rotation.Phase, phaseTrustNew, phaseSignNew)
+	}
+	if err != nil {
+		return st, err
+	}
+	return st, writeRotation(dir, st)
+}
+
+// readNext reads the next root's pair; nil when absent.
+func readNext(dir string) (*pki.Authority, error) {
+	cert, err := os.ReadFile(filepath.Join(dir, NextCACertFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	key, err := os.ReadFile(filepath.Join(dir, NextCAKeyFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	next, err := pki.FromIstioLayout(map[string][]byte{pki.CACertFile: cert, pki.CAKeyFile: key})
+	if err != nil {
+		return nil, fmt.Errorf("%s/%s: %w", NextCACertFile, NextCAKeyFile, err)
+	}
+	return next, nil
+}
+
+// writeRotation writes st to dir, each file atomically, in an order where a crash at any point
+// leaves what loadRotation reads as st or as the state before it: the RotationFile is the
+// commit point of a step.
+func writeRotation(dir string, st rootState) error {
+	write := func(name string, data []byte) error { return replaceFile(filepath.Join(dir, name), data, 0o600) }
+	encodeKey := func(a *pki.Authority) []byte {
+		key, _ := pki.EncodeKey(a.Key) // a key read or generated here always encodes
+		return key
+	}
+	writeState := func() error {
+		data, err := json.Marshal(st.rotation)
+		if err != nil {
+			return err
+		}
+		return write(RotationFile, data)
+	}
+	var steps []func() error
+	switch st.rotation.Phase {
+	case phaseTrustNew:
+		steps = []func() error{
+			func() error { return write(NextCAKeyFile, encodeKey(st.next)) },
+			func() error { return write(NextCACertFile, pki.EncodeCerts(st.next.Cert)) },
+			writeState,
+		}
+	case phaseSignNew:
+		steps = []func() error{
+			writeState,
+			func() error { return write(pki.CAKeyFile, encodeKey(st.auth)) },
+			func() error { return write(pki.CACertFile, pki.EncodeCerts(st.auth.Cert)) },
+		}
+	}
+	steps = append(steps, func() error { return write(pki.RootCertFile, pki.EncodeCerts(st.auth.Roots...)) })
+	if st.rotation.Phase != phaseTrustNew {
+		steps = append(steps, func() error { return removeAll(dir, NextCACertFile, NextCAKeyFile) })
+	}
+	if st.rotation.Phase == "" {
+		steps = append(steps, func() error { return removeAll(dir, RotationFile) })
+	}
+	for _, f := range steps {
+		if err := f(); err != nil {
+			return fmt.Errorf("root rotation: %w", err)
+		}
+	}
+	return nil
+}
+
+func removeAll(dir string, names ...string) error {
+	for _, n := range names {
+		if err := os.Remove(filepath.Join(dir, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// runRotation takes the rotation through its steps as their times come, each persisted, then
+// installed (signing, bundle on the bus, serving certificate). It returns when ctx ends or no
+// step is left.
+func (s *Service) runRotation(ctx context.Context, st rootState) error {
+	for {
+		at, ok := s.due(st)
+		if !ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Until(at)):
+		}
+		next, err := s.step(st, time.Now())
+		if err != nil {
+			return fmt.Errorf("ca: root rotation: %w", err)
+		}
+		if err := writeRotation(s.cfg.CertDir, next); err != nil {
+			return fmt.Errorf("ca: %w", err)
+		}
+		if err := s.install(next.auth); err != nil {
+			return err
+		}
+		s.log.Info("root rotation", "phase", phaseName(next.rotation.Phase), "signing-root", next.auth.Cert.SerialNumber.Text(16), "roots", len(next.auth.Roots))
+		st = next
+	}
+}
+
+func phaseName(p string) string {
+	if p == "" {
+		return "done"
+	}
+	return p
+}
