@@ -129,6 +129,32 @@ func loadRotation(dir string, auth *pki.Authority) (rootState, error) {
 	return st, writeRotation(dir, st)
 }
 
+// switchingTo puts the next root in files' ca-cert.pem and ca-key.pem when a switch to it was
+// cut short (the rotation file says sign-new and the next root's files are still there): the
+// two files may then hold one old and one new half.
+func switchingTo(dir string, files map[string][]byte) error {
+	var st rotationState
+	data, err := os.ReadFile(filepath.Join(dir, RotationFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err == nil {
+		err = json.Unmarshal(data, &st)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", RotationFile, err)
+	}
+	if st.Phase != phaseSignNew {
+		return nil
+	}
+	cert, certErr := os.ReadFile(filepath.Join(dir, NextCACertFile))
+	key, keyErr := os.ReadFile(filepath.Join(dir, NextCAKeyFile))
+	if certErr == nil && keyErr == nil {
+		files[pki.CACertFile], files[pki.CAKeyFile] = cert, key
+	}
+	return nil
+}
+
 // readNext reads the next root's pair; nil when absent.
 func readNext(dir string) (*pki.Authority, error) {
 	cert, err := os.ReadFile(filepath.Join(dir, NextCACertFile))

@@ -274,3 +274,45 @@ func TestRootRotationRunsThrough(t *testing.T) {
 
 // nextSecond is a RotateRootBefore after a root created now (roots are dated to the second).
 func nextSecond() time.Time { return time.Now().Truncate(time.Second).Add(time.Second) }
+
+// TestRootRotationSwitchCutShort: a ca stopped while it switched signing (the rotation file says
+// sign-new, ca-key.pem already the new root's key, ca-cert.pem still the old root) starts, signs
+// with the new root, trusts both, and finishes the switch on disk.
+func TestRootRotationSwitchCutShort(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{CertDir: dir, MaxCertTTL: time.Hour, DefaultCertTTL: time.Hour}
+	first := startRotationCA(t, cfg)
+	old := first.bundle(t)[0]
+	if err := first.stop(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.RotateRootBefore, cfg.RootRotationGrace = nextSecond(), time.Hour
+	r := startRotationCA(t, cfg)
+	waitFor(t, func() error {
+		if rotationPhase(t, dir) != phaseTrustNew || len(r.bundle(t)) != 2 {
+			return fmt.Errorf("rotation not begun")
+		}
+		return nil
+	})
+	next := r.bundle(t)[1]
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The first two writes of the switch.
+	data, _ := json.Marshal(rotationState{Phase: phaseSignNew, Since: time.Now()})
+	key, err := os.ReadFile(filepath.Join(dir, NextCAKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{RotationFile: data, pki.CAKeyFile: key} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r = startRotationCA(t, cfg)
+	r.waitBundle(t, dir, next, old)
+	signedBy(t, r.sign(t, issueClient(t, dir, app, pki.ECDSAP256)), next, true)
+	if cert, _ := os.ReadFile(filepath.Join(dir, pki.CACertFile)); string(cert) != string(pki.EncodeCerts(next)) {
+		t.Fatalf("%s is not the new root after the switch was finished", pki.CACertFile)
+	}
+}

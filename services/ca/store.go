@@ -115,6 +115,9 @@ func (s *Service) folderRoot(dir string) (*pki.Authority, error) {
 		return nil, fmt.Errorf("%w: %s: %w", ErrStoredCA, dir, err)
 	}
 	if len(files) > 0 {
+		if err := switchingTo(dir, files); err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrStoredCA, dir, err)
+		}
 		return fromLayout("folder "+dir, files)
 	}
 	auth, files, err := s.newRoot()
