@@ -141,8 +141,8 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if cfg.DefaultCertTTL > cfg.MaxCertTTL {
 		return nil, fmt.Errorf("ca: default certificate TTL %s exceeds the maximum %s", cfg.DefaultCertTTL, cfg.MaxCertTTL)
 	}
-	if !cfg.RotateRootBefore.IsZero() && (cfg.CertDir == "" || cfg.PluggedCertDir != "" || cfg.Kube != nil) {
-		return nil, errors.New("ca: root rotation needs the self-signed root kept in a folder (--ca-cert-dir) without Kubernetes; a Secret, a plugged-in CA and the istio-ca-root-cert ConfigMaps do not follow a rotation yet")
+	if !cfg.RotateRootBefore.IsZero() && (cfg.CertDir == "" || cfg.PluggedCertDir != "") {
+		return nil, errors.New("ca: root rotation needs the self-signed root kept in a folder (--ca-cert-dir); a root in a Secret or a plugged-in CA is not rotated yet")
 	}
 	if a := cfg.KeyAlgorithm; a != "" && a != pki.ECDSAP256 && a != pki.RSA2048 {
 		return nil, fmt.Errorf("ca: key algorithm %q: want %s or %s", cfg.KeyAlgorithm, pki.ECDSAP256, pki.RSA2048)
@@ -232,7 +232,7 @@ func (s *Service) Run(ctx context.Context) error {
 	defer cancel()
 	errc := make(chan error, 4)
 	if s.kube != nil {
-		wg.Go(func() { errc <- s.runRootCertController(ctx, pki.EncodeCerts(auth.Roots...), s.mesh) })
+		wg.Go(func() { errc <- s.runRootCertController(ctx, s.mesh) })
 	}
 	if _, rotating := s.due(st); rotating {
 		wg.Go(func() { errc <- s.runRotation(ctx, st) })

@@ -42,10 +42,10 @@ var rootCertLabels = map[string]string{"istio.io/config": "true"}
 type rootCertController struct {
 	kube      kubernetes.Interface
 	log       *slog.Logger
-	roots     string
 	namespace string // the ca's: always written
 
 	mu        sync.Mutex
+	roots     string // follows a root rotation
 	selectors []labels.Selector
 	rootNS    string
 
@@ -55,10 +55,11 @@ type rootCertController struct {
 }
 
 // runRootCertController runs until ctx ends. meshSrc, when set, carries the MeshConfig (its
-// discoverySelectors); without it every namespace is written.
-func (s *Service) runRootCertController(ctx context.Context, roots []byte, meshSrc bus.Source) error {
+// discoverySelectors); without it every namespace is written. The roots are the ca's, followed
+// through a rotation.
+func (s *Service) runRootCertController(ctx context.Context, meshSrc bus.Source) error {
 	c := &rootCertController{
-		kube: s.kube, log: s.log.With("configmap", RootCertConfigMap), roots: string(roots), namespace: s.cfg.Namespace,
+		kube: s.kube, log: s.log.With("configmap", RootCertConfigMap), roots: string(s.RootsPEM()), namespace: s.cfg.Namespace,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "root-cert-configmaps"}),
@@ -123,6 +124,25 @@ func (s *Service) runRootCertController(ctx context.Context, roots []byte, meshS
 	c.enqueueAll()
 	c.log.Info("keeping the trust bundle ConfigMap in the mesh's namespaces")
 	wg.Go(func() {
+		for {
+			s.mu.Lock()
+			rotated := s.rotated
+			s.mu.Unlock()
+			if roots := string(s.RootsPEM()); roots != c.currentRoots() {
+				c.mu.Lock()
+				c.roots = roots
+				c.mu.Unlock()
+				c.log.Info("the roots changed: rewriting the trust bundle ConfigMaps")
+				c.enqueueAll()
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-rotated:
+			}
+		}
+	})
+	wg.Go(func() {
 		<-ctx.Done()
 		c.queue.ShutDown()
 	})
@@ -148,6 +168,12 @@ func (c *rootCertController) enqueueAll() {
 	}
 }
 
+func (c *rootCertController) currentRoots() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.roots
+}
+
 func (c *rootCertController) selected(ns *corev1.Namespace) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -166,13 +192,14 @@ func (c *rootCertController) reconcile(ctx context.Context, name string) error {
 	if systemNamespaces[name] || !c.selected(ns) {
 		return nil
 	}
+	roots := c.currentRoots()
 	cms := c.kube.CoreV1().ConfigMaps(name)
 	cm, err := c.cmLister.ConfigMaps(name).Get(RootCertConfigMap)
 	switch {
 	case apierrors.IsNotFound(err):
 		_, err := cms.Create(ctx, &corev1.ConfigMap{
 			ObjectMeta: metav1.ObjectMeta{Name: RootCertConfigMap, Namespace: name, Labels: rootCertLabels},
-			Data:       map[string]string{RootCertKey: c.roots},
+			Data:       map[string]string{RootCertKey: roots},
 		}, metav1.CreateOptions{})
 		switch {
 		case err == nil:
@@ -186,7 +213,7 @@ func (c *rootCertController) reconcile(ctx context.Context, name string) error {
 	case err != nil:
 		return err
 	}
-	if cm.Data[RootCertKey] == c.roots {
+	if cm.Data[RootCertKey] == roots {
 		return nil
 	}
 	// As istiod: only the key is corrected; other keys someone added are kept.
@@ -194,11 +221,11 @@ func (c *rootCertController) reconcile(ctx context.Context, name string) error {
 	if fixed.Data == nil {
 		fixed.Data = map[string]string{}
 	}
-	fixed.Data[RootCertKey] = c.roots
+	fixed.Data[RootCertKey] = roots
 	if _, err := cms.Update(ctx, fixed, metav1.UpdateOptions{}); err != nil {
 		return err
 	}
-	c.log.Info("restored the edited trust bundle", "namespace", name)
+	c.log.Info("updated the trust bundle", "namespace", name)
 	return nil
 }
 

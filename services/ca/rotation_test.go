@@ -11,6 +11,7 @@ import (
 	"time"
 
 	pb "istio.io/api/security/v1alpha1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	securityv1 "sailplane.dev/proto/security/v1"
 	"sailplane.dev/shared/bus"
@@ -315,4 +316,60 @@ func TestRootRotationSwitchCutShort(t *testing.T) {
 	if cert, _ := os.ReadFile(filepath.Join(dir, pki.CACertFile)); string(cert) != string(pki.EncodeCerts(next)) {
 		t.Fatalf("%s is not the new root after the switch was finished", pki.CACertFile)
 	}
+}
+
+// testRootRotationConfigMaps: with Kubernetes (root in a folder), istio-ca-root-cert follows the
+// rotation through its phases, restarts between them included.
+func testRootRotationConfigMaps(t *testing.T, env *kubeEnv) {
+	ns := env.namespace(t, "rotation-ca")
+	dir := t.TempDir()
+	cfg := Config{Kube: env.cfg, Namespace: ns, CertDir: dir, MaxCertTTL: time.Hour, DefaultCertTTL: time.Hour}
+	configMapHolds := func(want ...*x509.Certificate) {
+		t.Helper()
+		waitFor(t, func() error {
+			cm, err := env.client.CoreV1().ConfigMaps(ns).Get(ctxT(t), RootCertConfigMap, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if got := cm.Data[RootCertKey]; got != string(pki.EncodeCerts(want...)) {
+				return fmt.Errorf("%s/%s does not hold the roots %v", ns, RootCertConfigMap, serials(want))
+			}
+			return nil
+		})
+	}
+	start := func(cfg Config) rotationCA {
+		t.Helper()
+		r := startRotationCA(t, cfg)
+		t.Cleanup(func() { _ = r.stop() })
+		return r
+	}
+	r := start(cfg)
+	old := r.bundle(t)[0]
+	configMapHolds(old)
+
+	cfg.RotateRootBefore, cfg.RootRotationGrace = nextSecond(), time.Hour
+	r = start(cfg)
+	waitFor(t, func() error {
+		if len(r.bundle(t)) != 2 {
+			return fmt.Errorf("rotation not begun")
+		}
+		return nil
+	})
+	next := r.bundle(t)[1]
+	configMapHolds(old, next)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg.RootRotationGrace = time.Nanosecond
+	r = start(cfg)
+	configMapHolds(next, old)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	// With a short MaxCertTTL, the old root leaves the ConfigMaps once it has passed since the
+	// switch (while the ca runs, or at once).
+	cfg.MaxCertTTL, cfg.DefaultCertTTL = time.Second, time.Second
+	start(cfg)
+	configMapHolds(next)
 }
