@@ -235,8 +235,9 @@ func TestRootRotationRunsThrough(t *testing.T) {
 	if err := first.stop(); err != nil {
 		t.Fatal(err)
 	}
+	servingDir := t.TempDir()
 	r := startRotationCA(t, Config{CertDir: dir, RotateRootBefore: nextSecond(), RootRotationGrace: 300 * time.Millisecond,
-		MaxCertTTL: 300 * time.Millisecond, DefaultCertTTL: 300 * time.Millisecond})
+		MaxCertTTL: 300 * time.Millisecond, DefaultCertTTL: 300 * time.Millisecond, ServingCertDir: servingDir})
 	var seen [][]*x509.Certificate
 	waitFor(t, func() error {
 		b := r.bundle(t)
@@ -259,6 +260,25 @@ func TestRootRotationRunsThrough(t *testing.T) {
 		}
 	}
 	r.waitBundle(t, dir, next)
+	// The serving certificate kept for xds-server follows: the new root signs it and is its ca.crt.
+	waitFor(t, func() error {
+		caCrt, _ := os.ReadFile(filepath.Join(servingDir, ServingRootFile))
+		if string(caCrt) != string(pki.EncodeCerts(next)) {
+			return fmt.Errorf("%s is not the new bundle", ServingRootFile)
+		}
+		data, err := os.ReadFile(filepath.Join(servingDir, ServingCertFile))
+		if err != nil {
+			return err
+		}
+		crt, err := pki.ParseCerts(data)
+		if err != nil || len(crt) == 0 {
+			return fmt.Errorf("%s: %v", ServingCertFile, err)
+		}
+		if crt[0].CheckSignatureFrom(next) != nil {
+			return fmt.Errorf("%s is not signed by the new root", ServingCertFile)
+		}
+		return nil
+	})
 	// The client trusts only the new root: the serving certificate chains to it.
 	_, csr := newCSR(t, pki.ECDSAP256, app)
 	resp, err := r.client(t, pki.EncodeCerts(next), issueClient(t, dir, app, pki.ECDSAP256)).
