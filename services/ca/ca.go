@@ -66,7 +66,7 @@ type Config struct {
 	// DefaultCertTTL is the lifetime of a certificate whose request asks for none; 24h when zero.
 	// MaxCertTTL caps what a request may ask for; 90 days (istiod's default) when zero.
 	DefaultCertTTL, MaxCertTTL time.Duration
-	// RotateRootBefore, when set, replaces a self-signed root (CertDir) created before this time,
+	// RotateRootBefore, when set, replaces a self-signed root (Secret or CertDir) created before this time,
 	// once it has come, without downtime: the new root joins the bundle, signing switches to it
 	// RootRotationGrace later, and the old root leaves the bundle MaxCertTTL after that (when
 	// every leaf it signed has expired). Each step is kept beside the root, so a restart resumes.
@@ -141,8 +141,8 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if cfg.DefaultCertTTL > cfg.MaxCertTTL {
 		return nil, fmt.Errorf("ca: default certificate TTL %s exceeds the maximum %s", cfg.DefaultCertTTL, cfg.MaxCertTTL)
 	}
-	if !cfg.RotateRootBefore.IsZero() && (cfg.CertDir == "" || cfg.PluggedCertDir != "") {
-		return nil, errors.New("ca: root rotation needs the self-signed root kept in a folder (--ca-cert-dir); a root in a Secret or a plugged-in CA is not rotated yet")
+	if !cfg.RotateRootBefore.IsZero() && cfg.PluggedCertDir != "" {
+		return nil, errors.New("ca: a plugged-in CA (--cacerts-dir) is not rotated by the ca: --rotate-root-before rotates the self-signed root only")
 	}
 	if a := cfg.KeyAlgorithm; a != "" && a != pki.ECDSAP256 && a != pki.RSA2048 {
 		return nil, fmt.Errorf("ca: key algorithm %q: want %s or %s", cfg.KeyAlgorithm, pki.ECDSAP256, pki.RSA2048)
@@ -201,7 +201,7 @@ func withDefaults(cfg Config) Config {
 // ctx ends. A stored CA that cannot be used is an error wrapping ErrStoredCA, and nothing is
 // served; an API server that cannot be asked is retried, with nothing served meanwhile.
 func (s *Service) Run(ctx context.Context) error {
-	auth, err := s.loadAuthority(ctx)
+	st, err := s.loadAuthority(ctx)
 	for delay := 500 * time.Millisecond; errors.Is(err, ErrKubernetes); delay = min(2*delay, 30*time.Second) {
 		s.log.Warn("cannot read the root of trust yet; retrying", "error", err, "retry-in", delay)
 		select {
@@ -209,17 +209,14 @@ func (s *Service) Run(ctx context.Context) error {
 			return nil
 		case <-time.After(delay):
 		}
-		auth, err = s.loadAuthority(ctx)
+		st, err = s.loadAuthority(ctx)
 	}
 	if err != nil {
 		return fmt.Errorf("ca: %w", err)
 	}
-	st := rootState{auth: auth}
-	if s.cfg.CertDir != "" && s.cfg.PluggedCertDir == "" {
-		if st, err = loadRotation(s.cfg.CertDir, auth); err != nil {
-			return fmt.Errorf("ca: %w: folder %s: %w", ErrStoredCA, s.cfg.CertDir, err)
-		}
-		auth = st.auth
+	auth := st.auth
+	if !s.cfg.RotateRootBefore.IsZero() && !st.rotatable {
+		s.log.Warn("a plugged-in CA is not rotated: --rotate-root-before is ignored")
 	}
 	if err := s.install(auth); err != nil {
 		return err

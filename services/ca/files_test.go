@@ -282,11 +282,11 @@ func TestBearerTokenOverPlaintextRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	auth, err := svc.loadAuthority(context.Background())
+	st, err := svc.loadAuthority(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc.auth = auth
+	svc.auth = st.auth
 	g := grpc.NewServer()
 	svc.Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -28,7 +28,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.RootTTL, "root-ttl", 10*365*24*time.Hour, "lifetime of a generated root")
 	fs.DurationVar(&c.DefaultCertTTL, "default-cert-ttl", 24*time.Hour, "lifetime of a workload certificate whose request asks for none")
 	fs.DurationVar(&c.MaxCertTTL, "max-cert-ttl", 90*24*time.Hour, "longest workload certificate lifetime; longer requests are shortened to it")
-	fs.Var(timeValue{&c.RotateRootBefore}, "rotate-root-before", "rotate a self-signed root (--ca-cert-dir) created before this RFC 3339 time, once it has come: the new root joins the bundle, signs after --root-rotation-grace, and the old root leaves the bundle --max-cert-ttl later; a restart resumes the rotation")
+	fs.Var(timeValue{&c.RotateRootBefore}, "rotate-root-before", "rotate a self-signed root (istio-ca-secret or --ca-cert-dir) created before this RFC 3339 time, once it has come: the new root joins the bundle, signs after --root-rotation-grace, and the old root leaves the bundle --max-cert-ttl later; a restart resumes the rotation")
 	fs.DurationVar(&c.RootRotationGrace, "root-rotation-grace", 0, "how long workloads have to learn a new root before it signs (default --max-cert-ttl)")
 	fs.StringSliceVar(&c.TokenAudiences, "token-audiences", []string{"istio-ca"}, "audiences a service-account token must be valid for")
 	cli.NamespaceVar(fs, &c.Namespace)

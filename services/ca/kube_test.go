@@ -77,7 +77,7 @@ func TestKubernetes(t *testing.T) {
 	t.Run("PluggedSecret", func(t *testing.T) { testPluggedSecret(t, env) })
 	t.Run("RootCertConfigMaps", func(t *testing.T) { testRootCertConfigMaps(t, env) })
 	t.Run("ServingCertSecret", func(t *testing.T) { testServingCertSecret(t, env) })
-	t.Run("RootRotationConfigMaps", func(t *testing.T) { testRootRotationConfigMaps(t, env) })
+	t.Run("RootRotationSecret", func(t *testing.T) { testRootRotationSecret(t, env) })
 	// Last: it stops the API server for a while.
 	t.Run("APIServerDown", func(t *testing.T) { testAPIServerDown(t, env) })
 }

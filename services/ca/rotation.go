@@ -7,10 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"sailplane.dev/shared/pki"
 )
@@ -42,9 +46,10 @@ type rotationState struct {
 
 // rootState is the root of trust with its rotation, if one runs.
 type rootState struct {
-	auth     *pki.Authority // signs; its Roots are the bundle
-	next     *pki.Authority // phaseTrustNew: the new root
-	rotation rotationState  // zero: no rotation
+	auth      *pki.Authority // signs; its Roots are the bundle
+	next      *pki.Authority // phaseTrustNew: the new root
+	rotation  rotationState  // zero: no rotation
+	rotatable bool           // a self-signed root this ca keeps (not a plugged-in CA)
 }
 
 // rotates reports whether the setting asks to replace root: it was created before RotateRootBefore
@@ -57,6 +62,9 @@ func rotates(root *x509.Certificate, before time.Time) bool {
 // due is when st's current phase ends; false when nothing is to be done (no rotation runs and
 // none is asked for).
 func (s *Service) due(st rootState) (time.Time, bool) {
+	if !st.rotatable {
+		return time.Time{}, false
+	}
 	switch st.rotation.Phase {
 	case phaseTrustNew:
 		return st.rotation.Since.Add(s.cfg.RootRotationGrace), true
@@ -71,42 +79,47 @@ func (s *Service) step(st rootState, now time.Time) (rootState, error) {
 	switch st.rotation.Phase {
 	case phaseTrustNew:
 		auth, err := pki.NewAuthority(st.next.Cert, st.next.Key, nil, []*x509.Certificate{st.next.Cert, st.auth.Cert})
-		return rootState{auth: auth, rotation: rotationState{Phase: phaseSignNew, Since: now}}, err
+		return rootState{auth: auth, rotation: rotationState{Phase: phaseSignNew, Since: now}, rotatable: true}, err
 	case phaseSignNew:
 		auth, err := pki.NewAuthority(st.auth.Cert, st.auth.Key, nil, []*x509.Certificate{st.auth.Cert})
-		return rootState{auth: auth}, err
+		return rootState{auth: auth, rotatable: true}, err
 	}
 	next, err := pki.NewSelfSigned(s.cfg.KeyAlgorithm, s.cfg.TrustDomain, s.cfg.RootTTL)
 	if err != nil {
 		return rootState{}, fmt.Errorf("generate the new root: %w", err)
 	}
 	auth, err := pki.NewAuthority(st.auth.Cert, st.auth.Key, nil, []*x509.Certificate{st.auth.Cert, next.Cert})
-	return rootState{auth: auth, next: next, rotation: rotationState{Phase: phaseTrustNew, Since: now}}, err
+	return rootState{auth: auth, next: next, rotation: rotationState{Phase: phaseTrustNew, Since: now}, rotatable: true}, err
 }
 
-// loadRotation completes the folder's root (auth, as its four files read) with the rotation
-// kept beside it, and writes the files back in the shape of that phase (finishing a step a
-// crash interrupted). Files of a rotation that never began (no RotationFile) are ignored.
-func loadRotation(dir string, auth *pki.Authority) (rootState, error) {
-	st := rootState{auth: auth}
-	data, err := os.ReadFile(filepath.Join(dir, RotationFile))
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
+// rotationFiles are the keys (file names) a rotation keeps beside the root.
+var rotationFiles = []string{NextCACertFile, NextCAKeyFile, RotationFile}
+
+// rotationFrom completes the root (auth, as the layout's files read) with the rotation files kept
+// beside it (files holds both), finishing in memory a step a crash cut short. Rotation files of a
+// rotation that never began (no RotationFile) are ignored.
+func rotationFrom(files map[string][]byte, auth *pki.Authority) (rootState, error) {
+	st := rootState{auth: auth, rotatable: true}
+	data := files[RotationFile]
+	if data == nil {
 		return st, nil
-	case err != nil:
-		return st, err
 	}
 	if err := json.Unmarshal(data, &st.rotation); err != nil {
 		return st, fmt.Errorf("%s: %w", RotationFile, err)
 	}
-	next, err := readNext(dir)
-	if err != nil {
-		return st, err
+	var next *pki.Authority
+	if files[NextCACertFile] != nil && files[NextCAKeyFile] != nil {
+		var err error
+		next, err = pki.FromIstioLayout(map[string][]byte{pki.CACertFile: files[NextCACertFile], pki.CAKeyFile: files[NextCAKeyFile]})
+		if err != nil {
+			return st, fmt.Errorf("%s/%s: %w", NextCACertFile, NextCAKeyFile, err)
+		}
 	}
 	// The old root, whichever step was cut short: the bundle's root that does not sign.
 	others := func(signing *x509.Certificate) []*x509.Certificate {
 		return slices.DeleteFunc(slices.Clone(auth.Roots), func(c *x509.Certificate) bool { return c.Equal(signing) })
 	}
+	var err error
 	switch st.rotation.Phase {
 	case phaseTrustNew:
 		if next == nil {
@@ -123,59 +136,44 @@ func loadRotation(dir string, auth *pki.Authority) (rootState, error) {
 	default:
 		return st, fmt.Errorf("%s: unknown phase %q (want %s or %s)", RotationFile, st.rotation.Phase, phaseTrustNew, phaseSignNew)
 	}
-	if err != nil {
-		return st, err
-	}
-	return st, writeRotation(dir, st)
+	return st, err
 }
 
 // switchingTo puts the next root in files' ca-cert.pem and ca-key.pem when a switch to it was
 // cut short (the rotation file says sign-new and the next root's files are still there): the
 // two files may then hold one old and one new half.
-func switchingTo(dir string, files map[string][]byte) error {
-	var st rotationState
-	data, err := os.ReadFile(filepath.Join(dir, RotationFile))
-	if errors.Is(err, fs.ErrNotExist) {
+func switchingTo(files map[string][]byte) error {
+	if files[RotationFile] == nil {
 		return nil
 	}
-	if err == nil {
-		err = json.Unmarshal(data, &st)
-	}
-	if err != nil {
+	var st rotationState
+	if err := json.Unmarshal(files[RotationFile], &st); err != nil {
 		return fmt.Errorf("%s: %w", RotationFile, err)
 	}
-	if st.Phase != phaseSignNew {
-		return nil
-	}
-	cert, certErr := os.ReadFile(filepath.Join(dir, NextCACertFile))
-	key, keyErr := os.ReadFile(filepath.Join(dir, NextCAKeyFile))
-	if certErr == nil && keyErr == nil {
-		files[pki.CACertFile], files[pki.CAKeyFile] = cert, key
+	if st.Phase == phaseSignNew && files[NextCACertFile] != nil && files[NextCAKeyFile] != nil {
+		files[pki.CACertFile], files[pki.CAKeyFile] = files[NextCACertFile], files[NextCAKeyFile]
 	}
 	return nil
 }
 
-// readNext reads the next root's pair; nil when absent.
-func readNext(dir string) (*pki.Authority, error) {
-	cert, err := os.ReadFile(filepath.Join(dir, NextCACertFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+// rotationData is st as the Secret's data: istio-ca-secret's keys and the rotation's.
+func rotationData(st rootState) (map[string][]byte, error) {
+	data, err := pki.IstioLayout(st.auth)
 	if err != nil {
 		return nil, err
 	}
-	key, err := os.ReadFile(filepath.Join(dir, NextCAKeyFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+	if st.next != nil {
+		if data[NextCAKeyFile], err = pki.EncodeKey(st.next.Key); err != nil {
+			return nil, err
+		}
+		data[NextCACertFile] = pki.EncodeCerts(st.next.Cert)
 	}
-	if err != nil {
-		return nil, err
+	if st.rotation.Phase != "" {
+		if data[RotationFile], err = json.Marshal(st.rotation); err != nil {
+			return nil, err
+		}
 	}
-	next, err := pki.FromIstioLayout(map[string][]byte{pki.CACertFile: cert, pki.CAKeyFile: key})
-	if err != nil {
-		return nil, fmt.Errorf("%s/%s: %w", NextCACertFile, NextCAKeyFile, err)
-	}
-	return next, nil
+	return data, nil
 }
 
 // writeRotation writes st to dir, each file atomically, in an order where a crash at any point
@@ -251,8 +249,15 @@ func (s *Service) runRotation(ctx context.Context, st rootState) error {
 		if err != nil {
 			return fmt.Errorf("ca: root rotation: %w", err)
 		}
-		if err := writeRotation(s.cfg.CertDir, next); err != nil {
-			return fmt.Errorf("ca: %w", err)
+		next, err = s.persist(ctx, st, next)
+		if err != nil {
+			s.log.Warn("cannot keep the root rotation's next step; retrying", "error", err)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(time.Second):
+			}
+			continue
 		}
 		if err := s.install(next.auth); err != nil {
 			return err
@@ -267,4 +272,48 @@ func phaseName(p string) string {
 		return "done"
 	}
 	return p
+}
+
+// persist keeps next where the root is, before it takes effect. In a Secret, another replica may
+// have stepped first: then what it stored is returned, to be installed instead.
+func (s *Service) persist(ctx context.Context, current, next rootState) (rootState, error) {
+	if s.cfg.CertDir != "" {
+		return next, writeRotation(s.cfg.CertDir, next)
+	}
+	secrets := s.kube.CoreV1().Secrets(s.cfg.Namespace)
+	stored, err := secrets.Get(ctx, RootSecret, metav1.GetOptions{})
+	if err != nil {
+		return next, fmt.Errorf("read Secret %s/%s: %w", s.cfg.Namespace, RootSecret, err)
+	}
+	theirs, err := secretState(stored)
+	if err != nil {
+		return next, err
+	}
+	if theirs.rotation != current.rotation || !theirs.auth.Cert.Equal(current.auth.Cert) || len(theirs.auth.Roots) != len(current.auth.Roots) {
+		return theirs, nil
+	}
+	if stored.Data, err = rotationData(next); err != nil {
+		return next, err
+	}
+	if _, err := secrets.Update(ctx, stored, metav1.UpdateOptions{}); err != nil {
+		return next, fmt.Errorf("update Secret %s/%s: %w", s.cfg.Namespace, RootSecret, err)
+	}
+	return next, nil
+}
+
+// secretState is the root kept in istio-ca-secret, with its rotation.
+func secretState(secret *corev1.Secret) (rootState, error) {
+	files := maps.Clone(secret.Data)
+	if err := switchingTo(files); err != nil {
+		return rootState{}, fmt.Errorf("%w: %s: %w", ErrStoredCA, secretName(secret), err)
+	}
+	auth, err := fromLayout(secretName(secret), files)
+	if err != nil {
+		return rootState{}, err
+	}
+	st, err := rotationFrom(files, auth)
+	if err != nil {
+		return st, fmt.Errorf("%w: %s: %w", ErrStoredCA, secretName(secret), err)
+	}
+	return st, nil
 }

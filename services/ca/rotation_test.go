@@ -17,6 +17,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/spiffe"
 )
 
 // rotationCA is a ca started on dir for a rotation test, with the bus it publishes on.
@@ -65,7 +66,7 @@ func (r rotationCA) waitBundle(t *testing.T, dir string, want ...*x509.Certifica
 		if string(r.RootsPEM()) != string(pki.EncodeCerts(want...)) {
 			return fmt.Errorf("RootsPEM is not the bundle")
 		}
-		if file, _ := os.ReadFile(filepath.Join(dir, pki.RootCertFile)); string(file) != string(pki.EncodeCerts(want...)) {
+		if file, _ := os.ReadFile(filepath.Join(dir, pki.RootCertFile)); dir != "" && string(file) != string(pki.EncodeCerts(want...)) {
 			return fmt.Errorf("%s is not the bundle", pki.RootCertFile)
 		}
 		return nil
@@ -338,12 +339,26 @@ func TestRootRotationSwitchCutShort(t *testing.T) {
 	}
 }
 
-// testRootRotationConfigMaps: with Kubernetes (root in a folder), istio-ca-root-cert follows the
-// rotation through its phases, restarts between them included.
-func testRootRotationConfigMaps(t *testing.T, env *kubeEnv) {
+// testRootRotationSecret: with the root in istio-ca-secret, a rotation goes through its phases,
+// kept in the Secret (restarts between them included, two replicas stepping at once in the
+// switch), and istio-ca-root-cert follows.
+func testRootRotationSecret(t *testing.T, env *kubeEnv) {
 	ns := env.namespace(t, "rotation-ca")
-	dir := t.TempDir()
-	cfg := Config{Kube: env.cfg, Namespace: ns, CertDir: dir, MaxCertTTL: time.Hour, DefaultCertTTL: time.Hour}
+	cfg := Config{Kube: env.cfg, Namespace: ns, MaxCertTTL: time.Hour, DefaultCertTTL: time.Hour}
+	secretPhase := func() string {
+		t.Helper()
+		secret, err := env.client.CoreV1().Secrets(ns).Get(ctxT(t), RootSecret, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st rotationState
+		if data := secret.Data[RotationFile]; data != nil {
+			if err := json.Unmarshal(data, &st); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return phaseName(st.Phase)
+	}
 	configMapHolds := func(want ...*x509.Certificate) {
 		t.Helper()
 		waitFor(t, func() error {
@@ -377,19 +392,47 @@ func testRootRotationConfigMaps(t *testing.T, env *kubeEnv) {
 	})
 	next := r.bundle(t)[1]
 	configMapHolds(old, next)
+	if p := secretPhase(); p != phaseTrustNew {
+		t.Fatalf("Secret phase %s, want %s", p, phaseTrustNew)
+	}
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
 
+	// Two replicas switch at once: one stores the step, the other adopts it.
 	cfg.RootRotationGrace = time.Nanosecond
-	r = start(cfg)
+	a, b := start(cfg), start(cfg)
 	configMapHolds(next, old)
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
+	for _, r := range []rotationCA{a, b} {
+		waitFor(t, func() error {
+			if got := r.bundle(t); !sameCerts(got, []*x509.Certificate{next, old}) {
+				return fmt.Errorf("a replica's bundle is %v, want %v", serials(got), serials([]*x509.Certificate{next, old}))
+			}
+			return nil
+		})
+		id := spiffe.ID{TrustDomain: "cluster.local", Namespace: ns, ServiceAccount: "web"}
+		_, csr := newCSR(t, pki.ECDSAP256, id)
+		resp, err := r.client(t, r.RootsPEM(), nil).CreateCertificate(withToken(ctxT(t), env.token(t, ns, "web", "istio-ca")), &pb.IstioCertificateRequest{Csr: csr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		signedBy(t, checkChain(t, resp, id, r.RootsPEM()), next, true)
+	}
+	if p := secretPhase(); p != phaseSignNew {
+		t.Fatalf("Secret phase %s, want %s", p, phaseSignNew)
+	}
+	for _, r := range []rotationCA{a, b} {
+		if err := r.stop(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// With a short MaxCertTTL, the old root leaves the ConfigMaps once it has passed since the
 	// switch (while the ca runs, or at once).
 	cfg.MaxCertTTL, cfg.DefaultCertTTL = time.Second, time.Second
-	start(cfg)
+	r = start(cfg)
 	configMapHolds(next)
+	r.waitBundle(t, "", next)
+	if p := secretPhase(); p != "done" {
+		t.Fatalf("Secret phase %s, want done", p)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 
@@ -29,39 +30,40 @@ var layoutFiles = []string{pki.CACertFile, pki.CAKeyFile, pki.CertChainFile, pki
 
 // loadAuthority finds the root of trust: a plugged-in folder, else a plugged-in Secret, else
 // the self-signed root (folder or Secret), generated and stored only when none is stored.
-func (s *Service) loadAuthority(ctx context.Context) (*pki.Authority, error) {
+func (s *Service) loadAuthority(ctx context.Context) (rootState, error) {
+	plugged := func(auth *pki.Authority, err error) (rootState, error) { return rootState{auth: auth}, err }
 	if dir := s.cfg.PluggedCertDir; dir != "" {
 		files, err := readLayout(dir)
 		if err != nil {
-			return nil, fmt.Errorf("%w: plugged-in CA folder %s: %w", ErrStoredCA, dir, err)
+			return rootState{}, fmt.Errorf("%w: plugged-in CA folder %s: %w", ErrStoredCA, dir, err)
 		}
 		if len(files) == 0 {
-			return nil, fmt.Errorf("%w: plugged-in CA folder %s holds none of %v", ErrStoredCA, dir, layoutFiles)
+			return rootState{}, fmt.Errorf("%w: plugged-in CA folder %s holds none of %v", ErrStoredCA, dir, layoutFiles)
 		}
-		return fromLayout("plugged-in CA folder "+dir, files)
+		return plugged(fromLayout("plugged-in CA folder "+dir, files))
 	}
 	if s.cfg.CertDir != "" {
 		return s.folderRoot(s.cfg.CertDir)
 	}
 	secrets := s.kube.CoreV1().Secrets(s.cfg.Namespace)
-	plugged, err := secrets.Get(ctx, PluggedSecret, metav1.GetOptions{})
+	pluggedSecret, err := secrets.Get(ctx, PluggedSecret, metav1.GetOptions{})
 	switch {
 	case err == nil:
-		return fromLayout(secretName(plugged), plugged.Data)
+		return plugged(fromLayout(secretName(pluggedSecret), pluggedSecret.Data))
 	case !apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("%w: read Secret %s/%s: %w", ErrKubernetes, s.cfg.Namespace, PluggedSecret, err)
+		return rootState{}, fmt.Errorf("%w: read Secret %s/%s: %w", ErrKubernetes, s.cfg.Namespace, PluggedSecret, err)
 	}
 	stored, err := secrets.Get(ctx, RootSecret, metav1.GetOptions{})
 	switch {
 	case err == nil:
-		return fromLayout(secretName(stored), stored.Data)
+		return secretState(stored)
 	case !apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("%w: read Secret %s/%s: %w", ErrKubernetes, s.cfg.Namespace, RootSecret, err)
+		return rootState{}, fmt.Errorf("%w: read Secret %s/%s: %w", ErrKubernetes, s.cfg.Namespace, RootSecret, err)
 	}
 
 	auth, files, err := s.newRoot()
 	if err != nil {
-		return nil, err
+		return rootState{}, err
 	}
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: RootSecret, Namespace: s.cfg.Namespace},
@@ -73,16 +75,16 @@ func (s *Service) loadAuthority(ctx context.Context) (*pki.Authority, error) {
 	switch {
 	case err == nil:
 		s.log.Info("generated a self-signed root", "secret", secretName(secret))
-		return auth, nil
+		return rootState{auth: auth, rotatable: true}, nil
 	case apierrors.IsAlreadyExists(err):
 		winner, err := secrets.Get(ctx, RootSecret, metav1.GetOptions{})
 		if err != nil {
-			return nil, fmt.Errorf("%w: read Secret %s/%s another replica created: %w", ErrKubernetes, s.cfg.Namespace, RootSecret, err)
+			return rootState{}, fmt.Errorf("%w: read Secret %s/%s another replica created: %w", ErrKubernetes, s.cfg.Namespace, RootSecret, err)
 		}
 		s.log.Info("another replica stored the root first; using it", "secret", secretName(winner))
-		return fromLayout(secretName(winner), winner.Data)
+		return secretState(winner)
 	default:
-		return nil, fmt.Errorf("%w: create Secret %s/%s: %w", ErrKubernetes, s.cfg.Namespace, RootSecret, err)
+		return rootState{}, fmt.Errorf("%w: create Secret %s/%s: %w", ErrKubernetes, s.cfg.Namespace, RootSecret, err)
 	}
 }
 
@@ -108,40 +110,60 @@ func (s *Service) newRoot() (*pki.Authority, map[string][]byte, error) {
 	return auth, files, nil
 }
 
-// folderRoot loads the root from dir, or generates one there when dir holds none of its files.
-func (s *Service) folderRoot(dir string) (*pki.Authority, error) {
+// folderRoot loads the root from dir, with its rotation (finishing on disk a step a crash cut
+// short), or generates one there when dir holds none of its files.
+func (s *Service) folderRoot(dir string) (rootState, error) {
 	files, err := readLayout(dir)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrStoredCA, dir, err)
+		return rootState{}, fmt.Errorf("%w: %s: %w", ErrStoredCA, dir, err)
 	}
 	if len(files) > 0 {
-		if err := switchingTo(dir, files); err != nil {
-			return nil, fmt.Errorf("%w: %s: %w", ErrStoredCA, dir, err)
+		rotation, err := readFiles(dir, rotationFiles)
+		if err == nil {
+			maps.Copy(files, rotation)
+			err = switchingTo(files)
 		}
-		return fromLayout("folder "+dir, files)
+		if err != nil {
+			return rootState{}, fmt.Errorf("%w: %s: %w", ErrStoredCA, dir, err)
+		}
+		auth, err := fromLayout("folder "+dir, files)
+		if err != nil {
+			return rootState{}, err
+		}
+		st, err := rotationFrom(files, auth)
+		if err == nil && st.rotation.Phase != "" {
+			err = writeRotation(dir, st)
+		}
+		if err != nil {
+			return rootState{}, fmt.Errorf("%w: %s: %w", ErrStoredCA, dir, err)
+		}
+		return st, nil
 	}
 	auth, files, err := s.newRoot()
 	if err != nil {
-		return nil, err
+		return rootState{}, err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("root folder: %w", err)
+		return rootState{}, fmt.Errorf("root folder: %w", err)
 	}
 	// The key is written last: until it exists the folder is incomplete, which the next start
 	// reports instead of generating over it.
 	for _, name := range []string{pki.RootCertFile, pki.CertChainFile, pki.CACertFile, pki.CAKeyFile} {
 		if err := writeNew(filepath.Join(dir, name), files[name]); err != nil {
-			return nil, err
+			return rootState{}, err
 		}
 	}
 	s.log.Info("generated a self-signed root", "folder", dir)
-	return auth, nil
+	return rootState{auth: auth, rotatable: true}, nil
 }
 
 // readLayout reads the files of Istio's CA layout present in dir; a missing dir reads as none.
-func readLayout(dir string) (map[string][]byte, error) {
+func readLayout(dir string) (map[string][]byte, error) { return readFiles(dir, layoutFiles) }
+
+// readFiles reads the named files present in dir.
+func readFiles(dir string, names []string) (map[string][]byte, error) {
 	files := map[string][]byte{}
-	for _, name := range layoutFiles {
+	for _, name := range names {
 		data, err := os.ReadFile(filepath.Join(dir, name))
 		switch {
 		case err == nil:
