@@ -19,8 +19,8 @@ import (
 	"sailplane.dev/shared/pki"
 )
 
-// Root rotation of the folder-kept root, in three steps, each persisted before it takes effect
-// so a restart resumes where it was:
+// Rotation of the self-signed root (Secret or folder), in three steps, each kept beside the
+// root before it takes effect so a restart resumes where it was:
 //
 //	trust-new: a new root is added to the bundle; signing stays with the old one.
 //	sign-new:  after the grace period, signing switches to the new root; both stay trusted.
@@ -31,7 +31,8 @@ const (
 	phaseSignNew  = "sign-new"
 )
 
-// Files beside the root (istio-ca-secret's names) while a rotation runs.
+// What a rotation keeps beside the root while it runs: files of the folder, or keys of
+// istio-ca-secret (updated in one write).
 const (
 	NextCACertFile = "next-ca-cert.pem" // the new root, until signing switches to it
 	NextCAKeyFile  = "next-ca-key.pem"
@@ -177,7 +178,7 @@ func rotationData(st rootState) (map[string][]byte, error) {
 }
 
 // writeRotation writes st to dir, each file atomically, in an order where a crash at any point
-// leaves what loadRotation reads as st or as the state before it: the RotationFile is the
+// leaves what folderRoot reads as st or as the state before it: the RotationFile is the
 // commit point of a step.
 func writeRotation(dir string, st rootState) error {
 	write := func(name string, data []byte) error { return replaceFile(filepath.Join(dir, name), data, 0o600) }
