@@ -401,3 +401,31 @@ func TestRestartWithOwnCertificate(t *testing.T) {
 	second := startAgent(t, cfg)
 	checkCredential(t, waitReady(t, second), web, c.svc.RootsPEM())
 }
+
+// TestRootRotationFollowed: an agent whose root file still holds only the old root (a copy made
+// before the rotation) keeps renewing after the ca switches to the new root, because it also
+// trusts the bundle of its last answer, which carried the new root before the switch.
+func TestRootRotationFollowed(t *testing.T) {
+	c, cfg := provisionedAgent(t)
+	cfg.CertTTL = 2 * time.Second
+	a := startAgent(t, cfg)
+	waitReady(t, a)
+	oldRoots, err := pki.ParseCerts(c.svc.RootsPEM())
+	if err != nil || len(oldRoots) != 1 {
+		t.Fatalf("roots before the rotation: %v", err)
+	}
+	c.stop()
+
+	rotating := c.cfg
+	rotating.Listen = c.Addr()
+	rotating.RotateRootBefore = time.Now().Truncate(time.Second).Add(time.Second) // roots are dated to the second
+	rotating.RootRotationGrace = 3 * time.Second
+	startCA(t, rotating) // cfg.RootCertFile keeps the old root only
+	eventually(t, "a certificate signed by the new root", func() bool {
+		cur := a.Current()
+		return cur.Leaf().CheckSignatureFrom(oldRoots[0]) != nil && len(cur.Roots) > 0
+	})
+	if got, _ := os.ReadFile(cfg.RootCertFile); !bytes.Equal(got, pki.EncodeCerts(oldRoots...)) {
+		t.Fatal("the test's root file changed: it must hold the old root only")
+	}
+}

@@ -121,6 +121,13 @@ func (a *Agent) issue(ctx context.Context) (*Credential, error) {
 	for _, r := range roots {
 		pool.AddCert(r)
 	}
+	// The bundle of the last answer too: during a root rotation it holds the new root before a
+	// copy of the root file (outside Kubernetes, say) does, and the ca may already serve with it.
+	if c := a.Current(); c != nil {
+		for _, r := range c.Roots {
+			pool.AddCert(r)
+		}
+	}
 	key, err := pki.GenerateKey(a.cfg.KeyAlgorithm)
 	if err != nil {
 		return nil, err
