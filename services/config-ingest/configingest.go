@@ -67,7 +67,8 @@ type Config struct {
 	Settle time.Duration
 	// StateDir, when set, is the folder where the last valid version of every file's resources
 	// is saved (StateFile), so that a restart serves exactly what was served before even when
-	// files became invalid or unreadable meanwhile. Empty: nothing is saved.
+	// files became invalid or unreadable meanwhile; in Kubernetes mode, the last valid version
+	// of every resource invalid in the API server (kubesource.StateFile). Empty: nothing is saved.
 	StateDir string
 
 	// Kube, when set, selects Kubernetes mode: the Istio config kinds are read from this API
@@ -127,6 +128,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		src, err := kubesource.New(cfg.Kube, kubesource.Config{
 			Namespace: cfg.Namespace, Identity: cfg.PodName, MeshFile: cfg.MeshFile, Debounce: cfg.Debounce,
 			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
+			StateDir: cfg.StateDir,
 		}, deps.Publisher, deps.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("config-ingest: %w", err)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 
+	"sailplane.dev/services/config-ingest/internal/statefile"
 	"sailplane.dev/services/config-ingest/internal/tree"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/mesh"
@@ -101,8 +101,8 @@ func (s *Service) runFiles(ctx context.Context) error {
 	f := &folders{s: s, fw: fw, watched: map[string]bool{},
 		tree: tree.New(s.cfg.DefaultNamespace, s.log, tree.WithSettle(s.cfg.Settle))}
 	if s.cfg.StateDir != "" {
-		f.writer = newStateWriter(s.log, f.statePath())
-		defer f.writer.close()
+		f.writer = statefile.NewWriter(s.log, f.statePath())
+		defer f.writer.Close()
 	}
 	f.restore()
 	f.setSources(current)
@@ -202,8 +202,8 @@ type folders struct {
 	unsupported []error // config sources that cannot be read at all
 	newDirs     bool    // the last scan found folders not watched before
 
-	saved  []byte       // the state last handed to writer
-	writer *stateWriter // nil without a state folder
+	saved  []byte            // the state last handed to writer
+	writer *statefile.Writer // nil without a state folder
 }
 
 // setSources takes the folders to read from m (or Config.ConfigDirs) and reports whether they
@@ -321,63 +321,7 @@ func (f *folders) save() {
 		return
 	}
 	f.saved = data
-	f.writer.write(data)
-}
-
-// stateWriter writes the state file off the run loop, since syncing it can take long on a busy
-// disk; only the latest state waiting is written. Failing to write is logged once (until it
-// works again) and changes nothing else: it only weakens what a restart remembers. A failed
-// state is retried with the next change.
-type stateWriter struct {
-	log  *slog.Logger
-	path string
-	next chan []byte // holds the latest state not yet written
-	done chan struct{}
-}
-
-func newStateWriter(log *slog.Logger, path string) *stateWriter {
-	w := &stateWriter{log: log, path: path, next: make(chan []byte, 1), done: make(chan struct{})}
-	go w.run()
-	return w
-}
-
-func (w *stateWriter) run() {
-	defer close(w.done)
-	failed := false
-	for data := range w.next {
-		if err := writeAtomic(w.path, data); err != nil {
-			if !failed {
-				w.log.Warn("cannot save config state: after a restart, files that are invalid then lose their last valid version", "file", w.path, "error", err)
-			}
-			failed = true
-			continue
-		}
-		if failed {
-			w.log.Info("config state saved again", "file", w.path)
-		}
-		failed = false
-	}
-}
-
-// write queues data, replacing a state still waiting. Called from one goroutine.
-func (w *stateWriter) write(data []byte) {
-	for {
-		select {
-		case w.next <- data:
-			return
-		default:
-		}
-		select {
-		case <-w.next:
-		default:
-		}
-	}
-}
-
-// close writes what is queued and stops.
-func (w *stateWriter) close() {
-	close(w.next)
-	<-w.done
+	f.writer.Write(data)
 }
 
 // savedMesh returns the mesh config saved by a previous run, nil when there is none (or no
@@ -410,44 +354,11 @@ func (s *Service) saveMesh(m *meshv1alpha1.MeshConfig) {
 	path := filepath.Join(s.cfg.StateDir, MeshStateFile)
 	data, err := protojson.Marshal(m)
 	if err == nil {
-		err = writeAtomic(path, data)
+		err = statefile.WriteAtomic(path, data)
 	}
 	if err != nil {
 		s.log.Warn("cannot save the mesh config: after a restart, a mesh file that cannot be loaded then stops config-ingest", "file", path, "error", err)
 	}
-}
-
-// writeAtomic replaces path by data so that a crash leaves either the old or the new content:
-// a temporary file beside it, synced, then renamed over it.
-func writeAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // fails once renamed, which is fine
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		return err
-	}
-	// The rename itself is durable once the folder is synced.
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
 }
 
 // sources returns the folders to read: Config.ConfigDirs, else the mesh config's fs://

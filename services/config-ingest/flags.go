@@ -19,7 +19,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		"mesh config file (Istio meshConfig format); with Kubernetes, only when set, instead of the istio ConfigMap")
 	fs.StringSliceVar(&c.ConfigDirs, "config-dir", nil, "config folders to read, overriding the mesh config's fs:// configSources")
 	fs.StringVar(&c.StateDir, "state-dir", DefaultStateDir,
-		"folder keeping the last valid version of every config file's resources across restarts (files mode); empty: none")
+		"folder keeping the last valid config across restarts: every file's resources, or the Kubernetes resources now invalid; empty: none")
 	cli.NamespaceVar(fs, &c.Namespace)
 	fs.StringVar(&c.PodName, "pod-name", os.Getenv("POD_NAME"), "identity in the status Lease (default: $POD_NAME, else the host name)")
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	configingest "sailplane.dev/services/config-ingest"
+	"sailplane.dev/services/config-ingest/internal/kubesource"
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/schema"
@@ -369,6 +371,76 @@ func TestKubeInvalidStatus(t *testing.T) {
 	})
 	if got := rec.body(schema.VirtualService, ns+"/good"); !proto.Equal(got, vsSpec("good", 100)) {
 		t.Errorf("last valid version not kept: %v", got)
+	}
+}
+
+// A restart with the same state folder still serves the last valid version of a resource that
+// became invalid in the API server; one recreated (another UID) or fixed meanwhile loses it.
+func TestKubeStateDirKeepsLastValid(t *testing.T) {
+	e := newKenv(t, sharedKube(t))
+	ns := e.ns("state", nil)
+	stateDir := t.TempDir()
+	withState := func(c *configingest.Config) { c.StateDir = stateDir }
+	e.createVS(ns, "kept", vsSpec("kept", 100))
+	e.createVS(ns, "recreated", vsSpec("recreated", 100))
+	e.createVS(ns, "fixed", vsSpec("fixed", 100))
+	in := e.start("pod-0", withState)
+	for _, name := range []string{"kept", "recreated", "fixed"} {
+		if in.rec.get(schema.VirtualService, ns+"/"+name) == nil {
+			t.Fatalf("%s not published", name)
+		}
+		// Weight 150: the CRD accepts it, Istio's validation does not.
+		e.updateVS(ns, name, vsSpec(name+"-v2", 150))
+	}
+	waitFor(t, "three invalid VirtualServices", func() bool {
+		n := 0
+		for _, p := range in.svc.Problems() {
+			if ce := (*config.Error)(nil); errors.As(p, &ce) && ce.Namespace == ns {
+				n++
+			}
+		}
+		return n == 3
+	})
+	e.updateVS(ns, "fixed", vsSpec("fixed-v3", 100))
+	waitFor(t, "fixed VirtualService published", func() bool {
+		return proto.Equal(in.rec.body(schema.VirtualService, ns+"/fixed"), vsSpec("fixed-v3", 100))
+	})
+	in.stop()
+
+	// While config-ingest is down: "recreated" gets another UID, "fixed" breaks again.
+	if err := e.istio.NetworkingV1().VirtualServices(ns).Delete(e.ctx(), "recreated", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.createVS(ns, "recreated", vsSpec("recreated-v2", 150))
+	e.updateVS(ns, "fixed", vsSpec("fixed-v4", 150))
+
+	without := e.start("pod-1", nil)
+	if got := without.rec.body(schema.VirtualService, ns+"/kept"); got != nil {
+		t.Errorf("without the state folder, the invalid VirtualService is published: %v", got)
+	}
+	without.stop()
+
+	again := e.start("pod-2", withState)
+	if got := again.rec.body(schema.VirtualService, ns+"/kept"); !proto.Equal(got, vsSpec("kept", 100)) {
+		t.Errorf("after the restart, kept = %v, want its last valid version", got)
+	}
+	for _, name := range []string{"recreated", "fixed"} {
+		if got := again.rec.body(schema.VirtualService, ns+"/"+name); got != nil {
+			t.Errorf("after the restart, %s = %v, want nothing: its saved version was dropped", name, got)
+		}
+	}
+	if n := again.logs.Count("saved Kubernetes config state restored"); n != 1 {
+		t.Errorf("restore logged %d times, want once", n)
+	}
+	again.stop()
+
+	// The saved state now holds only "kept": "recreated" had another UID.
+	data, err := os.ReadFile(filepath.Join(stateDir, kubesource.StateFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `"name": "kept"`) || strings.Contains(string(data), `"name": "recreated"`) || strings.Contains(string(data), `"name": "fixed"`) {
+		t.Errorf("saved state:\n%s\nwant only kept", data)
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
+	"sailplane.dev/services/config-ingest/internal/statefile"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/kube"
@@ -66,6 +67,9 @@ type Config struct {
 	Debounce time.Duration
 	// Leader election timings; client-go's usual 15s/10s/2s when zero.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// StateDir, when set, is the folder where the last valid version of every resource that is
+	// invalid in the API server is saved (StateFile), so that a restart still serves it.
+	StateDir string
 }
 
 // Source is the Kubernetes config source.
@@ -93,6 +97,13 @@ type Source struct {
 	caches    *caches // the informers in use
 	meshProb  error
 	watchProb map[string]error // by informer name
+
+	// restored holds, until the initial sync, the last valid versions saved by the previous
+	// run, by type URL then bus name; restoredCount counts those the initial sync used.
+	restored      map[string]map[string]keptVersion
+	restoredCount int
+	saved         []byte            // the state last handed to writer
+	writer        *statefile.Writer // nil without a state folder
 }
 
 type kindState struct {
@@ -102,6 +113,8 @@ type kindState struct {
 	published map[string]config.Config
 	// invalid holds the validation error of resources whose current version is invalid.
 	invalid map[string]error
+	// uids holds the UID of the object whose version is published, by bus name.
+	uids map[string]types.UID
 }
 
 type statusKey struct {
@@ -197,10 +210,12 @@ func (s *Source) Run(ctx context.Context) error {
 	s.mu.Lock()
 	s.kinds = make([]*kindState, len(schema.IstioConfig))
 	for i, k := range schema.IstioConfig {
-		s.kinds[i] = &kindState{kind: k, published: map[string]config.Config{}, invalid: map[string]error{}}
+		s.kinds[i] = &kindState{kind: k, published: map[string]config.Config{}, invalid: map[string]error{}, uids: map[string]types.UID{}}
 	}
 	s.useLocked(g)
+	s.loadState()
 	s.mu.Unlock()
+	stopWriter := s.startWriter()
 	defer func() {
 		cancel()
 		wg.Wait() // a resync in progress stops its own informers
@@ -210,6 +225,7 @@ func (s *Source) Run(ctx context.Context) error {
 		s.mu.Unlock()
 		cur.stop() // waits until the informers stopped
 		s.queue.ShutDown()
+		stopWriter() // after the informers: their handlers save
 	}()
 
 	meshCh := make(chan *meshv1alpha1.MeshConfig, 1)
@@ -275,6 +291,11 @@ func (s *Source) Run(ctx context.Context) error {
 		s.pub.Replace(ks.kind.TypeURL, rs)
 	}
 	s.synced = true
+	if s.restored != nil {
+		s.log.Info("saved Kubernetes config state restored", "file", s.statePath(), "resources", s.restoredCount)
+	}
+	s.restored = nil
+	s.saveStateLocked() // drops what the restart did not use
 	problems := s.problemCountLocked()
 	s.mu.Unlock()
 	close(s.ready)
@@ -473,12 +494,17 @@ func (s *Source) syncLocked(ks *kindState, i int, key string) {
 	busName := schema.Name(ns, name)
 	obj, exists, _ := ks.informer.GetIndexer().GetByKey(key)
 	if !exists || !s.selectedLocked(ns) {
+		_, wasInvalid := ks.invalid[busName]
 		delete(ks.invalid, busName)
+		delete(ks.uids, busName)
 		if _, ok := ks.published[busName]; ok {
 			delete(ks.published, busName)
 			if s.synced {
 				s.pub.Delete(ks.kind.TypeURL, busName)
 			}
+		}
+		if wasInvalid {
+			s.saveStateLocked()
 		}
 		return
 	}
@@ -486,23 +512,36 @@ func (s *Source) syncLocked(ks *kindState, i int, key string) {
 	if !ok {
 		return
 	}
+	meta, _, _, _ := parts(obj)
+	uid := meta.GetUID()
 	s.enqueueStatusLocked(statusKey{kind: i, ns: ns, name: name})
 	warnings, err := config.Validate(c)
 	for _, w := range warnings {
 		s.log.Warn("config warning", "warning", w.String())
 	}
 	if err != nil {
+		if kept, ok := s.restored[ks.kind.TypeURL][busName]; ok && kept.uid == uid {
+			if _, ok := ks.published[busName]; !ok {
+				ks.published[busName], ks.uids[busName] = kept.c, uid
+				s.restoredCount++
+			}
+		}
 		prev := ks.invalid[busName]
 		ks.invalid[busName] = err
+		if prev == nil {
+			s.saveStateLocked()
+		}
 		if prev == nil || prev.Error() != err.Error() {
 			_, kept := ks.published[busName]
 			s.log.Error("invalid config not published", "error", err, "previous_version_kept", kept)
 		}
 		return
 	}
+	ks.uids[busName] = uid
 	if ks.invalid[busName] != nil {
 		delete(ks.invalid, busName)
 		s.log.Info("config valid again", "kind", ks.kind.Kind, "name", busName)
+		s.saveStateLocked()
 	}
 	if prev, ok := ks.published[busName]; ok && config.Equal(prev, c) {
 		return // a status or metadata-only change
