@@ -34,28 +34,45 @@ type savedResource struct {
 }
 
 // MarshalState returns, for RestoreState after a restart, the last valid resources of every
-// file and the folders they were read from.
+// file and the folders they were read from. A file's part is encoded once and kept with it
+// (a file's state never changes once read), so a change costs the encoding of what changed.
 func (t *Tree) MarshalState() ([]byte, error) {
-	st := savedState{Version: stateVersion, Roots: t.roots, Files: map[string][]savedResource{}}
+	files := make(map[string]json.RawMessage, len(t.files))
 	for p, f := range t.files {
 		if len(f.order) == 0 {
 			continue
 		}
-		rs := make([]savedResource, 0, len(f.order))
-		for _, k := range f.order {
-			c := f.valid[k]
-			spec, err := protojson.Marshal(c.Spec)
+		if f.saved == nil {
+			saved, err := f.marshalState()
 			if err != nil {
-				return nil, fmt.Errorf("%s %s: %w", c.Kind.Kind, k.Name, err)
+				return nil, err
 			}
-			rs = append(rs, savedResource{
-				Type: k.TypeURL, Namespace: c.Namespace, Name: c.Name,
-				Labels: c.Labels, Annotations: c.Annotations, Doc: c.Source.Doc, Spec: spec,
-			})
+			f.saved = saved
 		}
-		st.Files[p] = rs
+		files[p] = f.saved
 	}
-	return json.MarshalIndent(st, "", " ")
+	return json.Marshal(struct {
+		Version int                        `json:"version"`
+		Roots   []string                   `json:"roots,omitempty"`
+		Files   map[string]json.RawMessage `json:"files"`
+	}{stateVersion, t.roots, files})
+}
+
+// marshalState encodes the file's valid resources, in the form savedState reads back.
+func (f *file) marshalState() (json.RawMessage, error) {
+	rs := make([]savedResource, 0, len(f.order))
+	for _, k := range f.order {
+		c := f.valid[k]
+		spec, err := protojson.Marshal(c.Spec)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", c.Kind.Kind, k.Name, err)
+		}
+		rs = append(rs, savedResource{
+			Type: k.TypeURL, Namespace: c.Namespace, Name: c.Name,
+			Labels: c.Labels, Annotations: c.Annotations, Doc: c.Source.Doc, Spec: spec,
+		})
+	}
+	return json.Marshal(rs)
 }
 
 // RestoreState loads a state saved by MarshalState into a Tree before its first Scan. Each

@@ -9,6 +9,7 @@ package tree
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -93,6 +94,8 @@ type file struct {
 	// id is the file read (device and inode), zero when unknown: new content under a new id was
 	// written whole and renamed into place, never halfway.
 	id fileID
+	// saved is the encoding of valid for the saved state, made once when first needed.
+	saved json.RawMessage
 }
 
 type fileID struct{ dev, ino uint64 }
