@@ -83,13 +83,7 @@ func TestSecureListenerAndTrustBundle(t *testing.T) {
 			close(hold)
 			hold = nil
 		}
-		deadline := time.Now().Add(waitFor)
-		for got := srv.TrustBundle("cluster.local"); !proto.Equal(got, want); got = srv.TrustBundle("cluster.local") {
-			if time.Now().After(deadline) {
-				t.Fatalf("trust bundle %v, want %v", got, want)
-			}
-			time.Sleep(10 * time.Millisecond) // polling a condition, with a deadline
-		}
+		waitUntil(t, func() bool { return proto.Equal(srv.TrustBundle("cluster.local"), want) })
 	}
 }
 
