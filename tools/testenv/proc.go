@@ -156,11 +156,17 @@ func tailFile(path string, max int64) string {
 	return string(buf[:n])
 }
 
+// logsOf is the tail of each log, without kube-apiserver's start-up listing of every flag: a
+// failed test prints it, and hundreds of FLAG lines would bury what went wrong.
 func logsOf(paths ...string) string {
 	var b strings.Builder
 	for _, p := range paths {
 		fmt.Fprintf(&b, "===== %s =====\n", filepath.Base(p))
-		b.WriteString(tailFile(p, 64<<10))
+		for line := range strings.Lines(tailFile(p, 64<<10)) {
+			if !strings.Contains(line, "] FLAG: --") {
+				b.WriteString(line)
+			}
+		}
 	}
 	return b.String()
 }
