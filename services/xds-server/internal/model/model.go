@@ -27,7 +27,7 @@ const DomainSuffix = "cluster.local"
 
 // ConfigKinds are the Istio config kinds the xds-server subscribes to.
 var ConfigKinds = []schema.Kind{schema.VirtualService, schema.DestinationRule, schema.Gateway, schema.Sidecar,
-	schema.MeshConfig, schema.AuthorizationPolicy, schema.RequestAuthentication}
+	schema.MeshConfig, schema.AuthorizationPolicy, schema.RequestAuthentication, schema.PeerAuthentication}
 
 // RegistryKinds are the registry kinds the xds-server subscribes to.
 var RegistryKinds = []schema.Kind{schema.Service, schema.Endpoints}
@@ -77,6 +77,8 @@ type Snapshot struct {
 	// the inbound side of the workloads they select.
 	AuthorizationPolicies  []Config[*security.AuthorizationPolicy]
 	RequestAuthentications []Config[*security.RequestAuthentication]
+	// PeerAuthentications, in the same order: the oldest wins where several compete.
+	PeerAuthentications []Config[*security.PeerAuthentication]
 	// JWKS holds the keys fetched from RequestAuthentication jwksUris (see Store.SetJWKS),
 	// by URI; a URI not fetched yet has no entry.
 	JWKS map[string]string
@@ -356,6 +358,7 @@ func (s *Store) build() *Snapshot {
 	snap.Sidecars = configs[*networking.Sidecar](s.state[schema.Sidecar.TypeURL])
 	snap.AuthorizationPolicies = configs[*security.AuthorizationPolicy](s.state[schema.AuthorizationPolicy.TypeURL])
 	snap.RequestAuthentications = configs[*security.RequestAuthentication](s.state[schema.RequestAuthentication.TypeURL])
+	snap.PeerAuthentications = configs[*security.PeerAuthentication](s.state[schema.PeerAuthentication.TypeURL])
 	snap.JWKS = maps.Clone(s.jwks)
 	for _, r := range s.state[schema.MeshConfig.TypeURL] {
 		snap.Mesh = r.Body.(*meshv1alpha1.MeshConfig)
