@@ -5,12 +5,14 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/translate"
+	"sailplane.dev/shared/grpcbootstrap"
 )
 
 // maxRingSize is Envoy's (and gRPC's) upper bound for ring_hash minimum_ring_size.
@@ -63,11 +65,7 @@ func (g *generator) cluster(name string, svc *model.Service, dr *model.Config[*n
 		if sans == nil {
 			sans = translate.ServiceIdentities(svc, g.snap.Mesh)
 		}
-		ts, err := istioMutualTLS(sans)
-		if err != nil {
-			log.Debug("skipping mTLS", "err", err)
-		}
-		c.TransportSocket = ts
+		c.TransportSocket = istioMutualTLS(sans)
 	case networking.ClientTLSSettings_SIMPLE, networking.ClientTLSSettings_MUTUAL:
 		log.Debug("TLS origination is not supported for gRPC clients (nor by istiod); plaintext", "mode", pol.TLS.GetMode().String())
 	}
@@ -101,35 +99,45 @@ func (g *generator) cluster(name string, svc *model.Service, dr *model.Config[*n
 	return c
 }
 
-// istioMutualTLS is mesh mTLS for a gRPC client, as istiod writes it: certificates from the
-// client's "default" certificate provider (its bootstrap's), accepting only sans. gRPC reads
+// istioMutualTLS is mesh mTLS for a gRPC client, as istiod writes it, accepting only sans. A
+// client without xDS credentials ignores it.
+func istioMutualTLS(sans []string) *corev3.TransportSocket {
+	return tlsTransportSocket(&tlsv3.UpstreamTlsContext{CommonTlsContext: meshTLSContext(sans)})
+}
+
+// meshTLSContext is istiod's CommonTlsContext for gRPC: certificates and roots from the
+// "default" certificate provider (what the agent's gRPC bootstrap declares; certificate names
+// "default" and "ROOTCA" as for SDS, which file_watcher ignores), sans to accept. gRPC reads
 // neither TLS parameters nor typed SAN matchers, so none are sent; the deprecated provider
-// fields are sent too for clients older than gRPC 1.66. A client without xDS credentials
-// ignores all of it.
-func istioMutualTLS(sans []string) (*corev3.TransportSocket, error) {
+// fields are sent too for clients older than gRPC 1.66.
+func meshTLSContext(sans []string) *tlsv3.CommonTlsContext {
 	var match []*matcherv3.StringMatcher
 	for _, s := range sans {
 		match = append(match, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}})
 	}
-	ctx := &tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
-		TlsCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{InstanceName: "default", CertificateName: "default"},
+	return &tlsv3.CommonTlsContext{
+		TlsCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{InstanceName: certProvider, CertificateName: "default"},
 		TlsCertificateCertificateProviderInstance: &tlsv3.CommonTlsContext_CertificateProviderInstance{
-			InstanceName: "default", CertificateName: "default"},
+			InstanceName: certProvider, CertificateName: "default"},
 		ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{
 			CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
 				DefaultValidationContext: &tlsv3.CertificateValidationContext{
 					MatchSubjectAltNames: match, //nolint:staticcheck // the only SAN matcher gRPC reads
 					CaCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{
-						InstanceName: "default", CertificateName: "ROOTCA"},
+						InstanceName: certProvider, CertificateName: "ROOTCA"},
 				},
 				ValidationContextCertificateProviderInstance: &tlsv3.CommonTlsContext_CertificateProviderInstance{
-					InstanceName: "default", CertificateName: "ROOTCA"},
+					InstanceName: certProvider, CertificateName: "ROOTCA"},
 			}},
-	}}
-	a, err := marshalAny(ctx)
-	if err != nil {
-		return nil, err
 	}
+}
+
+// certProvider is the certificate provider instance of the gRPC bootstrap the agent writes.
+const certProvider = grpcbootstrap.DefaultProvider
+
+// tlsTransportSocket wraps an Upstream or DownstreamTlsContext under the name gRPC requires.
+func tlsTransportSocket(ctx proto.Message) *corev3.TransportSocket {
+	a, _ := marshalAny(ctx) // TLS contexts always marshal
 	return &corev3.TransportSocket{Name: "envoy.transport_sockets.tls",
-		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: a}}, nil
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: a}}
 }
