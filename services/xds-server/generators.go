@@ -235,7 +235,8 @@ func serverOf(p *model.Proxy) grpcgen.Server {
 }
 
 // serverScope names what p's server listeners depend on: the ports it serves, at its IPs,
-// and its values of the labels security policies select on. Empty when it serves nothing.
+// its values of the labels security policies select on, and whether it is labelled in the
+// mesh (PERMISSIVE ports then take mTLS). Empty when it serves nothing.
 func serverScope(snap *model.Snapshot, p *model.Proxy) string {
 	ports := grpcgen.ServerPorts(snap, serverOf(p))
 	if len(ports) == 0 {
@@ -246,7 +247,7 @@ func serverScope(snap *model.Snapshot, p *model.Proxy) string {
 	for _, port := range ports {
 		b.WriteString(strconv.FormatUint(uint64(port), 10) + ",")
 	}
-	b.WriteString("/a=")
+	b.WriteString("/m=" + p.Labels[grpcgen.TLSModeLabel] + "/a=")
 	for _, k := range authz.SelectorLabelKeys(snap) {
 		if v, ok := p.Labels[k]; ok {
 			b.WriteString(k + "=" + v + ";")

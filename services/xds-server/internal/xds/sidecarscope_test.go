@@ -25,6 +25,11 @@ func authzPolicy(ns, name string) bus.Change {
 		Body: &security.AuthorizationPolicy{Action: security.AuthorizationPolicy_DENY, Rules: []*security.Rule{{}}}}}}
 }
 
+func peerAuthentication(ns, name string) bus.Change {
+	return bus.Change{TypeURL: schema.PeerAuthentication.TypeURL, Updated: []*bus.Resource{{Name: ns + "/" + name,
+		Body: &security.PeerAuthentication{Mtls: &security.PeerAuthentication_MutualTLS{Mode: security.PeerAuthentication_MutualTLS_STRICT}}}}}
+}
+
 func sidecar(ns, name string, hosts ...string) bus.Change {
 	return bus.Change{TypeURL: schema.Sidecar.TypeURL, Updated: []*bus.Resource{{Name: ns + "/" + name,
 		Body: &networking.Sidecar{Egress: []*networking.IstioEgressListener{{Hosts: hosts}}}}}}
@@ -115,6 +120,13 @@ func TestSidecarScopedPush(t *testing.T) {
 			want:    map[string]string{"sidecarA": "", "sidecarC": "LDS", "sidecarE": "", "proxylessA": ""}},
 		{name: "AuthorizationPolicy in the root namespace", changes: []bus.Change{authzPolicy("istio-system", "deny")},
 			want: map[string]string{"sidecarA": "LDS", "sidecarC": "LDS", "sidecarE": "LDS", "routerA": "LDS", "proxylessA": "LDS"}},
+		{name: "PeerAuthentication in a namespace", changes: []bus.Change{peerAuthentication("a", "default")},
+			want: map[string]string{"sidecarA": "CDS,LDS", "sidecarC": "CDS", "routerA": "CDS,LDS", "proxylessA": "CDS,LDS", "proxylessServer": "CDS,LDS"}},
+		{name: "PeerAuthentication deleted", pre: []bus.Change{peerAuthentication("c", "default")},
+			changes: []bus.Change{{TypeURL: schema.PeerAuthentication.TypeURL, Removed: []string{"c/default"}}},
+			want:    map[string]string{"sidecarA": "CDS", "sidecarC": "CDS,LDS", "proxylessA": "CDS"}},
+		{name: "PeerAuthentication in the root namespace", changes: []bus.Change{peerAuthentication("istio-system", "default")},
+			want: map[string]string{"sidecarA": "CDS,LDS", "sidecarC": "CDS,LDS", "sidecarE": "CDS,LDS", "proxylessA": "CDS,LDS"}},
 		{name: "RequestAuthentication", changes: []bus.Change{{TypeURL: schema.RequestAuthentication.TypeURL,
 			Updated: []*bus.Resource{{Name: "c/jwt", Body: &security.RequestAuthentication{}}}}},
 			want: map[string]string{"sidecarA": "", "sidecarC": "LDS", "sidecarE": "", "routerA": ""}},
