@@ -10,6 +10,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/xds-server/internal/authn"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/translate"
 	"sailplane.dev/shared/grpcbootstrap"
@@ -48,25 +49,31 @@ func (g *generator) cluster(name string, svc *model.Service, dr *model.Config[*n
 		},
 		LbPolicy: clusterv3.Cluster_ROUND_ROBIN,
 	}
-	if dr == nil {
-		return c
+	var spec *networking.DestinationRule
+	log := g.log
+	if dr != nil {
+		spec = dr.Spec
+		log = log.With("destinationRule", dr.Namespace+"/"+dr.Name, "cluster", name)
 	}
-	pol := translate.TrafficPolicy(dr.Spec, port, subset)
+	pol := translate.TrafficPolicy(spec, port, subset)
 	// gRPC limits only concurrent requests (gRFC A32), as istiod sets it.
 	if n := pol.Pool.GetHttp().GetHttp2MaxRequests(); n > 0 {
 		c.CircuitBreakers = &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
 			MaxRequests: wrapperspb.UInt32(uint32(n))}}}
 	}
 	lb := pol.LB
-	log := g.log.With("destinationRule", dr.Namespace+"/"+dr.Name, "cluster", name)
-	switch pol.TLS.GetMode() {
-	case networking.ClientTLSSettings_ISTIO_MUTUAL:
+	switch {
+	case pol.TLS == nil:
+		if g.autoMTLS(svc) {
+			c.TransportSocket = istioMutualTLS(translate.ServiceIdentities(svc, g.snap.Mesh))
+		}
+	case pol.TLS.GetMode() == networking.ClientTLSSettings_ISTIO_MUTUAL:
 		sans := pol.TLS.GetSubjectAltNames()
 		if sans == nil {
 			sans = translate.ServiceIdentities(svc, g.snap.Mesh)
 		}
 		c.TransportSocket = istioMutualTLS(sans)
-	case networking.ClientTLSSettings_SIMPLE, networking.ClientTLSSettings_MUTUAL:
+	case pol.TLS.GetMode() == networking.ClientTLSSettings_SIMPLE, pol.TLS.GetMode() == networking.ClientTLSSettings_MUTUAL:
 		log.Debug("TLS origination is not supported for gRPC clients (nor by istiod); plaintext", "mode", pol.TLS.GetMode().String())
 	}
 	switch {
@@ -97,6 +104,32 @@ func (g *generator) cluster(name string, svc *model.Service, dr *model.Config[*n
 		}
 	}
 	return c
+}
+
+// autoMTLS decides mesh mTLS for a cluster of svc without TLS settings. istiod's gRPC
+// generator never does it; Envoy sidecars choose per endpoint (transport_socket_matches on
+// the endpoint's tlsMode label), which gRPC refuses, so the choice is per cluster: only for a
+// client holding mesh certificates (else gRPC refuses the cluster, its certificate provider
+// missing), never when MeshConfig turns auto mTLS off, the service is outside the mesh or
+// its namespace DISABLEs mTLS; always when the namespace is STRICT; else (PERMISSIVE) when
+// every endpoint is labelled in the mesh, which is when proxyless servers serve mTLS.
+func (g *generator) autoMTLS(svc *model.Service) bool {
+	if !g.inMesh || svc.Spec.GetMeshExternal() || !AutoMTLSEnabled(g.snap) {
+		return false
+	}
+	switch authn.NamespaceMode(g.snap, svc.Spec.GetNamespace()) {
+	case authn.Disable:
+		return false
+	case authn.Strict:
+		return true
+	}
+	return model.EndpointsInMesh(svc.Endpoints)
+}
+
+// AutoMTLSEnabled is MeshConfig's enableAutoMtls, true when unset.
+func AutoMTLSEnabled(snap *model.Snapshot) bool {
+	v := snap.Mesh.GetEnableAutoMtls()
+	return v == nil || v.GetValue()
 }
 
 // istioMutualTLS is mesh mTLS for a gRPC client, as istiod writes it, accepting only sans. A

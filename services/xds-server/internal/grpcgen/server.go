@@ -62,10 +62,6 @@ func ServerPorts(snap *model.Snapshot, srv Server) []uint32 {
 	return out
 }
 
-// TLSModeLabel is the label istio's injector puts on workloads that hold mesh certificates;
-// clients use mutual TLS to endpoints that carry it ("istio").
-const TLSModeLabel = "security.istio.io/tlsMode"
-
 // ServerListeners are the server-side listeners of srv, for every port it serves and every
 // address it may listen on (its IPs and the wildcards), under both name forms, as istiod's
 // gRPC generator builds them: one chain whose HTTP manager holds the RBAC filters of the
@@ -115,7 +111,7 @@ func ServerListeners(snap *model.Snapshot, srv Server) []*listenerv3.Listener {
 // serverMTLS is istiod's choice for a gRPC server port in mode: mutual TLS when STRICT, and
 // when PERMISSIVE on a workload whose label tells clients to use mTLS.
 func serverMTLS(mode authn.Mode, labels map[string]string) bool {
-	return mode == authn.Strict || mode == authn.Permissive && labels[TLSModeLabel] == "istio"
+	return mode == authn.Strict || mode == authn.Permissive && labels[model.TLSModeLabel] == "istio"
 }
 
 // serverTLS is the server side of mesh mTLS: the workload's certificate and roots from its

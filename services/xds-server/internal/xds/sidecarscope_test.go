@@ -30,6 +30,14 @@ func peerAuthentication(ns, name string) bus.Change {
 		Body: &security.PeerAuthentication{Mtls: &security.PeerAuthentication_MutualTLS{Mode: security.PeerAuthentication_MutualTLS_STRICT}}}}}
 }
 
+func inMeshEndpoints(ns, h string, addrs ...string) bus.Change {
+	c := endpoints(ns, h, addrs...)
+	for _, ep := range c.Updated[0].Body.(*discoveryv1.Endpoints).GetEndpoints() {
+		ep.Labels = map[string]string{model.TLSModeLabel: "istio"}
+	}
+	return c
+}
+
 func sidecar(ns, name string, hosts ...string) bus.Change {
 	return bus.Change{TypeURL: schema.Sidecar.TypeURL, Updated: []*bus.Resource{{Name: ns + "/" + name,
 		Body: &networking.Sidecar{Egress: []*networking.IstioEgressListener{{Hosts: hosts}}}}}}
@@ -113,6 +121,9 @@ func TestSidecarScopedPush(t *testing.T) {
 			want:    map[string]string{"sidecarA": all, "sidecarC": "", "sidecarE": ""}},
 		{name: "own endpoint appears", changes: []bus.Change{endpoints("b", otherB, "10.0.0.1")},
 			want: map[string]string{"sidecarA": "CDS,EDS,LDS", "sidecarC": "EDS", "routerA": "EDS", "proxylessA": "EDS", "proxylessServer": "EDS,LDS"}},
+		{name: "endpoint joins the mesh", pre: []bus.Change{endpoints("b", svcB, "10.0.9.1")},
+			changes: []bus.Change{inMeshEndpoints("b", svcB, "10.0.9.1")},
+			want:    map[string]string{"sidecarA": "EDS", "sidecarC": "CDS,EDS", "routerA": "CDS,EDS", "proxylessA": "CDS,EDS"}},
 		{name: "AuthorizationPolicy in a namespace", changes: []bus.Change{authzPolicy("a", "deny")},
 			want: map[string]string{"sidecarA": "LDS", "sidecarC": "", "sidecarE": "", "routerA": "LDS", "proxylessA": "LDS"}},
 		{name: "AuthorizationPolicy deleted", pre: []bus.Change{authzPolicy("c", "deny")},

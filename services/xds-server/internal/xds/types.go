@@ -157,6 +157,11 @@ func affectedTypes(p *model.Proxy, req *PushRequest, snap *model.Snapshot) map[s
 			if vis.Sees(p.Namespace) || key.Namespace == root {
 				add(resourcev3.ListenerType)
 			}
+		case model.EndpointTLSKind:
+			// mTLS SANs, and proxyless auto mTLS, read the service's endpoints.
+			if vis.Sees(p.Namespace) && imports(key) {
+				add(resourcev3.ClusterType)
+			}
 		case "PeerAuthentication":
 			// The mTLS chains of inbound listeners of the namespace's workloads (every
 			// workload's for the root namespace), and clusters everywhere: auto mTLS infers
