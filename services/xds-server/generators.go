@@ -87,12 +87,15 @@ func newProxylessGenerator(log *slog.Logger) *proxylessGenerator {
 }
 
 // CacheScope: grpcgen reads nothing of the proxy but what its namespace can see, its DNS
-// domain (the short names of routes) and, for endpoints, its locality when locality load
-// balancing may apply.
+// domain (the short names of routes), for clusters whether it is in the mesh (auto mTLS) and
+// for endpoints its locality when locality load balancing may apply.
 func (g *proxylessGenerator) CacheScope(snap *model.Snapshot, p *model.Proxy, typeURL string) string {
 	scope := "grpc/" + p.Namespace + "/d=" + p.DNSDomain
-	if typeURL == resourcev3.ListenerType {
+	switch typeURL {
+	case resourcev3.ListenerType:
 		return scope + serverScope(snap, p)
+	case resourcev3.ClusterType:
+		return scope + "/m=" + strconv.FormatBool(p.InMesh())
 	}
 	if typeURL != resourcev3.EndpointType {
 		return scope
@@ -135,7 +138,7 @@ func (g *proxylessGenerator) Generate(snap *model.Snapshot, p *model.Proxy, type
 			hosts[hostOf(n)] = true
 		}
 		client, _ := g.client(snap, p)
-		res = grpcgen.Generate(visible(snap, p.Namespace, hosts), p.DNSDomain, client, g.log)
+		res = grpcgen.Generate(visible(snap, p.Namespace, hosts), p.DNSDomain, client, p.InMesh(), g.log)
 	} else {
 		res = g.translate(snap, p)
 	}
@@ -173,13 +176,13 @@ func (g *proxylessGenerator) Generate(snap *model.Snapshot, p *model.Proxy, type
 
 func (g *proxylessGenerator) translate(snap *model.Snapshot, p *model.Proxy) *grpcgen.Resources {
 	client, key := g.client(snap, p)
-	key = p.Namespace + "/d=" + p.DNSDomain + key
+	key = p.Namespace + "/d=" + p.DNSDomain + "/m=" + strconv.FormatBool(p.InMesh()) + key
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if m, ok := g.memo[key]; ok && m.snap == snap {
 		return m.res
 	}
-	res := grpcgen.Generate(visible(snap, p.Namespace, nil), p.DNSDomain, client, g.log)
+	res := grpcgen.Generate(visible(snap, p.Namespace, nil), p.DNSDomain, client, p.InMesh(), g.log)
 	g.memo[key] = proxylessMemo{snap: snap, res: res}
 	return res
 }
@@ -235,7 +238,8 @@ func serverOf(p *model.Proxy) grpcgen.Server {
 }
 
 // serverScope names what p's server listeners depend on: the ports it serves, at its IPs,
-// and its values of the labels security policies select on. Empty when it serves nothing.
+// its values of the labels security policies select on, and whether it is labelled in the
+// mesh (PERMISSIVE ports then take mTLS). Empty when it serves nothing.
 func serverScope(snap *model.Snapshot, p *model.Proxy) string {
 	ports := grpcgen.ServerPorts(snap, serverOf(p))
 	if len(ports) == 0 {
@@ -246,7 +250,7 @@ func serverScope(snap *model.Snapshot, p *model.Proxy) string {
 	for _, port := range ports {
 		b.WriteString(strconv.FormatUint(uint64(port), 10) + ",")
 	}
-	b.WriteString("/a=")
+	b.WriteString("/m=" + strconv.FormatBool(p.InMesh()) + "/a=")
 	for _, k := range authz.SelectorLabelKeys(snap) {
 		if v, ok := p.Labels[k]; ok {
 			b.WriteString(k + "=" + v + ";")

@@ -87,9 +87,9 @@ func Select(snap *model.Snapshot, ns string, labels map[string]string) Policies 
 	return out
 }
 
-// SelectorLabelKeys lists the label keys the selectors of AuthorizationPolicies and
-// RequestAuthentications name, sorted: a workload's filters depend on its labels only
-// through them.
+// SelectorLabelKeys lists the label keys the selectors of AuthorizationPolicies,
+// RequestAuthentications and PeerAuthentications name, sorted: a workload's inbound security
+// settings depend on its labels only through them.
 func SelectorLabelKeys(snap *model.Snapshot) []string {
 	keys := map[string]bool{}
 	for _, c := range snap.AuthorizationPolicies {
@@ -98,6 +98,11 @@ func SelectorLabelKeys(snap *model.Snapshot) []string {
 		}
 	}
 	for _, c := range snap.RequestAuthentications {
+		for k := range c.Spec.GetSelector().GetMatchLabels() {
+			keys[k] = true
+		}
+	}
+	for _, c := range snap.PeerAuthentications {
 		for k := range c.Spec.GetSelector().GetMatchLabels() {
 			keys[k] = true
 		}

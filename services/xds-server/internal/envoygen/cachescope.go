@@ -23,7 +23,7 @@ import (
 //   - for listeners and routes, the proxy's values of the label keys some selector of the
 //     snapshot names (VirtualService sourceLabels, and Gateway selectors for gateways), since
 //     labels are read only through those selectors; for sidecar listeners also the label
-//     keys AuthorizationPolicy and RequestAuthentication selectors name;
+//     keys AuthorizationPolicy, RequestAuthentication and PeerAuthentication selectors name;
 //   - for sidecar clusters and listeners, the inbound ports the workload serves (derived from
 //     its IPs and the services whose endpoints they are, or from the Sidecar's ingress), rather
 //     than the IPs themselves, so every replica of a workload shares them;
@@ -105,8 +105,8 @@ type snapIndex struct {
 	// sourceLabelKeys are the label keys VirtualService sourceLabels select on; routerLabelKeys
 	// add the Gateway selectors'. Sorted.
 	sourceLabelKeys, routerLabelKeys []string
-	// securityLabelKeys are the label keys AuthorizationPolicy and RequestAuthentication
-	// selectors name, sorted.
+	// securityLabelKeys are the label keys AuthorizationPolicy, RequestAuthentication and
+	// PeerAuthentication selectors name, sorted.
 	securityLabelKeys []string
 	// localityLB is set when some DestinationRule has outlier detection or a locality setting,
 	// or the mesh distributes by locality: only then may output depend on the proxy's locality.

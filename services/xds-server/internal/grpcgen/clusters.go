@@ -5,12 +5,15 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/xds-server/internal/authn"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/translate"
+	"sailplane.dev/shared/grpcbootstrap"
 )
 
 // maxRingSize is Envoy's (and gRPC's) upper bound for ring_hash minimum_ring_size.
@@ -46,29 +49,31 @@ func (g *generator) cluster(name string, svc *model.Service, dr *model.Config[*n
 		},
 		LbPolicy: clusterv3.Cluster_ROUND_ROBIN,
 	}
-	if dr == nil {
-		return c
+	var spec *networking.DestinationRule
+	log := g.log
+	if dr != nil {
+		spec = dr.Spec
+		log = log.With("destinationRule", dr.Namespace+"/"+dr.Name, "cluster", name)
 	}
-	pol := translate.TrafficPolicy(dr.Spec, port, subset)
+	pol := translate.TrafficPolicy(spec, port, subset)
 	// gRPC limits only concurrent requests (gRFC A32), as istiod sets it.
 	if n := pol.Pool.GetHttp().GetHttp2MaxRequests(); n > 0 {
 		c.CircuitBreakers = &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
 			MaxRequests: wrapperspb.UInt32(uint32(n))}}}
 	}
 	lb := pol.LB
-	log := g.log.With("destinationRule", dr.Namespace+"/"+dr.Name, "cluster", name)
-	switch pol.TLS.GetMode() {
-	case networking.ClientTLSSettings_ISTIO_MUTUAL:
+	switch {
+	case pol.TLS == nil:
+		if g.autoMTLS(svc) {
+			c.TransportSocket = istioMutualTLS(translate.ServiceIdentities(svc, g.snap.Mesh))
+		}
+	case pol.TLS.GetMode() == networking.ClientTLSSettings_ISTIO_MUTUAL:
 		sans := pol.TLS.GetSubjectAltNames()
 		if sans == nil {
 			sans = translate.ServiceIdentities(svc, g.snap.Mesh)
 		}
-		ts, err := istioMutualTLS(sans)
-		if err != nil {
-			log.Debug("skipping mTLS", "err", err)
-		}
-		c.TransportSocket = ts
-	case networking.ClientTLSSettings_SIMPLE, networking.ClientTLSSettings_MUTUAL:
+		c.TransportSocket = istioMutualTLS(sans)
+	case pol.TLS.GetMode() == networking.ClientTLSSettings_SIMPLE, pol.TLS.GetMode() == networking.ClientTLSSettings_MUTUAL:
 		log.Debug("TLS origination is not supported for gRPC clients (nor by istiod); plaintext", "mode", pol.TLS.GetMode().String())
 	}
 	switch {
@@ -101,35 +106,71 @@ func (g *generator) cluster(name string, svc *model.Service, dr *model.Config[*n
 	return c
 }
 
-// istioMutualTLS is mesh mTLS for a gRPC client, as istiod writes it: certificates from the
-// client's "default" certificate provider (its bootstrap's), accepting only sans. gRPC reads
+// autoMTLS decides mesh mTLS for a cluster of svc without TLS settings. istiod's gRPC
+// generator never does it; Envoy sidecars choose per endpoint (transport_socket_matches on
+// the endpoint's tlsMode label), which gRPC refuses, so the choice is per cluster: only for a
+// client holding mesh certificates (else gRPC refuses the cluster, its certificate provider
+// missing), never when MeshConfig turns auto mTLS off, the service is outside the mesh or
+// its namespace DISABLEs mTLS; always when the namespace is STRICT; else (PERMISSIVE) when
+// every endpoint is labelled in the mesh, which is when proxyless servers serve mTLS.
+func (g *generator) autoMTLS(svc *model.Service) bool {
+	if !g.inMesh || svc.Spec.GetMeshExternal() || !AutoMTLSEnabled(g.snap) {
+		return false
+	}
+	switch authn.NamespaceMode(g.snap, svc.Spec.GetNamespace()) {
+	case authn.Disable:
+		return false
+	case authn.Strict:
+		return true
+	}
+	return model.EndpointsInMesh(svc.Endpoints)
+}
+
+// AutoMTLSEnabled is MeshConfig's enableAutoMtls, true when unset.
+func AutoMTLSEnabled(snap *model.Snapshot) bool {
+	v := snap.Mesh.GetEnableAutoMtls()
+	return v == nil || v.GetValue()
+}
+
+// istioMutualTLS is mesh mTLS for a gRPC client, as istiod writes it, accepting only sans. A
+// client without xDS credentials ignores it.
+func istioMutualTLS(sans []string) *corev3.TransportSocket {
+	return tlsTransportSocket(&tlsv3.UpstreamTlsContext{CommonTlsContext: meshTLSContext(sans)})
+}
+
+// meshTLSContext is istiod's CommonTlsContext for gRPC: certificates and roots from the
+// "default" certificate provider (what the agent's gRPC bootstrap declares; certificate names
+// "default" and "ROOTCA" as for SDS, which file_watcher ignores), sans to accept. gRPC reads
 // neither TLS parameters nor typed SAN matchers, so none are sent; the deprecated provider
-// fields are sent too for clients older than gRPC 1.66. A client without xDS credentials
-// ignores all of it.
-func istioMutualTLS(sans []string) (*corev3.TransportSocket, error) {
+// fields are sent too for clients older than gRPC 1.66.
+func meshTLSContext(sans []string) *tlsv3.CommonTlsContext {
 	var match []*matcherv3.StringMatcher
 	for _, s := range sans {
 		match = append(match, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}})
 	}
-	ctx := &tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
-		TlsCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{InstanceName: "default", CertificateName: "default"},
+	return &tlsv3.CommonTlsContext{
+		TlsCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{InstanceName: certProvider, CertificateName: "default"},
 		TlsCertificateCertificateProviderInstance: &tlsv3.CommonTlsContext_CertificateProviderInstance{
-			InstanceName: "default", CertificateName: "default"},
+			InstanceName: certProvider, CertificateName: "default"},
 		ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{
 			CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
 				DefaultValidationContext: &tlsv3.CertificateValidationContext{
 					MatchSubjectAltNames: match, //nolint:staticcheck // the only SAN matcher gRPC reads
 					CaCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{
-						InstanceName: "default", CertificateName: "ROOTCA"},
+						InstanceName: certProvider, CertificateName: "ROOTCA"},
 				},
 				ValidationContextCertificateProviderInstance: &tlsv3.CommonTlsContext_CertificateProviderInstance{
-					InstanceName: "default", CertificateName: "ROOTCA"},
+					InstanceName: certProvider, CertificateName: "ROOTCA"},
 			}},
-	}}
-	a, err := marshalAny(ctx)
-	if err != nil {
-		return nil, err
 	}
+}
+
+// certProvider is the certificate provider instance of the gRPC bootstrap the agent writes.
+const certProvider = grpcbootstrap.DefaultProvider
+
+// tlsTransportSocket wraps an Upstream or DownstreamTlsContext under the name gRPC requires.
+func tlsTransportSocket(ctx proto.Message) *corev3.TransportSocket {
+	a, _ := marshalAny(ctx) // TLS contexts always marshal
 	return &corev3.TransportSocket{Name: "envoy.transport_sockets.tls",
-		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: a}}, nil
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: a}}
 }

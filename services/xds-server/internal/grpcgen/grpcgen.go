@@ -58,15 +58,16 @@ type Client struct {
 
 // Generate translates a snapshot for a client in DNS domain dnsDomain (its node ID's last
 // part, "<namespace>.svc.cluster.local", which decides the short names its virtual hosts
-// match) and locality client (nil: unknown). It never
+// match) and locality client (nil: unknown); inMesh says the client holds mesh certificates
+// (model.Proxy.InMesh), so auto mTLS may apply to its clusters. It never
 // fails: config gRPC cannot use is skipped and logged at debug level, so one bad resource
 // cannot take the whole mesh down.
-func Generate(snap *model.Snapshot, dnsDomain string, client *Client, log *slog.Logger) *Resources {
+func Generate(snap *model.Snapshot, dnsDomain string, client *Client, inMesh bool, log *slog.Logger) *Resources {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	// Proxyless clients see every rule: exportTo and namespace ranking are sidecar behaviour.
-	g := &generator{snap: snap, dnsDomain: dnsDomain, log: log, binds: snap.Bindings(nil, nil)}
+	g := &generator{snap: snap, dnsDomain: dnsDomain, log: log, binds: snap.Bindings(nil, nil), inMesh: inMesh}
 	out := &Resources{}
 	for _, host := range snap.Hostnames() {
 		svc := snap.Services[host]
@@ -116,6 +117,7 @@ type generator struct {
 	dnsDomain string
 	log       *slog.Logger
 	binds     *model.Bindings
+	inMesh    bool
 }
 
 func (g *generator) listener(host string, port uint32) (*listenerv3.Listener, error) {

@@ -39,8 +39,19 @@ func generate(t *testing.T, dir string) *Resources {
 		}
 	}
 	snap := store.Snapshot()
-	// The client runs in namespace demo, as most test services.
-	res := Generate(snap, "demo.svc.cluster.local", nil, testLogger(t))
+	// The client runs in namespace demo, as most test services, and holds mesh certificates
+	// unless client.yaml says otherwise.
+	inMesh := true
+	if b, err := os.ReadFile(filepath.Join(dir, "client.yaml")); err == nil {
+		var c struct {
+			InMesh bool `json:"inMesh"`
+		}
+		if err := yaml.UnmarshalStrict(b, &c); err != nil {
+			t.Fatalf("%s/client.yaml: %v", dir, err)
+		}
+		inMesh = c.InMesh
+	}
+	res := Generate(snap, "demo.svc.cluster.local", nil, inMesh, testLogger(t))
 	// server.yaml, if present, names a proxyless server whose server-side listeners join.
 	if b, err := os.ReadFile(filepath.Join(dir, "server.yaml")); err == nil {
 		var srv struct {

@@ -340,7 +340,8 @@ func visibility(kind schema.Kind, ns string, r *bus.Resource) Visibility {
 		return ExportVisibility(ns, body.GetExportTo())
 	}
 	switch kind.TypeURL {
-	case schema.Sidecar.TypeURL, schema.AuthorizationPolicy.TypeURL, schema.RequestAuthentication.TypeURL:
+	case schema.Sidecar.TypeURL, schema.AuthorizationPolicy.TypeURL, schema.RequestAuthentication.TypeURL,
+		schema.PeerAuthentication.TypeURL:
 		// These apply to workloads of their own namespace; in the root namespace, to every
 		// workload: the push filter widens them then.
 		return Visibility{Namespaces: []string{ns}}

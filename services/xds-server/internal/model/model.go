@@ -27,7 +27,7 @@ const DomainSuffix = "cluster.local"
 
 // ConfigKinds are the Istio config kinds the xds-server subscribes to.
 var ConfigKinds = []schema.Kind{schema.VirtualService, schema.DestinationRule, schema.Gateway, schema.Sidecar,
-	schema.MeshConfig, schema.AuthorizationPolicy, schema.RequestAuthentication}
+	schema.MeshConfig, schema.AuthorizationPolicy, schema.RequestAuthentication, schema.PeerAuthentication}
 
 // RegistryKinds are the registry kinds the xds-server subscribes to.
 var RegistryKinds = []schema.Kind{schema.Service, schema.Endpoints}
@@ -77,6 +77,8 @@ type Snapshot struct {
 	// the inbound side of the workloads they select.
 	AuthorizationPolicies  []Config[*security.AuthorizationPolicy]
 	RequestAuthentications []Config[*security.RequestAuthentication]
+	// PeerAuthentications, in the same order: the oldest wins where several compete.
+	PeerAuthentications []Config[*security.PeerAuthentication]
 	// JWKS holds the keys fetched from RequestAuthentication jwksUris (see Store.SetJWKS),
 	// by URI; a URI not fetched yet has no entry.
 	JWKS map[string]string
@@ -308,11 +310,61 @@ func (s *Store) Next() (*Snapshot, Change) {
 		snap.ConfigVersion = s.version
 	} else {
 		snap = s.patchEndpoints(ch.Endpoints)
+		s.noteEndpointTLS(&ch, snap)
 	}
 	snap.Version = s.version
 	ch.resolveHosts(s.current, snap)
 	s.current = snap
 	return snap, ch
+}
+
+// EndpointTLSKind names, in Change.Configs, a service whose endpoints changed what clusters
+// read of them (Name is the hostname): the identities they present (mTLS SANs) or whether
+// all are labelled in the mesh (proxyless auto mTLS).
+const EndpointTLSKind = "EndpointTLS"
+
+// noteEndpointTLS turns an endpoints-only change into a config change when it changes what
+// clusters read of endpoints, so cached clusters, keyed on ConfigVersion, are rebuilt and
+// pushed. Rare: identities and mesh labels seldom change as pods come and go.
+func (s *Store) noteEndpointTLS(ch *Change, snap *Snapshot) {
+	for h := range ch.Endpoints {
+		old, cur := s.current.Services[h], snap.Services[h]
+		if old == nil || cur == nil || sameEndpointTLS(old.Endpoints, cur.Endpoints) {
+			continue
+		}
+		ch.Full = true
+		key := ConfigKey{Kind: EndpointTLSKind, Namespace: cur.Spec.GetNamespace(), Name: h}
+		ch.addConfig(key, ExportVisibility(cur.Spec.GetNamespace(), cur.Spec.GetExportTo()))
+		ch.addHosts(key, HostSet{Hosts: []HostRef{{Namespace: cur.Spec.GetNamespace(), Hostname: h}}})
+	}
+	if ch.Full {
+		snap.ConfigVersion = s.version
+	}
+}
+
+func sameEndpointTLS(a, b []*discoveryv1.Endpoint) bool {
+	return EndpointsInMesh(a) == EndpointsInMesh(b) && slices.Equal(serviceAccounts(a), serviceAccounts(b))
+}
+
+// EndpointsInMesh reports whether there are endpoints and all are labelled in the mesh.
+func EndpointsInMesh(eps []*discoveryv1.Endpoint) bool {
+	for _, ep := range eps {
+		if ep.GetLabels()[TLSModeLabel] != "istio" {
+			return false
+		}
+	}
+	return len(eps) > 0
+}
+
+func serviceAccounts(eps []*discoveryv1.Endpoint) []string {
+	var out []string
+	for _, ep := range eps {
+		if sa := ep.GetServiceAccount(); sa != "" {
+			out = append(out, sa)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // Snapshot builds an immutable snapshot of the current state without consuming pending
@@ -356,6 +408,7 @@ func (s *Store) build() *Snapshot {
 	snap.Sidecars = configs[*networking.Sidecar](s.state[schema.Sidecar.TypeURL])
 	snap.AuthorizationPolicies = configs[*security.AuthorizationPolicy](s.state[schema.AuthorizationPolicy.TypeURL])
 	snap.RequestAuthentications = configs[*security.RequestAuthentication](s.state[schema.RequestAuthentication.TypeURL])
+	snap.PeerAuthentications = configs[*security.PeerAuthentication](s.state[schema.PeerAuthentication.TypeURL])
 	snap.JWKS = maps.Clone(s.jwks)
 	for _, r := range s.state[schema.MeshConfig.TypeURL] {
 		snap.Mesh = r.Body.(*meshv1alpha1.MeshConfig)

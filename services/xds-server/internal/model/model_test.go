@@ -287,3 +287,51 @@ func TestSetJWKS(t *testing.T) {
 		t.Fatalf("forgotten keys still in %v", snap.JWKS)
 	}
 }
+
+// An endpoints-only change that changes what clusters read of endpoints (the identities they
+// present, or whether all are labelled in the mesh) becomes a config change naming the
+// service, so cached clusters are rebuilt; other endpoint changes stay endpoints-only.
+func TestNextEndpointTLS(t *testing.T) {
+	inMesh := map[string]string{TLSModeLabel: "istio"}
+	for _, tc := range []struct {
+		name       string
+		before     []*discoveryv1.Endpoint
+		after      []*discoveryv1.Endpoint
+		wantConfig bool
+	}{
+		{name: "address moves", before: []*discoveryv1.Endpoint{{Address: "1.1.1.1", ServiceAccount: "a"}},
+			after: []*discoveryv1.Endpoint{{Address: "2.2.2.2", ServiceAccount: "a"}}},
+		{name: "replica with the same identity", before: []*discoveryv1.Endpoint{{Address: "1.1.1.1", ServiceAccount: "a", Labels: inMesh}},
+			after: []*discoveryv1.Endpoint{{Address: "1.1.1.1", ServiceAccount: "a", Labels: inMesh}, {Address: "2.2.2.2", ServiceAccount: "a", Labels: inMesh}}},
+		{name: "first endpoint without identity", after: []*discoveryv1.Endpoint{{Address: "1.1.1.1"}}},
+		{name: "new identity", before: []*discoveryv1.Endpoint{{Address: "1.1.1.1", ServiceAccount: "a"}},
+			after: []*discoveryv1.Endpoint{{Address: "1.1.1.1", ServiceAccount: "a"}, {Address: "2.2.2.2", ServiceAccount: "b"}}, wantConfig: true},
+		{name: "joins the mesh", before: []*discoveryv1.Endpoint{{Address: "1.1.1.1"}},
+			after: []*discoveryv1.Endpoint{{Address: "1.1.1.1", Labels: inMesh}}, wantConfig: true},
+		{name: "one replica outside the mesh", before: []*discoveryv1.Endpoint{{Address: "1.1.1.1", Labels: inMesh}},
+			after: []*discoveryv1.Endpoint{{Address: "1.1.1.1", Labels: inMesh}, {Address: "2.2.2.2"}}, wantConfig: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewStore()
+			mustApply := applier(t, s.Handler(nil))
+			eps := func(list []*discoveryv1.Endpoint) bus.Change {
+				return bus.Change{TypeURL: schema.Endpoints.TypeURL, Updated: []*bus.Resource{{Name: "demo/a.com",
+					Body: &discoveryv1.Endpoints{Hostname: "a.com", Namespace: "demo", Endpoints: list}}}}
+			}
+			mustApply(bus.Change{TypeURL: schema.Service.TypeURL, Updated: []*bus.Resource{{Name: "demo/a.com",
+				Body: &discoveryv1.Service{Hostname: "a.com", Namespace: "demo"}}}})
+			mustApply(eps(tc.before))
+			first, _ := s.Next()
+			mustApply(eps(tc.after))
+			next, ch := s.Next()
+			_, named := ch.Configs[ConfigKey{Kind: EndpointTLSKind, Namespace: "demo", Name: "a.com"}]
+			if ch.Full != tc.wantConfig || named != tc.wantConfig || (next.ConfigVersion != first.ConfigVersion) != tc.wantConfig {
+				t.Fatalf("full=%v named=%v config versions %d→%d, want a config change: %v",
+					ch.Full, named, first.ConfigVersion, next.ConfigVersion, tc.wantConfig)
+			}
+			if _, ok := ch.Endpoints["a.com"]; !ok {
+				t.Fatal("the endpoints change is lost")
+			}
+		})
+	}
+}

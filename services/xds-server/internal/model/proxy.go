@@ -140,6 +140,13 @@ func ParseProxy(node *corev3.Node) (*Proxy, error) {
 // HasIP reports whether ip is one of the proxy's addresses.
 func (p *Proxy) HasIP(ip string) bool { return slices.Contains(p.IPs, ip) }
 
+// TLSModeLabel is the label Istio's injector puts on workloads that hold mesh certificates
+// (value "istio"); clients use mutual TLS to endpoints that carry it.
+const TLSModeLabel = "security.istio.io/tlsMode"
+
+// InMesh reports whether the proxy's workload is labelled as holding mesh certificates.
+func (p *Proxy) InMesh() bool { return p.Labels[TLSModeLabel] == "istio" }
+
 // IsSidecar, IsRouter and IsProxyless test the proxy's type.
 func (p *Proxy) IsSidecar() bool   { return p.Type == SidecarProxy }
 func (p *Proxy) IsRouter() bool    { return p.Type == Router }

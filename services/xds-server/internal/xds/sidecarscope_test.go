@@ -25,6 +25,19 @@ func authzPolicy(ns, name string) bus.Change {
 		Body: &security.AuthorizationPolicy{Action: security.AuthorizationPolicy_DENY, Rules: []*security.Rule{{}}}}}}
 }
 
+func peerAuthentication(ns, name string) bus.Change {
+	return bus.Change{TypeURL: schema.PeerAuthentication.TypeURL, Updated: []*bus.Resource{{Name: ns + "/" + name,
+		Body: &security.PeerAuthentication{Mtls: &security.PeerAuthentication_MutualTLS{Mode: security.PeerAuthentication_MutualTLS_STRICT}}}}}
+}
+
+func inMeshEndpoints(ns, h string, addrs ...string) bus.Change {
+	c := endpoints(ns, h, addrs...)
+	for _, ep := range c.Updated[0].Body.(*discoveryv1.Endpoints).GetEndpoints() {
+		ep.Labels = map[string]string{model.TLSModeLabel: "istio"}
+	}
+	return c
+}
+
 func sidecar(ns, name string, hosts ...string) bus.Change {
 	return bus.Change{TypeURL: schema.Sidecar.TypeURL, Updated: []*bus.Resource{{Name: ns + "/" + name,
 		Body: &networking.Sidecar{Egress: []*networking.IstioEgressListener{{Hosts: hosts}}}}}}
@@ -108,6 +121,9 @@ func TestSidecarScopedPush(t *testing.T) {
 			want:    map[string]string{"sidecarA": all, "sidecarC": "", "sidecarE": ""}},
 		{name: "own endpoint appears", changes: []bus.Change{endpoints("b", otherB, "10.0.0.1")},
 			want: map[string]string{"sidecarA": "CDS,EDS,LDS", "sidecarC": "EDS", "routerA": "EDS", "proxylessA": "EDS", "proxylessServer": "EDS,LDS"}},
+		{name: "endpoint joins the mesh", pre: []bus.Change{endpoints("b", svcB, "10.0.9.1")},
+			changes: []bus.Change{inMeshEndpoints("b", svcB, "10.0.9.1")},
+			want:    map[string]string{"sidecarA": "EDS", "sidecarC": "CDS,EDS", "routerA": "CDS,EDS", "proxylessA": "CDS,EDS"}},
 		{name: "AuthorizationPolicy in a namespace", changes: []bus.Change{authzPolicy("a", "deny")},
 			want: map[string]string{"sidecarA": "LDS", "sidecarC": "", "sidecarE": "", "routerA": "LDS", "proxylessA": "LDS"}},
 		{name: "AuthorizationPolicy deleted", pre: []bus.Change{authzPolicy("c", "deny")},
@@ -115,6 +131,13 @@ func TestSidecarScopedPush(t *testing.T) {
 			want:    map[string]string{"sidecarA": "", "sidecarC": "LDS", "sidecarE": "", "proxylessA": ""}},
 		{name: "AuthorizationPolicy in the root namespace", changes: []bus.Change{authzPolicy("istio-system", "deny")},
 			want: map[string]string{"sidecarA": "LDS", "sidecarC": "LDS", "sidecarE": "LDS", "routerA": "LDS", "proxylessA": "LDS"}},
+		{name: "PeerAuthentication in a namespace", changes: []bus.Change{peerAuthentication("a", "default")},
+			want: map[string]string{"sidecarA": "CDS,LDS", "sidecarC": "CDS", "routerA": "CDS,LDS", "proxylessA": "CDS,LDS", "proxylessServer": "CDS,LDS"}},
+		{name: "PeerAuthentication deleted", pre: []bus.Change{peerAuthentication("c", "default")},
+			changes: []bus.Change{{TypeURL: schema.PeerAuthentication.TypeURL, Removed: []string{"c/default"}}},
+			want:    map[string]string{"sidecarA": "CDS", "sidecarC": "CDS,LDS", "proxylessA": "CDS"}},
+		{name: "PeerAuthentication in the root namespace", changes: []bus.Change{peerAuthentication("istio-system", "default")},
+			want: map[string]string{"sidecarA": "CDS,LDS", "sidecarC": "CDS,LDS", "sidecarE": "CDS,LDS", "proxylessA": "CDS,LDS"}},
 		{name: "RequestAuthentication", changes: []bus.Change{{TypeURL: schema.RequestAuthentication.TypeURL,
 			Updated: []*bus.Resource{{Name: "c/jwt", Body: &security.RequestAuthentication{}}}}},
 			want: map[string]string{"sidecarA": "", "sidecarC": "LDS", "sidecarE": "", "routerA": ""}},

@@ -157,6 +157,19 @@ func affectedTypes(p *model.Proxy, req *PushRequest, snap *model.Snapshot) map[s
 			if vis.Sees(p.Namespace) || key.Namespace == root {
 				add(resourcev3.ListenerType)
 			}
+		case model.EndpointTLSKind:
+			// mTLS SANs, and proxyless auto mTLS, read the service's endpoints.
+			if vis.Sees(p.Namespace) && imports(key) {
+				add(resourcev3.ClusterType)
+			}
+		case "PeerAuthentication":
+			// The mTLS chains of inbound listeners of the namespace's workloads (every
+			// workload's for the root namespace), and clusters everywhere: auto mTLS infers
+			// a destination's mode from its namespace's policy.
+			if vis.Sees(p.Namespace) || key.Namespace == root {
+				add(resourcev3.ListenerType)
+			}
+			add(resourcev3.ClusterType)
 		default: // MeshConfig and kinds without a finer rule.
 			return all
 		}
