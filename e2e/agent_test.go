@@ -8,9 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -22,9 +20,7 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"sailplane.dev/e2e/framework"
-	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
-	"sailplane.dev/tools/testenv"
 )
 
 // TestAgentMTLS: the ca and two agents as real binaries; each agent gets its workload's
@@ -33,18 +29,11 @@ import (
 // use) and each verifies the other's SPIFFE ID over mTLS; a client expecting another identity
 // is refused. The certificates rotate every few seconds and new connections use the new ones.
 func TestAgentMTLS(t *testing.T) {
-	dir := t.TempDir()
-	caDir := filepath.Join(dir, "ca")
-	caAddr := framework.FreeAddr(t)
-	framework.Start(t, dir, framework.Binary(t, "ca"), "--kubernetes=false", "--ca-listen", caAddr, "--ca-cert-dir", filepath.Join(caDir, "etc/certs"),
-		"--bus-listen", framework.FreeAddr(t))
-	rootFile := filepath.Join(caDir, "etc/certs", pki.RootCertFile)
-	framework.Eventually(t, 30*time.Second, func() error { _, err := os.Stat(filepath.Join(caDir, "etc/certs", pki.CAKeyFile)); return err })
-
+	ca := framework.StartCA(t, t.TempDir())
 	server := spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAccount: "echo"}
 	client := spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAccount: "caller"}
-	serverBootstrap := startAgentBinary(t, caAddr, caDir, rootFile, server)
-	clientBootstrap := startAgentBinary(t, caAddr, caDir, rootFile, client)
+	serverBootstrap := framework.StartAgent(t, ca, framework.Agent{ID: server, CertTTL: 8 * time.Second})
+	clientBootstrap := framework.StartAgent(t, ca, framework.Agent{ID: client, CertTTL: 8 * time.Second})
 
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -92,32 +81,6 @@ func TestAgentMTLS(t *testing.T) {
 		}
 		return nil
 	})
-}
-
-// startAgentBinary provisions a certificate for id (as an operator does for a VM) and runs an
-// agent with it in its own folder; it returns the gRPC bootstrap the agent wrote once ready.
-func startAgentBinary(t *testing.T, caAddr, caDir, rootFile string, id spiffe.ID) string {
-	t.Helper()
-	dir := t.TempDir()
-	prov := testenv.ProvisionCert(t, filepath.Join(caDir, "etc/certs"), id)
-	ready := framework.FreeAddr(t)
-	framework.Start(t, dir, framework.Binary(t, "agent"),
-		"--ca-address", caAddr, "--root-cert", rootFile, "--provisioned-cert-dir", prov,
-		"--token-file", filepath.Join(dir, "no-token"), "--readiness-address", ready,
-		"--grpc-bootstrap", "grpc-bootstrap.json", "--xds-address", "127.0.0.1:15010",
-		"--pod", id.ServiceAccount+"-0", "--ip", "127.0.0.1", "--cert-ttl", "8s", "--file-refresh", "1s")
-	framework.Eventually(t, 30*time.Second, func() error {
-		resp, err := http.Get("http://" + ready + "/healthz/ready")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("readiness %d", resp.StatusCode)
-		}
-		return nil
-	})
-	return filepath.Join(dir, "grpc-bootstrap.json")
 }
 
 // mtlsConfig is TLS from the bootstrap's "default" certificate provider (gRPC's file_watcher
