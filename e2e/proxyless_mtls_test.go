@@ -3,8 +3,13 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"sailplane.dev/e2e/framework"
 	"sailplane.dev/shared/spiffe"
@@ -23,7 +28,8 @@ spec:
 // client through Sailplane, each with the certificates and gRPC bootstrap a real agent binary
 // wrote (file_watcher provider). With a STRICT PeerAuthentication the server's listener
 // requires mTLS and the client, in the mesh, gets auto mTLS: each side sees the other's
-// SPIFFE ID, and a plaintext client is refused. Under PERMISSIVE the server accepts both
+// SPIFFE ID, a plaintext client is refused, and an AuthorizationPolicy denying the caller's
+// principal makes its calls PermissionDenied. Under PERMISSIVE the server accepts both
 // clients: a gRPC server cannot tell TLS from plaintext on one port, so, as istiod, Sailplane
 // serves a workload not labelled in the mesh in plaintext, and clients follow.
 func TestProxylessMTLS(t *testing.T) {
@@ -80,6 +86,25 @@ spec: {address: 127.0.0.1, ports: {grpc: %s}, labels: {app: echo}, serviceAccoun
 				t.Fatalf("a plaintext client reached a STRICT server: %+v", got)
 			}
 			callCancel()
+
+			// gRPC's RBAC matches principals against the caller's certificate.
+			framework.WriteFile(t, dir, "etc/sailplane/conf/deny.yaml", `apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-caller, namespace: demo}
+spec:
+  selector: {matchLabels: {app: echo}}
+  action: DENY
+  rules: [{from: [{source: {principals: [cluster.local/ns/demo/sa/caller]}}]}]
+`)
+			framework.Eventually(t, time.Minute, func() error {
+				if _, err := framework.CallIdentities(ctx, meshClient); status.Code(err) != codes.PermissionDenied {
+					return fmt.Errorf("caller denied by principal: want PermissionDenied, got %v", err)
+				}
+				return nil
+			})
+			if err := os.Remove(filepath.Join(dir, "etc/sailplane/conf/deny.yaml")); err != nil {
+				t.Fatal(err)
+			}
 
 			framework.WriteFile(t, dir, "etc/sailplane/conf/peer.yaml", peerAuthenticationYAML("PERMISSIVE"))
 			plaintext := framework.Identities{Server: "server"}
