@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
@@ -132,12 +133,19 @@ func bootstrap(xdsAddr string, creds, node, extra map[string]any) []byte {
 // filters) Sailplane sends; it serves only once it has that listener. Stopped when the test ends.
 func StartXDSEchoOn(t testing.TB, id string, lis net.Listener, bootstrapJSON []byte) *Echo {
 	t.Helper()
-	srv, err := xds.NewGRPCServer(grpc.Creds(insecure.NewCredentials()), xds.BootstrapContentsForTesting(bootstrapJSON))
+	e := &Echo{ID: id, Addr: lis.Addr().String()}
+	serveXDS(t, id, lis, bootstrapJSON, insecure.NewCredentials(), e)
+	return e
+}
+
+// serveXDS serves impl on lis with a gRPC xDS server using creds until the test ends.
+func serveXDS(t testing.TB, id string, lis net.Listener, bootstrapJSON []byte, creds credentials.TransportCredentials, impl testpb.TestServiceServer) {
+	t.Helper()
+	srv, err := xds.NewGRPCServer(grpc.Creds(creds), xds.BootstrapContentsForTesting(bootstrapJSON))
 	if err != nil {
 		t.Fatalf("xds server %s: %v", id, err)
 	}
-	e := &Echo{ID: id, Addr: lis.Addr().String()}
-	testpb.RegisterTestServiceServer(srv, e)
+	testpb.RegisterTestServiceServer(srv, impl)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -147,7 +155,6 @@ func StartXDSEchoOn(t testing.TB, id string, lis net.Listener, bootstrapJSON []b
 		srv.Stop()
 		<-done
 	})
-	return e
 }
 
 // XDSClient dials target (e.g. "xds:///echo.demo.svc.cluster.local:7070") through gRPC's xDS

@@ -148,20 +148,7 @@ func StartMeshEchoOn(t testing.TB, id string, lis net.Listener, bootstrapJSON []
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := xds.NewGRPCServer(grpc.Creds(creds), xds.BootstrapContentsForTesting(bootstrapJSON))
-	if err != nil {
-		t.Fatalf("xds server %s: %v", id, err)
-	}
-	testpb.RegisterTestServiceServer(srv, &IdentityEcho{ID: id})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(lis)
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-done
-	})
+	serveXDS(t, id, lis, bootstrapJSON, creds, &IdentityEcho{ID: id})
 }
 
 // MeshClient dials target through gRPC's xDS resolver with xDS credentials (mTLS when the
