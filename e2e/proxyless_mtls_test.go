@@ -81,11 +81,18 @@ spec: {address: 127.0.0.1, ports: {grpc: %s}, labels: {app: echo}, serviceAccoun
 				return nil
 			})
 			// The server has its STRICT listener: plaintext is refused at the handshake.
-			callCtx, callCancel := context.WithTimeout(ctx, 10*time.Second)
-			if got, err := framework.CallIdentities(callCtx, plainClient); err == nil {
-				t.Fatalf("a plaintext client reached a STRICT server: %+v", got)
-			}
-			callCancel()
+			framework.Eventually(t, time.Minute, func() error {
+				callCtx, callCancel := context.WithTimeout(ctx, 10*time.Second)
+				defer callCancel()
+				got, err := framework.CallIdentities(callCtx, plainClient)
+				switch {
+				case err == nil:
+					t.Fatalf("a plaintext client reached a STRICT server: %+v", got)
+				case status.Code(err) != codes.Unavailable:
+					return fmt.Errorf("plaintext client: want Unavailable (refused), got %v", err)
+				}
+				return nil
+			})
 
 			// gRPC's RBAC matches principals against the caller's certificate.
 			framework.WriteFile(t, dir, "etc/sailplane/conf/deny.yaml", `apiVersion: security.istio.io/v1
