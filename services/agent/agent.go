@@ -9,7 +9,6 @@ package agent
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,7 +23,14 @@ import (
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/grpcbootstrap"
 	"sailplane.dev/shared/pki"
+	"sailplane.dev/shared/workloadcert"
 )
+
+// Credential is a workload certificate with its key and the trust bundle it came with.
+type Credential = workloadcert.Credential
+
+// ErrCA marks the ca refusing a request (as opposed to being unreachable).
+var ErrCA = workloadcert.ErrCA
 
 // Config configures the agent. The outputs (SDS socket, files, bootstrap, readiness) are each
 // off when their setting is empty; the binary's flags turn them on at Istio's paths.
@@ -97,6 +103,8 @@ type Agent struct {
 	log  *slog.Logger
 	deps Deps
 	sds  *sdsServer
+	// certs gets and renews the certificate (shared with the Sailplane services).
+	certs *workloadcert.Client
 
 	ready         chan struct{}
 	readyOnce     sync.Once
@@ -126,12 +134,6 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	if cfg.CertTTL <= 0 {
 		cfg.CertTTL = 24 * time.Hour
 	}
-	if cfg.RetryInitial <= 0 {
-		cfg.RetryInitial = time.Second
-	}
-	if cfg.RetryMax <= 0 {
-		cfg.RetryMax = 30 * time.Second
-	}
 	if cfg.FileRefresh <= 0 {
 		cfg.FileRefresh = 900 * time.Second
 	}
@@ -147,10 +149,15 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	case cfg.GRPCBootstrap != "" && cfg.OutputDir == "":
 		return nil, errors.New("agent: the gRPC bootstrap points at the credential files: set the output folder too")
 	}
-	if a := cfg.KeyAlgorithm; a != "" && a != pki.ECDSAP256 && a != pki.RSA2048 {
-		return nil, fmt.Errorf("agent: key algorithm %q: want %s or %s", a, pki.ECDSAP256, pki.RSA2048)
+	certs, err := workloadcert.New(workloadcert.Config{
+		CAAddress: cfg.CAAddress, RootCertFile: cfg.RootCertFile, TokenFile: cfg.TokenFile,
+		ProvisionedCertDir: cfg.ProvisionedCertDir, ClusterID: cfg.ClusterID, TrustDomain: cfg.TrustDomain,
+		KeyAlgorithm: cfg.KeyAlgorithm, CertTTL: cfg.CertTTL, RetryInitial: cfg.RetryInitial, RetryMax: cfg.RetryMax,
+	}, deps.Logger, deps.DialOptions...)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: deps.Logger, deps: deps, ready: make(chan struct{})}
+	a := &Agent{cfg: cfg, log: deps.Logger, deps: deps, certs: certs, ready: make(chan struct{})}
 	if cfg.SDSSocket != "" {
 		a.sds = newSDSServer(a.log)
 	}
@@ -166,7 +173,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	var m component.Manager
-	m.Add("certificates", component.Func(a.rotate))
+	m.Add("certificates", component.Func(func(ctx context.Context) error { return a.certs.Rotate(ctx, a.publish, a.renewTime) }))
 	if a.sds != nil {
 		m.Add("sds", component.Func(func(ctx context.Context) error { return a.sds.run(ctx, a.cfg.SDSSocket) }))
 	}
@@ -201,9 +208,9 @@ func (a *Agent) Published() int {
 
 // Credential file names in OutputDir (Istio's workload-spiffe-credentials layout).
 const (
-	CertChainFile = "cert-chain.pem"
-	KeyFile       = "key.pem"
-	RootCertFile  = "root-cert.pem"
+	CertChainFile = workloadcert.CertChainFile
+	KeyFile       = workloadcert.KeyFile
+	RootCertFile  = workloadcert.RootCertFile
 )
 
 // publish hands a new certificate to every output: files first (so the bootstrap never names
@@ -284,7 +291,7 @@ func (a *Agent) writeGRPCBootstrap(c *Credential) error {
 // one of slack), but not before half the lifetime, so a refresh interval as long as the
 // certificate cannot make the agent renew in a loop.
 func (a *Agent) renewTime(c *Credential, jitter float64) time.Time {
-	at := renewAt(c.Leaf(), c.Received, jitter)
+	at := workloadcert.RenewAt(c.Leaf(), c.Received, jitter)
 	if a.cfg.OutputDir == "" {
 		return at
 	}
@@ -295,12 +302,4 @@ func (a *Agent) renewTime(c *Credential, jitter float64) time.Time {
 		}
 	}
 	return at
-}
-
-// renewAt is when a certificate received at got is renewed: at 80 % of the lifetime left
-// then, less up to 5 % of it of jitter, so workloads started together do not renew together.
-// (NotBefore is backdated for clock skew, so the lifetime counts from receipt.)
-func renewAt(leaf *x509.Certificate, got time.Time, jitter float64) time.Time {
-	life := leaf.NotAfter.Sub(got)
-	return got.Add(time.Duration(float64(life) * (0.8 - 0.05*jitter)))
 }
