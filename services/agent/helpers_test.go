@@ -249,4 +249,3 @@ func checkNoKeySent(t *testing.T, reqs []*pb.IstioCertificateRequest) {
 		}
 	}
 }
-

@@ -67,4 +67,3 @@ func TestTokenIdentity(t *testing.T) {
 		})
 	}
 }
-
