@@ -59,6 +59,10 @@ type Config struct {
 	// "namespace/name") where the ca keeps the same certificate, for xds-server to mount
 	// (Kubernetes only).
 	ServingCertSecret string
+	// ServiceCertDir, when set, is a folder where the ca keeps a bootstrap certificate for each
+	// control plane service (ServiceAccounts) in <dir>/<service account>/, for services that
+	// cannot authenticate with a token (no Kubernetes): they start with it, then renew their own.
+	ServiceCertDir string
 	// KeyAlgorithm is the kind of key a generated root and the serving certificate get.
 	KeyAlgorithm pki.KeyAlgorithm
 	// RootTTL is the lifetime of a generated root; 10 years when zero.
@@ -227,7 +231,7 @@ func (s *Service) Run(ctx context.Context) error {
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	if s.kube != nil {
 		wg.Go(func() { errc <- s.runRootCertController(ctx, s.mesh) })
 	}
@@ -238,6 +242,9 @@ func (s *Service) Run(ctx context.Context) error {
 		wg.Go(func() {
 			errc <- s.keepServingCert(ctx, "folder "+dir, func(f map[string][]byte) error { return writeServingFolder(dir, f) })
 		})
+	}
+	if dir := s.cfg.ServiceCertDir; dir != "" {
+		wg.Go(func() { errc <- s.keepServiceCerts(ctx, dir) })
 	}
 	if ns, name := s.servingSecret(); name != "" {
 		wg.Go(func() {

@@ -24,6 +24,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&c.ServingDNSNames, "ca-dns-names", nil, "DNS names of the listener's certificate (default istiod.<namespace>.svc and localhost; the listen host, 127.0.0.1 and ::1 always)")
 	fs.StringVar(&c.ServingCertDir, "serving-cert-dir", "", "keep a serving certificate for the --ca-dns-names in this folder (tls.crt, tls.key, ca.crt), renewed at half its life: xds-server's --tls-cert-dir in microservices mode; empty: none")
 	fs.StringVar(&c.ServingCertSecret, "serving-cert-secret", "", "keep the same serving certificate in this kubernetes.io/tls Secret (name in --namespace, or namespace/name), for xds-server to mount; empty: none")
+	fs.StringVar(&c.ServiceCertDir, "service-cert-dir", "", "keep a bootstrap certificate for each control plane service (config-ingest, endpoint-watcher, xds-server) in <folder>/<service account>/ (cert-chain.pem, key.pem, root-cert.pem), renewed at half its life: without Kubernetes, what a service's --provisioned-cert-dir points at; empty: none")
 	fs.StringVar((*string)(&c.KeyAlgorithm), "ca-key-algorithm", "ECDSA_P256", "key of a generated root and of the serving certificate: ECDSA_P256 or RSA_2048")
 	fs.DurationVar(&c.RootTTL, "root-ttl", 10*365*24*time.Hour, "lifetime of a generated root")
 	fs.DurationVar(&c.DefaultCertTTL, "default-cert-ttl", 24*time.Hour, "lifetime of a workload certificate whose request asks for none")

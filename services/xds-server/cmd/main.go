@@ -10,6 +10,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/serviceid"
 
 	xdsserver "sailplane.dev/services/xds-server"
 )
@@ -23,6 +24,7 @@ func main() {
 		pprofAddr   string
 		certDir     string
 		caBus       string
+		identity    serviceid.Flags
 	)
 	cmd := &cobra.Command{
 		Use:   "xds-server",
@@ -32,13 +34,17 @@ func main() {
 			if err != nil {
 				return err
 			}
+			certs, sec, err := identity.Identity(log)
+			if err != nil {
+				return err
+			}
 			deps := xdsserver.Deps{
 				Logger:   log.With("component", "xds-server"),
-				Config:   bus.Dial(configBus, bus.WithDialLogger(log.With("component", "config-bus"))),
-				Registry: bus.Dial(registryBus, bus.WithDialLogger(log.With("component", "registry-bus"))),
+				Config:   bus.Dial(configBus, bus.WithDialLogger(log.With("component", "config-bus")), bus.WithSecurity(sec)),
+				Registry: bus.Dial(registryBus, bus.WithDialLogger(log.With("component", "registry-bus")), bus.WithSecurity(sec)),
 			}
 			if caBus != "" {
-				deps.Bundle = bus.Dial(caBus, bus.WithDialLogger(log.With("component", "ca-bus")))
+				deps.Bundle = bus.Dial(caBus, bus.WithDialLogger(log.With("component", "ca-bus")), bus.WithSecurity(sec))
 			}
 			if cfg.SecureListen != "" {
 				if certDir == "" {
@@ -51,6 +57,9 @@ func main() {
 				return err
 			}
 			var m component.Manager
+			if certs != nil {
+				m.Add("certificate", certs)
+			}
 			m.Add("xds-server", srv)
 			if pprofAddr != "" {
 				m.Add("pprof", cli.Pprof{Addr: pprofAddr, Log: log})
@@ -65,6 +74,7 @@ func main() {
 	cmd.Flags().StringVar(&caBus, "ca-bus", "", "the ca's bus address (its --bus-listen), for the mesh's trust bundle; empty: none")
 	cmd.Flags().StringVar(&cfg.SecureListen, "xds-tls-listen", "", "address serving ADS over TLS (istiod's 15012) with the certificate in --tls-cert-dir; empty: off")
 	cmd.Flags().StringVar(&certDir, "tls-cert-dir", "", "folder holding the TLS listener's certificate (tls.crt, tls.key), kept by the ca (--serving-cert-dir) or a mounted kubernetes.io/tls Secret; re-read when it changes")
+	identity.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")
 	cli.Execute(cmd)
 }
