@@ -3,8 +3,8 @@ package ca
 import (
 	"context"
 	"crypto/x509"
-	"os"
 	"net/url"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"

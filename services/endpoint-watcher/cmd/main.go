@@ -12,8 +12,8 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
-	"sailplane.dev/shared/serviceid"
 	"sailplane.dev/shared/kube"
+	"sailplane.dev/shared/serviceid"
 
 	endpointwatcher "sailplane.dev/services/endpoint-watcher"
 )
