@@ -1,0 +1,107 @@
+package framework
+
+import (
+	"context"
+	"crypto/x509"
+	"net/url"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"sailplane.dev/shared/pki"
+	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/shared/workloadcert"
+)
+
+// StaticIdentity is a fixed workload credential, for a test to present on an mTLS bus.
+type StaticIdentity struct{ C *workloadcert.Credential }
+
+// Current is the credential.
+func (s StaticIdentity) Current() *workloadcert.Credential { return s.C }
+
+// IdentityFromDir loads a credential folder (cert-chain.pem, key.pem, root-cert.pem), as the
+// ca's --service-cert-dir keeps one per service.
+func IdentityFromDir(t testing.TB, dir string) StaticIdentity {
+	t.Helper()
+	key, err := pki.ParseKey(readFile(t, filepath.Join(dir, workloadcert.KeyFile)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain, err := pki.ParseCerts(readFile(t, filepath.Join(dir, workloadcert.CertChainFile)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots, err := pki.ParseCerts(readFile(t, filepath.Join(dir, workloadcert.RootCertFile)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := spiffe.FromURL(chain[0].URIs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return StaticIdentity{&workloadcert.Credential{ID: id, Key: key, Chain: chain, Roots: roots, Received: time.Now()}}
+}
+
+// SignIdentity signs a credential for id with the root kept in a ca's --ca-cert-dir (Istio's
+// istio-ca-secret layout): an identity the ca never issued to anyone, for tests of refusals.
+func SignIdentity(t testing.TB, caCertDir string, id spiffe.ID) StaticIdentity {
+	t.Helper()
+	files := map[string][]byte{}
+	for _, name := range []string{"ca-cert.pem", "ca-key.pem", "cert-chain.pem", "root-cert.pem"} {
+		files[name] = readFile(t, filepath.Join(caCertDir, name))
+	}
+	auth, err := pki.FromIstioLayout(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := pki.GenerateKey(pki.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{URIs: []*url.URL{id.URL()}, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return StaticIdentity{&workloadcert.Credential{ID: id, Key: key, Chain: append([]*x509.Certificate{leaf}, auth.Chain()...), Roots: auth.Roots, Received: time.Now()}}
+}
+
+// AnyServer is a consumer's check of a bus producer's identity that accepts any (the chain to
+// the roots is still checked): for tests probing a bus.
+func AnyServer(src workloadcert.Source) credentials.TransportCredentials {
+	return credentials.NewTLS(workloadcert.ClientTLS(src, func(spiffe.ID) error { return nil }))
+}
+
+// SubscribeOnce opens one delta stream on the bus at addr with creds and returns the error of
+// its first response (nil when the bus answered): how a test sees a refusal.
+func SubscribeOnce(ctx context.Context, addr string, creds credentials.TransportCredentials, typeURL string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL}); err != nil {
+		return err
+	}
+	_, err = stream.Recv()
+	return err
+}
+
+func readFile(t testing.TB, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
