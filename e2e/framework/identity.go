@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"crypto/x509"
+	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -104,4 +105,27 @@ func readFile(t testing.TB, path string) []byte {
 		t.Fatal(err)
 	}
 	return data
+}
+
+// WorkloadCert runs a certificate client (as a Sailplane service does) until the test ends and
+// returns it once it holds a certificate.
+func WorkloadCert(t testing.TB, cfg workloadcert.Config) *workloadcert.Client {
+	t.Helper()
+	c, err := workloadcert.New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	select {
+	case <-c.Ready():
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("no certificate from the ca at %s after 2 minutes", cfg.CAAddress)
+	}
+	return c
 }
