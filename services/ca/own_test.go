@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -70,6 +71,24 @@ func TestServiceCertFolders(t *testing.T) {
 	}
 	if pki.PublicKeysEqual(first.Leaf().PublicKey, prov[0].PublicKey) {
 		t.Fatal("the service's certificate is for the provisioned key: want its own")
+	}
+	// xds-server's certificates carry istiod's names (it serves TLS xDS with them); others none.
+	if names := first.Leaf().DNSNames; !slices.Contains(names, "istiod.istio-system.svc") {
+		t.Errorf("xds-server's certificate names %v, want istiod.istio-system.svc among them", names)
+	}
+	ingestFolder := filepath.Join(dir, "services", "config-ingest")
+	ingest, err := workloadcert.New(workloadcert.Config{
+		CAAddress: r.Addr().String(), RootCertFile: filepath.Join(ingestFolder, workloadcert.RootCertFile), ProvisionedCertDir: ingestFolder,
+	}, testlog.New(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ingestCert, err := ingest.Issue(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ingestCert.ID.ServiceAccount != "config-ingest" || len(ingestCert.Leaf().DNSNames) != 0 {
+		t.Errorf("config-ingest's certificate: %s, DNS names %v, want config-ingest's identity and no DNS name", ingestCert.ID, ingestCert.Leaf().DNSNames)
 	}
 	// The provisioned folder is not needed again: the renewal (at 80 % of 3 s) authenticates
 	// with the service's own certificate.

@@ -61,6 +61,12 @@ func ClientTLS(src Source, authorize func(spiffe.ID) error) *tls.Config {
 	}
 }
 
+// GetCertificate is a tls.Config.GetCertificate presenting src's current certificate, for a
+// server that authenticates no client itself (xds-server's TLS xDS).
+func GetCertificate(src Source) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	return func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return certificate(src) }
+}
+
 func certificate(src Source) (*tls.Certificate, error) {
 	c := src.Current()
 	if c == nil {

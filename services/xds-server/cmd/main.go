@@ -3,6 +3,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 
 	"github.com/spf13/cobra"
@@ -11,6 +12,7 @@ import (
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/serviceid"
+	"sailplane.dev/shared/workloadcert"
 
 	xdsserver "sailplane.dev/services/xds-server"
 )
@@ -46,11 +48,15 @@ func main() {
 			if caBus != "" {
 				deps.Bundle = bus.Dial(caBus, bus.WithDialLogger(log.With("component", "ca-bus")), bus.WithSecurity(sec))
 			}
-			if cfg.SecureListen != "" {
-				if certDir == "" {
-					return errors.New("--xds-tls-listen needs --tls-cert-dir: the folder where the ca keeps this server's certificate (ca --serving-cert-dir)")
-				}
+			switch {
+			case cfg.SecureListen == "":
+			case certDir != "":
 				deps.TLS = xdsserver.FolderTLS(certDir)
+			case certs != nil:
+				// The ca adds istiod's names to this service account's certificates.
+				deps.TLS = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: workloadcert.GetCertificate(certs), NextProtos: []string{"h2"}}
+			default:
+				return errors.New("--xds-tls-listen needs a certificate: --ca-address (this server's own, with istiod's names) or --tls-cert-dir (the folder where the ca keeps one, ca --serving-cert-dir)")
 			}
 			srv, err := xdsserver.New(cfg, deps)
 			if err != nil {
@@ -72,8 +78,8 @@ func main() {
 	cmd.Flags().StringVar(&registryBus, "registry-bus", "127.0.0.1:15052", "endpoint-watcher's bus address")
 	cfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&caBus, "ca-bus", "", "the ca's bus address (its --bus-listen), for the mesh's trust bundle; empty: none")
-	cmd.Flags().StringVar(&cfg.SecureListen, "xds-tls-listen", "", "address serving ADS over TLS (istiod's 15012) with the certificate in --tls-cert-dir; empty: off")
-	cmd.Flags().StringVar(&certDir, "tls-cert-dir", "", "folder holding the TLS listener's certificate (tls.crt, tls.key), kept by the ca (--serving-cert-dir) or a mounted kubernetes.io/tls Secret; re-read when it changes")
+	cmd.Flags().StringVar(&cfg.SecureListen, "xds-tls-listen", "", "address serving ADS over TLS (istiod's 15012) with this server's own certificate from --ca-address (which carries istiod's names), or the one in --tls-cert-dir; empty: off")
+	cmd.Flags().StringVar(&certDir, "tls-cert-dir", "", "folder holding the TLS listener's certificate (tls.crt, tls.key), kept by the ca (--serving-cert-dir) or a mounted kubernetes.io/tls Secret, instead of this server's own; re-read when it changes")
 	identity.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")
 	cli.Execute(cmd)
