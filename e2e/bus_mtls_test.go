@@ -24,6 +24,14 @@ import (
 // a key that is not the bootstrap folder's: it asked the ca itself), and refuses a consumer
 // whose identity is not one of Sailplane's with PermissionDenied, and a plaintext one.
 func checkBusMTLS(ctx context.Context, t *testing.T, dir string, sp secureSailplane) {
+	// TLS xDS is served with xds-server's own certificate (istiod's names, its identity).
+	xdsState, err := busHandshake(sp.secure, sp.busSec.Identity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uris := xdsState.PeerCertificates[0].URIs; len(uris) != 1 || uris[0].String() != "spiffe://cluster.local/ns/istio-system/sa/xds-server" {
+		t.Errorf("TLS xDS certificate names %v, want xds-server's identity", uris)
+	}
 	web := framework.SignIdentity(t, filepath.Join(dir, "etc/certs"), spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAccount: "web"})
 	for sa, addr := range sp.buses {
 		t.Run(sa, func(t *testing.T) {

@@ -47,13 +47,13 @@ var secureTopologies = []struct {
 			"--xds-listen=", "--xds-tls-listen", secure, "--bus-listen", busAddr)
 		return secureSailplane{secure: secure, bundleBus: busAddr}
 	}},
-	// The ca keeps xds-server's serving certificate in a folder xds-server re-reads; the ca's own
-	// port is separate. Every bus is mTLS: each service starts from the bootstrap folder the ca
-	// keeps for it (--service-cert-dir), then gets and renews its own certificate from the ca.
+	// Each service starts from the bootstrap folder the ca keeps for it (--service-cert-dir), then
+	// gets and renews its own certificate from the ca (on its own port): every bus is mTLS with
+	// them, and xds-server serves TLS xDS with its own, which the ca gives istiod's names.
 	{"microservices", func(t *testing.T, dir string) secureSailplane {
 		configBus, registryBus, caBus, secure, caAddr := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
 		framework.Start(t, dir, framework.Binary(t, "ca"), "--kubernetes=false", "--ca-listen", caAddr,
-			"--serving-cert-dir", "var/xds-cert", "--service-cert-dir", "var/service-certs", "--bus-listen", caBus)
+			"--service-cert-dir", "var/service-certs", "--bus-listen", caBus)
 		// The services start once their bootstrap folders exist (else their first request waits
 		// out a retry).
 		framework.Eventually(t, time.Minute, func() error {
@@ -65,7 +65,7 @@ var secureTopologies = []struct {
 			return []string{"--ca-address", caAddr, "--ca-root-cert", folder + "/root-cert.pem", "--provisioned-cert-dir", folder}
 		}
 		framework.Start(t, dir, framework.Binary(t, "xds-server"), append(identity("xds-server"), "--config-bus", configBus, "--registry-bus", registryBus,
-			"--ca-bus", caBus, "--xds-listen=", "--xds-tls-listen", secure, "--tls-cert-dir", "var/xds-cert")...)
+			"--ca-bus", caBus, "--xds-listen=", "--xds-tls-listen", secure)...)
 		framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"), append(identity("endpoint-watcher"), "--config-bus", configBus, "--bus-listen", registryBus)...)
 		framework.Start(t, dir, framework.Binary(t, "config-ingest"), append(identity("config-ingest"), "--mesh-config", "etc/sailplane/mesh.yaml", "--bus-listen", configBus)...)
 		// The test consumes the buses as xds-server does, with its bootstrap certificate.
