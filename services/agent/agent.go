@@ -22,7 +22,6 @@ import (
 
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/grpcbootstrap"
-	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/workloadcert"
 )
 
@@ -35,30 +34,11 @@ var ErrCA = workloadcert.ErrCA
 // Config configures the agent. The outputs (SDS socket, files, bootstrap, readiness) are each
 // off when their setting is empty; the binary's flags turn them on at Istio's paths.
 type Config struct {
-	// CAAddress is the ca's TLS address; Istio's CA_ADDR default when empty.
-	CAAddress string
-	// RootCertFile is the root that verifies the ca's serving certificate (Istio mounts the
-	// istio-ca-root-cert ConfigMap there). Required. It is re-read at every request.
-	RootCertFile string
-	// TokenFile is the service-account token (audience istio-ca), re-read at every request
-	// since the kubelet rotates it. Optional once the agent holds a certificate.
-	TokenFile string
-	// ProvisionedCertDir, when set, holds cert-chain.pem and key.pem that authenticate a
-	// workload without a token (Istio's PROV_CERT, for VMs). Set to OutputDir, a restarted
-	// agent authenticates with the certificate it last got.
-	ProvisionedCertDir string
-	// ClusterID is sent to the ca as the caller's cluster; "Kubernetes" when empty.
-	ClusterID string
-	// TrustDomain names the identity in the CSR; "cluster.local" when empty. The ca signs the
-	// caller's identity in its own trust domain regardless.
-	TrustDomain string
-	// KeyAlgorithm is the workload key's kind: ECDSA P-256 (the default) or RSA 2048.
-	KeyAlgorithm pki.KeyAlgorithm
-	// CertTTL is the lifetime asked for; 24h when zero (the ca may shorten it).
-	CertTTL time.Duration
-	// RetryInitial and RetryMax bound the jittered backoff while the ca cannot sign; 1s and 30s
-	// when zero.
-	RetryInitial, RetryMax time.Duration
+	// Config is where and how the certificate is asked for (the ca's address, Istio's CA_ADDR
+	// default when empty; the root file, required; the token file or the provisioned folder: set
+	// ProvisionedCertDir to OutputDir and a restarted agent authenticates with the certificate
+	// it last got).
+	workloadcert.Config
 
 	// SDSSocket is the Unix socket serving Envoy's SDS ("default" and "ROOTCA").
 	SDSSocket string
@@ -138,10 +118,6 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		cfg.FileRefresh = 900 * time.Second
 	}
 	switch {
-	case cfg.RootCertFile == "":
-		return nil, errors.New("agent: the root certificate file that verifies the ca is required")
-	case cfg.TokenFile == "" && cfg.ProvisionedCertDir == "":
-		return nil, errors.New("agent: a token file or a provisioned certificate folder is needed to authenticate to the ca")
 	case cfg.XDSProxySocket != "" && cfg.XDSAddress == "":
 		return nil, errors.New("agent: the xDS proxy needs the xDS server's address")
 	case cfg.EnvoyBootstrap != "" && (cfg.XDSProxySocket == "" || cfg.SDSSocket == ""):
@@ -149,11 +125,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	case cfg.GRPCBootstrap != "" && cfg.OutputDir == "":
 		return nil, errors.New("agent: the gRPC bootstrap points at the credential files: set the output folder too")
 	}
-	certs, err := workloadcert.New(workloadcert.Config{
-		CAAddress: cfg.CAAddress, RootCertFile: cfg.RootCertFile, TokenFile: cfg.TokenFile,
-		ProvisionedCertDir: cfg.ProvisionedCertDir, ClusterID: cfg.ClusterID, TrustDomain: cfg.TrustDomain,
-		KeyAlgorithm: cfg.KeyAlgorithm, CertTTL: cfg.CertTTL, RetryInitial: cfg.RetryInitial, RetryMax: cfg.RetryMax,
-	}, deps.Logger, deps.DialOptions...)
+	certs, err := workloadcert.New(cfg.Config, deps.Logger, deps.DialOptions...)
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}

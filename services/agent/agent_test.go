@@ -17,6 +17,7 @@ import (
 	"sailplane.dev/shared/grpcbootstrap"
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/shared/workloadcert"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -28,7 +29,7 @@ var web = spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAcco
 func outputs(t *testing.T, c *testCA) Config {
 	dir := t.TempDir()
 	return Config{
-		CAAddress: c.Addr(), RootCertFile: c.RootFile,
+		Config:    workloadcert.Config{CAAddress: c.Addr(), RootCertFile: c.RootFile},
 		SDSSocket: filepath.Join(dir, "sds.sock"), OutputDir: filepath.Join(dir, "creds"),
 		GRPCBootstrap: filepath.Join(dir, "bootstrap.json"), XDSAddress: "127.0.0.1:15010",
 		XDSProxySocket: filepath.Join(dir, "XDS"), EnvoyBootstrap: filepath.Join(dir, "envoy-rev.json"),
@@ -324,10 +325,10 @@ func TestNewRejects(t *testing.T) {
 		cfg  Config
 		err  string
 	}{
-		{"no root", Config{TokenFile: "t"}, "root certificate"},
-		{"no credential", Config{RootCertFile: "r"}, "token file or a provisioned"},
-		{"bootstrap without files", Config{RootCertFile: "r", TokenFile: "t", GRPCBootstrap: "b"}, "output folder"},
-		{"key algorithm", Config{RootCertFile: "r", TokenFile: "t", KeyAlgorithm: "DSA"}, `"DSA"`},
+		{"no root", Config{Config: workloadcert.Config{TokenFile: "t"}}, "root certificate"},
+		{"no credential", Config{Config: workloadcert.Config{RootCertFile: "r"}}, "token file or a provisioned"},
+		{"bootstrap without files", Config{Config: workloadcert.Config{RootCertFile: "r", TokenFile: "t"}, GRPCBootstrap: "b"}, "output folder"},
+		{"key algorithm", Config{Config: workloadcert.Config{RootCertFile: "r", TokenFile: "t", KeyAlgorithm: "DSA"}}, `"DSA"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := New(tc.cfg, Deps{}); err == nil || !strings.Contains(err.Error(), tc.err) {
