@@ -97,40 +97,23 @@ func (s *Service) keepServiceCerts(ctx context.Context, dir string) error {
 	for i, sa := range ServiceAccounts {
 		owns[i] = &ownCredential{s: s, id: spiffe.ID{TrustDomain: s.cfg.TrustDomain, Namespace: s.cfg.Namespace, ServiceAccount: sa}}
 	}
-	for retry := time.Second; ; {
-		s.mu.Lock()
-		rotated := s.rotated
-		s.mu.Unlock()
+	return s.keepWritten(ctx, "the services' bootstrap certificates", dir, func() (time.Time, error) {
 		next := time.Now().Add(ownCertTTL)
-		var err error
 		for _, o := range owns {
 			c := o.Current()
 			if c == nil {
-				err = errNotLoaded
-				break
+				return time.Time{}, errNotLoaded
 			}
-			if err = writeCredentialFolder(filepath.Join(dir, o.id.ServiceAccount), c); err != nil {
-				break
+			if err := writeCredentialFolder(filepath.Join(dir, o.id.ServiceAccount), c); err != nil {
+				return time.Time{}, err
 			}
 			if h := halfLife(c.Leaf().NotBefore, c.Leaf().NotAfter); h.Before(next) {
 				next = h
 			}
 		}
-		if err == nil {
-			s.log.Info("wrote the services' bootstrap certificates", "to", dir, "accounts", ServiceAccounts)
-			retry = time.Second
-		} else {
-			s.log.Warn("cannot write the services' bootstrap certificates; retrying", "to", dir, "error", err, "retry-in", retry)
-			next = time.Now().Add(retry)
-			retry = min(2*retry, time.Minute)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(time.Until(next)):
-		case <-rotated:
-		}
-	}
+		s.log.Info("wrote the services' bootstrap certificates", "to", dir, "accounts", ServiceAccounts)
+		return next, nil
+	})
 }
 
 // writeCredentialFolder writes a credential in Istio's workload-spiffe-credentials layout, key
