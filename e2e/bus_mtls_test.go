@@ -14,10 +14,12 @@ import (
 	"google.golang.org/grpc/status"
 
 	"sailplane.dev/e2e/framework"
+	"sailplane.dev/shared/bus/bustest"
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/spiffe"
 	"sailplane.dev/shared/workloadcert"
+	"sailplane.dev/tools/testenv"
 )
 
 // checkBusMTLS: every service's bus is mTLS with the service's own certificate (its SPIFFE ID,
@@ -32,7 +34,7 @@ func checkBusMTLS(ctx context.Context, t *testing.T, dir string, sp secureSailpl
 	if uris := xdsState.PeerCertificates[0].URIs; len(uris) != 1 || uris[0].String() != "spiffe://cluster.local/ns/istio-system/sa/xds-server" {
 		t.Errorf("TLS xDS certificate names %v, want xds-server's identity", uris)
 	}
-	web := framework.SignIdentity(t, filepath.Join(dir, "etc/certs"), spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAccount: "web"})
+	web := framework.SignIdentity(t, testenv.CAFromFolder(t, filepath.Join(dir, "etc/certs")), spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAccount: "web"})
 	for sa, addr := range sp.buses {
 		t.Run(sa, func(t *testing.T) {
 			var served *tls.ConnectionState
@@ -59,11 +61,11 @@ func checkBusMTLS(ctx context.Context, t *testing.T, dir string, sp secureSailpl
 					t.Errorf("the bus serves the bootstrap certificate's key: want the service's own")
 				}
 			}
-			err := framework.SubscribeOnce(ctx, addr, framework.AnyServer(web), schema.VirtualService.TypeURL)
+			err := bustest.SubscribeOnce(ctx, addr, framework.AnyServer(web), schema.VirtualService.TypeURL)
 			if status.Code(err) != codes.PermissionDenied {
 				t.Errorf("a consumer with identity %s: %v, want PermissionDenied", web.C.ID, err)
 			}
-			if err := framework.SubscribeOnce(ctx, addr, insecure.NewCredentials(), schema.VirtualService.TypeURL); status.Code(err) != codes.Unavailable {
+			if err := bustest.SubscribeOnce(ctx, addr, insecure.NewCredentials(), schema.VirtualService.TypeURL); status.Code(err) != codes.Unavailable {
 				t.Errorf("a plaintext consumer: %v, want Unavailable (failed handshake)", err)
 			}
 		})
@@ -121,7 +123,7 @@ func TestBusMTLSOnKube(t *testing.T) {
 		t.Fatalf("the ca issued %s for demo/web's token", id)
 	}
 	for _, addr := range []string{sp.configBus, sp.registryBus} {
-		if err := framework.SubscribeOnce(ctx, addr, framework.AnyServer(web), schema.VirtualService.TypeURL); status.Code(err) != codes.PermissionDenied {
+		if err := bustest.SubscribeOnce(ctx, addr, framework.AnyServer(web), schema.VirtualService.TypeURL); status.Code(err) != codes.PermissionDenied {
 			t.Errorf("bus %s, consumer demo/web: %v, want PermissionDenied", addr, err)
 		}
 	}

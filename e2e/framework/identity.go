@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
 	"sailplane.dev/shared/pki"
@@ -48,18 +46,10 @@ func IdentityFromDir(t testing.TB, dir string) StaticIdentity {
 	return StaticIdentity{&workloadcert.Credential{ID: id, Key: key, Chain: chain, Roots: roots, Received: time.Now()}}
 }
 
-// SignIdentity signs a credential for id with the root kept in a ca's --ca-cert-dir (Istio's
-// istio-ca-secret layout): an identity the ca never issued to anyone, for tests of refusals.
-func SignIdentity(t testing.TB, caCertDir string, id spiffe.ID) StaticIdentity {
+// SignIdentity signs a credential for id with auth (testenv.CAFromFolder reads the ca's): an
+// identity the ca never issued to anyone, for tests of refusals.
+func SignIdentity(t testing.TB, auth *pki.Authority, id spiffe.ID) StaticIdentity {
 	t.Helper()
-	files := map[string][]byte{}
-	for _, name := range []string{"ca-cert.pem", "ca-key.pem", "cert-chain.pem", "root-cert.pem"} {
-		files[name] = readFile(t, filepath.Join(caCertDir, name))
-	}
-	auth, err := pki.FromIstioLayout(files)
-	if err != nil {
-		t.Fatal(err)
-	}
 	key, err := pki.GenerateKey(pki.ECDSAP256)
 	if err != nil {
 		t.Fatal(err)
@@ -75,27 +65,6 @@ func SignIdentity(t testing.TB, caCertDir string, id spiffe.ID) StaticIdentity {
 // the roots is still checked): for tests probing a bus.
 func AnyServer(src workloadcert.Source) credentials.TransportCredentials {
 	return credentials.NewTLS(workloadcert.ClientTLS(src, func(spiffe.ID) error { return nil }))
-}
-
-// SubscribeOnce opens one delta stream on the bus at addr with creds and returns the error of
-// its first response (nil when the bus answered): how a test sees a refusal.
-func SubscribeOnce(ctx context.Context, addr string, creds credentials.TransportCredentials, typeURL string) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
-	if err != nil {
-		return err
-	}
-	if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL}); err != nil {
-		return err
-	}
-	_, err = stream.Recv()
-	return err
 }
 
 func readFile(t testing.TB, path string) []byte {

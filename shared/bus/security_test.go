@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -106,25 +105,10 @@ func serveSecure(t *testing.T, s *bus.Store, auth *pki.Authority, log *slog.Logg
 	return addr, id
 }
 
-// rawDelta opens one delta ADS stream with creds and returns the first response or error.
+// rawDelta opens one delta ADS stream with creds and returns the first response's error.
 func rawDelta(t *testing.T, addr string, creds credentials.TransportCredentials) error {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), bustest.Timeout)
-	defer cancel()
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx, grpc.WaitForReady(false))
-	if err != nil {
-		return err
-	}
-	if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: vsType}); err != nil {
-		return err
-	}
-	_, err = stream.Recv()
-	return err
+	return bustest.SubscribeOnce(context.Background(), addr, creds, vsType)
 }
 
 // TestBusMTLS: a bus listener with an identity serves Sailplane's identities over mTLS and
