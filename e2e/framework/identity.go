@@ -5,8 +5,6 @@ import (
 	"crypto/x509"
 	"log/slog"
 	"net/url"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -27,23 +25,11 @@ func (s StaticIdentity) Current() *workloadcert.Credential { return s.C }
 // ca's --service-cert-dir keeps one per service.
 func IdentityFromDir(t testing.TB, dir string) StaticIdentity {
 	t.Helper()
-	key, err := pki.ParseKey(readFile(t, filepath.Join(dir, workloadcert.KeyFile)))
+	c, err := workloadcert.ReadFolder(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	chain, err := pki.ParseCerts(readFile(t, filepath.Join(dir, workloadcert.CertChainFile)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots, err := pki.ParseCerts(readFile(t, filepath.Join(dir, workloadcert.RootCertFile)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := spiffe.FromURL(chain[0].URIs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return StaticIdentity{&workloadcert.Credential{ID: id, Key: key, Chain: chain, Roots: roots, Received: time.Now()}}
+	return StaticIdentity{c}
 }
 
 // SignIdentity signs a credential for id with auth (testenv.CAFromFolder reads the ca's): an
@@ -65,15 +51,6 @@ func SignIdentity(t testing.TB, auth *pki.Authority, id spiffe.ID) StaticIdentit
 // the roots is still checked): for tests probing a bus.
 func AnyServer(src workloadcert.Source) credentials.TransportCredentials {
 	return credentials.NewTLS(workloadcert.ClientTLS(src, func(spiffe.ID) error { return nil }))
-}
-
-func readFile(t testing.TB, path string) []byte {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return data
 }
 
 // WorkloadCert runs a certificate client (as a Sailplane service does) until the test ends and

@@ -112,18 +112,50 @@ func (cl *Client) authenticators() []authenticator {
 
 // provisioned reads a certificate and key given to the workload out of band (a VM's).
 func provisioned(dir string) (authenticator, error) {
-	t, err := tls.LoadX509KeyPair(filepath.Join(dir, CertChainFile), filepath.Join(dir, KeyFile))
+	c, err := ReadFolder(dir)
 	if err != nil {
 		return authenticator{}, err
 	}
-	if len(t.Leaf.URIs) != 1 {
-		return authenticator{}, fmt.Errorf("%s: %d URI SANs, want one SPIFFE ID", CertChainFile, len(t.Leaf.URIs))
-	}
-	id, err := spiffe.FromURL(t.Leaf.URIs[0])
+	t := c.TLSCertificate()
+	return authenticator{name: "provisioned certificate", id: c.ID, cert: &t}, nil
+}
+
+// ReadFolder reads a credential folder in Istio's workload-spiffe-credentials layout:
+// cert-chain.pem (the leaf with one SPIFFE ID, then intermediates) and key.pem, and the roots
+// from root-cert.pem when it is there (a provisioned folder may have none).
+func ReadFolder(dir string) (*Credential, error) {
+	t, err := tls.LoadX509KeyPair(filepath.Join(dir, CertChainFile), filepath.Join(dir, KeyFile))
 	if err != nil {
-		return authenticator{}, fmt.Errorf("%s: %w", CertChainFile, err)
+		return nil, err
 	}
-	return authenticator{name: "provisioned certificate", id: id, cert: &t}, nil
+	key, ok := t.PrivateKey.(crypto.Signer)
+	if !ok {
+		return nil, fmt.Errorf("%s: not a signing key", filepath.Join(dir, KeyFile))
+	}
+	id, err := identityOf(t.Leaf)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, CertChainFile), err)
+	}
+	c := &Credential{ID: id, Key: key, Received: time.Now()}
+	for _, raw := range t.Certificate {
+		x, err := x509.ParseCertificate(raw)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, CertChainFile), err)
+		}
+		c.Chain = append(c.Chain, x)
+	}
+	c.ChainPEM = pki.EncodeCerts(c.Chain...)
+	if c.KeyPEM, err = pki.EncodeKey(key); err != nil {
+		return nil, err
+	}
+	if c.RootsPEM, err = os.ReadFile(filepath.Join(dir, RootCertFile)); err == nil {
+		if c.Roots, err = pki.ParseCerts(c.RootsPEM); err != nil {
+			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, RootCertFile), err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	return c, nil
 }
 
 // tokenIdentity reads the service account a Kubernetes token names (its sub claim). The token
