@@ -16,7 +16,8 @@ import (
 )
 
 // ownCertTTL is the lifetime of the certificates the ca signs for the control plane itself
-// (renewed at half of it, so a folder copy is always valid for another half).
+// (renewed at half of it, so a folder copy is always valid for another half), unless
+// MaxCertTTL is shorter.
 const ownCertTTL = 24 * time.Hour
 
 // ownCredential is a certificate the ca signs for one of the control plane's identities without
@@ -66,7 +67,7 @@ func (o *ownCredential) sign(auth *pki.Authority) (*workloadcert.Credential, err
 	if err != nil {
 		return nil, err
 	}
-	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{URIs: []*url.URL{o.id.URL()}, TTL: ownCertTTL})
+	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{URIs: []*url.URL{o.id.URL()}, TTL: min(ownCertTTL, o.s.cfg.MaxCertTTL)})
 	if err != nil {
 		return nil, err
 	}
@@ -98,7 +99,7 @@ func (s *Service) keepServiceCerts(ctx context.Context, dir string) error {
 		owns[i] = &ownCredential{s: s, id: spiffe.ID{TrustDomain: s.cfg.TrustDomain, Namespace: s.cfg.Namespace, ServiceAccount: sa}}
 	}
 	return s.keepWritten(ctx, "the services' bootstrap certificates", dir, func() (time.Time, error) {
-		next := time.Now().Add(ownCertTTL)
+		next := time.Now().Add(min(ownCertTTL, s.cfg.MaxCertTTL))
 		for _, o := range owns {
 			c := o.Current()
 			if c == nil {
