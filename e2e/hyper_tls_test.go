@@ -20,34 +20,59 @@ import (
 
 	"sailplane.dev/e2e/framework"
 	securityv1 "sailplane.dev/proto/security/v1"
+	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/workloadcert"
 )
 
+// secureSailplane is Sailplane started by a secure topology.
+type secureSailplane struct {
+	secure    string       // TLS xDS
+	bundleBus string       // the bus the trust bundle is published on
+	busSec    bus.Security // how a test consumes that bus
+	// buses are the mTLS buses of the services (service account -> address); none in hyper.
+	buses map[string]string
+}
+
 // secureTopologies start Sailplane with TLS xDS on a free port and the plaintext port off
-// (--xds-listen=), its root generated into workdir/etc/certs; they return the TLS address and
-// the bus the trust bundle is published on.
+// (--xds-listen=), its root generated into workdir/etc/certs.
 var secureTopologies = []struct {
 	name  string
-	start func(t *testing.T, dir string) (secure, bundleBus string)
+	start func(t *testing.T, dir string) secureSailplane
 }{
 	// As istiod: xDS and CreateCertificate on one port.
-	{"hyper", func(t *testing.T, dir string) (string, string) {
+	{"hyper", func(t *testing.T, dir string) secureSailplane {
 		secure, busAddr := framework.FreeAddr(t), framework.FreeAddr(t)
 		framework.Start(t, dir, framework.Binary(t, "hyper"), "--config-source", "files",
 			"--xds-listen=", "--xds-tls-listen", secure, "--bus-listen", busAddr)
-		return secure, busAddr
+		return secureSailplane{secure: secure, bundleBus: busAddr}
 	}},
-	// The ca keeps xds-server's serving certificate in a folder xds-server re-reads; the ca's own
-	// port is separate.
-	{"microservices", func(t *testing.T, dir string) (string, string) {
-		configBus, registryBus, caBus, secure := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
-		framework.Start(t, dir, framework.Binary(t, "ca"), "--kubernetes=false",
-			"--ca-listen", framework.FreeAddr(t), "--serving-cert-dir", "var/xds-cert", "--bus-listen", caBus)
-		framework.Start(t, dir, framework.Binary(t, "xds-server"), "--config-bus", configBus, "--registry-bus", registryBus,
-			"--ca-bus", caBus, "--xds-listen=", "--xds-tls-listen", secure, "--tls-cert-dir", "var/xds-cert")
-		framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"), "--config-bus", configBus, "--bus-listen", registryBus)
-		framework.Start(t, dir, framework.Binary(t, "config-ingest"), "--mesh-config", "etc/sailplane/mesh.yaml", "--bus-listen", configBus)
-		return secure, caBus
+	// Each service starts from the bootstrap folder the ca keeps for it (--service-cert-dir), then
+	// gets and renews its own certificate from the ca (on its own port): every bus is mTLS with
+	// them, and xds-server serves TLS xDS with its own, which the ca gives istiod's names.
+	{"microservices", func(t *testing.T, dir string) secureSailplane {
+		configBus, registryBus, caBus, secure, caAddr := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
+		framework.Start(t, dir, framework.Binary(t, "ca"), "--kubernetes=false", "--ca-listen", caAddr,
+			"--service-cert-dir", "var/service-certs", "--bus-listen", caBus)
+		// The services start once their bootstrap folders exist (else their first request waits
+		// out a retry).
+		framework.Eventually(t, time.Minute, func() error {
+			_, err := os.Stat(filepath.Join(dir, "var/service-certs/xds-server", workloadcert.RootCertFile))
+			return err
+		})
+		identity := func(sa string) []string {
+			folder := "var/service-certs/" + sa
+			return []string{"--ca-address", caAddr, "--ca-root-cert", folder + "/root-cert.pem", "--provisioned-cert-dir", folder}
+		}
+		framework.Start(t, dir, framework.Binary(t, "xds-server"), append(identity("xds-server"), "--config-bus", configBus, "--registry-bus", registryBus,
+			"--ca-bus", caBus, "--xds-listen=", "--xds-tls-listen", secure)...)
+		framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"), append(identity("endpoint-watcher"), "--config-bus", configBus, "--bus-listen", registryBus)...)
+		framework.Start(t, dir, framework.Binary(t, "config-ingest"), append(identity("config-ingest"), "--mesh-config", "etc/sailplane/mesh.yaml", "--bus-listen", configBus)...)
+		// The test consumes the buses as xds-server does, with its bootstrap certificate.
+		me := framework.IdentityFromDir(t, filepath.Join(dir, "var/service-certs/xds-server"))
+		return secureSailplane{secure: secure, bundleBus: caBus,
+			busSec: bus.Security{Identity: me, Peers: bus.SailplanePeers("cluster.local", "istio-system")},
+			buses:  map[string]string{"config-ingest": configBus, "endpoint-watcher": registryBus, "ca": caBus}}
 	}},
 }
 
@@ -61,14 +86,15 @@ func TestSecureXDS(t *testing.T) {
 	}
 }
 
-func testSecureXDS(t *testing.T, caOnXDSPort bool, start func(*testing.T, string) (string, string)) {
+func testSecureXDS(t *testing.T, caOnXDSPort bool, start func(*testing.T, string) secureSailplane) {
 	v1 := framework.StartEcho(t, "v1", "127.0.0.1:0")
 	v2 := framework.StartEcho(t, "v2", "127.0.0.1:0")
 	dir := t.TempDir()
 	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", "")
 	framework.WriteFile(t, dir, "etc/sailplane/conf/service.yaml", serviceYAML(v1, v2))
 	framework.WriteFile(t, dir, "etc/sailplane/conf/traffic.yaml", trafficYAML(0, 100))
-	secure, bundleBus := start(t, dir)
+	sp := start(t, dir)
+	secure := sp.secure
 
 	rootFile := filepath.Join(dir, "etc/certs/root-cert.pem")
 	framework.Eventually(t, time.Minute, func() error {
@@ -85,7 +111,7 @@ func testSecureXDS(t *testing.T, caOnXDSPort bool, start func(*testing.T, string
 	}
 
 	// The bus carries the same root as the trust bundle.
-	bundles := framework.RecordBus(t, bundleBus, schema.TrustBundle.TypeURL)
+	bundles := framework.RecordSecureBus(t, sp.bundleBus, sp.busSec, schema.TrustBundle.TypeURL)
 	framework.Eventually(t, time.Minute, func() error {
 		r, ok := bundles.Get(schema.TrustBundle.TypeURL, "cluster.local")
 		if !ok {
@@ -123,6 +149,9 @@ func testSecureXDS(t *testing.T, caOnXDSPort bool, start func(*testing.T, string
 		t.Fatalf("want all 20 RPCs on v2, got %v", counts)
 	}
 
+	if len(sp.buses) > 0 {
+		t.Run("BusMTLS", func(t *testing.T) { checkBusMTLS(ctx, t, dir, sp) })
+	}
 	if !caOnXDSPort {
 		return
 	}

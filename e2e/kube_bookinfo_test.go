@@ -164,7 +164,7 @@ func testKubeBookinfo(t *testing.T, start func(*testing.T, *testenv.Kube, *frame
 	// Part before Sailplane starts (read by its initial list), part after (seen by its watches).
 	kube.Apply(t, bookinfoGatewayYAML+"---\n"+bookinfoDestinationRulesYAML)
 	sp := start(t, k, kube)
-	rec := framework.RecordBus(t, sp.configBus,
+	rec := framework.RecordSecureBus(t, sp.configBus, sp.busSec,
 		schema.Gateway.TypeURL, schema.DestinationRule.TypeURL, schema.VirtualService.TypeURL)
 	vss := kube.Apply(t, bookinfoVirtualServicesYAML)
 

@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -14,14 +16,19 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"sailplane.dev/e2e/framework"
+	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/workloadcert"
 	"sailplane.dev/tools/testenv"
 )
 
 // sailplaneOnKube is Sailplane reading config and endpoints from a real API server.
 type sailplaneOnKube struct {
 	xds       string
-	configBus string // where the Istio config is published: hyper's bus or config-ingest's
-	procs     []*framework.Process
+	configBus string       // where the Istio config is published: hyper's bus or config-ingest's
+	busSec    bus.Security // how a test consumes configBus
+	// Microservices only: the ca, its root, and endpoint-watcher's bus.
+	caAddr, rootFile, registryBus string
+	procs                         []*framework.Process
 }
 
 // logSince returns what the processes logged after the offsets returned by logOffsets.
@@ -76,19 +83,42 @@ func startHyperOnKube(t *testing.T, k *testenv.Kube, kube *framework.Kube) sailp
 	return sailplaneOnKube{xds: xds, configBus: busAddr, procs: []*framework.Process{p}}
 }
 
+// startMicroservicesOnKube runs the services as deploy/microservices does: the ca reviews
+// service-account tokens with the API server, each service gets its certificate with its own
+// account's token (audience istio-ca, from TokenRequest as the kubelet projects it), and every
+// bus is mTLS between Sailplane's identities. The test consumes the config bus with a
+// certificate the ca issued for xds-server's account.
 func startMicroservicesOnKube(t *testing.T, k *testenv.Kube, kube *framework.Kube) sailplaneOnKube {
 	t.Helper()
 	ingestBin, watcherBin := framework.Binary(t, "config-ingest"), framework.Binary(t, "endpoint-watcher")
 	kube.Apply(t, meshConfigMap)
 	dir := t.TempDir()
-	configBus, registryBus, xds := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
-	ingest := framework.Start(t, dir, ingestBin, "--kubeconfig", k.KubeconfigPath(),
-		"--config-source", "kubernetes", "--bus-listen", configBus, "--log-level", "debug")
-	watcher := framework.Start(t, dir, watcherBin, "--kubeconfig", k.KubeconfigPath(),
-		"--kubernetes", "on", "--config-bus", configBus, "--bus-listen", registryBus, "--log-level", "debug")
-	xdsServer := framework.Start(t, dir, framework.Binary(t, "xds-server"),
-		"--config-bus", configBus, "--registry-bus", registryBus, "--xds-listen", xds)
-	return sailplaneOnKube{xds: xds, configBus: configBus, procs: []*framework.Process{ingest, watcher, xdsServer}}
+	configBus, registryBus, xds, caAddr := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
+	ca := framework.Start(t, dir, framework.Binary(t, "ca"), "--kubernetes=true", "--kubeconfig", k.KubeconfigPath(),
+		"--ca-listen", caAddr, "--ca-cert-dir", "etc/certs", "--bus-listen=")
+	rootFile := filepath.Join(dir, "etc/certs/root-cert.pem")
+	framework.Eventually(t, time.Minute, func() error {
+		_, err := os.Stat(rootFile)
+		return err
+	})
+	tokens := map[string]string{}
+	for _, sa := range []string{"config-ingest", "endpoint-watcher", "xds-server"} {
+		tokens[sa] = filepath.Join(dir, "var/run/secrets", sa, "istio-token")
+		framework.WriteFile(t, dir, "var/run/secrets/"+sa+"/istio-token", kube.ServiceAccountToken(t, "istio-system", sa, "istio-ca"))
+	}
+	identity := func(sa string) []string {
+		return []string{"--ca-address", caAddr, "--ca-root-cert", rootFile, "--ca-token-file", tokens[sa]}
+	}
+	ingest := framework.Start(t, dir, ingestBin, append(identity("config-ingest"), "--kubeconfig", k.KubeconfigPath(),
+		"--config-source", "kubernetes", "--bus-listen", configBus, "--log-level", "debug")...)
+	watcher := framework.Start(t, dir, watcherBin, append(identity("endpoint-watcher"), "--kubeconfig", k.KubeconfigPath(),
+		"--kubernetes", "on", "--config-bus", configBus, "--bus-listen", registryBus, "--log-level", "debug")...)
+	xdsServer := framework.Start(t, dir, framework.Binary(t, "xds-server"), append(identity("xds-server"),
+		"--config-bus", configBus, "--registry-bus", registryBus, "--xds-listen", xds)...)
+	me := framework.WorkloadCert(t, workloadcert.Config{CAAddress: caAddr, RootCertFile: rootFile, TokenFile: tokens["xds-server"]})
+	return sailplaneOnKube{xds: xds, configBus: configBus, caAddr: caAddr, rootFile: rootFile, registryBus: registryBus,
+		busSec: bus.Security{Identity: me, Peers: bus.SailplanePeers("cluster.local", "istio-system")},
+		procs:  []*framework.Process{ingest, watcher, xdsServer, ca}}
 }
 
 // echoPort is the port every echo backend listens on inside its test host, and the Service's.

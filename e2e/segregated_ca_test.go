@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -22,7 +23,9 @@ import (
 // to a real API server with RBAC on, then acts as each service account the manifests define:
 // only the ca's may get the signing-key Secret (istio-ca-secret in its namespace); every other
 // Sailplane account is refused, and the ca itself may not list Secrets nor read other ConfigMaps
-// than istio-ca-root-cert.
+// than istio-ca-root-cert, nor write a Secret into istio-system (where endpoint-watcher lists
+// Secrets): xds-server asks for its serving certificate itself, with the istio-ca token every
+// service mounts.
 func TestSegregatedCARBAC(t *testing.T) {
 	const caNamespace = "sailplane-ca"
 	k := testenv.KubeForTest(t)
@@ -54,6 +57,28 @@ func TestSegregatedCARBAC(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: caNamespace},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
+	}
+
+	// Each service mounts a token only the ca accepts (audience istio-ca) for its certificate.
+	tokens := map[string]bool{}
+	for _, o := range objs {
+		if o.GetKind() != "Deployment" {
+			continue
+		}
+		vols, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "volumes")
+		for _, v := range vols {
+			sources, _, _ := unstructured.NestedSlice(v.(map[string]any), "projected", "sources")
+			for _, src := range sources {
+				if aud, _, _ := unstructured.NestedString(src.(map[string]any), "serviceAccountToken", "audience"); aud == "istio-ca" {
+					tokens[o.GetName()] = true
+				}
+			}
+		}
+	}
+	for _, svc := range []string{"config-ingest", "endpoint-watcher", "xds-server"} {
+		if !tokens[svc] {
+			t.Errorf("Deployment %s mounts no service-account token with audience istio-ca", svc)
+		}
 	}
 
 	var accounts []string
@@ -93,14 +118,12 @@ func TestSegregatedCARBAC(t *testing.T) {
 		if _, err := as.CoreV1().ConfigMaps("default").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=istio-ca-root-cert"}); err != nil {
 			t.Errorf("the ca: list ConfigMaps named istio-ca-root-cert: %v", err)
 		}
-		// xds-server's serving certificate, which it keeps in istio-system.
+		// xds-server asks for its own serving certificate: the ca writes no Secret where
+		// endpoint-watcher, which lists the Secrets of istio-system, could read it.
 		tlsSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "xds-server-tls"}, Type: corev1.SecretTypeTLS,
 			Data: map[string][]byte{"tls.crt": nil, "tls.key": nil}}
-		if _, err := as.CoreV1().Secrets("istio-system").Create(ctx, tlsSecret, metav1.CreateOptions{}); err != nil {
-			t.Errorf("the ca: create Secret istio-system/xds-server-tls: %v", err)
-		}
-		if _, err := as.CoreV1().Secrets("istio-system").Get(ctx, "xds-server-tls", metav1.GetOptions{}); err != nil {
-			t.Errorf("the ca: get Secret istio-system/xds-server-tls: %v", err)
+		if _, err := as.CoreV1().Secrets("istio-system").Create(ctx, tlsSecret, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("the ca: create Secret istio-system/xds-server-tls: %v, want Forbidden", err)
 		}
 	}
 }

@@ -21,15 +21,22 @@ type BusRecorder struct {
 
 var _ bus.Handler = (*BusRecorder)(nil)
 
-// RecordBus subscribes to typeURLs on the bus at addr until the test ends.
+// RecordBus subscribes to typeURLs on the plaintext bus at addr until the test ends.
 func RecordBus(t testing.TB, addr string, typeURLs ...string) *BusRecorder {
+	t.Helper()
+	return RecordSecureBus(t, addr, bus.Security{}, typeURLs...)
+}
+
+// RecordSecureBus is RecordBus over the bus's protection sec (mTLS with an identity the bus
+// allows, or plaintext when sec is zero).
+func RecordSecureBus(t testing.TB, addr string, sec bus.Security, typeURLs ...string) *BusRecorder {
 	t.Helper()
 	r := &BusRecorder{state: map[string]map[string]*bus.Resource{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := bus.Dial(addr).Subscribe(ctx, typeURLs, r); err != nil && ctx.Err() == nil {
+		if err := bus.Dial(addr, bus.WithSecurity(sec)).Subscribe(ctx, typeURLs, r); err != nil && ctx.Err() == nil {
 			t.Errorf("bus subscription to %s: %v", addr, err)
 		}
 	}()

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	"strings"
 	"testing"
 	"time"
@@ -173,4 +175,22 @@ func (k *Kube) EnsureNamespace(t testing.TB, name string) {
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("namespace %s: %v", name, err)
 	}
+}
+
+// ServiceAccountToken creates a ServiceAccount (unless it exists) and returns a token of it for
+// audiences (TokenRequest), as the kubelet projects one into a pod.
+func (k *Kube) ServiceAccountToken(t testing.TB, namespace, name string, audiences ...string) string {
+	t.Helper()
+	k.EnsureNamespace(t, namespace)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sas := k.Clientset.CoreV1().ServiceAccounts(namespace)
+	if _, err := sas.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("service account %s/%s: %v", namespace, name, err)
+	}
+	tr, err := sas.CreateToken(ctx, name, &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{Audiences: audiences}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token of %s/%s: %v", namespace, name, err)
+	}
+	return tr.Status.Token
 }

@@ -9,7 +9,6 @@ package agent
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,36 +22,23 @@ import (
 
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/grpcbootstrap"
-	"sailplane.dev/shared/pki"
+	"sailplane.dev/shared/workloadcert"
 )
+
+// Credential is a workload certificate with its key and the trust bundle it came with.
+type Credential = workloadcert.Credential
+
+// ErrCA marks the ca refusing a request (as opposed to being unreachable).
+var ErrCA = workloadcert.ErrCA
 
 // Config configures the agent. The outputs (SDS socket, files, bootstrap, readiness) are each
 // off when their setting is empty; the binary's flags turn them on at Istio's paths.
 type Config struct {
-	// CAAddress is the ca's TLS address; Istio's CA_ADDR default when empty.
-	CAAddress string
-	// RootCertFile is the root that verifies the ca's serving certificate (Istio mounts the
-	// istio-ca-root-cert ConfigMap there). Required. It is re-read at every request.
-	RootCertFile string
-	// TokenFile is the service-account token (audience istio-ca), re-read at every request
-	// since the kubelet rotates it. Optional once the agent holds a certificate.
-	TokenFile string
-	// ProvisionedCertDir, when set, holds cert-chain.pem and key.pem that authenticate a
-	// workload without a token (Istio's PROV_CERT, for VMs). Set to OutputDir, a restarted
-	// agent authenticates with the certificate it last got.
-	ProvisionedCertDir string
-	// ClusterID is sent to the ca as the caller's cluster; "Kubernetes" when empty.
-	ClusterID string
-	// TrustDomain names the identity in the CSR; "cluster.local" when empty. The ca signs the
-	// caller's identity in its own trust domain regardless.
-	TrustDomain string
-	// KeyAlgorithm is the workload key's kind: ECDSA P-256 (the default) or RSA 2048.
-	KeyAlgorithm pki.KeyAlgorithm
-	// CertTTL is the lifetime asked for; 24h when zero (the ca may shorten it).
-	CertTTL time.Duration
-	// RetryInitial and RetryMax bound the jittered backoff while the ca cannot sign; 1s and 30s
-	// when zero.
-	RetryInitial, RetryMax time.Duration
+	// Config is where and how the certificate is asked for (the ca's address, Istio's CA_ADDR
+	// default when empty; the root file, required; the token file or the provisioned folder: set
+	// ProvisionedCertDir to OutputDir and a restarted agent authenticates with the certificate
+	// it last got).
+	workloadcert.Config
 
 	// SDSSocket is the Unix socket serving Envoy's SDS ("default" and "ROOTCA").
 	SDSSocket string
@@ -97,6 +83,8 @@ type Agent struct {
 	log  *slog.Logger
 	deps Deps
 	sds  *sdsServer
+	// certs gets and renews the certificate (shared with the Sailplane services).
+	certs *workloadcert.Client
 
 	ready         chan struct{}
 	readyOnce     sync.Once
@@ -126,20 +114,10 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	if cfg.CertTTL <= 0 {
 		cfg.CertTTL = 24 * time.Hour
 	}
-	if cfg.RetryInitial <= 0 {
-		cfg.RetryInitial = time.Second
-	}
-	if cfg.RetryMax <= 0 {
-		cfg.RetryMax = 30 * time.Second
-	}
 	if cfg.FileRefresh <= 0 {
 		cfg.FileRefresh = 900 * time.Second
 	}
 	switch {
-	case cfg.RootCertFile == "":
-		return nil, errors.New("agent: the root certificate file that verifies the ca is required")
-	case cfg.TokenFile == "" && cfg.ProvisionedCertDir == "":
-		return nil, errors.New("agent: a token file or a provisioned certificate folder is needed to authenticate to the ca")
 	case cfg.XDSProxySocket != "" && cfg.XDSAddress == "":
 		return nil, errors.New("agent: the xDS proxy needs the xDS server's address")
 	case cfg.EnvoyBootstrap != "" && (cfg.XDSProxySocket == "" || cfg.SDSSocket == ""):
@@ -147,10 +125,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	case cfg.GRPCBootstrap != "" && cfg.OutputDir == "":
 		return nil, errors.New("agent: the gRPC bootstrap points at the credential files: set the output folder too")
 	}
-	if a := cfg.KeyAlgorithm; a != "" && a != pki.ECDSAP256 && a != pki.RSA2048 {
-		return nil, fmt.Errorf("agent: key algorithm %q: want %s or %s", a, pki.ECDSAP256, pki.RSA2048)
+	certs, err := workloadcert.New(cfg.Config, deps.Logger, deps.DialOptions...)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: deps.Logger, deps: deps, ready: make(chan struct{})}
+	a := &Agent{cfg: cfg, log: deps.Logger, deps: deps, certs: certs, ready: make(chan struct{})}
 	if cfg.SDSSocket != "" {
 		a.sds = newSDSServer(a.log)
 	}
@@ -166,7 +145,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	var m component.Manager
-	m.Add("certificates", component.Func(a.rotate))
+	m.Add("certificates", component.Func(func(ctx context.Context) error { return a.certs.Rotate(ctx, a.publish, a.renewTime) }))
 	if a.sds != nil {
 		m.Add("sds", component.Func(func(ctx context.Context) error { return a.sds.run(ctx, a.cfg.SDSSocket) }))
 	}
@@ -201,9 +180,9 @@ func (a *Agent) Published() int {
 
 // Credential file names in OutputDir (Istio's workload-spiffe-credentials layout).
 const (
-	CertChainFile = "cert-chain.pem"
-	KeyFile       = "key.pem"
-	RootCertFile  = "root-cert.pem"
+	CertChainFile = workloadcert.CertChainFile
+	KeyFile       = workloadcert.KeyFile
+	RootCertFile  = workloadcert.RootCertFile
 )
 
 // publish hands a new certificate to every output: files first (so the bootstrap never names
@@ -284,7 +263,7 @@ func (a *Agent) writeGRPCBootstrap(c *Credential) error {
 // one of slack), but not before half the lifetime, so a refresh interval as long as the
 // certificate cannot make the agent renew in a loop.
 func (a *Agent) renewTime(c *Credential, jitter float64) time.Time {
-	at := renewAt(c.Leaf(), c.Received, jitter)
+	at := workloadcert.RenewAt(c.Leaf(), c.Received, jitter)
 	if a.cfg.OutputDir == "" {
 		return at
 	}
@@ -295,12 +274,4 @@ func (a *Agent) renewTime(c *Credential, jitter float64) time.Time {
 		}
 	}
 	return at
-}
-
-// renewAt is when a certificate received at got is renewed: at 80 % of the lifetime left
-// then, less up to 5 % of it of jitter, so workloads started together do not renew together.
-// (NotBefore is backdated for clock skew, so the lifetime counts from receipt.)
-func renewAt(leaf *x509.Certificate, got time.Time, jitter float64) time.Time {
-	life := leaf.NotAfter.Sub(got)
-	return got.Add(time.Duration(float64(life) * (0.8 - 0.05*jitter)))
 }

@@ -17,6 +17,7 @@ import (
 	"sailplane.dev/shared/grpcbootstrap"
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/shared/workloadcert"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -28,7 +29,7 @@ var web = spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAcco
 func outputs(t *testing.T, c *testCA) Config {
 	dir := t.TempDir()
 	return Config{
-		CAAddress: c.Addr(), RootCertFile: c.RootFile,
+		Config:    workloadcert.Config{CAAddress: c.Addr(), RootCertFile: c.RootFile},
 		SDSSocket: filepath.Join(dir, "sds.sock"), OutputDir: filepath.Join(dir, "creds"),
 		GRPCBootstrap: filepath.Join(dir, "bootstrap.json"), XDSAddress: "127.0.0.1:15010",
 		XDSProxySocket: filepath.Join(dir, "XDS"), EnvoyBootstrap: filepath.Join(dir, "envoy-rev.json"),
@@ -291,27 +292,6 @@ func TestRenewWithCertificate(t *testing.T) {
 	checkCredential(t, a.Current(), web, c.svc.RootsPEM())
 }
 
-func TestRenewAt(t *testing.T) {
-	got := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	for _, tc := range []struct {
-		name     string
-		notAfter time.Duration
-		jitter   float64
-		want     time.Duration
-	}{
-		{"no jitter: 80%", 10 * time.Hour, 0, 8 * time.Hour},
-		{"most jitter: 75%", 10 * time.Hour, 1, 7*time.Hour + 30*time.Minute},
-		{"lifetime from receipt", 100 * time.Second, 0, 80 * time.Second},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			leaf := &x509.Certificate{NotBefore: got.Add(-2 * time.Minute), NotAfter: got.Add(tc.notAfter)}
-			if at := renewAt(leaf, got, tc.jitter); at.Sub(got) != tc.want {
-				t.Errorf("renew after %s, want %s", at.Sub(got), tc.want)
-			}
-		})
-	}
-}
-
 // TestRenewTime: with files, the renewal leaves gRPC two refresh intervals to re-read them.
 func TestRenewTime(t *testing.T) {
 	got := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -339,47 +319,16 @@ func TestRenewTime(t *testing.T) {
 	}
 }
 
-func TestTokenIdentity(t *testing.T) {
-	jwt := func(payload string) string {
-		return "eyJhbGciOiJSUzI1NiJ9." + b64(payload) + ".c2ln"
-	}
-	for _, tc := range []struct {
-		name, token, want, err string
-	}{
-		{"service account", jwt(`{"sub":"system:serviceaccount:demo:web"}`), "spiffe://cluster.local/ns/demo/sa/web", ""},
-		{"not a JWT", "abc", "", "not a JWT"},
-		{"user token", jwt(`{"sub":"alice"}`), "", "system:serviceaccount"},
-		{"bad payload", "a.!!.c", "", "JWT payload"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			id, err := tokenIdentity(tc.token)
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("error %v, want one containing %q", err, tc.err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			id.TrustDomain = "cluster.local"
-			if id.String() != tc.want {
-				t.Errorf("identity %s, want %s", id, tc.want)
-			}
-		})
-	}
-}
-
 func TestNewRejects(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		cfg  Config
 		err  string
 	}{
-		{"no root", Config{TokenFile: "t"}, "root certificate"},
-		{"no credential", Config{RootCertFile: "r"}, "token file or a provisioned"},
-		{"bootstrap without files", Config{RootCertFile: "r", TokenFile: "t", GRPCBootstrap: "b"}, "output folder"},
-		{"key algorithm", Config{RootCertFile: "r", TokenFile: "t", KeyAlgorithm: "DSA"}, `"DSA"`},
+		{"no root", Config{Config: workloadcert.Config{TokenFile: "t"}}, "root certificate"},
+		{"no credential", Config{Config: workloadcert.Config{RootCertFile: "r"}}, "token file or a provisioned"},
+		{"bootstrap without files", Config{Config: workloadcert.Config{RootCertFile: "r", TokenFile: "t"}, GRPCBootstrap: "b"}, "output folder"},
+		{"key algorithm", Config{Config: workloadcert.Config{RootCertFile: "r", TokenFile: "t", KeyAlgorithm: "DSA"}}, `"DSA"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := New(tc.cfg, Deps{}); err == nil || !strings.Contains(err.Error(), tc.err) {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
-	"encoding/base64"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -250,5 +249,3 @@ func checkNoKeySent(t *testing.T, reqs []*pb.IstioCertificateRequest) {
 		}
 	}
 }
-
-func b64(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }

@@ -61,7 +61,7 @@ func (a *Agent) xdsTLS() *tls.Config {
 			if c == nil {
 				return nil, errors.New("no workload certificate yet")
 			}
-			t := c.tlsCertificate()
+			t := c.TLSCertificate()
 			return &t, nil
 		},
 		// Verified below against roots that may change while the agent runs.

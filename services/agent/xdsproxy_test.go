@@ -19,6 +19,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/workloadcert"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -36,7 +37,7 @@ func TestXDSProxy(t *testing.T) {
 			up := startXDSServer(t, testenv.CAFromFolder(t, caDir), overTLS)
 
 			cfg := Config{
-				CAAddress: c.Addr(), RootCertFile: c.RootFile, ProvisionedCertDir: testenv.ProvisionCert(t, caDir, web),
+				Config:         workloadcert.Config{CAAddress: c.Addr(), RootCertFile: c.RootFile, ProvisionedCertDir: testenv.ProvisionCert(t, caDir, web)},
 				XDSProxySocket: filepath.Join(t.TempDir(), "XDS"), XDSAddress: up.addr, XDSOverTLS: overTLS,
 			}
 			a := startAgent(t, cfg)

@@ -21,6 +21,7 @@ import (
 
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/pki"
+	"sailplane.dev/shared/spiffe"
 )
 
 // Config configures the ca.
@@ -55,10 +56,18 @@ type Config struct {
 	// ServingDNSNames (tls.crt, tls.key, ca.crt), renewed at half its lifetime: xds-server in
 	// microservices mode serves TLS xDS with it, as it has no identity to ask with.
 	ServingCertDir string
+	// XDSServerAccount is the service account ("name" in Namespace, or "namespace/name") whose
+	// certificates also carry ServingDNSNames, so xds-server serves TLS xDS under istiod's names
+	// with a key it generated itself; "xds-server" when empty, "-" for none.
+	XDSServerAccount string
 	// ServingCertSecret, when set, is a kubernetes.io/tls Secret ("name" in Namespace, or
 	// "namespace/name") where the ca keeps the same certificate, for xds-server to mount
 	// (Kubernetes only).
 	ServingCertSecret string
+	// ServiceCertDir, when set, is a folder where the ca keeps a bootstrap certificate for each
+	// control plane service (ServiceAccounts) in <dir>/<service account>/, for services that
+	// cannot authenticate with a token (no Kubernetes): they start with it, then renew their own.
+	ServiceCertDir string
 	// KeyAlgorithm is the kind of key a generated root and the serving certificate get.
 	KeyAlgorithm pki.KeyAlgorithm
 	// RootTTL is the lifetime of a generated root; 10 years when zero.
@@ -173,6 +182,9 @@ func withDefaults(cfg Config) Config {
 	if cfg.Namespace == "" {
 		cfg.Namespace = "istio-system"
 	}
+	if cfg.XDSServerAccount == "" {
+		cfg.XDSServerAccount = "xds-server"
+	}
 	if len(cfg.ServingDNSNames) == 0 {
 		cfg.ServingDNSNames = []string{"istiod." + cfg.Namespace + ".svc", "localhost"}
 	}
@@ -227,7 +239,7 @@ func (s *Service) Run(ctx context.Context) error {
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	if s.kube != nil {
 		wg.Go(func() { errc <- s.runRootCertController(ctx, s.mesh) })
 	}
@@ -238,6 +250,9 @@ func (s *Service) Run(ctx context.Context) error {
 		wg.Go(func() {
 			errc <- s.keepServingCert(ctx, "folder "+dir, func(f map[string][]byte) error { return writeServingFolder(dir, f) })
 		})
+	}
+	if dir := s.cfg.ServiceCertDir; dir != "" {
+		wg.Go(func() { errc <- s.keepServiceCerts(ctx, dir) })
 	}
 	if ns, name := s.servingSecret(); name != "" {
 		wg.Go(func() {
@@ -282,6 +297,15 @@ func (s *Service) install(auth *pki.Authority) error {
 		return s.publishBundle(s.pub, auth)
 	}
 	return nil
+}
+
+// servesXDS reports whether id is XDSServerAccount's.
+func (s *Service) servesXDS(id spiffe.ID) bool {
+	ns, name, found := strings.Cut(s.cfg.XDSServerAccount, "/")
+	if !found {
+		ns, name = s.cfg.Namespace, s.cfg.XDSServerAccount
+	}
+	return id.Namespace == ns && id.ServiceAccount == name
 }
 
 // servingSecret is ServingCertSecret's namespace and name.

@@ -145,7 +145,12 @@ func (cs *certService) CreateCertificate(ctx context.Context, req *pb.IstioCerti
 	case ttl > s.cfg.MaxCertTTL:
 		ttl = s.cfg.MaxCertTTL
 	}
-	leaf, err := auth.Issue(csr.PublicKey, pki.LeafOptions{URIs: []*url.URL{c.id.URL()}, TTL: ttl})
+	opts := pki.LeafOptions{URIs: []*url.URL{c.id.URL()}, TTL: ttl}
+	if s.servesXDS(c.id) {
+		// xds-server serves istiod's names on 15012 with a certificate it asked for itself.
+		opts.DNSNames, opts.IPs = s.cfg.ServingDNSNames, []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	}
+	leaf, err := auth.Issue(csr.PublicKey, opts)
 	if err != nil {
 		s.log.Error("signing failed", append(c.logAttrs(), "error", err)...)
 		return nil, status.Error(codes.Internal, "signing failed")

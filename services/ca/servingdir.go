@@ -26,28 +26,42 @@ const (
 )
 
 // keepServingCert keeps a serving certificate for cfg.ServingDNSNames where write puts it (a
-// folder, a Secret), for a server that cannot ask the ca itself (xds-server in microservices mode
-// serving TLS on 15012): written at once, again at half its lifetime or when a root rotation steps, until ctx ends. A failed
-// write is retried with backoff.
+// folder, a Secret), for a server that does not ask the ca itself (xds-server with
+// --tls-cert-dir): written at once, again at half its lifetime or when a root rotation steps,
+// until ctx ends.
 func (s *Service) keepServingCert(ctx context.Context, where string, write func(map[string][]byte) error) error {
-	for retry := time.Second; ; {
+	return s.keepWritten(ctx, "the serving certificate", where, func() (time.Time, error) {
 		s.mu.Lock()
-		serving, rotated := s.serving, s.rotated
+		serving := s.serving
 		s.mu.Unlock()
 		c, err := serving.get(nil)
 		if err != nil {
-			return fmt.Errorf("ca: serving certificate for %s: %w", where, err)
+			return time.Time{}, err
 		}
-		next := c.Leaf.NotBefore.Add(c.Leaf.NotAfter.Sub(c.Leaf.NotBefore) / 2)
 		files, err := servingFiles(c, serving.auth)
 		if err == nil {
 			err = write(files)
 		}
+		if err != nil {
+			return time.Time{}, err
+		}
+		s.log.Info("wrote a serving certificate", "to", where, "names", serving.names, "expires", c.Leaf.NotAfter.UTC().Format(time.RFC3339))
+		return halfLife(c.Leaf.NotBefore, c.Leaf.NotAfter), nil
+	})
+}
+
+// keepWritten runs write at once, again at the time it returns and whenever a root rotation
+// step changes the authority, until ctx ends. A failed write is logged and retried with backoff.
+func (s *Service) keepWritten(ctx context.Context, what, where string, write func() (next time.Time, err error)) error {
+	for retry := time.Second; ; {
+		s.mu.Lock()
+		rotated := s.rotated
+		s.mu.Unlock()
+		next, err := write()
 		if err == nil {
-			s.log.Info("wrote a serving certificate", "to", where, "names", serving.names, "expires", c.Leaf.NotAfter.UTC().Format(time.RFC3339))
 			retry = time.Second
 		} else {
-			s.log.Warn("cannot write the serving certificate; retrying", "to", where, "error", err, "retry-in", retry)
+			s.log.Warn("cannot write "+what+"; retrying", "to", where, "error", err, "retry-in", retry)
 			next = time.Now().Add(retry)
 			retry = min(2*retry, time.Minute)
 		}

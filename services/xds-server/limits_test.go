@@ -122,7 +122,10 @@ func TestRefusesProxiesUntilBusesSynced(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	peer := bus.ServeGRPC(store, busAddr, log)
+	peer, err := bus.ServeGRPC(store, busAddr, log, bus.Security{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	peerDone = make(chan error, 1)
 	go func() { peerDone <- peer.Run(peerCtx) }()
 

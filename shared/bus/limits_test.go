@@ -182,7 +182,10 @@ func TestBusServerLimits(t *testing.T) {
 	if err := s.Upsert(vsType, bustest.VirtualService("ns/vs", "", "a")); err != nil {
 		t.Fatal(err)
 	}
-	srv := bus.ServeGRPC(s, "127.0.0.1:0", testLogger(t))
+	srv, err := bus.ServeGRPC(s, "127.0.0.1:0", testLogger(t), bus.Security{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	addrc := make(chan string, 1)
 	srv.Listening = func(a net.Addr) { addrc <- a.String() }
 	ctx, cancel := context.WithCancel(context.Background())

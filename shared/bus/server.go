@@ -80,10 +80,15 @@ func (n *nonces) next() uint64 {
 }
 
 // ServeGRPC returns the component serving store's bus over gRPC on addr, with Sailplane's
-// server defaults (panic recovery, keepalive, large messages).
-func ServeGRPC(store *Store, addr string, log *slog.Logger) *grpcserver.Server {
+// server defaults (panic recovery, keepalive, large messages), protected as sec says. A
+// plaintext listener on an address other than loopback, not allowed by sec, is ErrPlaintext.
+func ServeGRPC(store *Store, addr string, log *slog.Logger, sec Security) (*grpcserver.Server, error) {
 	log = log.With("component", "bus-server")
-	gs := grpcserver.New(log)
+	opts, err := sec.serverOptions(addr, log)
+	if err != nil {
+		return nil, err
+	}
+	gs := grpcserver.New(log, opts...)
 	NewServer(store, WithServerLogger(log)).Register(gs)
-	return &grpcserver.Server{Addr: addr, GRPC: gs, Logger: log}
+	return &grpcserver.Server{Addr: addr, GRPC: gs, Logger: log}, nil
 }

@@ -18,8 +18,9 @@ import (
 )
 
 // Limits every server applies to what its clients send, as istiod does
-// (ISTIO_GPRC_MAXRECVMSGSIZE, ISTIO_GPRC_MAXSTREAMS): nothing authenticates a client yet, so one
-// request (an xDS node's metadata, a consumer's initial versions) must not cost more than this.
+// (ISTIO_GPRC_MAXRECVMSGSIZE, ISTIO_GPRC_MAXSTREAMS): xDS clients are not authenticated (and a
+// plaintext bus's consumers neither), so one request (an xDS node's metadata, a consumer's initial
+// versions) must not cost more than this.
 const (
 	// MaxRecvMsgSize bounds one request; a larger one ends its stream with ResourceExhausted.
 	MaxRecvMsgSize = 4 << 20

@@ -12,6 +12,8 @@ import (
 
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/serviceid"
+	"sailplane.dev/shared/workloadcert"
 )
 
 func busCmd() *cobra.Command {
@@ -19,6 +21,8 @@ func busCmd() *cobra.Command {
 	var addr string
 	var timeout time.Duration
 	var showBody bool
+	var certDir string
+	var peers []string
 	get := &cobra.Command{
 		Use:   "get TYPE_URL_OR_KIND...",
 		Short: "List the resources a bus serves, e.g. `sailplanectl bus get VirtualService`",
@@ -30,8 +34,14 @@ func busCmd() *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
+			sec, err := busSecurity(certDir, peers)
+			if err != nil {
+				return err
+			}
 			snap := &snapshot{resources: map[string]map[string]*bus.Resource{}, synced: make(chan struct{})}
-			go func() { _ = bus.Dial(addr, bus.WithNodeID("sailplanectl")).Subscribe(ctx, types, snap) }()
+			go func() {
+				_ = bus.Dial(addr, bus.WithNodeID("sailplanectl"), bus.WithSecurity(sec)).Subscribe(ctx, types, snap)
+			}()
 			select {
 			case <-snap.synced:
 			case <-ctx.Done():
@@ -44,9 +54,31 @@ func busCmd() *cobra.Command {
 	get.Flags().StringVar(&addr, "bus", "127.0.0.1:15051", "bus address")
 	get.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for the full state")
 	get.Flags().BoolVar(&showBody, "body", false, "print each resource's body as JSON")
+	get.Flags().StringVar(&certDir, "cert-dir", "", "credential folder (cert-chain.pem, key.pem, root-cert.pem) for an mTLS bus, e.g. one the ca keeps with --service-cert-dir; empty: plaintext")
+	get.Flags().StringSliceVar(&peers, "bus-peers", nil, "SPIFFE IDs the bus server may have (default: Sailplane's service accounts in the certificate's namespace)")
 	cmd.AddCommand(get)
 	return cmd
 }
+
+// busSecurity is mTLS with the credential in certDir, or plaintext without one.
+func busSecurity(certDir string, peers []string) (bus.Security, error) {
+	if certDir == "" {
+		return bus.Security{}, nil
+	}
+	c, err := workloadcert.ReadFolder(certDir)
+	if err != nil {
+		return bus.Security{}, fmt.Errorf("--cert-dir: %w", err)
+	}
+	if len(c.Roots) == 0 {
+		return bus.Security{}, fmt.Errorf("--cert-dir %s: no %s", certDir, workloadcert.RootCertFile)
+	}
+	f := serviceid.BusFlags{Peers: peers, TrustDomain: c.ID.TrustDomain, Namespace: c.ID.Namespace}
+	return f.Security(staticCredential{c})
+}
+
+type staticCredential struct{ c *workloadcert.Credential }
+
+func (s staticCredential) Current() *workloadcert.Credential { return s.c }
 
 // typeURL accepts a bare kind ("VirtualService") as well as a full type URL.
 func typeURL(arg string) string {

@@ -12,6 +12,8 @@ import (
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/kube"
+	"sailplane.dev/shared/serviceid"
+	"sailplane.dev/shared/spiffe"
 
 	ca "sailplane.dev/services/ca"
 )
@@ -24,6 +26,7 @@ func main() {
 		useKube    string
 		busListen  string
 		configBus  string
+		busFlags   serviceid.BusFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "ca",
@@ -52,25 +55,35 @@ func main() {
 			cfg.UseKube(cfg.Kube)
 			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
 			deps := ca.Deps{Logger: log.With("component", "ca"), Publisher: store}
-			if configBus != "" {
-				deps.Mesh = bus.Dial(configBus, bus.WithDialLogger(log.With("component", "config-bus")))
-			}
 			svc, err := ca.New(cfg, deps)
 			if err != nil {
 				return err
+			}
+			// The ca signs its own bus certificate in-process.
+			sec, err := busFlags.Security(svc.Own(spiffe.ID{TrustDomain: cfg.TrustDomain, Namespace: cfg.Namespace, ServiceAccount: ca.ServiceAccount}))
+			if err != nil {
+				return err
+			}
+			if configBus != "" {
+				svc.UseMesh(bus.Dial(configBus, bus.WithDialLogger(log.With("component", "config-bus")), bus.WithSecurity(sec)))
 			}
 			store.SyncAfter(svc.Ready(), ca.PublishedTypes()...)
 			var m component.Manager
 			m.Add("ca", svc)
 			if busListen != "" {
-				m.Add("bus-server", bus.ServeGRPC(store, busListen, log))
+				busServer, err := bus.ServeGRPC(store, busListen, log, sec)
+				if err != nil {
+					return err
+				}
+				m.Add("bus-server", busServer)
 			}
 			return cli.RunUntilSignal(&m)
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
 	cfg.AddFlags(cmd.Flags())
-	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15053", "address serving the trust bundle (TrustBundle) on the bus; empty to disable")
+	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15053", "address serving the trust bundle (TrustBundle) on the bus, over mTLS with the ca's own certificate (spiffe://<trust-domain>/ns/<namespace>/sa/ca) unless --bus-plaintext; empty to disable")
+	busFlags.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&configBus, "config-bus", "", "config-ingest's bus address, for the mesh config's discoverySelectors (which namespaces get istio-ca-root-cert); empty: every namespace")
 	cmd.Flags().StringVar(&useKube, "kubernetes", "auto", "use Kubernetes (token reviews, root in a Secret): auto (when a cluster is found), true or false")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG, ~/.kube/config)")

@@ -9,6 +9,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/serviceid"
 
 	configingest "sailplane.dev/services/config-ingest"
 )
@@ -19,6 +20,7 @@ func main() {
 		cfg       configingest.Config
 		source    configingest.SourceFlags
 		busListen string
+		identity  serviceid.Flags
 	)
 	cmd := &cobra.Command{
 		Use:   "config-ingest",
@@ -33,6 +35,10 @@ func main() {
 				return err
 			}
 			log.Info("config source", "source", chosen)
+			certs, sec, err := identity.Identity(log)
+			if err != nil {
+				return err
+			}
 			cfg.UseKube(kubeCfg, cmd.Flags())
 			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
 			ingest, err := configingest.New(cfg,
@@ -42,15 +48,23 @@ func main() {
 			}
 			store.SyncAfter(ingest.Ready(), configingest.PublishedTypes()...)
 
+			busServer, err := bus.ServeGRPC(store, busListen, log, sec)
+			if err != nil {
+				return err
+			}
 			var m component.Manager
+			if certs != nil {
+				m.Add("certificate", certs)
+			}
 			m.Add("config-ingest", ingest)
-			m.Add("bus-server", bus.ServeGRPC(store, busListen, log))
+			m.Add("bus-server", busServer)
 			return cli.RunUntilSignal(&m)
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
 	cfg.AddFlags(cmd.Flags())
 	source.AddFlags(cmd.Flags())
-	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the config bus (MCP over xDS)")
+	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the config bus (MCP over xDS); mTLS with --ca-address, else plaintext (loopback only unless --bus-plaintext)")
+	identity.AddFlags(cmd.Flags())
 	cli.Execute(cmd)
 }

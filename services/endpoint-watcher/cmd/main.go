@@ -13,6 +13,7 @@ import (
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/kube"
+	"sailplane.dev/shared/serviceid"
 
 	endpointwatcher "sailplane.dev/services/endpoint-watcher"
 )
@@ -25,6 +26,7 @@ func main() {
 		busListen string
 		kubecfg   string
 		kubeMode  string
+		identity  serviceid.Flags
 	)
 	cmd := &cobra.Command{
 		Use:   "endpoint-watcher",
@@ -51,11 +53,19 @@ func main() {
 				return fmt.Errorf("--kubernetes: want auto, on or off, got %q", kubeMode)
 			}
 			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
+			certs, sec, err := identity.Identity(log)
+			if err != nil {
+				return err
+			}
+			busServer, err := bus.ServeGRPC(store, busListen, log, sec)
+			if err != nil {
+				return err
+			}
 			watcher, err := endpointwatcher.New(
 				cfg,
 				endpointwatcher.Deps{
 					Logger:    log.With("component", "endpoint-watcher"),
-					Config:    bus.Dial(configBus, bus.WithDialLogger(log.With("component", "config-bus"))),
+					Config:    bus.Dial(configBus, bus.WithDialLogger(log.With("component", "config-bus")), bus.WithSecurity(sec)),
 					Publisher: store,
 				})
 			if err != nil {
@@ -64,17 +74,21 @@ func main() {
 			store.SyncAfter(watcher.Ready(), endpointwatcher.PublishedTypes()...)
 
 			var m component.Manager
+			if certs != nil {
+				m.Add("certificate", certs)
+			}
 			m.Add("endpoint-watcher", watcher)
-			m.Add("bus-server", bus.ServeGRPC(store, busListen, log))
+			m.Add("bus-server", busServer)
 			return cli.RunUntilSignal(&m)
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
 	cfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&configBus, "config-bus", "127.0.0.1:15051", "config-ingest's bus address")
-	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15052", "address serving the registry bus (MCP over xDS)")
+	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15052", "address serving the registry bus (MCP over xDS); mTLS with --ca-address, else plaintext (loopback only unless --bus-plaintext)")
 	cmd.Flags().StringVar(&kubeMode, "kubernetes", "auto",
 		"Kubernetes discovery: auto (when --kubeconfig, in-cluster config, $KUBECONFIG or ~/.kube/config is found), on, off")
 	cli.KubeconfigVar(cmd.Flags(), &kubecfg)
+	identity.AddFlags(cmd.Flags())
 	cli.Execute(cmd)
 }

@@ -12,6 +12,8 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/serviceid"
+	"sailplane.dev/shared/spiffe"
 
 	ca "sailplane.dev/services/ca"
 	configingest "sailplane.dev/services/config-ingest"
@@ -20,6 +22,9 @@ import (
 )
 
 func main() { cli.Execute(newCommand()) }
+
+// ServiceAccount is hyper's service account (deploy/hyper), its identity on an mTLS bus.
+const ServiceAccount = "sailplane"
 
 // newCommand is hyper's command: every linked service's flags, registered by the service's own
 // AddFlags, and hyper's own.
@@ -33,6 +38,7 @@ func newCommand() *cobra.Command {
 		caCfg      ca.Config
 		pprofAddr  string
 		busListen  string
+		busFlags   serviceid.BusFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "hyper",
@@ -97,7 +103,20 @@ func newCommand() *cobra.Command {
 			m.Add("xds-server", xds)
 			m.Add("ca", authority)
 			if busListen != "" {
-				m.Add("bus-server", bus.ServeGRPC(store, busListen, log))
+				// Loopback stays plaintext (local tools); elsewhere mTLS with a certificate the
+				// linked ca signs for hyper's own service account, unless plaintext is asked for.
+				var sec bus.Security
+				if !bus.IsLoopback(busListen) {
+					own := authority.Own(spiffe.ID{TrustDomain: caCfg.TrustDomain, Namespace: caCfg.Namespace, ServiceAccount: ServiceAccount})
+					if sec, err = busFlags.Security(own); err != nil {
+						return err
+					}
+				}
+				busServer, err := bus.ServeGRPC(store, busListen, log, sec)
+				if err != nil {
+					return err
+				}
+				m.Add("bus-server", busServer)
 			}
 			if pprofAddr != "" {
 				m.Add("pprof", cli.Pprof{Addr: pprofAddr, Log: log})
@@ -114,6 +133,7 @@ func newCommand() *cobra.Command {
 		"address serving ADS over TLS with the ca's serving certificate, and the ca's CreateCertificate unless --ca-listen differs; empty: off")
 	caCfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")
-	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the bus to external MCP consumers; empty to disable")
+	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the bus to external MCP consumers: plaintext on loopback, else mTLS with hyper's own certificate (spiffe://<trust-domain>/ns/<namespace>/sa/"+ServiceAccount+"), consumers checked against --bus-peers, unless --bus-plaintext; empty to disable")
+	busFlags.AddFlags(cmd.Flags())
 	return cmd
 }

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 
 	"github.com/spf13/cobra"
@@ -10,6 +11,8 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/serviceid"
+	"sailplane.dev/shared/workloadcert"
 
 	xdsserver "sailplane.dev/services/xds-server"
 )
@@ -23,6 +26,7 @@ func main() {
 		pprofAddr   string
 		certDir     string
 		caBus       string
+		identity    serviceid.Flags
 	)
 	cmd := &cobra.Command{
 		Use:   "xds-server",
@@ -32,25 +36,36 @@ func main() {
 			if err != nil {
 				return err
 			}
+			certs, sec, err := identity.Identity(log)
+			if err != nil {
+				return err
+			}
 			deps := xdsserver.Deps{
 				Logger:   log.With("component", "xds-server"),
-				Config:   bus.Dial(configBus, bus.WithDialLogger(log.With("component", "config-bus"))),
-				Registry: bus.Dial(registryBus, bus.WithDialLogger(log.With("component", "registry-bus"))),
+				Config:   bus.Dial(configBus, bus.WithDialLogger(log.With("component", "config-bus")), bus.WithSecurity(sec)),
+				Registry: bus.Dial(registryBus, bus.WithDialLogger(log.With("component", "registry-bus")), bus.WithSecurity(sec)),
 			}
 			if caBus != "" {
-				deps.Bundle = bus.Dial(caBus, bus.WithDialLogger(log.With("component", "ca-bus")))
+				deps.Bundle = bus.Dial(caBus, bus.WithDialLogger(log.With("component", "ca-bus")), bus.WithSecurity(sec))
 			}
-			if cfg.SecureListen != "" {
-				if certDir == "" {
-					return errors.New("--xds-tls-listen needs --tls-cert-dir: the folder where the ca keeps this server's certificate (ca --serving-cert-dir)")
-				}
+			switch {
+			case cfg.SecureListen == "":
+			case certDir != "":
 				deps.TLS = xdsserver.FolderTLS(certDir)
+			case certs != nil:
+				// The ca adds istiod's names to this service account's certificates.
+				deps.TLS = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: workloadcert.GetCertificate(certs), NextProtos: []string{"h2"}}
+			default:
+				return errors.New("--xds-tls-listen needs a certificate: --ca-address (this server's own, with istiod's names) or --tls-cert-dir (the folder where the ca keeps one, ca --serving-cert-dir)")
 			}
 			srv, err := xdsserver.New(cfg, deps)
 			if err != nil {
 				return err
 			}
 			var m component.Manager
+			if certs != nil {
+				m.Add("certificate", certs)
+			}
 			m.Add("xds-server", srv)
 			if pprofAddr != "" {
 				m.Add("pprof", cli.Pprof{Addr: pprofAddr, Log: log})
@@ -63,8 +78,9 @@ func main() {
 	cmd.Flags().StringVar(&registryBus, "registry-bus", "127.0.0.1:15052", "endpoint-watcher's bus address")
 	cfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&caBus, "ca-bus", "", "the ca's bus address (its --bus-listen), for the mesh's trust bundle; empty: none")
-	cmd.Flags().StringVar(&cfg.SecureListen, "xds-tls-listen", "", "address serving ADS over TLS (istiod's 15012) with the certificate in --tls-cert-dir; empty: off")
-	cmd.Flags().StringVar(&certDir, "tls-cert-dir", "", "folder holding the TLS listener's certificate (tls.crt, tls.key), kept by the ca (--serving-cert-dir) or a mounted kubernetes.io/tls Secret; re-read when it changes")
+	cmd.Flags().StringVar(&cfg.SecureListen, "xds-tls-listen", "", "address serving ADS over TLS (istiod's 15012) with this server's own certificate from --ca-address (which carries istiod's names), or the one in --tls-cert-dir; empty: off")
+	cmd.Flags().StringVar(&certDir, "tls-cert-dir", "", "folder holding the TLS listener's certificate (tls.crt, tls.key), kept by the ca (--serving-cert-dir) or a mounted kubernetes.io/tls Secret, instead of this server's own; re-read when it changes")
+	identity.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")
 	cli.Execute(cmd)
 }

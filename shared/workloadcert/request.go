@@ -1,4 +1,4 @@
-package agent
+package workloadcert
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,87 +25,10 @@ import (
 	"sailplane.dev/shared/spiffe"
 )
 
-// Credential is a workload certificate with its key and the trust bundle it came with.
-type Credential struct {
-	ID    spiffe.ID
-	Key   crypto.Signer
-	Chain []*x509.Certificate // leaf first, then intermediates
-	Roots []*x509.Certificate
-	// The PEM forms, as written to files and served over SDS.
-	KeyPEM, ChainPEM, RootsPEM []byte
-	// Received is when the ca answered; the renewal is planned from it.
-	Received time.Time
-}
-
-// Leaf is the workload certificate.
-func (c *Credential) Leaf() *x509.Certificate { return c.Chain[0] }
-
-func (c *Credential) tlsCertificate() tls.Certificate {
-	t := tls.Certificate{PrivateKey: c.Key, Leaf: c.Chain[0]}
-	for _, x := range c.Chain {
-		t.Certificate = append(t.Certificate, x.Raw)
-	}
-	return t
-}
-
-// ErrCA marks the ca refusing a request (as opposed to being unreachable).
-var ErrCA = errors.New("the ca refused the certificate request")
-
-// errUnreachable marks the ca not answering: no other credential is tried.
-var errUnreachable = errors.New("the ca is unreachable")
-
-// rotate gets a certificate, then renews it before it expires, until ctx ends. While the ca
-// cannot sign, the current certificate stays in use and the request is retried with a capped,
-// jittered backoff; the outage is logged once, and its end once.
-func (a *Agent) rotate(ctx context.Context) error {
-	var next time.Time // zero: now
-	backoff := a.cfg.RetryInitial
-	var outage error
-	for {
-		if wait := time.Until(next); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return nil
-			case <-t.C:
-			}
-		}
-		c, err := a.issue(ctx)
-		if err == nil {
-			err = a.publish(ctx, c)
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			if outage == nil {
-				a.log.Warn("cannot get a certificate; keeping the current one and retrying",
-					"ca", a.cfg.CAAddress, "error", err, "holding", a.Current() != nil)
-			} else {
-				a.log.Debug("still cannot get a certificate", "error", err)
-			}
-			outage = err
-			// Equal jitter: between half and all of the backoff.
-			next = time.Now().Add(backoff/2 + rand.N(backoff/2+1))
-			backoff = min(2*backoff, a.cfg.RetryMax)
-			continue
-		}
-		if outage != nil {
-			a.log.Info("certificate obtained again", "ca", a.cfg.CAAddress)
-			outage = nil
-		}
-		backoff = a.cfg.RetryInitial
-		next = a.renewTime(c, rand.Float64())
-		a.log.Info("certificate", "identity", c.ID.String(), "expires", c.Leaf().NotAfter.UTC().Format(time.RFC3339),
-			"renew-at", next.UTC().Format(time.RFC3339), "serial", c.Leaf().SerialNumber.Text(16))
-	}
-}
-
-// issue asks the ca for a certificate for a fresh key, authenticated with the first credential
+// Issue asks the ca for a certificate for a fresh key, authenticated with the first credential
 // that works: the current certificate, the provisioned one, then the token.
-func (a *Agent) issue(ctx context.Context) (*Credential, error) {
-	rootsPEM, err := os.ReadFile(a.cfg.RootCertFile)
+func (cl *Client) Issue(ctx context.Context) (*Credential, error) {
+	rootsPEM, err := os.ReadFile(cl.cfg.RootCertFile)
 	if err != nil {
 		return nil, fmt.Errorf("root certificate: %w", err)
 	}
@@ -115,7 +37,7 @@ func (a *Agent) issue(ctx context.Context) (*Credential, error) {
 		err = errors.New("no certificate")
 	}
 	if err != nil {
-		return nil, fmt.Errorf("root certificate %s: %w", a.cfg.RootCertFile, err)
+		return nil, fmt.Errorf("root certificate %s: %w", cl.cfg.RootCertFile, err)
 	}
 	pool := x509.NewCertPool()
 	for _, r := range roots {
@@ -123,19 +45,19 @@ func (a *Agent) issue(ctx context.Context) (*Credential, error) {
 	}
 	// The bundle of the last answer too: during a root rotation it holds the new root before a
 	// copy of the root file (outside Kubernetes, say) does, and the ca may already serve with it.
-	if c := a.Current(); c != nil {
+	if c := cl.Current(); c != nil {
 		for _, r := range c.Roots {
 			pool.AddCert(r)
 		}
 	}
-	key, err := pki.GenerateKey(a.cfg.KeyAlgorithm)
+	key, err := pki.GenerateKey(cl.cfg.KeyAlgorithm)
 	if err != nil {
 		return nil, err
 	}
 
 	var refusals []error
-	for _, auth := range a.authenticators() {
-		c, err := a.request(ctx, pool, key, auth)
+	for _, auth := range cl.authenticators() {
+		c, err := cl.request(ctx, pool, key, auth)
 		if err == nil {
 			return c, nil
 		}
@@ -158,29 +80,29 @@ type authenticator struct {
 	token string
 }
 
-func (a *Agent) authenticators() []authenticator {
+func (cl *Client) authenticators() []authenticator {
 	var out []authenticator
 	now := time.Now()
-	if c := a.Current(); c != nil && now.Before(c.Leaf().NotAfter) {
-		t := c.tlsCertificate()
+	if c := cl.Current(); c != nil && now.Before(c.Leaf().NotAfter) {
+		t := c.TLSCertificate()
 		out = append(out, authenticator{name: "certificate", id: c.ID, cert: &t})
 	}
-	if dir := a.cfg.ProvisionedCertDir; dir != "" && len(out) == 0 {
+	if dir := cl.cfg.ProvisionedCertDir; dir != "" && len(out) == 0 {
 		if auth, err := provisioned(dir); err != nil {
-			a.log.Debug("provisioned certificate unusable", "dir", dir, "error", err)
+			cl.log.Debug("provisioned certificate unusable", "dir", dir, "error", err)
 		} else if now.Before(auth.cert.Leaf.NotAfter) {
 			out = append(out, auth)
 		}
 	}
-	if a.cfg.TokenFile != "" {
-		if data, err := os.ReadFile(a.cfg.TokenFile); err != nil {
-			a.log.Debug("token unreadable", "file", a.cfg.TokenFile, "error", err)
+	if cl.cfg.TokenFile != "" {
+		if data, err := os.ReadFile(cl.cfg.TokenFile); err != nil {
+			cl.log.Debug("token unreadable", "file", cl.cfg.TokenFile, "error", err)
 		} else if token := strings.TrimSpace(string(data)); token != "" {
 			id, err := tokenIdentity(token)
 			if err != nil {
-				a.log.Debug("token unusable", "file", a.cfg.TokenFile, "error", err)
+				cl.log.Debug("token unusable", "file", cl.cfg.TokenFile, "error", err)
 			} else {
-				id.TrustDomain = a.cfg.TrustDomain
+				id.TrustDomain = cl.cfg.TrustDomain
 				out = append(out, authenticator{name: "token", id: id, token: token})
 			}
 		}
@@ -190,18 +112,50 @@ func (a *Agent) authenticators() []authenticator {
 
 // provisioned reads a certificate and key given to the workload out of band (a VM's).
 func provisioned(dir string) (authenticator, error) {
-	t, err := tls.LoadX509KeyPair(filepath.Join(dir, CertChainFile), filepath.Join(dir, KeyFile))
+	c, err := ReadFolder(dir)
 	if err != nil {
 		return authenticator{}, err
 	}
-	if len(t.Leaf.URIs) != 1 {
-		return authenticator{}, fmt.Errorf("%s: %d URI SANs, want one SPIFFE ID", CertChainFile, len(t.Leaf.URIs))
-	}
-	id, err := spiffe.FromURL(t.Leaf.URIs[0])
+	t := c.TLSCertificate()
+	return authenticator{name: "provisioned certificate", id: c.ID, cert: &t}, nil
+}
+
+// ReadFolder reads a credential folder in Istio's workload-spiffe-credentials layout:
+// cert-chain.pem (the leaf with one SPIFFE ID, then intermediates) and key.pem, and the roots
+// from root-cert.pem when it is there (a provisioned folder may have none).
+func ReadFolder(dir string) (*Credential, error) {
+	t, err := tls.LoadX509KeyPair(filepath.Join(dir, CertChainFile), filepath.Join(dir, KeyFile))
 	if err != nil {
-		return authenticator{}, fmt.Errorf("%s: %w", CertChainFile, err)
+		return nil, err
 	}
-	return authenticator{name: "provisioned certificate", id: id, cert: &t}, nil
+	key, ok := t.PrivateKey.(crypto.Signer)
+	if !ok {
+		return nil, fmt.Errorf("%s: not a signing key", filepath.Join(dir, KeyFile))
+	}
+	id, err := identityOf(t.Leaf)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, CertChainFile), err)
+	}
+	c := &Credential{ID: id, Key: key, Received: time.Now()}
+	for _, raw := range t.Certificate {
+		x, err := x509.ParseCertificate(raw)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, CertChainFile), err)
+		}
+		c.Chain = append(c.Chain, x)
+	}
+	c.ChainPEM = pki.EncodeCerts(c.Chain...)
+	if c.KeyPEM, err = pki.EncodeKey(key); err != nil {
+		return nil, err
+	}
+	if c.RootsPEM, err = os.ReadFile(filepath.Join(dir, RootCertFile)); err == nil {
+		if c.Roots, err = pki.ParseCerts(c.RootsPEM); err != nil {
+			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, RootCertFile), err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	return c, nil
 }
 
 // tokenIdentity reads the service account a Kubernetes token names (its sub claim). The token
@@ -227,7 +181,7 @@ func tokenIdentity(token string) (spiffe.ID, error) {
 const requestTimeout = 15 * time.Second
 
 // request sends one CSR for key, authenticated with auth, and checks the answer.
-func (a *Agent) request(ctx context.Context, roots *x509.CertPool, key crypto.Signer, auth authenticator) (*Credential, error) {
+func (cl *Client) request(ctx context.Context, roots *x509.CertPool, key crypto.Signer, auth authenticator) (*Credential, error) {
 	csr, err := pki.CreateCSR(key, auth.id)
 	if err != nil {
 		return nil, err
@@ -236,26 +190,26 @@ func (a *Agent) request(ctx context.Context, roots *x509.CertPool, key crypto.Si
 	if auth.cert != nil {
 		tlsCfg.Certificates = []tls.Certificate{*auth.cert}
 	}
-	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg))}, a.deps.DialOptions...)
-	conn, err := grpc.NewClient(a.cfg.CAAddress, opts...)
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg))}, cl.dialOpts...)
+	conn, err := grpc.NewClient(cl.cfg.CAAddress, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("ca address %q: %w", a.cfg.CAAddress, err)
+		return nil, fmt.Errorf("ca address %q: %w", cl.cfg.CAAddress, err)
 	}
 	defer conn.Close()
 
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, "clusterid", a.cfg.ClusterID)
+	ctx = metadata.AppendToOutgoingContext(ctx, "clusterid", cl.cfg.ClusterID)
 	if auth.token != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+auth.token)
 	}
 	resp, err := pb.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, &pb.IstioCertificateRequest{
-		Csr: string(csr), ValidityDuration: int64(a.cfg.CertTTL / time.Second),
+		Csr: string(csr), ValidityDuration: int64(cl.cfg.CertTTL / time.Second),
 	})
 	if err != nil {
 		switch status.Code(err) {
 		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
-			return nil, fmt.Errorf("%w: %s: %w", errUnreachable, a.cfg.CAAddress, err)
+			return nil, fmt.Errorf("%w: %s: %w", errUnreachable, cl.cfg.CAAddress, err)
 		}
 		return nil, fmt.Errorf("%w (%s): %w", ErrCA, auth.name, err)
 	}

@@ -1,0 +1,137 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/shared/workloadcert"
+)
+
+// Security is how a bus listener or connection is protected. The zero value is plaintext, which
+// a listener accepts only on a loopback address.
+type Security struct {
+	// Identity, when set, makes the bus mutual TLS with this workload's certificate: a server
+	// requires clients to present one chaining to the same trust bundle, a client checks the
+	// server's. Certificates are taken at each handshake, so renewals need no restart and open
+	// streams are kept.
+	Identity workloadcert.Source
+	// Peers are the identities allowed at the other end (with Identity): the consumers a server
+	// serves (others get PermissionDenied), the producers a consumer accepts.
+	Peers []spiffe.ID
+	// AllowPlaintext lets a listener without Identity serve on an address other than loopback.
+	AllowPlaintext bool
+}
+
+// ErrPlaintext is a plaintext bus listener on an address other than loopback, not asked for.
+var ErrPlaintext = errors.New("a plaintext bus is served only on a loopback address unless asked for explicitly")
+
+// SailplanePeers are the identities of Sailplane's own services in a namespace (the service
+// accounts of deploy/microservices): the default peers of every bus.
+func SailplanePeers(trustDomain, namespace string) []spiffe.ID {
+	var ids []spiffe.ID
+	for _, sa := range []string{"config-ingest", "endpoint-watcher", "xds-server", "ca"} {
+		ids = append(ids, spiffe.ID{TrustDomain: trustDomain, Namespace: namespace, ServiceAccount: sa})
+	}
+	return ids
+}
+
+// IsLoopback reports whether a listen address binds only loopback (127.0.0.0/8, ::1, localhost).
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// serverOptions are the gRPC options of a bus listener on addr: mTLS and the peers check, or
+// plaintext where allowed.
+func (sec Security) serverOptions(addr string, log *slog.Logger) ([]grpc.ServerOption, error) {
+	if sec.Identity == nil {
+		if !sec.AllowPlaintext && !IsLoopback(addr) {
+			return nil, fmt.Errorf("bus listener %s: %w (give the service a certificate, or allow plaintext)", addr, ErrPlaintext)
+		}
+		return nil, nil
+	}
+	authorize := auth.AuthFunc(peerAuthorizer(sec.Peers, log))
+	return []grpc.ServerOption{
+		grpc.Creds(credentials.NewTLS(workloadcert.ServerTLS(sec.Identity))),
+		grpc.ChainUnaryInterceptor(auth.UnaryServerInterceptor(authorize)),
+		grpc.ChainStreamInterceptor(auth.StreamServerInterceptor(authorize)),
+	}, nil
+}
+
+// maxLoggedRefusals bounds the identities whose refusal is remembered: every workload of the
+// mesh has a certificate from the same ca, and each may try.
+const maxLoggedRefusals = 1024
+
+// peerAuthorizer refuses callers whose SPIFFE ID is not one of peers, with PermissionDenied,
+// logging each refused identity once.
+func peerAuthorizer(peers []spiffe.ID, log *slog.Logger) func(context.Context) (context.Context, error) {
+	var (
+		mu     sync.Mutex
+		logged = map[spiffe.ID]bool{}
+	)
+	return func(ctx context.Context) (context.Context, error) {
+		id, err := workloadcert.PeerID(ctx)
+		if err != nil {
+			return nil, status.Errorf(codes.Unauthenticated, "bus: %v", err)
+		}
+		if slices.Contains(peers, id) {
+			return ctx, nil
+		}
+		mu.Lock()
+		first := !logged[id] && len(logged) < maxLoggedRefusals
+		if first {
+			logged[id] = true
+		}
+		mu.Unlock()
+		if first {
+			log.Warn("bus peer refused: identity not allowed", "peer", id.String(), "allowed", idList(peers))
+		}
+		return nil, status.Errorf(codes.PermissionDenied, "bus: %s may not use this bus", id)
+	}
+}
+
+// authorizeServer is a consumer's check of the producer's identity.
+func (sec Security) authorizeServer(id spiffe.ID) error {
+	if slices.Contains(sec.Peers, id) {
+		return nil
+	}
+	return fmt.Errorf("not an allowed bus peer (%s)", idList(sec.Peers))
+}
+
+// WithSecurity protects the consumer's connection: mTLS with sec.Identity, the producer's
+// identity one of sec.Peers; plaintext without Identity.
+func WithSecurity(sec Security) DialOption {
+	return func(c *dialConfig) {
+		if sec.Identity != nil {
+			c.creds = credentials.NewTLS(workloadcert.ClientTLS(sec.Identity, sec.authorizeServer))
+		}
+	}
+}
+
+func idList(ids []spiffe.ID) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = id.String()
+	}
+	return strings.Join(s, ", ")
+}
