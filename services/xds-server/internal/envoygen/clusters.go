@@ -9,16 +9,19 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rawbufferv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/raw_buffer/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/xds-server/internal/authn"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/translate"
 )
@@ -52,6 +55,8 @@ type outboundCluster struct {
 	port    *discoveryv1.Port
 	subset  *networking.Subset    // nil for the whole service
 	lb      *translate.LocalityLB // nil without locality load balancing
+	// tls is the DestinationRule's TLS setting for the cluster, nil when it sets none.
+	tls *networking.ClientTLSSettings
 }
 
 func (b *builder) outboundClusters() []outboundCluster {
@@ -63,7 +68,7 @@ func (b *builder) outboundClusters() []outboundCluster {
 			for _, ss := range append([]*networking.Subset{nil}, translate.Subsets(specOf(dr))...) {
 				pol := translate.TrafficPolicy(specOf(dr), port.GetNumber(), ss.GetName())
 				lb := translate.NewLocalityLB(pol, b.snap.Mesh, b.locality, b.topologyLabels)
-				out = append(out, outboundCluster{svc: svc, port: port, subset: ss, lb: lb,
+				out = append(out, outboundCluster{svc: svc, port: port, subset: ss, lb: lb, tls: pol.TLS,
 					cluster: b.outboundCluster(svc, port, ss, pol, lb)})
 			}
 		}
@@ -98,7 +103,7 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 			c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_LOGICAL_DNS}
 		}
 		c.DnsLookupFamily = clusterv3.Cluster_V4_ONLY
-		c.LoadAssignment = b.dnsLoadAssignment(name, svc, port, subset, lb)
+		c.LoadAssignment = b.dnsLoadAssignment(name, svc, port, subset, lb, b.endpointMTLS(svc, port, pol.TLS))
 	case discoveryv1.Resolution_NONE:
 		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
 		c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
@@ -131,9 +136,21 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 		c.CommonLbConfig.LocalityConfigSpecifier = &clusterv3.Cluster_CommonLbConfig_LocalityWeightedLbConfig_{
 			LocalityWeightedLbConfig: &clusterv3.Cluster_CommonLbConfig_LocalityWeightedLbConfig{}}
 	}
-	if t := pol.TLS; t != nil {
+	t, autoMTLS := pol.TLS, false
+	if t == nil && b.autoMTLS(svc, pol) {
+		t, autoMTLS = &networking.ClientTLSSettings{Mode: networking.ClientTLSSettings_ISTIO_MUTUAL}, true
+	}
+	if t != nil {
 		ts, auto := b.upstreamTLS(t, svc, port.GetNumber(), subset.GetName(), h2, log)
 		c.TransportSocket = ts
+		if autoMTLS && c.GetType() != clusterv3.Cluster_ORIGINAL_DST {
+			// mTLS to the endpoints that have a sidecar (EDS marks them), plaintext to the rest.
+			c.TransportSocket = nil
+			c.TransportSocketMatches = []*clusterv3.Cluster_TransportSocketMatch{
+				{Name: "tlsMode-" + translate.TLSModeIstio, Match: istioTLSModeMatch, TransportSocket: ts},
+				{Name: "tlsMode-disabled", Match: &structpb.Struct{}, TransportSocket: rawBufferTransportSocket()},
+			}
+		}
 		if auto != nil {
 			// Like istiod: the SNI and SAN come from each request's Host when the rule names none.
 			if httpOpts == nil {
@@ -146,6 +163,51 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 		c.TypedExtensionProtocolOptions = map[string]*anyMsg{httpProtocolOptionsKey: mustAny(httpOpts)}
 	}
 	return c
+}
+
+// istioTLSModeMatch selects the endpoints EDS marks as able to take Istio mTLS.
+var istioTLSModeMatch = &structpb.Struct{Fields: map[string]*structpb.Value{
+	translate.TLSModeKey: structpb.NewStringValue(translate.TLSModeIstio)}}
+
+func rawBufferTransportSocket() *corev3.TransportSocket {
+	return &corev3.TransportSocket{Name: "envoy.transport_sockets.raw_buffer",
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&rawbufferv3.RawBuffer{})}}
+}
+
+// autoMTLS reports whether a cluster of svc whose DestinationRule sets no TLS originates
+// Istio mTLS by itself, as istiod decides it: the mesh's enableAutoMtls (on by default), for
+// services inside the mesh whose namespace does not DISABLE mTLS by PeerAuthentication. A
+// service reached at the original destination (no resolution, or a PASSTHROUGH load balancer)
+// gets it only when every endpoint has a sidecar, since its cluster cannot choose per endpoint.
+func (b *builder) autoMTLS(svc *model.Service, pol translate.Policy) bool {
+	if on := b.snap.Mesh.GetEnableAutoMtls(); (on != nil && !on.GetValue()) || svc.Spec.GetMeshExternal() {
+		return false
+	}
+	if svc.Spec.GetResolution() == discoveryv1.Resolution_NONE ||
+		pol.LB.GetSimple() == networking.LoadBalancerSettings_PASSTHROUGH {
+		if len(svc.Endpoints) == 0 {
+			return false
+		}
+		for _, ep := range svc.Endpoints {
+			if !translate.HasSidecar(ep) {
+				return false
+			}
+		}
+	}
+	return b.namespaceMTLS(svc.Spec.GetNamespace()) != authn.Disable
+}
+
+// namespaceMTLS is the PeerAuthentication mode of a namespace, resolved once per builder.
+func (b *builder) namespaceMTLS(ns string) authn.Mode {
+	if m, ok := b.nsModes[ns]; ok {
+		return m
+	}
+	if b.nsModes == nil {
+		b.nsModes = map[string]authn.Mode{}
+	}
+	m := authn.NamespaceMode(b.snap, ns)
+	b.nsModes[ns] = m
+	return m
 }
 
 // poolHTTP is what a connection pool asks of a cluster's HTTP protocol options.

@@ -11,6 +11,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/xds-server/internal/authn"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/translate"
 )
@@ -22,7 +23,8 @@ func (b *builder) endpoints() []*endpointv3.ClusterLoadAssignment {
 		if oc.cluster.GetType() != clusterv3.Cluster_EDS {
 			continue
 		}
-		out = append(out, translate.LoadAssignment(oc.cluster.GetName(), oc.svc, oc.port, oc.subset, oc.lb))
+		out = append(out, translate.LoadAssignmentMTLS(oc.cluster.GetName(), oc.svc, oc.port, oc.subset, oc.lb,
+			b.endpointMTLS(oc.svc, oc.port, oc.tls)))
 	}
 	slices.SortStableFunc(out, func(a, b *endpointv3.ClusterLoadAssignment) int {
 		return strings.Compare(a.GetClusterName(), b.GetClusterName())
@@ -34,8 +36,8 @@ func (b *builder) endpoints() []*endpointv3.ClusterLoadAssignment {
 // service's own hostname when it has none (a ServiceEntry with DNS resolution and no endpoints).
 // LOGICAL_DNS clusters take exactly one endpoint.
 func (b *builder) dnsLoadAssignment(name string, svc *model.Service, port *discoveryv1.Port,
-	subset *networking.Subset, lb *translate.LocalityLB) *endpointv3.ClusterLoadAssignment {
-	cla := translate.LoadAssignment(name, svc, port, subset, lb)
+	subset *networking.Subset, lb *translate.LocalityLB, istioMTLS func(*discoveryv1.Endpoint) bool) *endpointv3.ClusterLoadAssignment {
+	cla := translate.LoadAssignmentMTLS(name, svc, port, subset, lb, istioMTLS)
 	if len(svc.Endpoints) == 0 {
 		target := port.GetTargetPort()
 		if target == 0 {
@@ -60,4 +62,28 @@ func (b *builder) dnsLoadAssignment(name string, svc *model.Service, port *disco
 		cla.Endpoints = cla.Endpoints[:1]
 	}
 	return cla
+}
+
+// endpointMTLS tells which endpoints of a cluster take Istio mTLS, as istiod marks them in EDS:
+// all of them when the DestinationRule's TLS for the cluster is ISTIO_MUTUAL, none under
+// another TLS mode; without one, those whose workload has a sidecar and whose
+// PeerAuthentication does not DISABLE mTLS on the port they serve.
+func (b *builder) endpointMTLS(svc *model.Service, port *discoveryv1.Port,
+	tls *networking.ClientTLSSettings) func(*discoveryv1.Endpoint) bool {
+	if tls != nil {
+		if tls.GetMode() != networking.ClientTLSSettings_ISTIO_MUTUAL {
+			return nil
+		}
+		return func(*discoveryv1.Endpoint) bool { return true }
+	}
+	ns := svc.Spec.GetNamespace()
+	return func(ep *discoveryv1.Endpoint) bool {
+		if !translate.HasSidecar(ep) {
+			return false
+		}
+		if len(b.snap.PeerAuthentications) == 0 {
+			return true
+		}
+		return authn.ForWorkload(b.snap, ns, ep.GetLabels()).ModeFor(translate.EndpointPort(ep, port)) != authn.Disable
+	}
 }

@@ -7,6 +7,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/xds-server/internal/authn"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/translate"
 )
@@ -31,6 +32,8 @@ type builder struct {
 	// added: what locality load balancing reads of it.
 	locality       *discoveryv1.Locality
 	topologyLabels map[string]string
+	// nsModes caches the PeerAuthentication mode of destination namespaces (see autoMTLS).
+	nsModes map[string]authn.Mode
 }
 
 func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *slog.Logger) *builder {

@@ -22,6 +22,14 @@ import (
 // locality carries a weight: gRPC ignores localities without one.
 func LoadAssignment(name string, svc *model.Service, port *discoveryv1.Port,
 	subset *networking.Subset, lb *LocalityLB) *endpointv3.ClusterLoadAssignment {
+	return LoadAssignmentMTLS(name, svc, port, subset, lb, nil)
+}
+
+// LoadAssignmentMTLS is LoadAssignment with the endpoints istioMTLS accepts marked as able to
+// take Istio mTLS (TLSModeMetadata), which auto-mTLS clusters' transport socket matches read;
+// nil marks none.
+func LoadAssignmentMTLS(name string, svc *model.Service, port *discoveryv1.Port, subset *networking.Subset,
+	lb *LocalityLB, istioMTLS func(*discoveryv1.Endpoint) bool) *endpointv3.ClusterLoadAssignment {
 	var groups []localityGroup
 	find := func(l *discoveryv1.Locality) *localityGroup {
 		for i := range groups {
@@ -51,12 +59,16 @@ func LoadAssignment(name string, svc *model.Service, port *discoveryv1.Port,
 		for _, ep := range g.eps {
 			w := max(ep.GetWeight(), 1)
 			weights += uint64(w)
-			g.lle.LbEndpoints = append(g.lle.LbEndpoints, &endpointv3.LbEndpoint{
+			lbe := &endpointv3.LbEndpoint{
 				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
 					Address: SocketAddress(ep.GetAddress(), EndpointPort(ep, port))}},
 				HealthStatus:        corev3.HealthStatus_HEALTHY,
 				LoadBalancingWeight: wrapperspb.UInt32(w),
-			})
+			}
+			if istioMTLS != nil && istioMTLS(ep) {
+				lbe.Metadata = tlsModeMetadata
+			}
+			g.lle.LbEndpoints = append(g.lle.LbEndpoints, lbe)
 		}
 		g.lle.LoadBalancingWeight = wrapperspb.UInt32(uint32(min(weights, math.MaxUint32)))
 	}
