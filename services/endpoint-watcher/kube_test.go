@@ -78,7 +78,8 @@ func TestCrossRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := nsObj.Name
-	podLabels := map[string]string{"app": "legacy"}
+	// The injector's tlsMode label must reach the bus: xds-server marks mTLS endpoints by it.
+	podLabels := map[string]string{"app": "legacy", "security.istio.io/tlsMode": "istio"}
 	pod, err := cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "legacy-1", Namespace: ns, Labels: podLabels},
 		Spec:       corev1.PodSpec{ServiceAccountName: "legacy-sa", Containers: []corev1.Container{{Name: "app", Image: "app"}}},
@@ -119,7 +120,7 @@ spec:
 apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {name: `+name+`, namespace: `+ns+`}
-spec: {address: `+addr+`, labels: {app: vm}, serviceAccount: vm-sa}
+spec: {address: `+addr+`, labels: {app: vm, security.istio.io/tlsMode: istio}, serviceAccount: vm-sa}
 `)
 	}
 	src := newFakeSource(se, we("vm-1", "198.18.6.1"))
@@ -144,7 +145,8 @@ spec: {address: `+addr+`, labels: {app: vm}, serviceAccount: vm-sa}
 	svcHost := "frontend." + ns + ".svc.cluster.local"
 	weEP := func(name, addr string) *discoveryv1.Endpoint {
 		return &discoveryv1.Endpoint{Address: addr, Ports: map[string]uint32{"http": 8080},
-			Labels: map[string]string{"app": "vm"}, ServiceAccount: "vm-sa", ClusterId: "c1", Workload: name}
+			Labels: map[string]string{"app": "vm", "security.istio.io/tlsMode": "istio"}, ServiceAccount: "vm-sa",
+			ClusterId: "c1", Workload: name}
 	}
 	waitEndpoints(t, rec, ns+"/"+svcHost, &discoveryv1.Endpoints{Hostname: svcHost, Namespace: ns,
 		Endpoints: []*discoveryv1.Endpoint{weEP("vm-1", "198.18.6.1")}})
