@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 
 	"sailplane.dev/services/xds-server/internal/model"
@@ -194,7 +195,48 @@ func (b *builder) inboundHCM(statPrefix, cluster string, port uint32) *hcmv3.Htt
 	}
 	h := b.hcm(statPrefix, "", rc, false)
 	h.HttpFilters = append(b.inboundAuthz().HTTP(), h.HttpFilters...)
+	b.setClientCertDetails(h, false)
 	return h
+}
+
+// setClientCertDetails sets how an inbound or gateway HTTP manager tells the app who called
+// it in x-forwarded-client-cert, as istiod: a sidecar appends the mTLS peer's subject, URI
+// and DNS SANs to what the caller forwarded (defaultConfig.proxyHeaders may change the mode
+// and fields); a gateway replaces whatever the client sent with its own peer's details,
+// certificate included (defaultConfig.gatewayTopology may change the mode). The details are
+// set only in the modes where Envoy writes them.
+func (b *builder) setClientCertDetails(h *hcmv3.HttpConnectionManager, gateway bool) {
+	pc := b.snap.Mesh.GetDefaultConfig()
+	if gateway {
+		h.ForwardClientCertDetails = hcmv3.HttpConnectionManager_SANITIZE_SET
+		if m := pc.GetGatewayTopology().GetForwardClientCertDetails(); m != meshv1alpha1.ForwardClientCertDetails_UNDEFINED {
+			h.ForwardClientCertDetails = envoyClientCertDetails(m)
+		}
+		if h.ForwardClientCertDetails == hcmv3.HttpConnectionManager_APPEND_FORWARD ||
+			h.ForwardClientCertDetails == hcmv3.HttpConnectionManager_SANITIZE_SET {
+			h.SetCurrentClientCertDetails = &hcmv3.HttpConnectionManager_SetCurrentClientCertDetails{
+				Subject: wrapperspb.Bool(true), Cert: true, Dns: true, Uri: true}
+		}
+		return
+	}
+	ph := pc.GetProxyHeaders()
+	h.ForwardClientCertDetails = hcmv3.HttpConnectionManager_APPEND_FORWARD
+	if m := ph.GetForwardedClientCert(); m != meshv1alpha1.ForwardClientCertDetails_UNDEFINED {
+		h.ForwardClientCertDetails = envoyClientCertDetails(m)
+	}
+	set := ph.GetSetCurrentClientCertDetails()
+	h.SetCurrentClientCertDetails = &hcmv3.HttpConnectionManager_SetCurrentClientCertDetails{
+		Subject: wrapperspb.Bool(set.GetSubject() == nil || set.GetSubject().GetValue()),
+		Uri:     set.GetUri() == nil || set.GetUri().GetValue(),
+		Dns:     set.GetDns() == nil || set.GetDns().GetValue(),
+		Cert:    set.GetCert().GetValue(),
+		Chain:   set.GetChain().GetValue(),
+	}
+}
+
+// envoyClientCertDetails converts the mesh config's mode, which numbers Envoy's from 1.
+func envoyClientCertDetails(m meshv1alpha1.ForwardClientCertDetails) hcmv3.HttpConnectionManager_ForwardClientCertDetails {
+	return hcmv3.HttpConnectionManager_ForwardClientCertDetails(m - 1)
 }
 
 // hcm builds an HTTP connection manager with istiod's filter chain: fault and CORS (inert
@@ -221,6 +263,7 @@ func (b *builder) hcm(statPrefix, rds string, inline *routev3.RouteConfiguration
 	if gateway {
 		// A gateway enforces the policies selecting it, as a sidecar does inbound.
 		h.HttpFilters = append(b.inboundAuthz().HTTP(), h.HttpFilters...)
+		b.setClientCertDetails(h, true)
 	}
 	return h
 }
