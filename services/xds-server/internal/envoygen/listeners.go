@@ -2,6 +2,7 @@ package envoygen
 
 import (
 	"cmp"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -24,6 +25,7 @@ import (
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 
+	"sailplane.dev/services/xds-server/internal/authn"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/translate"
 )
@@ -83,10 +85,12 @@ func (b *builder) virtualOutbound() *listenerv3.Listener {
 	}
 }
 
-// virtualInbound receives captured inbound traffic: filter chains per workload port, and
-// passthrough for ports no service declares. As in istiod, http_inspector runs on the ports
-// whose protocol is not declared (sniffed ports and passthrough), where plaintext HTTP takes
-// an HTTP chain and anything else a TCP one.
+// virtualInbound receives captured inbound traffic, laid out as istiod does it: a blackhole
+// for connections addressed to 15006 itself, the passthrough chains for ports no service
+// declares, then each workload port's chains. Each port gets the chains its protocol and its
+// PeerAuthentication mode call for (see inboundChainOptions): plaintext, Istio mTLS told
+// apart by tls_inspector's transport protocol and the istio* ALPN the client sidecar sends,
+// or both; undeclared protocols add http_inspector's plaintext HTTP chain to the TCP one.
 func (b *builder) virtualInbound() *listenerv3.Listener {
 	l := &listenerv3.Listener{
 		Name:                             VirtualInboundListener,
@@ -99,79 +103,139 @@ func (b *builder) virtualInbound() *listenerv3.Listener {
 			Name:             VirtualInboundListener + "-blackhole",
 			FilterChainMatch: &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(VirtualInboundPort)},
 			Filters:          []*listenerv3.Filter{tcpProxy(BlackHoleCluster, BlackHoleCluster)},
-		}, {
-			Name:             VirtualInboundListener + "-catchall-http",
-			FilterChainMatch: sniffedHTTPMatch(0),
-			Filters: []*listenerv3.Filter{hcmFilterOf(b.inboundHCM(InboundPassthroughCluster,
-				InboundPassthroughCluster, 0))},
 		}},
-		DefaultFilterChain: &listenerv3.FilterChain{
-			Name:    "InboundPassthroughFilterChain",
-			Filters: []*listenerv3.Filter{tcpProxy(InboundPassthroughCluster, InboundPassthroughCluster)},
-		},
 	}
 	az := b.inboundAuthz()
-	l.DefaultFilterChain.Filters = append(az.TCP(), l.DefaultFilterChain.Filters...)
-	declared := []uint32{VirtualInboundPort} // ports http_inspector skips
-	for _, in := range b.inboundPorts() {
-		cluster := InboundClusterName(in.port)
+	tcpAuthz := az.TCP()
+	peer := authn.ForWorkload(b.snap, b.proxy.Namespace, b.proxy.Labels)
+	ports := b.inboundPorts()
+	passthrough := inboundChain{name: VirtualInboundListener, httpName: VirtualInboundListener + "-catchall-http",
+		cluster: InboundPassthroughCluster, statPrefix: InboundPassthroughCluster, proto: protoSniffed}
+	passthroughHTTP := hcmFilterOf(b.inboundHCM(InboundPassthroughCluster, InboundPassthroughCluster, 0))
+	l.FilterChains = append(l.FilterChains, b.inboundChains(passthrough, peer.Mode, tcpAuthz, passthroughHTTP)...)
+	// Ports a PeerAuthentication sets a mode for that no service declares get passthrough
+	// chains of their own, in that mode.
+	for _, port := range slices.Sorted(maps.Keys(peer.PerPort)) {
+		if slices.ContainsFunc(ports, func(in inboundPort) bool { return in.port == port }) {
+			continue
+		}
+		pc := passthrough
+		pc.port = port
+		l.FilterChains = append(l.FilterChains, b.inboundChains(pc, peer.ModeFor(port), tcpAuthz, passthroughHTTP)...)
+	}
+	for _, in := range ports {
 		name := "0.0.0.0_" + itoa(in.port)
-		portMatch := &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(in.port)}
-		httpChain := func(m *listenerv3.FilterChainMatch) *listenerv3.FilterChain {
-			return &listenerv3.FilterChain{Name: name, FilterChainMatch: m,
-				Filters: []*listenerv3.Filter{hcmFilterOf(b.inboundHCM("inbound_"+name, cluster, in.port))}}
+		cluster := InboundClusterName(in.port)
+		c := inboundChain{name: name, httpName: name, port: in.port, cluster: cluster, statPrefix: cluster, proto: in.proto}
+		var httpFilter *listenerv3.Filter
+		if in.proto.carriesHTTP() {
+			httpFilter = hcmFilterOf(b.inboundHCM("inbound_"+name, cluster, in.port))
 		}
-		tcpChain := &listenerv3.FilterChain{Name: name, FilterChainMatch: portMatch,
-			Filters: append(az.TCP(), tcpProxy("inbound_"+name, cluster))}
-		switch {
-		case in.proto == protoSniffed:
-			l.FilterChains = append(l.FilterChains, httpChain(sniffedHTTPMatch(in.port)), tcpChain)
-		case in.proto.isHTTP():
-			l.FilterChains = append(l.FilterChains, httpChain(portMatch))
-			declared = append(declared, in.port)
-		default:
-			l.FilterChains = append(l.FilterChains, tcpChain)
-			declared = append(declared, in.port)
-		}
+		l.FilterChains = append(l.FilterChains, b.inboundChains(c, peer.ModeFor(in.port), tcpAuthz, httpFilter)...)
 	}
-	l.ListenerFilters = []*listenerv3.ListenerFilter{
-		listenerFilter(originalDstFilter, &origdstv3.OriginalDst{}),
-		httpInspectorExcept(declared),
-	}
+	l.ListenerFilters = inboundListenerFilters(l.FilterChains)
 	return l
 }
 
-// sniffedHTTPMatch matches what http_inspector found to be plaintext HTTP, on port (0: any).
-func sniffedHTTPMatch(port uint32) *listenerv3.FilterChainMatch {
-	m := &listenerv3.FilterChainMatch{TransportProtocol: "raw_buffer", ApplicationProtocols: plaintextHTTPALPNs}
-	if port != 0 {
-		m.DestinationPort = wrapperspb.UInt32(port)
-	}
-	return m
+// inboundChain describes the chains of one inbound port (0: the passthrough).
+type inboundChain struct {
+	name, httpName      string // chain names for TCP and HTTP chains
+	port                uint32
+	cluster, statPrefix string
+	proto               protocol
 }
 
-// httpInspectorExcept is http_inspector disabled on the given destination ports, whose
-// protocol is declared: sniffing there would only delay connections.
-func httpInspectorExcept(ports []uint32) *listenerv3.ListenerFilter {
-	f := listenerFilter(httpInspectorFilter, &httpinspectorv3.HttpInspector{})
-	slices.Sort(ports)
-	ports = slices.Compact(ports)
+// inboundChains builds c's chains for mode: the HTTP ones run httpFilter (an HTTP manager,
+// shared by them), the TCP ones the network RBAC filters then a tcp_proxy; those terminating
+// mTLS carry the DownstreamTlsContext.
+func (b *builder) inboundChains(c inboundChain, mode authn.Mode, tcpAuthz []*listenerv3.Filter,
+	httpFilter *listenerv3.Filter) []*listenerv3.FilterChain {
+	var out []*listenerv3.FilterChain
+	for _, opt := range inboundChainOptions(c.proto, mode) {
+		fc := &listenerv3.FilterChain{Name: c.name, FilterChainMatch: &listenerv3.FilterChainMatch{
+			TransportProtocol: opt.transport, ApplicationProtocols: opt.alpn}}
+		if c.port != 0 {
+			fc.FilterChainMatch.DestinationPort = wrapperspb.UInt32(c.port)
+		}
+		if opt.http {
+			fc.Name = c.httpName
+			fc.Filters = []*listenerv3.Filter{httpFilter}
+		} else {
+			fc.Filters = append(slices.Clip(tcpAuthz), tcpProxy(c.statPrefix, c.cluster))
+		}
+		if opt.mtls {
+			fc.TransportSocket = b.inboundMTLS(opt.http)
+		}
+		out = append(out, fc)
+	}
+	return out
+}
+
+// inboundListenerFilters are virtualInbound's listener filters, derived from its chains as
+// istiod does: original_dst, then tls_inspector and http_inspector each turned off on the
+// destination ports none of whose chains needs it (a TLS transport protocol match, an HTTP
+// ALPN match). When the passthrough chains (port 0) need tls_inspector it runs everywhere
+// else; otherwise only on the listed ports.
+func inboundListenerFilters(chains []*listenerv3.FilterChain) []*listenerv3.ListenerFilter {
+	type need struct{ tls, http bool }
+	byPort := map[uint32]need{}
+	for _, fc := range chains {
+		m := fc.GetFilterChainMatch()
+		n := byPort[m.GetDestinationPort().GetValue()]
+		n.tls = n.tls || m.GetTransportProtocol() == "tls"
+		n.http = n.http || slices.ContainsFunc(m.GetApplicationProtocols(), func(p string) bool {
+			return p == "http/1.1" || p == "h2c"
+		})
+		byPort[m.GetDestinationPort().GetValue()] = n
+	}
+	ports := slices.Sorted(maps.Keys(byPort))
+	out := []*listenerv3.ListenerFilter{listenerFilter(originalDstFilter, &origdstv3.OriginalDst{})}
+	if slices.ContainsFunc(ports, func(p uint32) bool { return byPort[p].tls }) {
+		f := listenerFilter(tlsInspectorFilter, &tlsinspectorv3.TlsInspector{InitialReadBufferSize: wrapperspb.UInt32(512)})
+		var listed []uint32
+		for _, p := range ports {
+			if p != 0 && byPort[p].tls != byPort[0].tls {
+				listed = append(listed, p)
+			}
+		}
+		if len(listed) > 0 {
+			f.FilterDisabled = portsPredicate(listed)
+			if !byPort[0].tls {
+				f.FilterDisabled = &listenerv3.ListenerFilterChainMatchPredicate{
+					Rule: &listenerv3.ListenerFilterChainMatchPredicate_NotMatch{NotMatch: f.FilterDisabled}}
+			}
+		}
+		out = append(out, f)
+	}
+	if slices.ContainsFunc(ports, func(p uint32) bool { return byPort[p].http }) {
+		f := listenerFilter(httpInspectorFilter, &httpinspectorv3.HttpInspector{})
+		var off []uint32
+		for _, p := range ports {
+			if !byPort[p].http {
+				off = append(off, p)
+			}
+		}
+		if len(off) > 0 {
+			f.FilterDisabled = portsPredicate(off)
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// portsPredicate matches connections to any of ports.
+func portsPredicate(ports []uint32) *listenerv3.ListenerFilterChainMatchPredicate {
 	var rules []*listenerv3.ListenerFilterChainMatchPredicate
 	for _, p := range ports {
 		rules = append(rules, &listenerv3.ListenerFilterChainMatchPredicate{
 			Rule: &listenerv3.ListenerFilterChainMatchPredicate_DestinationPortRange{
 				DestinationPortRange: &typev3.Int32Range{Start: int32(p), End: int32(p) + 1}}})
 	}
-	switch len(rules) {
-	case 0:
-	case 1:
-		f.FilterDisabled = rules[0]
-	default:
-		f.FilterDisabled = &listenerv3.ListenerFilterChainMatchPredicate{
-			Rule: &listenerv3.ListenerFilterChainMatchPredicate_OrMatch{
-				OrMatch: &listenerv3.ListenerFilterChainMatchPredicate_MatchSet{Rules: rules}}}
+	if len(rules) == 1 {
+		return rules[0]
 	}
-	return f
+	return &listenerv3.ListenerFilterChainMatchPredicate{Rule: &listenerv3.ListenerFilterChainMatchPredicate_OrMatch{
+		OrMatch: &listenerv3.ListenerFilterChainMatchPredicate_MatchSet{Rules: rules}}}
 }
 
 // inboundHCM is the HTTP manager of an inbound chain: every request to cluster, the

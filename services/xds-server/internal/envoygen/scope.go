@@ -3,6 +3,7 @@ package envoygen
 import (
 	"log/slog"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 
@@ -34,6 +35,8 @@ type builder struct {
 	topologyLabels map[string]string
 	// nsModes caches the PeerAuthentication mode of destination namespaces (see autoMTLS).
 	nsModes map[string]authn.Mode
+	// mtlsSockets are the inbound mTLS transport sockets for TCP and HTTP chains, built once.
+	mtlsSockets [2]*corev3.TransportSocket
 }
 
 func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *slog.Logger) *builder {
