@@ -183,16 +183,9 @@ func (b *builder) autoMTLS(svc *model.Service, pol translate.Policy) bool {
 	if on := b.snap.Mesh.GetEnableAutoMtls(); (on != nil && !on.GetValue()) || svc.Spec.GetMeshExternal() {
 		return false
 	}
-	if svc.Spec.GetResolution() == discoveryv1.Resolution_NONE ||
-		pol.LB.GetSimple() == networking.LoadBalancerSettings_PASSTHROUGH {
-		if len(svc.Endpoints) == 0 {
-			return false
-		}
-		for _, ep := range svc.Endpoints {
-			if !translate.HasSidecar(ep) {
-				return false
-			}
-		}
+	if (svc.Spec.GetResolution() == discoveryv1.Resolution_NONE ||
+		pol.LB.GetSimple() == networking.LoadBalancerSettings_PASSTHROUGH) && !model.EndpointsInMesh(svc.Endpoints) {
+		return false
 	}
 	return b.namespaceMTLS(svc.Spec.GetNamespace()) != authn.Disable
 }

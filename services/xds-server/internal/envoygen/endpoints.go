@@ -78,7 +78,7 @@ func (b *builder) endpointMTLS(svc *model.Service, port *discoveryv1.Port,
 	}
 	ns := svc.Spec.GetNamespace()
 	return func(ep *discoveryv1.Endpoint) bool {
-		if !translate.HasSidecar(ep) {
+		if ep.GetLabels()[model.TLSModeLabel] != translate.TLSModeIstio {
 			return false
 		}
 		if len(b.snap.PeerAuthentications) == 0 {

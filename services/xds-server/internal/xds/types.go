@@ -164,12 +164,13 @@ func affectedTypes(p *model.Proxy, req *PushRequest, snap *model.Snapshot) map[s
 			}
 		case "PeerAuthentication":
 			// The mTLS chains of inbound listeners of the namespace's workloads (every
-			// workload's for the root namespace), and clusters everywhere: auto mTLS infers
-			// a destination's mode from its namespace's policy.
+			// workload's for the root namespace), and clusters and endpoints everywhere: auto
+			// mTLS infers a destination's mode from its namespace's policy, and Envoy's EDS
+			// marks the endpoints whose own policy does not DISABLE mTLS.
 			if vis.Sees(p.Namespace) || key.Namespace == root {
 				add(resourcev3.ListenerType)
 			}
-			add(resourcev3.ClusterType)
+			add(resourcev3.ClusterType, resourcev3.EndpointType)
 		default: // MeshConfig and kinds without a finer rule.
 			return all
 		}
