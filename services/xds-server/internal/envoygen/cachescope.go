@@ -2,9 +2,11 @@ package envoygen
 
 import (
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
@@ -113,6 +115,48 @@ type snapIndex struct {
 	// failoverLabelKeys are the labels failoverPriority entries name, sorted.
 	localityLB        bool
 	failoverLabelKeys []string
+
+	// identityMu guards identityOf, each service's identities (translate.ServiceIdentities),
+	// computed once per snapshot: every client's mTLS clusters verify them, and they read
+	// every endpoint.
+	identityMu sync.Mutex
+	identityOf map[*model.Service][]string
+	// autoMTLS holds the auto-mTLS transport socket of each cluster ("<h2>|<name>"), which no
+	// proxy input changes, so proxies of every scope share one.
+	autoMTLSMu sync.Mutex
+	autoMTLS   map[string]*corev3.TransportSocket
+}
+
+// autoMTLSSocket returns the auto-mTLS transport socket of cluster name (h2: advertising h2),
+// built by build the first time it is asked for in this snapshot.
+func (ix *snapIndex) autoMTLSSocket(name string, h2 bool, build func() *corev3.TransportSocket) *corev3.TransportSocket {
+	key := strconv.FormatBool(h2) + "|" + name
+	ix.autoMTLSMu.Lock()
+	defer ix.autoMTLSMu.Unlock()
+	ts, ok := ix.autoMTLS[key]
+	if !ok {
+		ts = build()
+		if ix.autoMTLS == nil {
+			ix.autoMTLS = map[string]*corev3.TransportSocket{}
+		}
+		ix.autoMTLS[key] = ts
+	}
+	return ts
+}
+
+// identities are the SPIFFE identities clients accept from svc's endpoints.
+func (ix *snapIndex) identities(svc *model.Service) []string {
+	ix.identityMu.Lock()
+	defer ix.identityMu.Unlock()
+	ids, ok := ix.identityOf[svc]
+	if !ok {
+		ids = translate.ServiceIdentities(svc, ix.snap.Mesh)
+		if ix.identityOf == nil {
+			ix.identityOf = map[*model.Service][]string{}
+		}
+		ix.identityOf[svc] = ids
+	}
+	return ids
 }
 
 type ipEndpoint struct {

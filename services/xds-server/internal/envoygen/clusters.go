@@ -42,7 +42,7 @@ func (b *builder) clusters() []*clusterv3.Cluster {
 			out = append(out, b.inboundCluster(in))
 		}
 	}
-	for _, oc := range b.outboundClusters() {
+	for _, oc := range b.outboundClusters(true) {
 		out = append(out, oc.cluster)
 	}
 	return sortByName(out)
@@ -59,7 +59,9 @@ type outboundCluster struct {
 	tls *networking.ClientTLSSettings
 }
 
-func (b *builder) outboundClusters() []outboundCluster {
+// outboundClusters builds the proxy's outbound clusters; without withTLS, leaving out their
+// TLS settings, which load assignments do not read.
+func (b *builder) outboundClusters(withTLS bool) []outboundCluster {
 	var out []outboundCluster
 	for _, svc := range b.services {
 		host := svc.Spec.GetHostname()
@@ -69,7 +71,7 @@ func (b *builder) outboundClusters() []outboundCluster {
 				pol := translate.TrafficPolicy(specOf(dr), port.GetNumber(), ss.GetName())
 				lb := translate.NewLocalityLB(pol, b.snap.Mesh, b.locality, b.topologyLabels)
 				out = append(out, outboundCluster{svc: svc, port: port, subset: ss, lb: lb, tls: pol.TLS,
-					cluster: b.outboundCluster(svc, port, ss, pol, lb)})
+					cluster: b.outboundCluster(svc, port, ss, pol, lb, withTLS)})
 			}
 		}
 	}
@@ -84,7 +86,7 @@ func (b *builder) connectTimeout() *durationpb.Duration {
 }
 
 func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, subset *networking.Subset,
-	pol translate.Policy, lb *translate.LocalityLB) *clusterv3.Cluster {
+	pol translate.Policy, lb *translate.LocalityLB, withTLS bool) *clusterv3.Cluster {
 	host := svc.Spec.GetHostname()
 	name := ClusterName(port.GetNumber(), subset.GetName(), host)
 	c := &clusterv3.Cluster{
@@ -137,11 +139,23 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 			LocalityWeightedLbConfig: &clusterv3.Cluster_CommonLbConfig_LocalityWeightedLbConfig{}}
 	}
 	t, autoMTLS := pol.TLS, false
-	if t == nil && b.autoMTLS(svc, pol) {
+	if !withTLS {
+		t = nil
+	} else if t == nil && b.autoMTLS(svc, pol) {
 		t, autoMTLS = &networking.ClientTLSSettings{Mode: networking.ClientTLSSettings_ISTIO_MUTUAL}, true
 	}
 	if t != nil {
-		ts, auto := b.upstreamTLS(t, svc, port.GetNumber(), subset.GetName(), h2, log)
+		var ts *corev3.TransportSocket
+		var auto *corev3.UpstreamHttpProtocolOptions
+		if autoMTLS {
+			// The same for every proxy: built once per snapshot.
+			ts = b.ix.autoMTLSSocket(name, h2, func() *corev3.TransportSocket {
+				ts, _ := b.upstreamTLS(t, svc, port.GetNumber(), subset.GetName(), h2, log)
+				return ts
+			})
+		} else {
+			ts, auto = b.upstreamTLS(t, svc, port.GetNumber(), subset.GetName(), h2, log)
+		}
 		c.TransportSocket = ts
 		if autoMTLS && c.GetType() != clusterv3.Cluster_ORIGINAL_DST {
 			// mTLS to the endpoints that have a sidecar (EDS marks them), plaintext to the rest.
@@ -443,7 +457,7 @@ func (b *builder) upstreamTLS(t *networking.ClientTLSSettings, svc *model.Servic
 	case networking.ClientTLSSettings_ISTIO_MUTUAL:
 		sans := t.GetSubjectAltNames()
 		if sans == nil {
-			sans = translate.ServiceIdentities(svc, b.snap.Mesh)
+			sans = b.ix.identities(svc)
 		}
 		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret("default")}
 		common.ValidationContextType = combinedValidation(sans, "ROOTCA")
@@ -467,7 +481,7 @@ func (b *builder) upstreamTLS(t *networking.ClientTLSSettings, svc *model.Servic
 		}
 		sans := t.GetSubjectAltNames()
 		if len(sans) == 0 && svc.Spec.GetRegistry() == "serviceentry" {
-			sans = translate.ServiceIdentities(svc, b.snap.Mesh)
+			sans = b.ix.identities(svc)
 		}
 		mutual := t.GetMode() == networking.ClientTLSSettings_MUTUAL
 		switch {

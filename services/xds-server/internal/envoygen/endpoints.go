@@ -19,7 +19,7 @@ import (
 // endpoints returns a load assignment for every EDS cluster the proxy gets.
 func (b *builder) endpoints() []*endpointv3.ClusterLoadAssignment {
 	var out []*endpointv3.ClusterLoadAssignment
-	for _, oc := range b.outboundClusters() {
+	for _, oc := range b.outboundClusters(false) {
 		if oc.cluster.GetType() != clusterv3.Cluster_EDS {
 			continue
 		}

@@ -33,8 +33,22 @@ func adsConfigSource() *corev3.ConfigSource {
 	}
 }
 
-// sdsSecret names a secret the proxy fetches from its agent over SDS.
+// sdsSecret names a secret the proxy fetches from its agent over SDS. The workload's own
+// ("default") and the mesh root ("ROOTCA"), in every mTLS context, are built once and shared:
+// generated resources are never modified.
 func sdsSecret(name string) *tlsv3.SdsSecretConfig {
+	switch name {
+	case "default":
+		return sdsDefault
+	case "ROOTCA":
+		return sdsRootCA
+	}
+	return newSDSSecret(name)
+}
+
+var sdsDefault, sdsRootCA = newSDSSecret("default"), newSDSSecret("ROOTCA")
+
+func newSDSSecret(name string) *tlsv3.SdsSecretConfig {
 	return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: &corev3.ConfigSource{
 		InitialFetchTimeout: durationpb.New(0),
 		ResourceApiVersion:  corev3.ApiVersion_V3,
