@@ -3,6 +3,7 @@ package envoygen
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"sigs.k8s.io/yaml"
 
@@ -201,17 +204,58 @@ func TestValidate(t *testing.T) {
 					t.Fatalf("%s: no resources generated", np.name)
 				}
 				for _, m := range res {
-					v, ok := m.(interface{ ValidateAll() error })
-					if !ok {
-						t.Fatalf("%T has no ValidateAll", m)
-					}
-					if err := v.ValidateAll(); err != nil {
+					if err := validateDeep(m); err != nil {
 						t.Errorf("%s: %T invalid: %v", np.name, m, err)
 					}
 				}
 			}
 		})
 	}
+}
+
+// validateDeep runs ValidateAll on m and on every message packed in an Any inside it (filter,
+// transport socket and extension configs), which ValidateAll does not open.
+func validateDeep(m proto.Message) error {
+	v, ok := m.(interface{ ValidateAll() error })
+	if !ok {
+		return fmt.Errorf("%T has no ValidateAll", m)
+	}
+	if err := v.ValidateAll(); err != nil {
+		return err
+	}
+	var err error
+	var walk func(protoreflect.Message) bool
+	walk = func(msg protoreflect.Message) bool {
+		if a, ok := msg.Interface().(*anypb.Any); ok {
+			inner, uerr := a.UnmarshalNew()
+			if uerr != nil {
+				return true // a type this binary does not link: nothing to check
+			}
+			if err = validateDeep(inner); err != nil {
+				err = fmt.Errorf("%s: %w", a.GetTypeUrl(), err)
+				return false
+			}
+			return true
+		}
+		msg.Range(func(fd protoreflect.FieldDescriptor, val protoreflect.Value) bool {
+			switch {
+			case fd.IsList() && fd.Message() != nil:
+				for i := range val.List().Len() {
+					if !walk(val.List().Get(i).Message()) {
+						return false
+					}
+				}
+			case fd.IsMap() && fd.MapValue().Message() != nil:
+				val.Map().Range(func(_ protoreflect.MapKey, v protoreflect.Value) bool { return walk(v.Message()) })
+			case !fd.IsList() && !fd.IsMap() && fd.Message() != nil:
+				return walk(val.Message())
+			}
+			return err == nil
+		})
+		return err == nil
+	}
+	walk(m.ProtoReflect())
+	return err
 }
 
 // TestDeterministic guards the golden files and snapshot versions, which rely on the same
