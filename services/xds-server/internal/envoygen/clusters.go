@@ -107,6 +107,13 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 		c.DnsLookupFamily = clusterv3.Cluster_V4_ONLY
 		c.LoadAssignment = b.dnsLoadAssignment(name, svc, port, subset, lb, b.endpointMTLS(svc, port, pol.TLS))
 	case discoveryv1.Resolution_NONE:
+		if b.proxy.IsRouter() {
+			// As istiod: gateways cannot use original-destination clusters (connections reach
+			// them addressed to the gateway), so they balance over the endpoints.
+			c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS}
+			c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsConfigSource(), ServiceName: name}
+			break
+		}
 		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
 		c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
 	default:
