@@ -169,7 +169,7 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 			c.TransportSocket = nil
 			c.TransportSocketMatches = []*clusterv3.Cluster_TransportSocketMatch{
 				{Name: "tlsMode-" + translate.TLSModeIstio, Match: istioTLSModeMatch, TransportSocket: ts},
-				{Name: "tlsMode-disabled", Match: &structpb.Struct{}, TransportSocket: rawBufferTransportSocket()},
+				{Name: "tlsMode-disabled", Match: &structpb.Struct{}, TransportSocket: rawBufferTransportSocket},
 			}
 		}
 		if auto != nil {
@@ -190,10 +190,9 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 var istioTLSModeMatch = &structpb.Struct{Fields: map[string]*structpb.Value{
 	translate.TLSModeKey: structpb.NewStringValue(translate.TLSModeIstio)}}
 
-func rawBufferTransportSocket() *corev3.TransportSocket {
-	return &corev3.TransportSocket{Name: "envoy.transport_sockets.raw_buffer",
-		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&rawbufferv3.RawBuffer{})}}
-}
+// rawBufferTransportSocket is plaintext, shared: generated resources are never modified.
+var rawBufferTransportSocket = &corev3.TransportSocket{Name: "envoy.transport_sockets.raw_buffer",
+	ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&rawbufferv3.RawBuffer{})}}
 
 // autoMTLS reports whether a cluster of svc whose DestinationRule sets no TLS originates
 // Istio mTLS by itself, as istiod decides it: the mesh's enableAutoMtls (on by default), for
