@@ -110,7 +110,7 @@ func (b *builder) virtualInbound() *listenerv3.Listener {
 	peer := authn.ForWorkload(b.snap, b.proxy.Namespace, b.proxy.Labels)
 	ports := b.inboundPorts()
 	passthrough := inboundChain{name: VirtualInboundListener, httpName: VirtualInboundListener + "-catchall-http",
-		cluster: InboundPassthroughCluster, statPrefix: InboundPassthroughCluster, proto: protoSniffed}
+		cluster: InboundPassthroughCluster, proto: protoSniffed}
 	passthroughHTTP := hcmFilterOf(b.inboundHCM(InboundPassthroughCluster, InboundPassthroughCluster, 0))
 	l.FilterChains = append(l.FilterChains, b.inboundChains(passthrough, peer.Mode, tcpAuthz, passthroughHTTP)...)
 	// Ports a PeerAuthentication sets a mode for that no service declares get passthrough
@@ -126,7 +126,7 @@ func (b *builder) virtualInbound() *listenerv3.Listener {
 	for _, in := range ports {
 		name := "0.0.0.0_" + itoa(in.port)
 		cluster := InboundClusterName(in.port)
-		c := inboundChain{name: name, httpName: name, port: in.port, cluster: cluster, statPrefix: cluster, proto: in.proto}
+		c := inboundChain{name: name, httpName: name, port: in.port, cluster: cluster, proto: in.proto}
 		var httpFilter *listenerv3.Filter
 		if in.proto.carriesHTTP() {
 			httpFilter = hcmFilterOf(b.inboundHCM("inbound_"+name, cluster, in.port))
@@ -139,10 +139,10 @@ func (b *builder) virtualInbound() *listenerv3.Listener {
 
 // inboundChain describes the chains of one inbound port (0: the passthrough).
 type inboundChain struct {
-	name, httpName      string // chain names for TCP and HTTP chains
-	port                uint32
-	cluster, statPrefix string
-	proto               protocol
+	name, httpName string // chain names for TCP and HTTP chains
+	port           uint32
+	cluster        string // also the stat prefix of TCP chains, as istiod names them
+	proto          protocol
 }
 
 // inboundChains builds c's chains for mode: the HTTP ones run httpFilter (an HTTP manager,
@@ -161,7 +161,7 @@ func (b *builder) inboundChains(c inboundChain, mode authn.Mode, tcpAuthz []*lis
 			fc.Name = c.httpName
 			fc.Filters = []*listenerv3.Filter{httpFilter}
 		} else {
-			fc.Filters = append(slices.Clip(tcpAuthz), tcpProxy(c.statPrefix, c.cluster))
+			fc.Filters = append(slices.Clip(tcpAuthz), tcpProxy(c.cluster, c.cluster))
 		}
 		if opt.mtls {
 			fc.TransportSocket = b.inboundMTLS(opt.http)
