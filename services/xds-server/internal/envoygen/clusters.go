@@ -55,8 +55,6 @@ type outboundCluster struct {
 	port    *discoveryv1.Port
 	subset  *networking.Subset    // nil for the whole service
 	lb      *translate.LocalityLB // nil without locality load balancing
-	// tls is the DestinationRule's TLS setting for the cluster, nil when it sets none.
-	tls *networking.ClientTLSSettings
 }
 
 // outboundClusters builds the proxy's outbound clusters; without withTLS, leaving out their
@@ -70,7 +68,7 @@ func (b *builder) outboundClusters(withTLS bool) []outboundCluster {
 			for _, ss := range append([]*networking.Subset{nil}, translate.Subsets(specOf(dr))...) {
 				pol := translate.TrafficPolicy(specOf(dr), port.GetNumber(), ss.GetName())
 				lb := translate.NewLocalityLB(pol, b.snap.Mesh, b.locality, b.topologyLabels)
-				out = append(out, outboundCluster{svc: svc, port: port, subset: ss, lb: lb, tls: pol.TLS,
+				out = append(out, outboundCluster{svc: svc, port: port, subset: ss, lb: lb,
 					cluster: b.outboundCluster(svc, port, ss, pol, lb, withTLS)})
 			}
 		}
@@ -105,7 +103,7 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 			c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_LOGICAL_DNS}
 		}
 		c.DnsLookupFamily = clusterv3.Cluster_V4_ONLY
-		c.LoadAssignment = b.dnsLoadAssignment(name, svc, port, subset, lb, b.endpointMTLS(svc, port, pol.TLS))
+		c.LoadAssignment = b.dnsLoadAssignment(name, svc, port, subset, lb, b.endpointMTLS(svc, port, subset.GetName()))
 	case discoveryv1.Resolution_NONE:
 		if b.proxy.IsRouter() {
 			// As istiod: gateways cannot use original-destination clusters (connections reach

@@ -24,7 +24,7 @@ func (b *builder) endpoints() []*endpointv3.ClusterLoadAssignment {
 			continue
 		}
 		out = append(out, translate.LoadAssignmentMTLS(oc.cluster.GetName(), oc.svc, oc.port, oc.subset, oc.lb,
-			b.endpointMTLS(oc.svc, oc.port, oc.tls)))
+			b.endpointMTLS(oc.svc, oc.port, oc.subset.GetName())))
 	}
 	slices.SortStableFunc(out, func(a, b *endpointv3.ClusterLoadAssignment) int {
 		return strings.Compare(a.GetClusterName(), b.GetClusterName())
@@ -65,13 +65,13 @@ func (b *builder) dnsLoadAssignment(name string, svc *model.Service, port *disco
 }
 
 // endpointMTLS tells which endpoints of a cluster take Istio mTLS, as istiod marks them in EDS:
-// all of them when the DestinationRule's TLS for the cluster is ISTIO_MUTUAL, none under
-// another TLS mode; without one, those whose workload has a sidecar and whose
-// PeerAuthentication does not DISABLE mTLS on the port they serve.
-func (b *builder) endpointMTLS(svc *model.Service, port *discoveryv1.Port,
-	tls *networking.ClientTLSSettings) func(*discoveryv1.Endpoint) bool {
-	if tls != nil {
-		if tls.GetMode() != networking.ClientTLSSettings_ISTIO_MUTUAL {
+// all of them when the DestinationRule's TLS mode for the cluster is ISTIO_MUTUAL, none under
+// another mode; without one, those whose workload has a sidecar and whose PeerAuthentication
+// does not DISABLE mTLS on the port they serve.
+func (b *builder) endpointMTLS(svc *model.Service, port *discoveryv1.Port, subset string) func(*discoveryv1.Endpoint) bool {
+	dr := b.binds.DestinationRule(svc.Spec.GetHostname())
+	if mode, ok := destinationRuleTLSMode(specOf(dr), port.GetNumber(), subset); ok {
+		if mode != networking.ClientTLSSettings_ISTIO_MUTUAL {
 			return nil
 		}
 		return func(*discoveryv1.Endpoint) bool { return true }
@@ -86,4 +86,36 @@ func (b *builder) endpointMTLS(svc *model.Service, port *discoveryv1.Port,
 		}
 		return authn.ForWorkload(b.snap, ns, ep.GetLabels()).ModeFor(translate.EndpointPort(ep, port)) != authn.Disable
 	}
+}
+
+// destinationRuleTLSMode is the TLS mode a DestinationRule sets for a cluster as istiod's EDS
+// reads it (its mtls_checker, which differs from the cluster's policy merge): for a subset,
+// the subset's policy, else the rule's; in a policy, the port's level setting, else its own;
+// ok is false when none sets TLS (or the subset does not exist).
+func destinationRuleTLSMode(dr *networking.DestinationRule, port uint32, subset string) (networking.ClientTLSSettings_TLSmode, bool) {
+	if dr == nil {
+		return 0, false
+	}
+	if subset != "" {
+		ss := translate.Subset(dr, subset)
+		if ss == nil {
+			return 0, false
+		}
+		if mode, ok := policyTLSMode(ss.GetTrafficPolicy(), port); ok {
+			return mode, true
+		}
+	}
+	return policyTLSMode(dr.GetTrafficPolicy(), port)
+}
+
+func policyTLSMode(tp *networking.TrafficPolicy, port uint32) (networking.ClientTLSSettings_TLSmode, bool) {
+	for _, pls := range tp.GetPortLevelSettings() {
+		if pls.GetPort().GetNumber() == port && pls.GetTls() != nil {
+			return pls.GetTls().GetMode(), true
+		}
+	}
+	if t := tp.GetTls(); t != nil {
+		return t.GetMode(), true
+	}
+	return 0, false
 }
