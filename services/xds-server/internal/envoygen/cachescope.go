@@ -1,6 +1,7 @@
 package envoygen
 
 import (
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	security "istio.io/api/security/v1beta1"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/authz"
@@ -115,6 +117,9 @@ type snapIndex struct {
 	// failoverLabelKeys are the labels failoverPriority entries name, sorted.
 	localityLB        bool
 	failoverLabelKeys []string
+	// peerDisables is set when some PeerAuthentication DISABLEs mTLS (for all ports or one):
+	// only then must EDS resolve each endpoint's policy.
+	peerDisables bool
 
 	// identityMu guards identityOf, each service's identities (translate.ServiceIdentities),
 	// computed once per snapshot: every client's mTLS clusters verify them, and they read
@@ -226,6 +231,12 @@ func newSnapIndex(snap *model.Snapshot) *snapIndex {
 	ix.routerLabelKeys = translate.SortedKeys(keys)
 	ix.securityLabelKeys = authz.SelectorLabelKeys(snap)
 	ix.localityLB, ix.failoverLabelKeys = translate.LocalityInputs(snap)
+	ix.peerDisables = slices.ContainsFunc(snap.PeerAuthentications, func(c model.Config[*security.PeerAuthentication]) bool {
+		disables := func(m *security.PeerAuthentication_MutualTLS) bool {
+			return m.GetMode() == security.PeerAuthentication_MutualTLS_DISABLE
+		}
+		return disables(c.Spec.GetMtls()) || slices.ContainsFunc(slices.Collect(maps.Values(c.Spec.GetPortLevelMtls())), disables)
+	})
 	return ix
 }
 

@@ -81,7 +81,7 @@ func (b *builder) endpointMTLS(svc *model.Service, port *discoveryv1.Port, subse
 		if ep.GetLabels()[model.TLSModeLabel] != translate.TLSModeIstio {
 			return false
 		}
-		if len(b.snap.PeerAuthentications) == 0 {
+		if !b.ix.peerDisables {
 			return true
 		}
 		return authn.ForWorkload(b.snap, ns, ep.GetLabels()).ModeFor(translate.EndpointPort(ep, port)) != authn.Disable
