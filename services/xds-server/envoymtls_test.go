@@ -167,4 +167,3 @@ spec:
 	await("no auto-mTLS", resource.ClusterType, autoMTLS(false))
 	await("endpoint unmarked by DISABLE", resource.EndpointType, marked(false))
 }
-
