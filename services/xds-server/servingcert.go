@@ -22,7 +22,13 @@ const (
 // pair, handshakes fail (clients retry).
 func FolderTLS(dir string) *tls.Config {
 	fc := &folderCert{dir: dir}
-	return &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: fc.get, NextProtos: []string{"h2"}}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12, GetCertificate: fc.get, NextProtos: []string{"h2"},
+		// Workloads with a certificate from the ca present it (mTLS, as to istiod's 15012); it
+		// is verified against the trust bundle per stream, so a client without one still
+		// connects.
+		ClientAuth: tls.RequestClientCert,
+	}
 }
 
 type folderCert struct {
