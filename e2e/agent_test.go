@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,9 +20,14 @@ import (
 	_ "google.golang.org/grpc/credentials/tls/certprovider/pemfile" // registers file_watcher
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/peer"
+	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"sailplane.dev/e2e/framework"
+	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/tools/testenv"
 )
 
 // TestAgentMTLS: the ca and two agents as real binaries; each agent gets its workload's
@@ -191,4 +198,107 @@ func (identityEcho) UnaryCall(ctx context.Context, _ *testpb.SimpleRequest) (*te
 	}
 	leaf := info.State.PeerCertificates[0]
 	return &testpb.SimpleResponse{ServerId: leaf.URIs[0].String(), Hostname: leaf.SerialNumber.Text(16)}, nil
+}
+
+// TestAgentTokenAuth: the ca in Kubernetes mode on a real API server and the agent binary with
+// a service-account token file, as in a pod (TokenRequest, audience istio-ca, and the
+// istio-ca-root-cert ConfigMap as its root). The ca reviews the token and signs the token's
+// identity; the agent writes the certificate and renews it before it expires (with the
+// certificate it holds), every certificate naming that identity and chaining to the root.
+func TestAgentTokenAuth(t *testing.T) {
+	k := testenv.KubeForTest(t)
+	kube := framework.NewKube(t, k.RestConfig())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	id := spiffe.ID{TrustDomain: "cluster.local", Namespace: "shop", ServiceAccount: "cart"}
+	kube.EnsureNamespace(t, "istio-system") // where the ca keeps istio-ca-secret
+	kube.EnsureNamespace(t, id.Namespace)
+	cs := kube.Clientset
+	if _, err := cs.CoreV1().ServiceAccounts(id.Namespace).Create(ctx,
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: id.ServiceAccount}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := cs.CoreV1().ServiceAccounts(id.Namespace).CreateToken(ctx, id.ServiceAccount, &authnv1.TokenRequest{
+		Spec: authnv1.TokenRequestSpec{Audiences: []string{"istio-ca"}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	caAddr := framework.FreeAddr(t)
+	ca := framework.Start(t, t.TempDir(), framework.Binary(t, "ca"), "--kubernetes=true", "--kubeconfig", k.KubeconfigPath(),
+		"--ca-listen", caAddr, "--bus-listen", framework.FreeAddr(t), "--log-level", "debug")
+
+	// The pod's mounts: the projected token and the namespace's istio-ca-root-cert.
+	dir := t.TempDir()
+	var rootPEM string
+	framework.Eventually(t, time.Minute, func() error {
+		cm, err := cs.CoreV1().ConfigMaps(id.Namespace).Get(ctx, "istio-ca-root-cert", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		rootPEM = cm.Data[pki.RootCertFile]
+		return nil
+	})
+	framework.WriteFile(t, dir, "var/run/secrets/istio/root-cert.pem", rootPEM)
+	framework.WriteFile(t, dir, "var/run/secrets/tokens/istio-token", tr.Status.Token)
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM([]byte(rootPEM)) {
+		t.Fatalf("istio-ca-root-cert holds no root:\n%s", rootPEM)
+	}
+
+	ready := framework.FreeAddr(t)
+	framework.Start(t, dir, framework.Binary(t, "agent"),
+		"--ca-address", caAddr, "--root-cert", "var/run/secrets/istio/root-cert.pem",
+		"--token-file", "var/run/secrets/tokens/istio-token", "--readiness-address", ready,
+		"--output-dir", "certs", "--xds-address", "127.0.0.1:15010",
+		"--pod", "cart-0", "--ip", "127.0.0.1", "--cert-ttl", "8s", "--file-refresh", "1s")
+
+	// Each certificate written: the token's identity, the root's signature, a fresh serial.
+	certFile := filepath.Join(dir, "certs", pki.CertChainFile)
+	serials := map[string]bool{}
+	framework.Eventually(t, time.Minute, func() error {
+		data, err := os.ReadFile(certFile)
+		if err != nil {
+			return err
+		}
+		chain, err := pki.ParseCerts(data)
+		if err != nil {
+			return err
+		}
+		leaf := chain[0]
+		if len(leaf.URIs) != 1 || leaf.URIs[0].String() != id.String() {
+			t.Fatalf("certificate URI SANs %v, want [%s]", leaf.URIs, id)
+		}
+		inter := x509.NewCertPool()
+		for _, c := range chain[1:] {
+			inter.AddCert(c)
+		}
+		if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter,
+			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+			t.Fatalf("certificate does not verify with istio-ca-root-cert: %v", err)
+		}
+		serials[leaf.SerialNumber.Text(16)] = true
+		if len(serials) < 3 {
+			return fmt.Errorf("%d certificate(s) seen, waiting for two renewals", len(serials))
+		}
+		return nil
+	})
+
+	// The first signature was for the reviewed token, renewals for the agent's certificate.
+	var viaToken, viaCert int
+	for line := range strings.Lines(ca.Log()) {
+		if !strings.Contains(line, "msg=signed") || !strings.Contains(line, "identity="+id.String()) {
+			continue
+		}
+		switch {
+		case strings.Contains(line, "auth=token"):
+			viaToken++
+		case strings.Contains(line, "auth=certificate"):
+			viaCert++
+		}
+	}
+	if viaToken == 0 || viaCert == 0 {
+		t.Errorf("the ca signed %d time(s) for the token and %d for a certificate, want both:\n%s", viaToken, viaCert, ca.Log())
+	}
 }
