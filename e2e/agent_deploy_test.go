@@ -21,6 +21,7 @@ import (
 
 	"sailplane.dev/e2e/framework"
 	"sailplane.dev/shared/pki"
+	"sailplane.dev/shared/spiffe"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -183,9 +184,9 @@ func TestAgentSidecarManifest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("spiffe://cluster.local/ns/%s/sa/%s", dep.Namespace, pod.ServiceAccountName)
-	if uris := chain[0].URIs; len(uris) != 1 || uris[0].String() != want {
-		t.Errorf("certificate URI SANs %v, want [%s]", uris, want)
+	_, roots := meshRoot(ctx, t, kube, dep.Namespace)
+	if err := checkWorkloadCert(chain, roots, spiffe.ID{TrustDomain: "cluster.local", Namespace: dep.Namespace, ServiceAccount: pod.ServiceAccountName}); err != nil {
+		t.Error(err)
 	}
 
 	// The application reads the bootstrap at GRPC_XDS_BOOTSTRAP and the files it names, each

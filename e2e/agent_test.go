@@ -20,9 +20,6 @@ import (
 	_ "google.golang.org/grpc/credentials/tls/certprovider/pemfile" // registers file_watcher
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/peer"
-	authnv1 "k8s.io/api/authentication/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"sailplane.dev/e2e/framework"
 	"sailplane.dev/shared/pki"
@@ -212,40 +209,16 @@ func TestAgentTokenAuth(t *testing.T) {
 	defer cancel()
 	id := spiffe.ID{TrustDomain: "cluster.local", Namespace: "shop", ServiceAccount: "cart"}
 	kube.EnsureNamespace(t, "istio-system") // where the ca keeps istio-ca-secret
-	kube.EnsureNamespace(t, id.Namespace)
-	cs := kube.Clientset
-	if _, err := cs.CoreV1().ServiceAccounts(id.Namespace).Create(ctx,
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: id.ServiceAccount}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := cs.CoreV1().ServiceAccounts(id.Namespace).CreateToken(ctx, id.ServiceAccount, &authnv1.TokenRequest{
-		Spec: authnv1.TokenRequestSpec{Audiences: []string{"istio-ca"}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-
+	token := workloadToken(ctx, t, kube, id)
 	caAddr := framework.FreeAddr(t)
 	ca := framework.Start(t, t.TempDir(), framework.Binary(t, "ca"), "--kubernetes=true", "--kubeconfig", k.KubeconfigPath(),
 		"--ca-listen", caAddr, "--bus-listen", framework.FreeAddr(t), "--log-level", "debug")
 
 	// The pod's mounts: the projected token and the namespace's istio-ca-root-cert.
 	dir := t.TempDir()
-	var rootPEM string
-	framework.Eventually(t, time.Minute, func() error {
-		cm, err := cs.CoreV1().ConfigMaps(id.Namespace).Get(ctx, "istio-ca-root-cert", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		rootPEM = cm.Data[pki.RootCertFile]
-		return nil
-	})
+	rootPEM, roots := meshRoot(ctx, t, kube, id.Namespace)
 	framework.WriteFile(t, dir, "var/run/secrets/istio/root-cert.pem", rootPEM)
-	framework.WriteFile(t, dir, "var/run/secrets/tokens/istio-token", tr.Status.Token)
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM([]byte(rootPEM)) {
-		t.Fatalf("istio-ca-root-cert holds no root:\n%s", rootPEM)
-	}
+	framework.WriteFile(t, dir, "var/run/secrets/tokens/istio-token", token)
 
 	ready := framework.FreeAddr(t)
 	framework.Start(t, dir, framework.Binary(t, "agent"),
@@ -266,18 +239,10 @@ func TestAgentTokenAuth(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		if err := checkWorkloadCert(chain, roots, id); err != nil {
+			t.Fatal(err)
+		}
 		leaf := chain[0]
-		if len(leaf.URIs) != 1 || leaf.URIs[0].String() != id.String() {
-			t.Fatalf("certificate URI SANs %v, want [%s]", leaf.URIs, id)
-		}
-		inter := x509.NewCertPool()
-		for _, c := range chain[1:] {
-			inter.AddCert(c)
-		}
-		if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter,
-			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-			t.Fatalf("certificate does not verify with istio-ca-root-cert: %v", err)
-		}
 		serials[leaf.SerialNumber.Text(16)] = true
 		if len(serials) < 3 {
 			return fmt.Errorf("%d certificate(s) seen, waiting for two renewals", len(serials))

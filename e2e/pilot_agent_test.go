@@ -21,7 +21,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
-	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -95,13 +94,8 @@ func testIstioPilotAgent(t *testing.T, pilotAgent string, start func(*testing.T,
 	defer cancel()
 
 	id := spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAccount: "web"}
-	kube.EnsureNamespace(t, id.Namespace)
-	cs := kube.Clientset
-	if _, err := cs.CoreV1().ServiceAccounts(id.Namespace).Create(ctx,
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: id.ServiceAccount}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cs.CoreV1().Services(id.Namespace).Create(ctx, &corev1.Service{
+	token := workloadToken(ctx, t, kube, id)
+	if _, err := kube.Clientset.CoreV1().Services(id.Namespace).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: id.Namespace},
 		Spec: corev1.ServiceSpec{
 			Selector: map[string]string{"app": "echo"},
@@ -110,32 +104,13 @@ func testIstioPilotAgent(t *testing.T, pilotAgent string, start func(*testing.T,
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	tr, err := cs.CoreV1().ServiceAccounts(id.Namespace).CreateToken(ctx, id.ServiceAccount, &authnv1.TokenRequest{
-		Spec: authnv1.TokenRequestSpec{Audiences: []string{"istio-ca"}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-
 	// What a pod would have mounted: the namespace's istio-ca-root-cert, which the ca writes.
-	var rootPEM string
-	framework.Eventually(t, time.Minute, func() error {
-		cm, err := cs.CoreV1().ConfigMaps(id.Namespace).Get(ctx, "istio-ca-root-cert", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		rootPEM = cm.Data["root-cert.pem"]
-		return nil
-	})
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM([]byte(rootPEM)) {
-		t.Fatalf("ConfigMap %s/istio-ca-root-cert holds no root:\n%s", id.Namespace, rootPEM)
-	}
+	rootPEM, roots := meshRoot(ctx, t, kube, id.Namespace)
 
 	// pilot-agent's default paths are relative to its working folder, as in its container.
 	dir := t.TempDir()
 	framework.WriteFile(t, dir, "var/run/secrets/istio/root-cert.pem", rootPEM)
-	framework.WriteFile(t, dir, "var/run/secrets/tokens/istio-token", tr.Status.Token)
+	framework.WriteFile(t, dir, "var/run/secrets/tokens/istio-token", token)
 	if err := os.MkdirAll(filepath.Join(dir, "etc/certs"), 0o755); err != nil { // pilot-agent writes into it
 		t.Fatal(err)
 	}
@@ -180,17 +155,8 @@ func testIstioPilotAgent(t *testing.T, pilotAgent string, start func(*testing.T,
 		chain, err = pki.ParseCerts(data)
 		return err
 	})
-	leaf := chain[0]
-	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != id.String() {
-		t.Errorf("workload certificate URI SANs %v, want [%s]", leaf.URIs, id)
-	}
-	intermediates := x509.NewCertPool()
-	for _, c := range chain[1:] {
-		intermediates.AddCert(c)
-	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: intermediates,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-		t.Errorf("workload certificate does not verify with istio-ca-root-cert: %v", err)
+	if err := checkWorkloadCert(chain, roots, id); err != nil {
+		t.Errorf("pilot-agent's workload certificate: %v", err)
 	}
 
 	// Envoy's side: ADS on the agent's socket, with a sidecar's node.
