@@ -53,21 +53,32 @@ var securedKubeTopologies = []struct {
 			"--xds-listen=", "--xds-tls-listen", secure, "--bus-listen", framework.FreeAddr(t), "--log-level", "debug")
 		return securedOnKube{ca: secure, xds: secure, xdsLog: p}
 	}},
-	// The ca on its own port keeps xds-server's serving certificate in a folder and publishes
-	// the trust bundle xds-server verifies client certificates with.
+	// The ca on its own port; each service gets its certificate from it with its service
+	// account's token (mTLS buses), xds-server serves 15012 with its own (istiod's names) and
+	// verifies client certificates with the trust bundle from the ca's bus.
 	{"microservices", func(t *testing.T, k *testenv.Kube, kube *framework.Kube) securedOnKube {
 		kube.Apply(t, meshConfigMap)
 		dir := t.TempDir()
 		configBus, registryBus, caBus := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
 		caAddr, secure := framework.FreeAddr(t), framework.FreeAddr(t)
-		framework.Start(t, dir, framework.Binary(t, "config-ingest"), "--kubeconfig", k.KubeconfigPath(),
-			"--config-source", "kubernetes", "--bus-listen", configBus)
-		framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"), "--kubeconfig", k.KubeconfigPath(),
-			"--kubernetes", "on", "--config-bus", configBus, "--bus-listen", registryBus)
 		framework.Start(t, dir, framework.Binary(t, "ca"), "--kubernetes=true", "--kubeconfig", k.KubeconfigPath(),
-			"--ca-listen", caAddr, "--serving-cert-dir", "var/xds-cert", "--bus-listen", caBus, "--config-bus", configBus)
-		p := framework.Start(t, dir, framework.Binary(t, "xds-server"), "--config-bus", configBus, "--registry-bus", registryBus,
-			"--ca-bus", caBus, "--xds-listen=", "--xds-tls-listen", secure, "--tls-cert-dir", "var/xds-cert", "--log-level", "debug")
+			"--ca-listen", caAddr, "--bus-listen", caBus)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		rootPEM, _ := meshRoot(ctx, t, kube, "istio-system")
+		framework.WriteFile(t, dir, "root-cert.pem", rootPEM)
+		identity := func(sa string) []string {
+			token := "var/run/secrets/" + sa + "/istio-token"
+			framework.WriteFile(t, dir, token, kube.ServiceAccountToken(t, "istio-system", sa, "istio-ca"))
+			return []string{"--ca-address", caAddr, "--ca-root-cert", "root-cert.pem", "--ca-token-file", token}
+		}
+		framework.Start(t, dir, framework.Binary(t, "config-ingest"), append(identity("config-ingest"),
+			"--kubeconfig", k.KubeconfigPath(), "--config-source", "kubernetes", "--bus-listen", configBus)...)
+		framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"), append(identity("endpoint-watcher"),
+			"--kubeconfig", k.KubeconfigPath(), "--kubernetes", "on", "--config-bus", configBus, "--bus-listen", registryBus)...)
+		p := framework.Start(t, dir, framework.Binary(t, "xds-server"), append(identity("xds-server"),
+			"--config-bus", configBus, "--registry-bus", registryBus, "--ca-bus", caBus,
+			"--xds-listen=", "--xds-tls-listen", secure, "--log-level", "debug")...)
 		return securedOnKube{ca: caAddr, xds: secure, xdsLog: p}
 	}},
 }
@@ -174,16 +185,26 @@ func testIstioPilotAgent(t *testing.T, pilotAgent string, start func(*testing.T,
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clusters := adsNames(t, stream, node, "type.googleapis.com/envoy.config.cluster.v3.Cluster")
+	// A stream opened before xds-server has its first full state is refused (Unavailable), as
+	// istiod's would be; Envoy retries, and so does this.
+	var stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	var clusters []string
+	framework.Eventually(t, 2*time.Minute, func() error {
+		var err error
+		if stream, err = discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx); err != nil {
+			return err
+		}
+		clusters, err = adsNames(stream, node, "type.googleapis.com/envoy.config.cluster.v3.Cluster")
+		return err
+	})
 	wantCluster := fmt.Sprintf("outbound|%d||echo.%s.svc.cluster.local", echoPort, id.Namespace)
 	if !slices.Contains(clusters, wantCluster) || !slices.Contains(clusters, "PassthroughCluster") {
 		t.Errorf("clusters through pilot-agent %v, want %s and PassthroughCluster among them", clusters, wantCluster)
 	}
-	listeners := adsNames(t, stream, node, "type.googleapis.com/envoy.config.listener.v3.Listener")
+	listeners, err := adsNames(stream, node, "type.googleapis.com/envoy.config.listener.v3.Listener")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !slices.Contains(listeners, "virtualOutbound") || !slices.Contains(listeners, "virtualInbound") {
 		t.Errorf("listeners through pilot-agent %v, want virtualOutbound and virtualInbound among them", listeners)
 	}
@@ -206,16 +227,15 @@ func testIstioPilotAgent(t *testing.T, pilotAgent string, start func(*testing.T,
 
 // adsNames asks for every resource of typeURL on stream and returns the names of the first
 // answer, ACKing it.
-func adsNames(t *testing.T, stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient,
-	node *corev3.Node, typeURL string) []string {
-	t.Helper()
+func adsNames(stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient,
+	node *corev3.Node, typeURL string) ([]string, error) {
 	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: typeURL}); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
-			t.Fatalf("ADS through pilot-agent: %v", err)
+			return nil, fmt.Errorf("ADS through pilot-agent: %w", err)
 		}
 		if resp.GetTypeUrl() != typeURL {
 			continue
@@ -224,19 +244,16 @@ func adsNames(t *testing.T, stream discoveryv3.AggregatedDiscoveryService_Stream
 		for _, a := range resp.GetResources() {
 			m, err := a.UnmarshalNew()
 			if err != nil {
-				t.Fatalf("%s: %v", typeURL, err)
+				return nil, fmt.Errorf("%s: %w", typeURL, err)
 			}
 			named, ok := m.(interface{ GetName() string })
 			if !ok {
-				t.Fatalf("%s answered with %T", typeURL, m)
+				return nil, fmt.Errorf("%s answered with %T", typeURL, m)
 			}
 			names = append(names, named.GetName())
 		}
-		if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: typeURL,
-			VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}); err != nil {
-			t.Fatal(err)
-		}
-		return names
+		return names, stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: typeURL,
+			VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
 	}
 }
 
