@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,7 +22,9 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"sailplane.dev/e2e/framework"
+	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/tools/testenv"
 )
 
 // TestAgentMTLS: the ca and two agents as real binaries; each agent gets its workload's
@@ -191,4 +195,75 @@ func (identityEcho) UnaryCall(ctx context.Context, _ *testpb.SimpleRequest) (*te
 	}
 	leaf := info.State.PeerCertificates[0]
 	return &testpb.SimpleResponse{ServerId: leaf.URIs[0].String(), Hostname: leaf.SerialNumber.Text(16)}, nil
+}
+
+// TestAgentTokenAuth: the ca in Kubernetes mode on a real API server and the agent binary with
+// a service-account token file, as in a pod (TokenRequest, audience istio-ca, and the
+// istio-ca-root-cert ConfigMap as its root). The ca reviews the token and signs the token's
+// identity; the agent writes the certificate and renews it before it expires (with the
+// certificate it holds), every certificate naming that identity and chaining to the root.
+func TestAgentTokenAuth(t *testing.T) {
+	k := testenv.KubeForTest(t)
+	kube := framework.NewKube(t, k.RestConfig())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	id := spiffe.ID{TrustDomain: "cluster.local", Namespace: "shop", ServiceAccount: "cart"}
+	kube.EnsureNamespace(t, "istio-system") // where the ca keeps istio-ca-secret
+	token := workloadToken(ctx, t, kube, id)
+	caAddr := framework.FreeAddr(t)
+	ca := framework.Start(t, t.TempDir(), framework.Binary(t, "ca"), "--kubernetes=true", "--kubeconfig", k.KubeconfigPath(),
+		"--ca-listen", caAddr, "--bus-listen", framework.FreeAddr(t), "--log-level", "debug")
+
+	// The pod's mounts: the projected token and the namespace's istio-ca-root-cert.
+	dir := t.TempDir()
+	rootPEM, roots := meshRoot(ctx, t, kube, id.Namespace)
+	framework.WriteFile(t, dir, "var/run/secrets/istio/root-cert.pem", rootPEM)
+	framework.WriteFile(t, dir, "var/run/secrets/tokens/istio-token", token)
+
+	ready := framework.FreeAddr(t)
+	framework.Start(t, dir, framework.Binary(t, "agent"),
+		"--ca-address", caAddr, "--root-cert", "var/run/secrets/istio/root-cert.pem",
+		"--token-file", "var/run/secrets/tokens/istio-token", "--readiness-address", ready,
+		"--output-dir", "certs", "--xds-address", "127.0.0.1:15010",
+		"--pod", "cart-0", "--ip", "127.0.0.1", "--cert-ttl", "8s", "--file-refresh", "1s")
+
+	// Each certificate written: the token's identity, the root's signature, a fresh serial.
+	certFile := filepath.Join(dir, "certs", pki.CertChainFile)
+	serials := map[string]bool{}
+	framework.Eventually(t, time.Minute, func() error {
+		data, err := os.ReadFile(certFile)
+		if err != nil {
+			return err
+		}
+		chain, err := pki.ParseCerts(data)
+		if err != nil {
+			return err
+		}
+		if err := checkWorkloadCert(chain, roots, id); err != nil {
+			t.Fatal(err)
+		}
+		leaf := chain[0]
+		serials[leaf.SerialNumber.Text(16)] = true
+		if len(serials) < 3 {
+			return fmt.Errorf("%d certificate(s) seen, waiting for two renewals", len(serials))
+		}
+		return nil
+	})
+
+	// The first signature was for the reviewed token, renewals for the agent's certificate.
+	var viaToken, viaCert int
+	for line := range strings.Lines(ca.Log()) {
+		if !strings.Contains(line, "msg=signed") || !strings.Contains(line, "identity="+id.String()) {
+			continue
+		}
+		switch {
+		case strings.Contains(line, "auth=token"):
+			viaToken++
+		case strings.Contains(line, "auth=certificate"):
+			viaCert++
+		}
+	}
+	if viaToken == 0 || viaCert == 0 {
+		t.Errorf("the ca signed %d time(s) for the token and %d for a certificate, want both:\n%s", viaToken, viaCert, ca.Log())
+	}
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,6 +19,8 @@ import (
 
 	"sailplane.dev/e2e/framework"
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/pki"
+	"sailplane.dev/shared/spiffe"
 	"sailplane.dev/shared/workloadcert"
 	"sailplane.dev/tools/testenv"
 )
@@ -262,6 +266,62 @@ func allOf(counts map[string]int, ids ...string) error {
 		if counts[id] == 0 {
 			return fmt.Errorf("no RPC reached %s (got %v)", id, counts)
 		}
+	}
+	return nil
+}
+
+// workloadToken creates the ServiceAccount of id and returns a token of it for the ca
+// (TokenRequest, audience istio-ca), as a pod's projected volume holds it.
+func workloadToken(ctx context.Context, t *testing.T, kube *framework.Kube, id spiffe.ID) string {
+	t.Helper()
+	kube.EnsureNamespace(t, id.Namespace)
+	sas := kube.Clientset.CoreV1().ServiceAccounts(id.Namespace)
+	if _, err := sas.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: id.ServiceAccount}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := sas.CreateToken(ctx, id.ServiceAccount, &authnv1.TokenRequest{
+		Spec: authnv1.TokenRequestSpec{Audiences: []string{"istio-ca"}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr.Status.Token
+}
+
+// meshRoot waits for the istio-ca-root-cert ConfigMap the ca writes in ns and returns its root,
+// as PEM and as a pool.
+func meshRoot(ctx context.Context, t *testing.T, kube *framework.Kube, ns string) (string, *x509.CertPool) {
+	t.Helper()
+	var rootPEM string
+	framework.Eventually(t, time.Minute, func() error {
+		cm, err := kube.Clientset.CoreV1().ConfigMaps(ns).Get(ctx, "istio-ca-root-cert", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		rootPEM = cm.Data[pki.RootCertFile]
+		return nil
+	})
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM([]byte(rootPEM)) {
+		t.Fatalf("ConfigMap %s/istio-ca-root-cert holds no root:\n%s", ns, rootPEM)
+	}
+	return rootPEM, roots
+}
+
+// checkWorkloadCert reports whether chain (leaf first) is a client certificate for id alone
+// that roots verify.
+func checkWorkloadCert(chain []*x509.Certificate, roots *x509.CertPool, id spiffe.ID) error {
+	leaf := chain[0]
+	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != id.String() {
+		return fmt.Errorf("certificate URI SANs %v, want [%s]", leaf.URIs, id)
+	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		return fmt.Errorf("certificate does not verify with istio-ca-root-cert: %w", err)
 	}
 	return nil
 }

@@ -84,6 +84,18 @@ func Start(t testing.TB, dir, bin string, args ...string) *Process {
 // holds for a control plane that does not run as root, such as file permissions.
 func StartAs(t testing.TB, user *syscall.Credential, dir, bin string, args ...string) *Process {
 	t.Helper()
+	return start(t, user, nil, dir, bin, args...)
+}
+
+// StartEnv is Start with environment variables (KEY=value) added to the test's, for binaries
+// configured through their environment such as Istio's pilot-agent.
+func StartEnv(t testing.TB, env []string, dir, bin string, args ...string) *Process {
+	t.Helper()
+	return start(t, nil, env, dir, bin, args...)
+}
+
+func start(t testing.TB, user *syscall.Credential, env []string, dir, bin string, args ...string) *Process {
+	t.Helper()
 	name := filepath.Base(bin)
 	logFile := filepath.Join(t.TempDir(), name+".log")
 	f, err := os.Create(logFile)
@@ -92,6 +104,9 @@ func StartAs(t testing.TB, user *syscall.Credential, dir, bin string, args ...st
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: user}
 	if err := cmd.Start(); err != nil {

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
 )
@@ -158,7 +159,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, mesh: deps.Mesh, ready: make(chan struct{}), rotated: make(chan struct{})}
 	if cfg.Kube != nil {
-		c, err := kubernetes.NewForConfig(cfg.Kube)
+		c, err := kubernetes.NewForConfig(kube.WithRateLimits(cfg.Kube))
 		if err != nil {
 			return nil, fmt.Errorf("ca: kubernetes client: %w", err)
 		}

@@ -68,6 +68,46 @@ func (e *kubeEnv) token(t testing.TB, ns, sa string, audiences ...string) string
 	return tr.Status.Token
 }
 
+// tokens creates a ServiceAccount and asks the API server for n distinct tokens of it.
+func (e *kubeEnv) tokens(t testing.TB, ns, sa string, n int) []string {
+	t.Helper()
+	e.token(t, ns, sa, "istio-ca") // creates the ServiceAccount
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	tokens := make([]string, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, 1)
+	next := make(chan int, n)
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	for range 8 {
+		wg.Go(func() {
+			for i := range next {
+				tr, err := e.client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authnv1.TokenRequest{
+					Spec: authnv1.TokenRequestSpec{Audiences: []string{"istio-ca"}},
+				}, metav1.CreateOptions{})
+				if err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+					return
+				}
+				tokens[i] = tr.Status.Token
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	return tokens
+}
+
 func TestKubernetes(t *testing.T) {
 	env := newKubeEnv(t)
 	t.Run("TokenAuth", func(t *testing.T) { testTokenAuth(t, env) })

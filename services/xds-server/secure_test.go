@@ -5,9 +5,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"net/url"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 
 	securityv1 "sailplane.dev/proto/security/v1"
@@ -15,6 +18,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/spiffe"
 )
 
 // TestSecureListenerAndTrustBundle: with only SecureListen set the plaintext port is off, the
@@ -91,5 +95,57 @@ func TestSecureListenerNeedsTLS(t *testing.T) {
 	_, err := New(Config{SecureListen: "127.0.0.1:0"}, Deps{Config: fakebus.New(), Registry: fakebus.New()})
 	if !errors.Is(err, ErrMissingDependency) {
 		t.Fatalf("New: %v, want ErrMissingDependency", err)
+	}
+}
+
+// TestPeerIdentity: a stream's client is named by the SPIFFE ID of a certificate the held trust
+// bundle verifies, and by nothing otherwise.
+func TestPeerIdentity(t *testing.T) {
+	id := spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAccount: "web"}
+	trusted, err := pki.NewSelfSigned(pki.ECDSAP256, "cluster.local", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := pki.NewSelfSigned(pki.ECDSAP256, "elsewhere", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func(auth *pki.Authority) []*x509.Certificate {
+		key, err := pki.GenerateKey(pki.ECDSAP256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, err := auth.Issue(key.Public(), pki.LeafOptions{URIs: []*url.URL{id.URL()}, TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []*x509.Certificate{leaf}
+	}
+	srv, err := New(Config{}, Deps{Logger: testLogger(t), Config: fakebus.New(), Registry: fakebus.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.bundles.bundles["cluster.local"] = &securityv1.TrustBundle{
+		TrustDomain: "cluster.local", RootCertificates: []string{string(pki.EncodeCerts(trusted.Cert))},
+	}
+	tlsPeer := func(chain []*x509.Certificate) context.Context {
+		return peer.NewContext(context.Background(), &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: chain}}})
+	}
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		want string
+	}{
+		{"certificate of the trusted root", tlsPeer(issue(trusted)), id.String()},
+		{"certificate of another root", tlsPeer(issue(foreign)), ""},
+		{"TLS without a certificate", tlsPeer(nil), ""},
+		{"plaintext", peer.NewContext(context.Background(), &peer.Peer{}), ""},
+		{"no peer", context.Background(), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := srv.peerIdentity(tc.ctx); got != tc.want {
+				t.Errorf("peerIdentity = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -144,6 +144,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		Generator:       generatorFor(log),
 		PushConcurrency: cfg.PushConcurrency,
 		CacheAssert:     cfg.CacheAssert,
+		PeerIdentity:    s.peerIdentity,
 	})
 	return s, nil
 }

@@ -22,7 +22,18 @@ const (
 // pair, handshakes fail (clients retry).
 func FolderTLS(dir string) *tls.Config {
 	fc := &folderCert{dir: dir}
-	return &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: fc.get, NextProtos: []string{"h2"}}
+	return ServingTLS(fc.get)
+}
+
+// ServingTLS is the TLS config of the secure listener serving the certificate get returns.
+// Workloads with a certificate from the ca present it (mTLS, as to istiod's 15012): it is
+// requested, and verified against the trust bundle per stream, so a client without one still
+// connects.
+func ServingTLS(get func(*tls.ClientHelloInfo) (*tls.Certificate, error)) *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12, GetCertificate: get, NextProtos: []string{"h2"},
+		ClientAuth: tls.RequestClientCert,
+	}
 }
 
 type folderCert struct {

@@ -1,14 +1,19 @@
 package xdsserver
 
 import (
+	"context"
+	"crypto/x509"
 	"fmt"
 	"sync"
 
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 
 	securityv1 "sailplane.dev/proto/security/v1"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/spiffe"
 )
 
 // trustBundles holds the ca's trust bundles from the bus, by trust domain: what proxies will be
@@ -54,4 +59,44 @@ func (s *Server) TrustBundle(trustDomain string) *securityv1.TrustBundle {
 		return proto.CloneOf(b)
 	}
 	return nil
+}
+
+// peerIdentity is the SPIFFE ID of the certificate the stream's client presented, verified
+// against the trust bundles held; "" when it presented none, or one they do not verify. It names
+// the proxy in the logs; the node's own claims are not checked against it yet.
+func (s *Server) peerIdentity(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return ""
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.PeerCertificates) == 0 {
+		return ""
+	}
+	leaf := info.State.PeerCertificates[0]
+	opts := x509.VerifyOptions{
+		Roots:         x509.NewCertPool(),
+		Intermediates: x509.NewCertPool(),
+		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	for _, c := range info.State.PeerCertificates[1:] {
+		opts.Intermediates.AddCert(c)
+	}
+	s.bundles.mu.Lock()
+	for _, b := range s.bundles.bundles {
+		for _, root := range b.GetRootCertificates() {
+			opts.Roots.AppendCertsFromPEM([]byte(root))
+		}
+	}
+	s.bundles.mu.Unlock()
+	if _, err := leaf.Verify(opts); err != nil {
+		s.log.Debug("xDS client certificate not verified", "peer", p.Addr, "err", err)
+		return ""
+	}
+	for _, u := range leaf.URIs {
+		if id, err := spiffe.FromURL(u); err == nil {
+			return id.String()
+		}
+	}
+	return ""
 }

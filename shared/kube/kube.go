@@ -63,19 +63,27 @@ func FromKubeconfig(data []byte) (*rest.Config, error) {
 	return cfg, nil
 }
 
+// WithRateLimits returns a copy of cfg whose client-side rate limit, unless cfg sets one, is
+// raised from client-go's default (5 QPS, burst 10) to what a control plane needs: a cluster's
+// watches, or the ca's TokenReviews when many workloads start at once.
+func WithRateLimits(cfg *rest.Config) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	if cfg.QPS == 0 {
+		cfg.QPS, cfg.Burst = 100, 200
+	}
+	return cfg
+}
+
 // Clients are the typed clients Sailplane's services use.
 type Clients struct {
 	Kube  kubernetes.Interface
 	Istio istioclient.Interface
 }
 
-// NewClients builds the clients for one cluster, with client-side rate limits raised from
-// client-go's defaults (5 QPS) to what a control plane watching a whole cluster needs.
+// NewClients builds the clients for one cluster, with client-side rate limits raised
+// (WithRateLimits).
 func NewClients(cfg *rest.Config) (Clients, error) {
-	cfg = rest.CopyConfig(cfg)
-	if cfg.QPS == 0 {
-		cfg.QPS, cfg.Burst = 100, 200
-	}
+	cfg = WithRateLimits(cfg)
 	k, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return Clients{}, fmt.Errorf("kubernetes client: %w", err)

@@ -1,5 +1,6 @@
 // Package testenv builds, caches and starts real etcd, kube-apiserver and
-// consul processes on 127.0.0.1 for tests and for people.
+// consul processes on 127.0.0.1 for tests and for people, and builds Istio's
+// pilot-agent as a test client.
 //
 // The binaries are compiled from their Go modules (the only thing that can
 // be fetched here is Go modules) in throwaway modules outside the repo, and
@@ -40,6 +41,9 @@ const (
 	ConsulVersion      = "v1.13.9"
 	// IstioAPIVersion is the istio.io/api module whose CRD file StartKube installs.
 	IstioAPIVersion = "v1.31.1"
+	// IstioVersion is the istio.io/istio module pilot-agent is built from: the only master
+	// pseudo-version the module proxy has (docs/ISTIO-COMPAT.md of the shared notes).
+	IstioVersion = "v0.0.0-20260827124520-eed52ebb66ad"
 )
 
 // Binaries are absolute paths of cached binaries.
@@ -47,6 +51,7 @@ type Binaries struct {
 	Etcd          string
 	KubeAPIServer string
 	Consul        string
+	PilotAgent    string
 }
 
 // BuildError is returned when compiling a component fails.
@@ -76,7 +81,7 @@ func CacheDir() (string, error) {
 	return filepath.Join(root, "bin"), nil
 }
 
-// EnsureBinaries returns the paths of all three binaries, building the
+// EnsureBinaries returns the paths of all the binaries, building the
 // missing ones.
 func EnsureBinaries(ctx context.Context, log *slog.Logger) (Binaries, error) {
 	var b Binaries
@@ -88,6 +93,9 @@ func EnsureBinaries(ctx context.Context, log *slog.Logger) (Binaries, error) {
 		return b, err
 	}
 	if b.Consul, err = EnsureConsul(ctx, log); err != nil {
+		return b, err
+	}
+	if b.PilotAgent, err = EnsurePilotAgent(ctx, log); err != nil {
 		return b, err
 	}
 	return b, nil
@@ -102,6 +110,12 @@ func EnsureEtcd(ctx context.Context, log *slog.Logger) (string, error) {
 // building it if missing (minutes).
 func EnsureKubeAPIServer(ctx context.Context, log *slog.Logger) (string, error) {
 	return ensure(ctx, log, kubeSpec)
+}
+
+// EnsurePilotAgent returns the path of the cached pilot-agent binary (Istio's own sidecar
+// agent, a test client of the ca and xds-server), building it if missing: several minutes cold.
+func EnsurePilotAgent(ctx context.Context, log *slog.Logger) (string, error) {
+	return ensure(ctx, log, pilotAgentSpec)
 }
 
 // EnsureConsul returns the path of the cached consul binary, building it if missing.
@@ -142,6 +156,15 @@ var consulSpec = buildSpec{
 	version: ConsulVersion,
 	gomod:   consulGoMod,
 	pkg:     "github.com/hashicorp/consul",
+}
+
+var pilotAgentSpec = buildSpec{
+	name:    "pilot-agent",
+	version: IstioVersion,
+	gomod:   istioGoMod,
+	pkg:     "istio.io/istio/pilot/cmd/pilot-agent",
+	// The version the agent reports in its node metadata (ISTIO_VERSION), "unknown" without it.
+	ldflags: "-X istio.io/istio/pkg/version.buildVersion=" + IstioVersion,
 }
 
 const etcdGoMod = `module sailplane.dev/throwaway/etcd
@@ -187,6 +210,22 @@ go 1.26.0
 require github.com/hashicorp/consul {{.Version}}
 
 replace launchpad.net/gocheck => github.com/go-check/check v0.0.0-20140225173054-eb6ee6f84d0a
+`
+
+// Istio's master pseudo-version pins sibling modules at versions the module proxy does not
+// have; their nearest releases build.
+const istioGoMod = `module sailplane.dev/throwaway/istio
+
+go 1.26.0
+
+require istio.io/istio {{.Version}}
+
+replace (
+	istio.io/api => istio.io/api v1.31.1
+	istio.io/client-go => istio.io/client-go v1.31.1
+	github.com/envoyproxy/go-control-plane/envoy => github.com/envoyproxy/go-control-plane/envoy v1.40.0
+	github.com/envoyproxy/go-control-plane/contrib => github.com/envoyproxy/go-control-plane/contrib v1.36.1-0.20260729145720-a2d8c7492908
+)
 `
 
 func (s buildSpec) renderGoMod() (string, error) {

@@ -52,3 +52,16 @@ func ConsulForTest(t testing.TB, opts ...Option) *Consul {
 func tLogger(t testing.TB) *slog.Logger {
 	return testlog.New(t, slog.LevelInfo)
 }
+
+// PilotAgentForTest returns the path of Istio's pilot-agent, building it on the machine's
+// first use (minutes; `make testenv` does it up front), bounded like KubeForTest.
+func PilotAgentForTest(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	bin, err := EnsurePilotAgent(ctx, tLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"crypto/tls"
 	"errors"
 
 	"github.com/spf13/cobra"
@@ -54,7 +53,7 @@ func main() {
 				deps.TLS = xdsserver.FolderTLS(certDir)
 			case certs != nil:
 				// The ca adds istiod's names to this service account's certificates.
-				deps.TLS = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: workloadcert.GetCertificate(certs), NextProtos: []string{"h2"}}
+				deps.TLS = xdsserver.ServingTLS(workloadcert.GetCertificate(certs))
 			default:
 				return errors.New("--xds-tls-listen needs a certificate: --ca-address (this server's own, with istiod's names) or --tls-cert-dir (the folder where the ca keeps one, ca --serving-cert-dir)")
 			}

@@ -1,5 +1,5 @@
-// Command testenv builds the cached etcd, kube-apiserver and consul
-// binaries and runs them on 127.0.0.1 for a person.
+// Command testenv builds the cached etcd, kube-apiserver, consul and
+// pilot-agent binaries and runs them on 127.0.0.1 for a person.
 package main
 
 import (
@@ -51,6 +51,7 @@ func buildCmd() *cobra.Command {
 			fmt.Fprintf(out, "etcd           %s\n", b.Etcd)
 			fmt.Fprintf(out, "kube-apiserver %s\n", b.KubeAPIServer)
 			fmt.Fprintf(out, "consul         %s\n", b.Consul)
+			fmt.Fprintf(out, "pilot-agent    %s\n", b.PilotAgent)
 			return nil
 		},
 	}

@@ -22,6 +22,8 @@ type conn struct {
 	id    int64
 	delta bool
 	log   *slog.Logger
+	// peer is the client's verified certificate identity, "" without one.
+	peer string
 
 	proxy *model.Proxy
 	gen   Generator
@@ -96,6 +98,9 @@ func (c *conn) identify(node interface {
 		c.gen = c.s.opts.Generator(p)
 	}
 	c.log = c.s.log.With("node", grpcserver.ClientText(p.NodeID), "conn", c.id)
+	if c.peer != "" {
+		c.log = c.log.With("peer", c.peer)
+	}
 	c.log.Debug("proxy connected", "type", p.Type, "delta", c.delta)
 	c.s.addConn(c)
 	return nil

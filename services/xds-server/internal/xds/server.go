@@ -29,6 +29,9 @@ type Options struct {
 	// cache key would hold two values. For tests: it disables sharing.
 	CacheAssert      bool
 	OnCacheViolation func(error)
+	// PeerIdentity names the client of a stream by the certificate it presented (its verified
+	// SPIFFE ID), "" for none; logged when the proxy connects. Nil: not looked at.
+	PeerIdentity func(context.Context) string
 }
 
 // Server serves ADS. Feed it snapshots with Push and run its push workers with Run. Register it
@@ -136,6 +139,7 @@ func (s *Server) removeConn(c *conn) {
 func (s *Server) StreamAggregatedResources(stream discoverygrpc.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
 	c := s.newConn(false)
 	c.send = stream.SendMsg
+	c.peer = s.peerIdentity(stream.Context())
 	return serve(s, c, stream.Recv, c.handleSotW)
 }
 
@@ -143,6 +147,7 @@ func (s *Server) StreamAggregatedResources(stream discoverygrpc.AggregatedDiscov
 func (s *Server) DeltaAggregatedResources(stream discoverygrpc.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
 	c := s.newConn(true)
 	c.send = stream.SendMsg
+	c.peer = s.peerIdentity(stream.Context())
 	return serve(s, c, stream.Recv, c.handleDelta)
 }
 
@@ -198,6 +203,13 @@ func serve[Req any](s *Server, c *conn, recv func() (Req, error), handle func(Re
 type pushItem struct {
 	req  *PushRequest
 	done chan struct{}
+}
+
+func (s *Server) peerIdentity(ctx context.Context) string {
+	if s.opts.PeerIdentity == nil {
+		return ""
+	}
+	return s.opts.PeerIdentity(ctx)
 }
 
 func (s *Server) newConn(delta bool) *conn {
