@@ -36,8 +36,8 @@ func TestAgentMTLS(t *testing.T) {
 	ca := framework.StartCA(t, t.TempDir())
 	server := spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAccount: "echo"}
 	client := spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAccount: "caller"}
-	serverBootstrap := framework.StartAgent(t, ca, framework.Agent{ID: server, CertTTL: 8 * time.Second})
-	clientBootstrap := framework.StartAgent(t, ca, framework.Agent{ID: client, CertTTL: 8 * time.Second})
+	serverBootstrap := framework.StartAgent(t, ca, framework.Agent{ID: server, CertTTL: 8 * time.Second}).Bootstrap
+	clientBootstrap := framework.StartAgent(t, ca, framework.Agent{ID: client, CertTTL: 8 * time.Second}).Bootstrap
 
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

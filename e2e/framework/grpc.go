@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
@@ -134,14 +133,15 @@ func bootstrap(xdsAddr string, creds, node, extra map[string]any) []byte {
 func StartXDSEchoOn(t testing.TB, id string, lis net.Listener, bootstrapJSON []byte) *Echo {
 	t.Helper()
 	e := &Echo{ID: id, Addr: lis.Addr().String()}
-	serveXDS(t, id, lis, bootstrapJSON, insecure.NewCredentials(), e)
+	serveXDS(t, id, lis, bootstrapJSON, e, grpc.Creds(insecure.NewCredentials()))
 	return e
 }
 
-// serveXDS serves impl on lis with a gRPC xDS server using creds until the test ends.
-func serveXDS(t testing.TB, id string, lis net.Listener, bootstrapJSON []byte, creds credentials.TransportCredentials, impl testpb.TestServiceServer) {
+// serveXDS serves impl on lis with a gRPC xDS server built with opts (its credentials among
+// them) until the test ends.
+func serveXDS(t testing.TB, id string, lis net.Listener, bootstrapJSON []byte, impl testpb.TestServiceServer, opts ...grpc.ServerOption) {
 	t.Helper()
-	srv, err := xds.NewGRPCServer(grpc.Creds(creds), xds.BootstrapContentsForTesting(bootstrapJSON))
+	srv, err := xds.NewGRPCServer(append(opts, xds.BootstrapContentsForTesting(bootstrapJSON))...)
 	if err != nil {
 		t.Fatalf("xds server %s: %v", id, err)
 	}
@@ -182,11 +182,18 @@ func XDSClientTLS(t testing.TB, xdsAddr, target, rootFile string) EchoClient {
 
 func xdsClient(t testing.TB, target string, bootstrap []byte) EchoClient {
 	t.Helper()
-	builder, err := xds.NewXDSResolverWithConfigForTesting(bootstrap)
+	return DialXDS(t, target, bootstrap, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// DialXDS dials target through gRPC's xDS resolver bootstrapped with bootstrapJSON, with opts
+// (the transport credentials among them); closed when the test ends.
+func DialXDS(t testing.TB, target string, bootstrapJSON []byte, opts ...grpc.DialOption) EchoClient {
+	t.Helper()
+	builder, err := xds.NewXDSResolverWithConfigForTesting(bootstrapJSON)
 	if err != nil {
 		t.Fatalf("xds resolver: %v", err)
 	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(builder))
+	conn, err := grpc.NewClient(target, append(opts, grpc.WithResolvers(builder))...)
 	if err != nil {
 		t.Fatalf("dial %s: %v", target, err)
 	}

@@ -2,12 +2,14 @@ package framework
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -20,7 +22,6 @@ import (
 	xdscreds "google.golang.org/grpc/credentials/xds"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/xds"
 
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
@@ -51,15 +52,24 @@ type Agent struct {
 	XDSAddr string // in the gRPC bootstrap
 	IP      string // in the node ID; 127.0.0.1 when empty
 	Labels  map[string]string
-	// CertTTL is the certificate lifetime asked for; 1 h when zero.
-	CertTTL time.Duration
+	// CertTTL is the certificate lifetime asked for; 1 h when zero. FileRefresh is how often
+	// gRPC re-reads the files (the agent renews two of them before expiry); 1 s when zero.
+	CertTTL, FileRefresh time.Duration
+}
+
+// AgentProcess is a running agent and what it writes.
+type AgentProcess struct {
+	*Process
+	ID        spiffe.ID
+	Bootstrap string // the gRPC xDS bootstrap
+	OutputDir string // cert-chain.pem, key.pem, root-cert.pem
 }
 
 // StartAgent provisions a certificate for a.ID (as an operator does for a VM) and runs an
-// agent binary with it in its own folder until the test ends; it returns the gRPC bootstrap
-// the agent wrote (its "default" certificate provider watches the agent's files) once the
-// agent is ready.
-func StartAgent(t testing.TB, ca CA, a Agent) string {
+// agent binary with it in its own folder until the test ends; it returns once the agent is
+// ready, with the gRPC bootstrap written (its "default" certificate provider watches the
+// agent's files).
+func StartAgent(t testing.TB, ca CA, a Agent) *AgentProcess {
 	t.Helper()
 	dir := t.TempDir()
 	prov := testenv.ProvisionCert(t, ca.CertDir, a.ID)
@@ -76,10 +86,14 @@ func StartAgent(t testing.TB, ca CA, a Agent) string {
 	if xdsAddr == "" {
 		xdsAddr = "127.0.0.1:15010"
 	}
+	refresh := a.FileRefresh
+	if refresh == 0 {
+		refresh = time.Second
+	}
 	args := []string{"--ca-address", ca.Addr, "--root-cert", ca.RootFile, "--provisioned-cert-dir", prov,
 		"--token-file", filepath.Join(dir, "no-token"), "--readiness-address", ready,
-		"--grpc-bootstrap", "grpc-bootstrap.json", "--xds-address", xdsAddr,
-		"--pod", a.ID.ServiceAccount + "-0", "--ip", ip, "--cert-ttl", ttl.String(), "--file-refresh", "1s"}
+		"--grpc-bootstrap", "grpc-bootstrap.json", "--output-dir", "creds", "--xds-address", xdsAddr,
+		"--pod", a.ID.ServiceAccount + "-0", "--ip", ip, "--cert-ttl", ttl.String(), "--file-refresh", refresh.String()}
 	if len(a.Labels) > 0 {
 		var kv []string
 		for k, v := range a.Labels {
@@ -88,7 +102,7 @@ func StartAgent(t testing.TB, ca CA, a Agent) string {
 		sort.Strings(kv)
 		args = append(args, "--labels", strings.Join(kv, ","))
 	}
-	Start(t, dir, Binary(t, "agent"), args...)
+	p := Start(t, dir, Binary(t, "agent"), args...)
 	Eventually(t, 30*time.Second, func() error {
 		resp, err := http.Get("http://" + ready + "/healthz/ready")
 		if err != nil {
@@ -100,21 +114,48 @@ func StartAgent(t testing.TB, ca CA, a Agent) string {
 		}
 		return nil
 	})
-	return filepath.Join(dir, "grpc-bootstrap.json")
+	return &AgentProcess{Process: p, ID: a.ID, Bootstrap: filepath.Join(dir, "grpc-bootstrap.json"), OutputDir: filepath.Join(dir, "creds")}
 }
 
-// ReadBootstrap reads a bootstrap file an agent wrote.
-func ReadBootstrap(t testing.TB, path string) []byte {
+// BootstrapJSON is the gRPC bootstrap the agent wrote.
+func (a *AgentProcess) BootstrapJSON(t testing.TB) []byte {
 	t.Helper()
-	b, err := os.ReadFile(path)
+	b, err := os.ReadFile(a.Bootstrap)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b
 }
 
-// IdentityEcho answers UnaryCall with its ID (ServerId) and the caller's SPIFFE ID, empty
-// over plaintext (Hostname).
+// Roots are the roots the agent wrote for its workload to trust.
+func (a *AgentProcess) Roots(t testing.TB) []*x509.Certificate {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(a.OutputDir, pki.RootCertFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots, err := pki.ParseCerts(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return roots
+}
+
+// certificateLine is the agent's log line for each certificate it gets.
+var certificateLine = regexp.MustCompile(`msg=certificate .*serial=([0-9a-f]+)`)
+
+// SerialsSince are the serial numbers (hex) of the certificates the agent logged it got after
+// the first offset bytes of its log.
+func (a *AgentProcess) SerialsSince(offset int) []string {
+	var serials []string
+	for _, m := range certificateLine.FindAllStringSubmatch(a.Log()[offset:], -1) {
+		serials = append(serials, m[1])
+	}
+	return serials
+}
+
+// IdentityEcho answers UnaryCall with its ID (ServerId), the caller's SPIFFE ID (Hostname) and
+// certificate (Payload), empty over plaintext.
 type IdentityEcho struct {
 	testpb.UnimplementedTestServiceServer
 	ID string
@@ -123,52 +164,48 @@ type IdentityEcho struct {
 // UnaryCall answers with the backend's ID and the caller's identity.
 func (e *IdentityEcho) UnaryCall(ctx context.Context, _ *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
 	p, _ := peer.FromContext(ctx)
-	caller, _ := PeerID(p)
-	return &testpb.SimpleResponse{ServerId: e.ID, Hostname: caller}, nil
+	caller, leaf := PeerID(p)
+	resp := &testpb.SimpleResponse{ServerId: e.ID, Hostname: caller}
+	if leaf != nil {
+		resp.Payload = &testpb.Payload{Body: leaf.Raw}
+	}
+	return resp, nil
 }
 
-// PeerID is the SPIFFE ID of p's certificate; false over plaintext.
-func PeerID(p *peer.Peer) (string, bool) {
+// PeerID is the SPIFFE ID of p's certificate and the certificate; nil over plaintext.
+func PeerID(p *peer.Peer) (string, *x509.Certificate) {
 	if p == nil {
-		return "", false
+		return "", nil
 	}
 	info, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(info.State.PeerCertificates) == 0 || len(info.State.PeerCertificates[0].URIs) != 1 {
-		return "", false
+		return "", nil
 	}
-	return info.State.PeerCertificates[0].URIs[0].String(), true
+	leaf := info.State.PeerCertificates[0]
+	return leaf.URIs[0].String(), leaf
 }
 
 // StartMeshEchoOn serves an IdentityEcho on lis with a gRPC xDS server using xDS credentials
-// (plaintext when its listener carries no TLS), bootstrapped with bootstrapJSON: it enforces
-// the mTLS and RBAC of the server-side listener Sailplane sends, serving once it has it.
-func StartMeshEchoOn(t testing.TB, id string, lis net.Listener, bootstrapJSON []byte) {
+// (plaintext when its listener carries no TLS) and opts, bootstrapped with bootstrapJSON: it
+// enforces the mTLS and RBAC of the server-side listener Sailplane sends, serving once it has it.
+func StartMeshEchoOn(t testing.TB, id string, lis net.Listener, bootstrapJSON []byte, opts ...grpc.ServerOption) {
 	t.Helper()
 	creds, err := xdscreds.NewServerCredentials(xdscreds.ServerOptions{FallbackCreds: insecure.NewCredentials()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	serveXDS(t, id, lis, bootstrapJSON, creds, &IdentityEcho{ID: id})
+	serveXDS(t, id, lis, bootstrapJSON, &IdentityEcho{ID: id}, append(opts, grpc.Creds(creds))...)
 }
 
 // MeshClient dials target through gRPC's xDS resolver with xDS credentials (mTLS when the
-// cluster says so, else plaintext), bootstrapped with bootstrapJSON, e.g. an agent's.
-func MeshClient(t testing.TB, target string, bootstrapJSON []byte) EchoClient {
+// cluster says so, else plaintext) and opts, bootstrapped with bootstrapJSON, e.g. an agent's.
+func MeshClient(t testing.TB, target string, bootstrapJSON []byte, opts ...grpc.DialOption) EchoClient {
 	t.Helper()
 	creds, err := xdscreds.NewClientCredentials(xdscreds.ClientOptions{FallbackCreds: insecure.NewCredentials()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	builder, err := xds.NewXDSResolverWithConfigForTesting(bootstrapJSON)
-	if err != nil {
-		t.Fatalf("xds resolver: %v", err)
-	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds), grpc.WithResolvers(builder))
-	if err != nil {
-		t.Fatalf("dial %s: %v", target, err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return testpb.NewTestServiceClient(conn)
+	return DialXDS(t, target, bootstrapJSON, append(opts, grpc.WithTransportCredentials(creds))...)
 }
 
 // Identities is who took part in one call.
@@ -176,6 +213,8 @@ type Identities struct {
 	Server string // the answering backend's ID
 	Caller string // the caller's SPIFFE ID as the server saw it; empty over plaintext
 	Peer   string // the server's SPIFFE ID as the client saw it; empty over plaintext
+	// CallerCert and PeerCert are the certificates behind Caller and Peer; nil over plaintext.
+	CallerCert, PeerCert *x509.Certificate
 }
 
 // CallIdentities sends one RPC to an IdentityEcho and reports the identities on both sides.
@@ -188,6 +227,12 @@ func CallIdentities(ctx context.Context, c EchoClient) (Identities, error) {
 	if resp.GetServerId() == "" {
 		return Identities{}, errors.New("the backend is not an IdentityEcho")
 	}
-	server, _ := PeerID(&p)
-	return Identities{Server: resp.GetServerId(), Caller: resp.GetHostname(), Peer: server}, nil
+	id := Identities{Server: resp.GetServerId(), Caller: resp.GetHostname()}
+	id.Peer, id.PeerCert = PeerID(&p)
+	if der := resp.GetPayload().GetBody(); der != nil {
+		if id.CallerCert, err = x509.ParseCertificate(der); err != nil {
+			return Identities{}, fmt.Errorf("the caller's certificate as the server saw it: %w", err)
+		}
+	}
+	return id, nil
 }

@@ -2,6 +2,7 @@ package framework
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -90,48 +91,65 @@ func (h *TestHost) Listen(t testing.TB, port int) net.Listener {
 }
 
 func (h *TestHost) listen(port int) (net.Listener, error) {
-	type result struct {
-		lis net.Listener
-		err error
+	var lis net.Listener
+	err := h.inside(func() (err error) {
+		lis, err = net.Listen("tcp", net.JoinHostPort(h.ip, strconv.Itoa(port)))
+		return err
+	})
+	return lis, err
+}
+
+// DialContext opens a TCP connection from the host: its socket is made inside the host's
+// namespace, so the peer sees the host's address (a gRPC client's grpc.WithContextDialer).
+func (h *TestHost) DialContext(ctx context.Context, addr string) (net.Conn, error) {
+	var conn net.Conn
+	err := h.inside(func() (err error) {
+		var d net.Dialer
+		conn, err = d.DialContext(ctx, "tcp", addr)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dial %s from %s: %w", addr, h.Name, err)
 	}
-	ch := make(chan result, 1)
-	// A fresh goroutine on its own locked thread: the socket is created in the namespace the
+	return conn, nil
+}
+
+// inside runs f on a thread in the host's namespace: sockets f creates belong to the host.
+func (h *TestHost) inside(f func() error) error {
+	ch := make(chan error, 1)
+	// A fresh goroutine on its own locked thread: a socket is created in the namespace the
 	// thread is in. If switching back fails the goroutine exits still locked, and the Go runtime
 	// then destroys the thread rather than reuse it in the wrong namespace.
 	go func() {
 		runtime.LockOSThread()
-		lis, restored, err := h.listenLocked(port)
+		restored, err := h.insideLocked(f)
 		if restored {
 			runtime.UnlockOSThread()
 		}
-		ch <- result{lis, err}
+		ch <- err
 	}()
-	r := <-ch
-	return r.lis, r.err
+	return <-ch
 }
 
-func (h *TestHost) listenLocked(port int) (lis net.Listener, restored bool, err error) {
+func (h *TestHost) insideLocked(f func() error) (restored bool, err error) {
 	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, true, fmt.Errorf("open own netns: %w", err)
+		return true, fmt.Errorf("open own netns: %w", err)
 	}
 	defer unix.Close(orig)
 	target, err := unix.Open(filepath.Join(netnsDir, h.Name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, true, fmt.Errorf("open netns: %w", err)
+		return true, fmt.Errorf("open netns: %w", err)
 	}
 	defer unix.Close(target)
 	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-		return nil, true, fmt.Errorf("enter netns: %w", err)
+		return true, fmt.Errorf("enter netns: %w", err)
 	}
-	lis, err = net.Listen("tcp", net.JoinHostPort(h.ip, strconv.Itoa(port)))
+	err = f()
 	if serr := unix.Setns(orig, unix.CLONE_NEWNET); serr != nil {
-		if lis != nil {
-			lis.Close()
-		}
-		return nil, false, fmt.Errorf("return to own netns: %w", serr)
+		return false, fmt.Errorf("return to own netns: %w", serr)
 	}
-	return lis, true, err
+	return true, err
 }
 
 // Close deletes the host's namespace and veth, and the bridge when no other host uses it.

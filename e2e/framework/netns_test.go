@@ -71,3 +71,33 @@ func TestTestHostCleanup(t *testing.T) {
 		t.Errorf("netns %s still exists", h.Name)
 	}
 }
+
+// A connection dialled from a host comes from the host's address, and reaches another host.
+func TestTestHostDialsFromItsAddress(t *testing.T) {
+	from, to := NewTestHost(t, "from"), NewTestHost(t, "to")
+	lis := to.Listen(t, 0)
+	accepted := make(chan net.Addr, 1)
+	go func() {
+		c, err := lis.Accept()
+		if err != nil {
+			accepted <- nil
+			return
+		}
+		accepted <- c.RemoteAddr()
+		c.Close()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := from.DialContext(ctx, lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	remote := <-accepted
+	if remote == nil {
+		t.Fatal("accept failed")
+	}
+	if host, _, _ := net.SplitHostPort(remote.String()); host != from.IP() {
+		t.Fatalf("the connection came from %s, want %s", host, from.IP())
+	}
+}
