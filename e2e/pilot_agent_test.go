@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -47,7 +46,7 @@ var securedKubeTopologies = []struct {
 		kube.Apply(t, meshConfigMap)
 		dir := t.TempDir()
 		framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", "rootNamespace: istio-system\n")
-		secure := framework.FreeAddr(t)
+		secure := framework.GatewayAddr(t)
 		p := framework.Start(t, dir, framework.Binary(t, "hyper"),
 			"--kubeconfig", k.KubeconfigPath(), "--config-source", "kubernetes",
 			"--xds-listen=", "--xds-tls-listen", secure, "--bus-listen", framework.FreeAddr(t), "--log-level", "debug")
@@ -60,7 +59,7 @@ var securedKubeTopologies = []struct {
 		kube.Apply(t, meshConfigMap)
 		dir := t.TempDir()
 		configBus, registryBus, caBus := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
-		caAddr, secure := framework.FreeAddr(t), framework.FreeAddr(t)
+		caAddr, secure := framework.GatewayAddr(t), framework.GatewayAddr(t)
 		framework.Start(t, dir, framework.Binary(t, "ca"), "--kubernetes=true", "--kubeconfig", k.KubeconfigPath(),
 			"--ca-listen", caAddr, "--bus-listen", caBus)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -100,6 +99,9 @@ func TestIstioPilotAgent(t *testing.T) {
 func testIstioPilotAgent(t *testing.T, pilotAgent string, start func(*testing.T, *testenv.Kube, *framework.Kube) securedOnKube) {
 	k := testenv.KubeForTest(t)
 	kube := framework.NewKube(t, k.RestConfig())
+	// pilot-agent's status server listens on every interface and cannot be told otherwise, so
+	// the agent runs in a test host and reaches Sailplane on the bridge's address.
+	host := framework.NewTestHost(t, "pilot-agent")
 	sp := start(t, k, kube)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -125,32 +127,26 @@ func testIstioPilotAgent(t *testing.T, pilotAgent string, start func(*testing.T,
 	if err := os.MkdirAll(filepath.Join(dir, "etc/certs"), 0o755); err != nil { // pilot-agent writes into it
 		t.Fatal(err)
 	}
-	_, statusPort, err := net.SplitHostPort(framework.FreeAddr(t))
-	if err != nil {
-		t.Fatal(err)
-	}
 	proxyConfig, err := json.Marshal(map[string]any{
 		"discoveryAddress":       sp.xds,
 		"controlPlaneAuthPolicy": "MUTUAL_TLS",
-		// A free port rather than 15020: pilot-agent cannot turn its status server off, nor
-		// bind it to 127.0.0.1 only.
-		"statusPort": json.Number(statusPort),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	pilotAgentBin, pilotAgentArgs := host.Command(pilotAgent, "proxy", "sidecar")
 	agent := framework.StartEnv(t, []string{
 		"PROXY_CONFIG=" + string(proxyConfig),
 		"CA_ADDR=" + sp.ca,
 		"POD_NAME=web-0", "POD_NAMESPACE=" + id.Namespace, "SERVICE_ACCOUNT=" + id.ServiceAccount,
-		"INSTANCE_IP=127.0.0.1", "ISTIO_META_CLUSTER_ID=Kubernetes",
+		"INSTANCE_IP=" + host.IP(), "ISTIO_META_CLUSTER_ID=Kubernetes",
 		// No Envoy binary here: the agent runs alone (Istio's proxyless mode), fetching the
 		// certificate eagerly and writing it where PROV_CERT then finds it, so its xDS
 		// connection presents it (Istio's VM setup).
 		"DISABLE_ENVOY=true",
 		"OUTPUT_CERTS=./etc/certs", "PROV_CERT=./etc/certs",
 		"CA_ROOT_CA=./var/run/secrets/istio/root-cert.pem", "XDS_ROOT_CA=./var/run/secrets/istio/root-cert.pem",
-	}, dir, pilotAgent, "proxy", "sidecar")
+	}, dir, pilotAgentBin, pilotAgentArgs...)
 
 	// The workload certificate: the token's identity, signed by Sailplane's root.
 	certFile := filepath.Join(dir, "etc/certs", pki.CertChainFile)
@@ -172,10 +168,10 @@ func testIstioPilotAgent(t *testing.T, pilotAgent string, start func(*testing.T,
 
 	// Envoy's side: ADS on the agent's socket, with a sidecar's node.
 	node := &corev3.Node{
-		Id: "sidecar~127.0.0.1~web-0." + id.Namespace + "~" + id.Namespace + ".svc.cluster.local",
+		Id: "sidecar~" + host.IP() + "~web-0." + id.Namespace + "~" + id.Namespace + ".svc.cluster.local",
 		Metadata: mustStruct(t, map[string]any{
 			"NAMESPACE": id.Namespace, "SERVICE_ACCOUNT": id.ServiceAccount, "CLUSTER_ID": "Kubernetes",
-			"LABELS": map[string]any{"app": "web"}, "NAME": "web-0", "INSTANCE_IPS": "127.0.0.1",
+			"LABELS": map[string]any{"app": "web"}, "NAME": "web-0", "INSTANCE_IPS": host.IP(),
 		}),
 	}
 	socket := filepath.Join(dir, "etc/istio/proxy/XDS")

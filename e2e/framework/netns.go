@@ -322,3 +322,21 @@ func ipOut(args ...string) (string, error) {
 	}
 	return stdout.String(), nil
 }
+
+// GatewayAddr is a free port on the bridge's address (198.18.0.1), where the root namespace's
+// servers are reachable from test hosts; a TestHost must exist, since it creates the bridge.
+func GatewayAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(hostGateway, "0"))
+	if err != nil {
+		t.Fatalf("a port on the test hosts' bridge (create a TestHost first): %v", err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Command runs bin with args inside the host's network namespace (`ip netns exec` execs it, so
+// the process is bin itself): for a program whose servers cannot be bound to loopback.
+func (h *TestHost) Command(bin string, args ...string) (string, []string) {
+	return "ip", append([]string{"netns", "exec", h.Name, bin}, args...)
+}

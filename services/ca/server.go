@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -148,7 +149,7 @@ func (cs *certService) CreateCertificate(ctx context.Context, req *pb.IstioCerti
 	opts := pki.LeafOptions{URIs: []*url.URL{c.id.URL()}, TTL: ttl}
 	if s.servesXDS(c.id) {
 		// xds-server serves istiod's names on 15012 with a certificate it asked for itself.
-		opts.DNSNames, opts.IPs = s.cfg.ServingDNSNames, []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+		opts.DNSNames, opts.IPs = servingNames(s.cfg.ServingDNSNames)
 	}
 	leaf, err := auth.Issue(csr.PublicKey, opts)
 	if err != nil {
@@ -216,9 +217,8 @@ func (sc *servingCert) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	if err != nil {
 		return nil, err
 	}
-	leaf, err := sc.auth.Issue(key.Public(), pki.LeafOptions{
-		DNSNames: sc.names, IPs: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, TTL: servingTTL,
-	})
+	dns, ips := servingNames(sc.names)
+	leaf, err := sc.auth.Issue(key.Public(), pki.LeafOptions{DNSNames: dns, IPs: ips, TTL: servingTTL})
 	if err != nil {
 		return nil, err
 	}
@@ -228,4 +228,21 @@ func (sc *servingCert) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	}
 	sc.current = c
 	return c, nil
+}
+
+// servingNames splits a serving certificate's names into DNS names and IP addresses (a listen
+// host such as 198.18.0.1 must be an IP SAN to verify), with 127.0.0.1 and ::1 always in.
+func servingNames(names []string) ([]string, []net.IP) {
+	dns := make([]string, 0, len(names))
+	ips := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	for _, n := range names {
+		ip := net.ParseIP(n)
+		switch {
+		case ip == nil:
+			dns = append(dns, n)
+		case !slices.ContainsFunc(ips, ip.Equal):
+			ips = append(ips, ip)
+		}
+	}
+	return dns, ips
 }
