@@ -182,7 +182,8 @@ func testKubeBookinfo(t *testing.T, start func(*testing.T, *testenv.Kube, *frame
 		return nil
 	}
 	t.Run("every resource reaches the bus", func(t *testing.T) {
-		framework.Eventually(t, time.Minute, allServed)
+		// Generous for the same reason as startTwoOfThreeOnKube's first wait.
+		framework.Eventually(t, 2*time.Minute, allServed)
 		// The bodies are the specs as applied, not just the names.
 		r, _ := rec.Get(schema.VirtualService.TypeURL, "default/reviews")
 		if got := fmt.Sprint(r.Body); !containsAll(got, "jason", "v3") {

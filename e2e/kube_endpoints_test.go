@@ -60,7 +60,9 @@ func startTwoOfThreeOnKube(ctx context.Context, t *testing.T, start func(*testin
 	sp := start(t, k, kube)
 
 	client := framework.XDSClient(t, sp.xds, echoTarget)
-	framework.Eventually(t, time.Minute, func() error {
+	// Generous: in the microservices topology every service first gets its certificate from the
+	// ca, and a loaded CI machine starts four processes and an API server on two cores.
+	framework.Eventually(t, 2*time.Minute, func() error {
 		counts, err := reached(ctx, client, 20)
 		if err != nil {
 			return err
