@@ -108,12 +108,6 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	if cfg.ClusterID == "" {
 		cfg.ClusterID = "Kubernetes"
 	}
-	if cfg.TrustDomain == "" {
-		cfg.TrustDomain = "cluster.local"
-	}
-	if cfg.CertTTL <= 0 {
-		cfg.CertTTL = 24 * time.Hour
-	}
 	if cfg.FileRefresh <= 0 {
 		cfg.FileRefresh = 900 * time.Second
 	}

@@ -188,12 +188,15 @@ func (r *runningAgent) sent() []*pb.IstioCertificateRequest {
 // eventually waits until cond holds, failing t after a deadline.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.After(30 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
 	for !cond() {
-		if time.Now().After(deadline) {
+		select {
+		case <-deadline:
 			t.Fatalf("timed out waiting for %s", what)
+		case <-tick.C:
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
