@@ -16,6 +16,7 @@ require (
 	k8s.io/client-go v0.37.2
 	sailplane.dev/services/xds-server v0.0.0
 	sailplane.dev/shared v0.0.0
+	sigs.k8s.io/yaml v1.6.0
 )
 
 require (
@@ -67,7 +68,6 @@ require (
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
-	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
 replace sailplane.dev/proto => ../proto
