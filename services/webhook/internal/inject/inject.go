@@ -63,7 +63,7 @@ type Injector struct {
 	mu        sync.RWMutex
 	templates *templateSet
 	lastRaw   *rawTemplates // the version templates came from, so an unchanged one is not reparsed
-	loadErr   error // why the templates are not loaded yet, while templates is nil
+	loadErr   error         // why the templates are not loaded yet, while templates is nil
 	ready     chan struct{}
 	readyOnce sync.Once
 }

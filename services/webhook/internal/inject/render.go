@@ -3,8 +3,10 @@ package inject
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 
@@ -352,7 +354,25 @@ func parseProxyConfig(v string) (*meshv1alpha1.ProxyConfig, error) {
 		return pc, nil
 	}
 	if err := protojson.Unmarshal(js, pc); err != nil {
-		return nil, err
+		// protojson varies its messages' spacing on purpose; the position it gives is in the
+		// JSON made from the YAML, not the annotation.
+		msg := strings.Join(strings.Fields(err.Error()), " ")
+		if _, rest, ok := strings.Cut(msg, "): "); ok {
+			msg = rest
+		}
+		return nil, errors.New(msg)
+	}
+	// What the templates put in ports and flags, checked here rather than by a failing pod.
+	if pc.StatusPort < 0 || pc.StatusPort > 65535 {
+		return nil, fmt.Errorf("statusPort: %d is not a port", pc.StatusPort)
+	}
+	if c := pc.GetConcurrency(); c != nil && c.Value < 0 {
+		return nil, fmt.Errorf("concurrency: %d is negative", c.Value)
+	}
+	if a := pc.DiscoveryAddress; a != "" {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			return nil, fmt.Errorf("discoveryAddress: %q is not host:port", a)
+		}
 	}
 	return pc, nil
 }

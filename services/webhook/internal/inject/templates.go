@@ -147,7 +147,9 @@ func (s *templateSet) known(names []string) error {
 		if _, ok := s.aliases[n]; ok {
 			continue
 		}
-		return fmt.Errorf("template %q not found; have %s", n, strings.Join(slices.Sorted(maps.Keys(s.templates)), ", "))
+		have := slices.Sorted(maps.Keys(s.templates))
+		have = slices.Sorted(slices.Values(append(have, slices.Collect(maps.Keys(s.aliases))...)))
+		return fmt.Errorf("template %q not found; have %s", n, strings.Join(have, ", "))
 	}
 	return nil
 }
