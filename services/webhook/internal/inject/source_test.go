@@ -49,15 +49,21 @@ func TestFolderReload(t *testing.T) {
 	eventually(t, "the fixed config is used", func() bool { return agentImage(t, inj) == "sailplane/agent:v3" })
 }
 
-// TestConfigMapReload: Kubernetes mode, against a real API server. No ConfigMap means the built-in
-// templates; creating, editing and deleting it takes effect at the next admission; a bad edit is
-// logged and the templates in use stay.
-func TestConfigMapReload(t *testing.T) {
+// TestKube runs the tests that need a real API server on one.
+func TestKube(t *testing.T) {
 	k := testenv.KubeForTest(t)
 	client, err := kubernetes.NewForConfig(k.RestConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Run("ConfigMapReload", func(t *testing.T) { testConfigMapReload(t, client) })
+	t.Run("RestrictedPodSecurity", func(t *testing.T) { testRestrictedPodSecurity(t, client) })
+}
+
+// testConfigMapReload: Kubernetes mode. No ConfigMap means the built-in templates; creating,
+// editing and deleting it takes effect at the next admission; a bad edit is logged and the
+// templates in use stay.
+func testConfigMapReload(t *testing.T, client kubernetes.Interface) {
 	ctx := context.Background()
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -74,6 +80,7 @@ func TestConfigMapReload(t *testing.T) {
 	if _, err := cms.Create(ctx, other, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	var err error
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "istio-sidecar-injector-canary"}, Data: map[string]string{"values": valuesWithAgentImage(t, "sailplane/agent:v2")}}
 	if cm, err = cms.Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -100,6 +107,43 @@ func TestConfigMapReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the built-in templates are used once the ConfigMap is deleted", func() bool { return agentImage(t, inj) == builtInAgentImage })
+}
+
+// testRestrictedPodSecurity: pods injected with each built-in template are stored by the API
+// server in a namespace enforcing Pod Security "restricted", so the injected containers are
+// valid and restricted-friendly (the application's own containers being so too).
+func testRestrictedPodSecurity(t *testing.T, client kubernetes.Interface) {
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "restricted", Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}}}
+	if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The API server enforces it: a pod that is not restricted is refused.
+	plain := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "plain"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "app"}}}}
+	if _, err := client.CoreV1().Pods("restricted").Create(ctx, plain, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "violates PodSecurity") {
+		t.Fatalf("creating a pod that is not restricted: %v, want a PodSecurity refusal", err)
+	}
+	inj := builtIn(t)
+	for _, templates := range []string{"sidecar", "grpc-agent"} {
+		t.Run(templates, func(t *testing.T) {
+			// serviceAccountName set, as the API server's ServiceAccount admission does before
+			// calling webhooks.
+			pod := []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + templates + `","namespace":"restricted","annotations":{"inject.istio.io/templates":"` + templates + `"}},
+				"spec":{"serviceAccountName":"default","securityContext":{"runAsNonRoot":true,"runAsUser":65532,"seccompProfile":{"type":"RuntimeDefault"}},
+				"containers":[{"name":"app","image":"app","resources":{},"securityContext":{"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]}}}]}}`)
+			resp := inj.Admit(podRequest(pod))
+			if !resp.Allowed || resp.Patch == nil {
+				t.Fatalf("allowed %v, patch %s: %+v", resp.Allowed, resp.Patch, resp.Result)
+			}
+			var injected corev1.Pod
+			if err := json.Unmarshal(applyPatch(t, pod, resp.Patch), &injected); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := client.CoreV1().Pods("restricted").Create(ctx, &injected, metav1.CreateOptions{}); err != nil {
+				t.Fatalf("the API server refuses the injected pod: %v", err)
+			}
+		})
+	}
 }
 
 // agentImage admits a plain pod and returns the image of the injected agent.
