@@ -12,7 +12,10 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 )
@@ -27,8 +30,18 @@ type configMapSource struct {
 
 func (s *configMapSource) Run(ctx context.Context, update func(rawTemplates)) error {
 	origin := fmt.Sprintf("ConfigMap %s/%s", s.namespace, s.name)
-	lw := cache.NewListWatchFromClient(s.client.CoreV1().RESTClient(), "configmaps", s.namespace,
-		fields.OneTermEqualSelector("metadata.name", s.name))
+	cms := s.client.CoreV1().ConfigMaps(s.namespace)
+	only := fields.OneTermEqualSelector("metadata.name", s.name).String()
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = only
+			return cms.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = only
+			return cms.Watch(ctx, o)
+		},
+	}
 	fromConfigMap := func(obj any) {
 		cm, ok := obj.(*corev1.ConfigMap)
 		if !ok {
