@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"unicode"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -370,7 +371,7 @@ func parseProxyConfig(v string) (*meshv1alpha1.ProxyConfig, error) {
 		return nil, fmt.Errorf("concurrency: %d is negative", c.Value)
 	}
 	if a := pc.DiscoveryAddress; a != "" {
-		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" || strings.ContainsFunc(a, unicode.IsSpace) {
 			return nil, fmt.Errorf("discoveryAddress: %q is not host:port", a)
 		}
 	}

@@ -108,8 +108,13 @@ func (s *folderSource) Run(ctx context.Context, update func(rawTemplates)) error
 			watching = true
 		}
 	}
-	if err := w.Add(filepath.Dir(filepath.Clean(s.dir))); err != nil {
-		return fmt.Errorf("injection templates: watching %s: %w", filepath.Dir(s.dir), err)
+	parent := filepath.Dir(filepath.Clean(s.dir))
+	if err := w.Add(parent); err != nil {
+		// Without even the parent folder, nothing can appear to watch: the built-in templates.
+		s.log.Warn("injection templates: folder not watchable, using the built-in templates", "dir", s.dir, "error", err)
+		update(rawTemplates{origin: "built-in (" + s.dir + " not watchable)"})
+		<-ctx.Done()
+		return nil
 	}
 	watchDir()
 	s.read(update)
