@@ -81,6 +81,11 @@ type rawTemplates struct {
 	values []byte
 }
 
+func (r rawTemplates) equal(o rawTemplates) bool {
+	sameBytes := func(a, b []byte) bool { return (a == nil) == (b == nil) && bytes.Equal(a, b) }
+	return r.origin == o.origin && sameBytes(r.config, o.config) && sameBytes(r.values, o.values)
+}
+
 // New returns an Injector reading its templates from deps.Kube when set, else from deps.Dir.
 func New(cfg Config, deps Deps) (*Injector, error) {
 	if deps.Logger == nil {
@@ -121,8 +126,7 @@ func (i *Injector) Ready() <-chan struct{} { return i.ready }
 
 func (i *Injector) load(raw rawTemplates) {
 	i.mu.RLock()
-	same := i.lastRaw != nil && i.lastRaw.origin == raw.origin && bytes.Equal(i.lastRaw.config, raw.config) && bytes.Equal(i.lastRaw.values, raw.values) &&
-		(i.lastRaw.config == nil) == (raw.config == nil) && (i.lastRaw.values == nil) == (raw.values == nil)
+	same := i.lastRaw != nil && i.lastRaw.equal(raw)
 	i.mu.RUnlock()
 	if same {
 		return
