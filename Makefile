@@ -5,13 +5,17 @@ BIN := bin
 SERVICES := config-ingest endpoint-watcher xds-server ca webhook agent hyper
 MODULES := proto shared $(addprefix services/,$(SERVICES)) e2e tools
 PROTOC_GEN_GO := $(shell $(GO) env GOPATH)/bin/protoc-gen-go
+# The version stamped into every binary (`<binary> version`); without git (or outside a clone) the
+# binaries fall back to what the Go toolchain recorded.
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
+LDFLAGS := $(if $(VERSION),-X sailplane.dev/shared/version.Version=$(VERSION))
 
 .PHONY: build run run-kube testenv test test-unit test-e2e bench bench-go bench-xds proto tidy fmt vet clean
 
 build:
 	@mkdir -p $(BIN)
-	@for s in $(SERVICES); do $(GO) build -o $(BIN)/$$s ./services/$$s/cmd || exit 1; done
-	$(GO) build -o $(BIN)/sailplanectl ./tools/sailplanectl
+	@for s in $(SERVICES); do $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/$$s ./services/$$s/cmd || exit 1; done
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sailplanectl ./tools/sailplanectl
 
 run: build
 	@echo "xDS: 127.0.0.1:15010  bus: 127.0.0.1:15051  config: examples/etc/sailplane/"

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/version"
 )
 
 // LogOptions are the logging flags shared by every binary.
@@ -51,14 +52,30 @@ func SignalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }
 
-// Execute runs a binary's root command. Errors are printed once, as "error: …", without the usage
-// text (which only helps for flag mistakes, and cobra prints those itself), and exit 1.
+// Execute runs a binary's root command, with a `version` subcommand added (see
+// shared/version; the root's name becomes the version's component). Errors are printed once, as
+// "error: …", without the usage text (which only helps for flag mistakes, and cobra prints those
+// itself), and exit 1.
 func Execute(cmd *cobra.Command) {
+	WithVersion(cmd)
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true
 	if err := cmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
+}
+
+// WithVersion adds the `version` subcommand to root (unless it has one) and names the binary's
+// component after root, for the version its gRPC servers announce.
+func WithVersion(root *cobra.Command) *cobra.Command {
+	version.Component = root.Name()
+	for _, c := range root.Commands() {
+		if c.Name() == "version" {
+			return root
+		}
+	}
+	root.AddCommand(version.Command())
+	return root
 }
 
 // RunUntilSignal runs the manager's components until SIGINT or SIGTERM.

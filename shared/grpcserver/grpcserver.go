@@ -4,6 +4,7 @@ package grpcserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -13,8 +14,12 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"sailplane.dev/shared/version"
 )
 
 // Limits every server applies to what its clients send, as istiod does
@@ -28,23 +33,55 @@ const (
 	MaxConcurrentStreams = 100000
 )
 
+// Response headers with which every server says what it is, on every RPC (even one of a service it
+// does not serve): `sailplanectl version` reads them, and any client may log them.
+const (
+	VersionHeader   = "sailplane-version"
+	ComponentHeader = "sailplane-component"
+)
+
 // New returns a gRPC server that turns a handler panic into an Internal error instead of a crash,
-// accepts the keepalive pings xDS clients send on long-lived streams, and refuses requests over
-// MaxRecvMsgSize.
+// accepts the keepalive pings xDS clients send on long-lived streams, refuses requests over
+// MaxRecvMsgSize, and sends its version headers (VersionHeader, ComponentHeader) on every RPC.
 func New(log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
 	onPanic := recovery.WithRecoveryHandler(func(p any) error {
 		log.Error("panic in gRPC handler", "panic", p)
 		return status.Errorf(codes.Internal, "internal error")
 	})
+	v := version.Get()
+	header := metadata.Pairs(VersionHeader, v.Version, ComponentHeader, v.Component)
 	base := []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(onPanic)),
-		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(onPanic)),
+		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(onPanic), unaryHeader(header)),
+		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(onPanic), streamHeader(header)),
+		// A method the server does not serve still goes through the interceptors, so that it
+		// carries the version headers too; the answer stays Unimplemented.
+		grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
+			m, _ := grpc.MethodFromServerStream(ss)
+			return status.Errorf(codes.Unimplemented, "unknown method %s", m)
+		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
 		grpc.MaxConcurrentStreams(MaxConcurrentStreams),
 	}
 	return grpc.NewServer(append(base, opts...)...)
+}
+
+// unaryHeader sets header on every unary response; it is sent with the response or the error.
+func unaryHeader(header metadata.MD) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		_ = grpc.SetHeader(ctx, header)
+		return handler(ctx, req)
+	}
+}
+
+// streamHeader sets header on every stream; it is sent with the first response or the status,
+// so that an xDS or bus stream costs no extra frame.
+func streamHeader(header metadata.MD) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		_ = ss.SetHeader(header)
+		return handler(srv, ss)
+	}
 }
 
 // Server serves a grpc.Server on an address under the Run(ctx) lifecycle.
@@ -107,4 +144,29 @@ func ClientText(s string) string {
 		cut--
 	}
 	return fmt.Sprintf("%s… (%d more bytes)", s[:cut], len(s)-cut)
+}
+
+// ErrNoVersion: the server answered without Sailplane's version headers (not a Sailplane server,
+// or an older one).
+var ErrNoVersion = errors.New("no version headers in the response")
+
+// probeMethod is the RPC ServerVersion makes: the standard health check, which servers that do not
+// serve it answer Unimplemented, with the headers all the same.
+const probeMethod = "/grpc.health.v1.Health/Check"
+
+// ServerVersion asks the server behind conn for its version, from the headers of one RPC.
+func ServerVersion(ctx context.Context, conn grpc.ClientConnInterface) (version.Info, error) {
+	var header metadata.MD
+	err := conn.Invoke(ctx, probeMethod, &healthpb.HealthCheckRequest{}, &healthpb.HealthCheckResponse{}, grpc.Header(&header))
+	if v := header.Get(VersionHeader); len(v) > 0 {
+		info := version.Info{Version: v[0]}
+		if c := header.Get(ComponentHeader); len(c) > 0 {
+			info.Component = c[0]
+		}
+		return info, nil
+	}
+	if err != nil && status.Code(err) != codes.Unimplemented {
+		return version.Info{}, err
+	}
+	return version.Info{}, ErrNoVersion
 }
