@@ -122,10 +122,19 @@ func (sec Security) authorizeServer(id spiffe.ID) error {
 // identity one of sec.Peers; plaintext without Identity.
 func WithSecurity(sec Security) DialOption {
 	return func(c *dialConfig) {
-		if sec.Identity != nil {
-			c.creds = credentials.NewTLS(workloadcert.ClientTLS(sec.Identity, sec.authorizeServer))
+		if creds := sec.ClientCredentials(); creds != nil {
+			c.creds = creds
 		}
 	}
+}
+
+// ClientCredentials are the gRPC credentials of a connection to a bus protected as sec says: mTLS
+// with sec.Identity, the producer's identity checked against sec.Peers; nil for plaintext.
+func (sec Security) ClientCredentials() credentials.TransportCredentials {
+	if sec.Identity == nil {
+		return nil
+	}
+	return credentials.NewTLS(workloadcert.ClientTLS(sec.Identity, sec.authorizeServer))
 }
 
 func idList(ids []spiffe.ID) string {

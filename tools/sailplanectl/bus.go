@@ -2,13 +2,15 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
+	"github.com/spf13/pflag"
 
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
@@ -18,45 +20,122 @@ import (
 
 func busCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bus", Short: "Read a Sailplane bus (MCP over xDS)"}
-	var addr string
-	var timeout time.Duration
+	cmd.AddCommand(busListCmd(), busGetCmd())
+	return cmd
+}
+
+// busFlags are how a command reaches a bus.
+type busFlags struct {
+	addr    string
+	timeout time.Duration
+	certDir string
+	peers   []string
+}
+
+func (f *busFlags) add(fs *pflag.FlagSet, name, def, usage string) {
+	fs.StringVar(&f.addr, name, def, usage)
+	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "how long to wait for a bus's full state")
+	f.addSecurity(fs)
+}
+
+// addSecurity registers the flags of an mTLS bus.
+func (f *busFlags) addSecurity(fs *pflag.FlagSet) {
+	fs.StringVar(&f.certDir, "cert-dir", "", "credential folder (cert-chain.pem, key.pem, root-cert.pem) for an mTLS bus, e.g. one the ca keeps with --service-cert-dir; empty: plaintext")
+	fs.StringSliceVar(&f.peers, "bus-peers", nil, "SPIFFE IDs the bus server may have (default: Sailplane's service accounts in the certificate's namespace)")
+}
+
+// read returns the full state of types on the bus at addr.
+func (f *busFlags) read(ctx context.Context, addr string, types []string) (*snapshot, error) {
+	sec, err := busSecurity(f.certDir, f.peers)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	snap := &snapshot{resources: map[string]map[string]*bus.Resource{}, synced: make(chan struct{})}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = bus.Dial(addr, bus.WithNodeID("sailplanectl"), bus.WithSecurity(sec)).Subscribe(ctx, types, snap)
+	}()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-snap.synced:
+		return snap, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("bus %s: no full state within %v", addr, f.timeout)
+	}
+}
+
+func busListCmd() *cobra.Command {
+	var f busFlags
+	var format *string
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List the types a bus serves, with how many resources of each",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			types := make([]string, len(schema.All))
+			for i, k := range schema.All {
+				types[i] = k.TypeURL
+			}
+			snap, err := f.read(cmd.Context(), f.addr, types)
+			if err != nil {
+				return err
+			}
+			type row struct {
+				Kind      string `json:"kind"`
+				TypeURL   string `json:"typeUrl"`
+				Resources int    `json:"resources"`
+			}
+			t := table{header: []string{"KIND", "TYPE URL", "RESOURCES"}}
+			var rows []row
+			for _, k := range schema.All {
+				n := snap.count(k.TypeURL)
+				if n == 0 {
+					continue // a bus answers every type; one it does not publish is empty
+				}
+				rows = append(rows, row{k.Kind, k.TypeURL, n})
+				t.add(k.Kind, k.TypeURL, strconv.Itoa(n))
+			}
+			return writeOutput(cmd.OutOrStdout(), *format, t, rows)
+		},
+	}
+	f.add(cmd.Flags(), "bus", "127.0.0.1:15051", "bus address")
+	format = addOutputFlag(cmd)
+	return cmd
+}
+
+func busGetCmd() *cobra.Command {
+	var f busFlags
+	var format *string
 	var showBody bool
-	var certDir string
-	var peers []string
-	get := &cobra.Command{
-		Use:   "get TYPE_URL_OR_KIND...",
+	cmd := &cobra.Command{
+		Use:   "get KIND_OR_TYPE_URL...",
 		Short: "List the resources a bus serves, e.g. `sailplanectl bus get VirtualService`",
 		Args:  cobra.MinimumNArgs(1),
+		ValidArgsFunction: func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+			kinds := make([]string, len(schema.All))
+			for i, k := range schema.All {
+				kinds[i] = k.Kind
+			}
+			return kinds, cobra.ShellCompDirectiveNoFileComp
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			types := make([]string, 0, len(args))
 			for _, a := range args {
 				types = append(types, typeURL(a))
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			sec, err := busSecurity(certDir, peers)
+			snap, err := f.read(cmd.Context(), f.addr, types)
 			if err != nil {
 				return err
 			}
-			snap := &snapshot{resources: map[string]map[string]*bus.Resource{}, synced: make(chan struct{})}
-			go func() {
-				_ = bus.Dial(addr, bus.WithNodeID("sailplanectl"), bus.WithSecurity(sec)).Subscribe(ctx, types, snap)
-			}()
-			select {
-			case <-snap.synced:
-			case <-ctx.Done():
-				return fmt.Errorf("bus %s: no full state within %v", addr, timeout)
-			}
-			cancel()
-			return snap.print(cmd, types, showBody)
+			return snap.print(cmd, *format, types, showBody)
 		},
 	}
-	get.Flags().StringVar(&addr, "bus", "127.0.0.1:15051", "bus address")
-	get.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for the full state")
-	get.Flags().BoolVar(&showBody, "body", false, "print each resource's body as JSON")
-	get.Flags().StringVar(&certDir, "cert-dir", "", "credential folder (cert-chain.pem, key.pem, root-cert.pem) for an mTLS bus, e.g. one the ca keeps with --service-cert-dir; empty: plaintext")
-	get.Flags().StringSliceVar(&peers, "bus-peers", nil, "SPIFFE IDs the bus server may have (default: Sailplane's service accounts in the certificate's namespace)")
-	cmd.AddCommand(get)
+	f.add(cmd.Flags(), "bus", "127.0.0.1:15051", "bus address")
+	cmd.Flags().BoolVar(&showBody, "body", false, "show each resource's body (always in yaml and json output)")
+	format = addOutputFlag(cmd)
 	return cmd
 }
 
@@ -116,28 +195,57 @@ func (s *snapshot) Apply(c bus.Change) error {
 
 func (s *snapshot) Synced() { close(s.synced) }
 
-func (s *snapshot) print(cmd *cobra.Command, types []string, showBody bool) error {
+func (s *snapshot) count(typeURL string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := cmd.OutOrStdout()
-	for _, t := range types {
-		names := make([]string, 0, len(s.resources[t]))
-		for n := range s.resources[t] {
-			names = append(names, n)
+	return len(s.resources[typeURL])
+}
+
+// all returns the resources of typeURL sorted by name.
+func (s *snapshot) all(typeURL string) []*bus.Resource {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*bus.Resource, 0, len(s.resources[typeURL]))
+	for _, r := range s.resources[typeURL] {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// busResource is a resource as `bus get -o yaml|json` prints it.
+type busResource struct {
+	TypeURL     string            `json:"typeUrl"`
+	Name        string            `json:"name"`
+	Version     string            `json:"version"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+	Body        json.RawMessage   `json:"body"`
+}
+
+func (s *snapshot) print(cmd *cobra.Command, format string, types []string, showBody bool) error {
+	t := table{header: []string{"TYPE", "NAME", "VERSION"}}
+	if showBody {
+		t.header = append(t.header, "BODY")
+	}
+	var data []busResource
+	for _, typ := range types {
+		kind := typ
+		if k, ok := schema.ByTypeURL(typ); ok {
+			kind = k.Kind
 		}
-		sort.Strings(names)
-		fmt.Fprintf(out, "# %s: %d\n", t, len(names))
-		for _, n := range names {
-			r := s.resources[t][n]
-			fmt.Fprintf(out, "%s\t%s\n", n, r.Version)
-			if showBody && r.Body != nil {
-				b, err := protojson.Marshal(r.Body)
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(out, "  %s\n", b)
+		for _, r := range s.all(typ) {
+			body, err := protoValue(r.Body)
+			if err != nil {
+				return fmt.Errorf("%s %s: %w", typ, r.Name, err)
 			}
+			data = append(data, busResource{typ, r.Name, r.Version, r.Labels, r.Annotations, body})
+			row := []string{kind, r.Name, r.Version}
+			if showBody {
+				row = append(row, string(body))
+			}
+			t.add(row...)
 		}
 	}
-	return nil
+	return writeOutput(cmd.OutOrStdout(), format, t, data)
 }

@@ -23,6 +23,6 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(bootstrapCmd(), busCmd())
+	root.AddCommand(bootstrapCmd(), busCmd(), validateCmd(), analyzeCmd(), versionCmd())
 	return root
 }
