@@ -69,9 +69,9 @@ func TestBusGet(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"# networking.istio.io/v1/VirtualService: 2\ndemo/a\t",
+		"TYPE            NAME    VERSION",
+		"VirtualService  demo/a  ",
 		`{"hosts":["a"]}`,
-		"# networking.istio.io/v1/Gateway: 0\n",
 	} {
 		// protojson varies its spacing on purpose, so the body is compared without spaces.
 		if !strings.Contains(out, want) && !strings.Contains(strings.ReplaceAll(out, " ", ""), want) {
@@ -80,5 +80,19 @@ func TestBusGet(t *testing.T) {
 	}
 	if strings.Index(out, "demo/a") > strings.Index(out, "demo/b") {
 		t.Errorf("resources not sorted by name:\n%s", out)
+	}
+
+	out, err = run(t, "bus", "get", "--bus", lis.Addr().String(), "-o", "json", "VirtualService")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []busResource
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("-o json: %v\n%s", err, out)
+	}
+	var body struct{ Hosts []string }
+	if len(got) != 2 || got[0].Name != "demo/a" || got[0].TypeURL != schema.VirtualService.TypeURL || got[0].Version == "" ||
+		json.Unmarshal(got[0].Body, &body) != nil || len(body.Hosts) != 1 || body.Hosts[0] != "a" {
+		t.Errorf("-o json = %s", out)
 	}
 }

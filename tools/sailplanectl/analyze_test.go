@@ -1,0 +1,86 @@
+package main
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	networking "istio.io/api/networking/v1alpha3"
+
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/schema"
+)
+
+const missingSubset = `Referenced host+subset in destinationrule not found: "web+v2"`
+
+func TestAnalyzeFiles(t *testing.T) {
+	out, err := run(t, "analyze", "-f", "testdata/analyze.yaml")
+	if !errors.Is(err, errFound) {
+		t.Errorf("err = %v, want errFound", err)
+	}
+	want := "Error  IST0101  VirtualService demo/web  testdata/analyze.yaml document 3  spec.http[0].route[1].destination.subset  " + missingSubset
+	if !strings.Contains(out, want) {
+		t.Errorf("output lacks %q:\n%s", want, out)
+	}
+	// The Kubernetes Service in the file is the destination's service.
+	if strings.Contains(out, "Referenced host not found") {
+		t.Errorf("host reported missing:\n%s", out)
+	}
+}
+
+// TestAnalyzeBus reads the live config from a config bus and the services from a registry bus, as
+// the microservices serve them.
+func TestAnalyzeBus(t *testing.T) {
+	cfg := bus.NewStore()
+	cfg.Upsert(schema.DestinationRule.TypeURL, &bus.Resource{Name: "demo/web", Body: &networking.DestinationRule{
+		Host: "web", Subsets: []*networking.Subset{{Name: "v1"}},
+	}})
+	cfg.Upsert(schema.VirtualService.TypeURL, &bus.Resource{Name: "demo/web", Body: &networking.VirtualService{
+		Hosts: []string{"web"},
+		Http: []*networking.HTTPRoute{{Route: []*networking.HTTPRouteDestination{
+			{Destination: &networking.Destination{Host: "web", Subset: "v1"}, Weight: 90},
+			{Destination: &networking.Destination{Host: "web", Subset: "v2"}, Weight: 10},
+		}}},
+	}})
+	reg := bus.NewStore()
+	reg.Upsert(schema.Service.TypeURL, &bus.Resource{Name: "web.demo.svc.cluster.local", Body: &discoveryv1.Service{Hostname: "web.demo.svc.cluster.local", Namespace: "demo"}})
+	cfgAddr, regAddr := serveBus(t, cfg), serveBus(t, reg)
+
+	for _, tc := range []struct {
+		name        string
+		args        []string
+		hostMissing bool
+	}{
+		{"registry bus", []string{"--bus", cfgAddr, "--registry-bus", regAddr}, false},
+		// Without --registry-bus the services come from the config bus, which has none here.
+		{"one bus", []string{"--bus", cfgAddr}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := run(t, append([]string{"analyze"}, tc.args...)...)
+			if !errors.Is(err, errFound) {
+				t.Errorf("err = %v, want errFound", err)
+			}
+			if want := "VirtualService demo/web          spec.http[0].route[1].destination.subset  " + missingSubset; !strings.Contains(out, want) {
+				t.Errorf("output lacks %q:\n%s", want, out)
+			}
+			if got := strings.Contains(out, `Referenced host not found: "web"`); got != tc.hostMissing {
+				t.Errorf("host reported missing: %v, want %v:\n%s", got, tc.hostMissing, out)
+			}
+		})
+	}
+}
+
+func TestAnalyzeClean(t *testing.T) {
+	out, err := runIn(t, `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: api, namespace: demo}
+spec:
+  hosts: [api.example.com]
+  ports: [{number: 443, name: tls, protocol: TLS}]
+  resolution: DNS
+`, "analyze", "-f", "-")
+	if err != nil || out != "No problems found in 1 file.\n" {
+		t.Errorf("analyze = %q, %v", out, err)
+	}
+}
