@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -39,13 +40,18 @@ Exit code 1 when an Error is found (with --warnings-as-errors, also on warnings)
 			}
 			var s analyze.Set
 			msgs, n := files.read(&s, cmd.InOrStdin(), true)
+			var sources []string
+			if n > 0 || configBus.addr == "" {
+				sources = append(sources, plural(n, "file"))
+			}
 			if configBus.addr != "" {
 				if err := readLive(cmd, &s, configBus, registryBus); err != nil {
 					return err
 				}
+				sources = append(sources, "the config of bus "+configBus.addr)
 			}
 			msgs = analyze.Sort(append(msgs, analyze.Analyze(&s)...))
-			return report(cmd, *format, msgs, n, warningsAsErrors)
+			return report(cmd, *format, msgs, strings.Join(sources, " and "), warningsAsErrors)
 		},
 	}
 	files.add(cmd.Flags())

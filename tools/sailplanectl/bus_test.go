@@ -72,3 +72,20 @@ func TestBusUnreachable(t *testing.T) {
 		t.Errorf("err = %v", err)
 	}
 }
+
+// TestCompletion: shell completion offers the kinds for bus get and the formats for -o.
+func TestCompletion(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"__complete", "bus", "get", ""}, "VirtualService\n"},
+		{[]string{"__complete", "validate", "-o", ""}, "yaml\n"},
+		{[]string{"completion", "bash"}, "__start_sailplanectl"},
+	} {
+		out, err := run(t, tc.args...)
+		if err != nil || !strings.Contains(out, tc.want) {
+			t.Errorf("%v = %q, %v; want it to contain %q", tc.args, out, err, tc.want)
+		}
+	}
+}

@@ -107,7 +107,7 @@ Exit code 1 when any resource is invalid (with --warnings-as-errors, also on war
 			}
 			var s analyze.Set
 			msgs, n := files.read(&s, cmd.InOrStdin(), false)
-			return report(cmd, *format, analyze.Sort(msgs), n, warningsAsErrors)
+			return report(cmd, *format, analyze.Sort(msgs), plural(n, "file"), warningsAsErrors)
 		},
 	}
 	files.add(cmd.Flags())
@@ -116,9 +116,9 @@ Exit code 1 when any resource is invalid (with --warnings-as-errors, also on war
 	return cmd
 }
 
-// report prints msgs and returns errFound (wrapped with a summary) when they hold an error, or a
-// warning with warningsAsErrors.
-func report(cmd *cobra.Command, format string, msgs []analyze.Message, files int, warningsAsErrors bool) error {
+// report prints msgs, found in source ("2 files"), and returns errFound (wrapped with a summary)
+// when they hold an error, or a warning with warningsAsErrors.
+func report(cmd *cobra.Command, format string, msgs []analyze.Message, source string, warningsAsErrors bool) error {
 	errs, warnings := 0, 0
 	for _, m := range msgs {
 		if m.Level == analyze.Error {
@@ -129,7 +129,7 @@ func report(cmd *cobra.Command, format string, msgs []analyze.Message, files int
 	}
 	out := cmd.OutOrStdout()
 	if len(msgs) == 0 && (format == formatTable || format == "") {
-		_, err := fmt.Fprintf(out, "No problems found in %s.\n", plural(files, "file"))
+		_, err := fmt.Fprintf(out, "No problems found in %s.\n", source)
 		return err
 	}
 	t := table{header: []string{"LEVEL", "CODE", "RESOURCE", "ORIGIN", "FIELD", "MESSAGE"}}
@@ -143,7 +143,7 @@ func report(cmd *cobra.Command, format string, msgs []analyze.Message, files int
 		return err
 	}
 	if errs > 0 || warningsAsErrors && warnings > 0 {
-		return fmt.Errorf("%w: %s and %s in %s", errFound, plural(errs, "error"), plural(warnings, "warning"), plural(files, "file"))
+		return fmt.Errorf("%w: %s and %s in %s", errFound, plural(errs, "error"), plural(warnings, "warning"), source)
 	}
 	return nil
 }

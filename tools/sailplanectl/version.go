@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -30,7 +31,9 @@ type serverVersion struct {
 	Address   string `json:"address"`
 	Component string `json:"component,omitempty"`
 	Version   string `json:"version,omitempty"`
-	// Error says why the server could not tell its version (unreachable, not Sailplane).
+	// Reachable: the server answered (Error then says why it told no version).
+	Reachable bool `json:"reachable"`
+	// Error says why the server did not tell its version: unreachable, or not Sailplane.
 	Error string `json:"error,omitempty"`
 	// Unverified: reached over TLS without checking the server's certificate (no --root-cert).
 	Unverified bool `json:"unverified,omitempty"`
@@ -91,9 +94,12 @@ with the reason. The defaults are the local ports of make run and of the microse
 			t.add("client", "", client.Component, client.Version)
 			for _, p := range probes {
 				v := p.Version
-				if p.Error != "" {
+				switch {
+				case !p.Reachable:
 					v = "unreachable: " + p.Error
-				} else if p.Unverified {
+				case p.Error != "":
+					v = p.Error
+				case p.Unverified:
 					v += " (server certificate not verified: no --root-cert)"
 				}
 				t.add(p.Role, p.Address, p.Component, v)
@@ -153,11 +159,14 @@ func (p *serverVersion) probe(ctx context.Context, creds credentials.TransportCr
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	info, err := grpcserver.ServerVersion(ctx, conn)
-	if err != nil {
+	switch {
+	case errors.Is(err, grpcserver.ErrNoVersion):
+		p.Reachable, p.Error = true, "no version headers: not Sailplane, or an older build"
+	case err != nil:
 		p.Error = probeError(err)
-		return
+	default:
+		p.Reachable, p.Component, p.Version = true, info.Component, info.Version
 	}
-	p.Component, p.Version = info.Component, info.Version
 }
 
 // probeError is err without gRPC's layers: "connection refused" rather than the dial's whole

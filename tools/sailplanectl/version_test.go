@@ -46,13 +46,13 @@ func TestVersion(t *testing.T) {
 		want []serverVersion
 	}{
 		{"verified", []string{"--xds-address", xdsAddr + "," + closed, "--bus=", "--ca-address", caAddr, "--root-cert", rootFile}, []serverVersion{
-			{Role: "xds", Address: xdsAddr, Component: "xds-server", Version: "v1.2.3-test"},
+			{Role: "xds", Address: xdsAddr, Reachable: true, Component: "xds-server", Version: "v1.2.3-test"},
 			{Role: "xds", Address: closed, Error: "connection refused"},
-			{Role: "ca", Address: caAddr, Component: "ca", Version: "v1.2.3-test"},
+			{Role: "ca", Address: caAddr, Reachable: true, Component: "ca", Version: "v1.2.3-test"},
 		}},
 		{"no root", []string{"--xds-address=", "--bus", closed, "--ca-address", caAddr}, []serverVersion{
 			{Role: "bus", Address: closed, Error: "connection refused"},
-			{Role: "ca", Address: caAddr, Component: "ca", Version: "v1.2.3-test", Unverified: true},
+			{Role: "ca", Address: caAddr, Reachable: true, Component: "ca", Version: "v1.2.3-test", Unverified: true},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
