@@ -46,11 +46,7 @@ func TestServerVersion(t *testing.T) {
 			gs := tc.server()
 			go func() { _ = gs.Serve(lis) }()
 			defer gs.Stop()
-			conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
+			conn := dial(t, lis.Addr().String())
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
 			got, err := ServerVersion(ctx, conn)
@@ -73,11 +69,7 @@ func TestStreamHeader(t *testing.T) {
 	go func() { _ = gs.Serve(lis) }()
 	defer gs.Stop()
 	defer hs.Shutdown()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dial(t, lis.Addr().String())
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	watch, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{})
@@ -94,4 +86,14 @@ func TestStreamHeader(t *testing.T) {
 	if got := md.Get(VersionHeader); len(got) != 1 || got[0] != version.Get().Version {
 		t.Errorf("%s = %v, want [%s]", VersionHeader, got, version.Get().Version)
 	}
+}
+
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }

@@ -17,15 +17,9 @@ import (
 // serveBus serves store as a bus on 127.0.0.1 until the test ends and returns its address.
 func serveBus(t *testing.T, store *bus.Store) string {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	gs := grpc.NewServer()
 	bus.NewServer(store).Register(gs)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	return lis.Addr().String()
+	return serve(t, gs)
 }
 
 func TestBusList(t *testing.T) {

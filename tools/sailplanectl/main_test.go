@@ -3,12 +3,10 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"net"
 	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
 	networking "istio.io/api/networking/v1alpha3"
 
 	"sailplane.dev/shared/bus"
@@ -55,16 +53,9 @@ func TestBusGet(t *testing.T) {
 	store.Upsert(schema.VirtualService.TypeURL,
 		&bus.Resource{Name: "demo/b", Body: &networking.VirtualService{Hosts: []string{"b"}}},
 		&bus.Resource{Name: "demo/a", Body: &networking.VirtualService{Hosts: []string{"a"}}})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	bus.NewServer(store).Register(gs)
-	go func() { _ = gs.Serve(lis) }()
-	defer gs.Stop()
+	addr := serveBus(t, store)
 
-	out, err := run(t, "bus", "get", "--bus", lis.Addr().String(), "--body", "VirtualService", "Gateway")
+	out, err := run(t, "bus", "get", "--bus", addr, "--body", "VirtualService", "Gateway")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +73,7 @@ func TestBusGet(t *testing.T) {
 		t.Errorf("resources not sorted by name:\n%s", out)
 	}
 
-	out, err = run(t, "bus", "get", "--bus", lis.Addr().String(), "-o", "json", "VirtualService")
+	out, err = run(t, "bus", "get", "--bus", addr, "-o", "json", "VirtualService")
 	if err != nil {
 		t.Fatal(err)
 	}
