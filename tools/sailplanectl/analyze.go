@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -39,7 +41,7 @@ Exit code 1 when an Error is found (with --warnings-as-errors, also on warnings)
 				return errors.New("no input: give -f FILE|DIR|- or --bus ADDR")
 			}
 			var s analyze.Set
-			msgs, n := files.read(&s, cmd.InOrStdin(), true)
+			msgs, n := files.read(&s, cmd.InOrStdin())
 			var sources []string
 			if n > 0 || configBus.addr == "" {
 				sources = append(sources, plural(n, "file"))
@@ -78,10 +80,8 @@ func readLive(cmd *cobra.Command, s *analyze.Set, f busFlags, registryBus string
 			s.Configs = append(s.Configs, config.FromResource(k, r))
 		}
 	}
-	if registryBus == "" {
-		registryBus = f.addr
-	}
-	reg, err := f.read(cmd.Context(), registryBus, []string{schema.Service.TypeURL})
+	addr := cmp.Or(registryBus, f.addr)
+	reg, err := f.read(cmd.Context(), addr, []string{schema.Service.TypeURL})
 	if err != nil {
 		return err
 	}
@@ -89,6 +89,11 @@ func readLive(cmd *cobra.Command, s *analyze.Set, f busFlags, registryBus string
 		if svc, ok := r.Body.(*discoveryv1.Service); ok {
 			s.Services = append(s.Services, svc)
 		}
+	}
+	if registryBus == "" && len(s.Services) == 0 {
+		// A config bus of the microservices: its registry is endpoint-watcher's bus.
+		s.NoRegistry = true
+		fmt.Fprintf(cmd.ErrOrStderr(), "note: bus %s serves no services, so destination hosts are not checked: give --registry-bus (endpoint-watcher's bus, e.g. 127.0.0.1:15052)\n", f.addr)
 	}
 	return nil
 }

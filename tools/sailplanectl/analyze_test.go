@@ -53,8 +53,10 @@ func TestAnalyzeBus(t *testing.T) {
 		hostMissing bool
 	}{
 		{"registry bus", []string{"--bus", cfgAddr, "--registry-bus", regAddr}, false},
-		// Without --registry-bus the services come from the config bus, which has none here.
-		{"one bus", []string{"--bus", cfgAddr}, true},
+		// Without --registry-bus the services come from the config bus (hyper's single bus), and
+		// one with none is a microservices' config bus: hosts are not checked.
+		{"one bus", []string{"--bus", cfgAddr}, false},
+		{"registry bus without services", []string{"--bus", cfgAddr, "--registry-bus", cfgAddr}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := run(t, append([]string{"analyze"}, tc.args...)...)

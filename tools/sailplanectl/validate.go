@@ -35,12 +35,12 @@ func (f *fileFlags) add(fs *pflag.FlagSet) {
 var configExtensions = []string{".yaml", ".yml", ".json"}
 
 // read adds every file to s and returns the problems found reading and validating them.
-func (f *fileFlags) read(s *analyze.Set, stdin io.Reader, withServices bool) ([]analyze.Message, int) {
+func (f *fileFlags) read(s *analyze.Set, stdin io.Reader) ([]analyze.Message, int) {
 	var msgs []analyze.Message
 	files := 0
 	add := func(name string, data []byte) {
 		files++
-		msgs = append(msgs, s.AddFile(name, data, f.namespace, withServices)...)
+		msgs = append(msgs, s.AddFile(name, data, f.namespace)...)
 	}
 	unreadable := func(name string, err error) {
 		msgs = append(msgs, analyze.Message{Level: analyze.Error, File: name, Message: "cannot be read: " + err.Error()})
@@ -106,7 +106,7 @@ Exit code 1 when any resource is invalid (with --warnings-as-errors, also on war
 				return errors.New("no input: give -f FILE, -f DIR or -f -")
 			}
 			var s analyze.Set
-			msgs, n := files.read(&s, cmd.InOrStdin(), false)
+			msgs, n := files.read(&s, cmd.InOrStdin())
 			return report(cmd, *format, analyze.Sort(msgs), plural(n, "file"), warningsAsErrors)
 		},
 	}

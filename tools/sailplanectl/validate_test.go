@@ -65,6 +65,11 @@ func TestValidate(t *testing.T) {
 			want: []string{"Warning"},
 		},
 		{
+			name: "manifests", args: []string{"-f", "testdata/manifests.yaml"}, wantFound: true,
+			want:     []string{`EnvoyFilter demo/lua  testdata/manifests.yaml document 3         unknown kind networking.istio.io/v1alpha3 "EnvoyFilter"`},
+			dontWant: []string{"Deployment", "Service "},
+		},
+		{
 			name: "missing file", args: []string{"-f", "testdata/conf/valid.yaml", "-f", "testdata/missing.yaml"}, wantFound: true,
 			want: []string{"testdata/missing.yaml", "cannot be read"},
 		},

@@ -46,6 +46,7 @@ func versionCmd() *cobra.Command {
 		serverName      string
 		security        busFlags
 		timeout         time.Duration
+		clientOnly      bool
 		format          *string
 	)
 	cmd := &cobra.Command{
@@ -66,6 +67,9 @@ with the reason. The defaults are the local ports of make run and of the microse
 			caCreds, unverified, err := caCredentials(rootCert, serverName)
 			if err != nil {
 				return err
+			}
+			if clientOnly {
+				xds, buses, cas = nil, nil, nil
 			}
 			var probes []serverVersion
 			var creds []credentials.TransportCredentials
@@ -108,6 +112,9 @@ with the reason. The defaults are the local ports of make run and of the microse
 				Client  version.Info    `json:"client"`
 				Servers []serverVersion `json:"servers"`
 			}{client, probes}
+			if probes == nil {
+				data.Servers = []serverVersion{}
+			}
 			return writeOutput(cmd.OutOrStdout(), *format, t, data)
 		},
 	}
@@ -119,6 +126,7 @@ with the reason. The defaults are the local ports of make run and of the microse
 	fs.StringVar(&serverName, "tls-server-name", "", "name the --ca-address servers' certificates must carry (default: the address's host)")
 	security.addSecurity(fs)
 	fs.DurationVar(&timeout, "timeout", 3*time.Second, "how long to wait for each server")
+	fs.BoolVar(&clientOnly, "client", false, "only sailplanectl's own version")
 	format = addOutputFlag(cmd)
 	return cmd
 }

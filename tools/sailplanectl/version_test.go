@@ -78,7 +78,12 @@ func TestVersion(t *testing.T) {
 		})
 	}
 
-	out, err := run(t, "version", "--xds-address", xdsAddr, "--bus=", "--ca-address=")
+	out, err := run(t, "version", "--client")
+	if err != nil || !strings.HasPrefix(out, "ROLE") || strings.Count(out, "\n") != 2 || !strings.Contains(out, "sailplanectl  v1.2.3-test") {
+		t.Errorf("version --client = %q, %v", out, err)
+	}
+
+	out, err = run(t, "version", "--xds-address", xdsAddr, "--bus=", "--ca-address=")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,6 +104,9 @@ func destinationSubsets(s *Set) []Message {
 // destinationHosts: a destination's host must be a service: a registry service or a
 // ServiceEntry host (Istio's virtualservice.DestinationHostAnalyzer).
 func destinationHosts(s *Set) []Message {
+	if s.NoRegistry {
+		return nil
+	}
 	var hosts []string
 	for _, svc := range s.Services {
 		hosts = append(hosts, svc.GetHostname())

@@ -23,7 +23,7 @@ func TestGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			var s Set
-			msgs := s.AddFile("input.yaml", data, "default", true)
+			msgs := s.AddFile("input.yaml", data, "default")
 			msgs = Sort(append(msgs, Analyze(&s)...))
 			var b strings.Builder
 			for _, m := range msgs {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"sigs.k8s.io/yaml"
 
@@ -24,25 +25,29 @@ type Set struct {
 	// Services are the registry's services: Kubernetes Services read from files, or the registry
 	// bus's. Hosts are checked against them and the ServiceEntries.
 	Services []*discoveryv1.Service
+	// NoRegistry: the registry was not read, so destination hosts are not checked (every host
+	// but the ServiceEntries' would be reported missing).
+	NoRegistry bool
 
 	seen map[key]config.Source
 }
 
 type key struct{ typeURL, name string }
 
-// AddFile reads one file of YAML (or JSON) documents as config-ingest does: every document is
-// parsed and validated on its own, and what is invalid is reported and left out. With
-// withServices, Kubernetes Service documents (v1 Service) are read too, as registry services (a
-// Kubernetes manifest's Deployment and Service beside its VirtualService); without, they are
-// errors as for config-ingest.
-func (s *Set) AddFile(file string, data []byte, defaultNamespace string, withServices bool) []Message {
+// AddFile reads one file of YAML (or JSON) documents as config-ingest reads its folders: every
+// Istio document is parsed and validated on its own, and what is invalid is reported and left
+// out. Documents of other API groups (a manifest's Deployment beside its VirtualService) are not
+// Istio config and are skipped, except Kubernetes Services, which are kept as registry services.
+// An Istio kind Sailplane does not read (EnvoyFilter …) is an error, as for config-ingest.
+func (s *Set) AddFile(file string, data []byte, defaultNamespace string) []Message {
 	var msgs []Message
 	for i, doc := range config.SplitDocuments(data) {
-		if withServices {
-			if svc, ok := kubeService(doc, defaultNamespace); ok {
+		var m manifest
+		if yaml.Unmarshal(doc, &m) == nil && m.APIVersion != "" && m.Kind != "" && !istioGroup(m.APIVersion) {
+			if svc, ok := m.service(defaultNamespace); ok {
 				s.Services = append(s.Services, svc)
-				continue
 			}
+			continue
 		}
 		cfgs, errs := config.ParseYAML(file, doc, defaultNamespace)
 		for _, err := range errs {
@@ -57,6 +62,12 @@ func (s *Set) AddFile(file string, data []byte, defaultNamespace string, withSer
 		}
 	}
 	return msgs
+}
+
+// istioGroup reports whether apiVersion is of one of Istio's API groups (networking.istio.io …).
+func istioGroup(apiVersion string) bool {
+	group, _, ok := strings.Cut(apiVersion, "/")
+	return ok && (group == "istio.io" || strings.HasSuffix(group, ".istio.io"))
 }
 
 // Add validates c and keeps it when valid and not a duplicate.
@@ -97,35 +108,34 @@ func fromError(e *config.Error) Message {
 	}
 }
 
-// kubeService reads a Kubernetes Service document as a registry service, the way
-// endpoint-watcher names it.
-func kubeService(doc []byte, defaultNamespace string) (*discoveryv1.Service, bool) {
-	var svc struct {
-		APIVersion string `json:"apiVersion"`
-		Kind       string `json:"kind"`
-		Metadata   struct {
-			Name      string `json:"name"`
-			Namespace string `json:"namespace"`
-		} `json:"metadata"`
-		Spec struct {
-			Ports []struct {
-				Name string `json:"name"`
-				Port uint32 `json:"port"`
-			} `json:"ports"`
-		} `json:"spec"`
-	}
-	if err := yaml.Unmarshal(doc, &svc); err != nil || svc.APIVersion != "v1" || svc.Kind != "Service" || svc.Metadata.Name == "" {
+// manifest is what AddFile reads of a document that is not Istio config.
+type manifest struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+	Spec struct {
+		Ports []struct {
+			Name string `json:"name"`
+			Port uint32 `json:"port"`
+		} `json:"ports"`
+	} `json:"spec"`
+}
+
+// service is a Kubernetes Service manifest as a registry service, named as endpoint-watcher names
+// it.
+func (m manifest) service(defaultNamespace string) (*discoveryv1.Service, bool) {
+	if m.APIVersion != "v1" || m.Kind != "Service" || m.Metadata.Name == "" {
 		return nil, false
 	}
-	ns := svc.Metadata.Namespace
-	if ns == "" {
-		ns = defaultNamespace
+	ns := cmp.Or(m.Metadata.Namespace, defaultNamespace)
+	svc := &discoveryv1.Service{Hostname: resolveHost(m.Metadata.Name, ns), Namespace: ns, Registry: "kubernetes"}
+	for _, p := range m.Spec.Ports {
+		svc.Ports = append(svc.Ports, &discoveryv1.Port{Name: p.Name, Number: p.Port})
 	}
-	out := &discoveryv1.Service{Hostname: resolveHost(svc.Metadata.Name, ns), Namespace: ns, Registry: "kubernetes"}
-	for _, p := range svc.Spec.Ports {
-		out.Ports = append(out.Ports, &discoveryv1.Port{Name: p.Name, Number: p.Port})
-	}
-	return out, true
+	return svc, true
 }
 
 // of returns the specs of kind k in s, with their configs.
