@@ -55,12 +55,24 @@ func (f *fileFlags) read(s *analyze.Set, stdin io.Reader) ([]analyze.Message, in
 			add("-", data)
 			continue
 		}
-		err := filepath.WalkDir(p, func(path string, d fs.DirEntry, err error) error {
+		root := p
+		if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+			root = filepath.Clean(p) + string(filepath.Separator) // a symlinked folder is walked too
+		}
+		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 			if err != nil {
 				unreadable(path, err)
 				return nil
 			}
-			if d.IsDir() || path != p && !hasConfigExtension(path) {
+			if path != root && strings.HasPrefix(d.Name(), ".") {
+				// Hidden: a ConfigMap volume's ..data and timestamped copies hold the same files
+				// as the links beside them.
+				if d.IsDir() {
+					return fs.SkipDir
+				}
+				return nil
+			}
+			if d.IsDir() || path != root && !hasConfigExtension(path) {
 				return nil
 			}
 			data, err := os.ReadFile(path)

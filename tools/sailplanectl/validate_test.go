@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -114,5 +115,31 @@ func TestValidateJSON(t *testing.T) {
 func TestValidateNoInput(t *testing.T) {
 	if _, err := run(t, "validate"); err == nil || errors.Is(err, errFound) {
 		t.Errorf("err = %v, want a usage error", err)
+	}
+}
+
+// TestValidateConfigMapVolume: a ConfigMap volume's layout (files linked through ..data to a
+// hidden timestamped folder), reached through a symlinked folder, is read once per file.
+func TestValidateConfigMapVolume(t *testing.T) {
+	dir := t.TempDir()
+	vol := filepath.Join(dir, "vol")
+	data, err := os.ReadFile("testdata/conf/valid.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []error{
+		os.MkdirAll(filepath.Join(vol, "..2026_11_25"), 0o755),
+		os.WriteFile(filepath.Join(vol, "..2026_11_25", "echo.yaml"), data, 0o644),
+		os.Symlink("..2026_11_25", filepath.Join(vol, "..data")),
+		os.Symlink(filepath.Join("..data", "echo.yaml"), filepath.Join(vol, "echo.yaml")),
+		os.Symlink(vol, filepath.Join(dir, "link")),
+	} {
+		if step != nil {
+			t.Fatal(step)
+		}
+	}
+	out, err := run(t, "validate", "-f", filepath.Join(dir, "link"))
+	if err != nil || out != "No problems found in 1 file.\n" {
+		t.Errorf("validate = %q, %v", out, err)
 	}
 }
