@@ -102,7 +102,8 @@ func destinationSubsets(s *Set) []Message {
 }
 
 // destinationHosts: a destination's host must be a service: a registry service or a
-// ServiceEntry host (Istio's virtualservice.DestinationHostAnalyzer).
+// ServiceEntry host (Istio's virtualservice.DestinationHostAnalyzer); so should a
+// DestinationRule's host (a warning, Istio's UnknownDestinationRuleHost).
 func destinationHosts(s *Set) []Message {
 	if s.NoRegistry {
 		return nil
@@ -117,7 +118,7 @@ func destinationHosts(s *Set) []Message {
 		}
 	}
 	known := func(host string) bool {
-		return slices.ContainsFunc(hosts, func(h string) bool { return hostMatches(h, host) })
+		return slices.ContainsFunc(hosts, func(h string) bool { return hostMatches(h, host) || hostMatches(host, h) })
 	}
 	var msgs []Message
 	for _, vs := range of[*networking.VirtualService](s, schema.VirtualService) {
@@ -130,6 +131,12 @@ func destinationHosts(s *Set) []Message {
 				ref = "mirror host"
 			}
 			msgs = append(msgs, about(vs.Config, Error, CodeReferencedResourceNotFound, d.field+".host", referencedNotFound(ref, d.GetHost())))
+		}
+	}
+	for _, dr := range of[*networking.DestinationRule](s, schema.DestinationRule) {
+		if h := dr.spec.GetHost(); h != "" && !known(resolveHost(h, dr.Namespace)) {
+			msgs = append(msgs, about(dr.Config, Warning, CodeUnknownDestinationRuleHost, "spec.host",
+				fmt.Sprintf("The host %s defined in the DestinationRule does not match any services in the mesh.", h)))
 		}
 	}
 	return msgs

@@ -34,6 +34,8 @@ const (
 	CodeConflictingMeshGatewayVirtualServiceHosts = "IST0109"
 	// CodeVirtualServiceHostNotFoundInGateway is Istio's VirtualServiceHostNotFoundInGateway.
 	CodeVirtualServiceHostNotFoundInGateway = "IST0132"
+	// CodeUnknownDestinationRuleHost is Istio's UnknownDestinationRuleHost.
+	CodeUnknownDestinationRuleHost = "IST0174"
 	// CodeSchemaWarning is Istio's SchemaWarning: valid, but Istio warns about it.
 	CodeSchemaWarning = "IST0158"
 	// CodeConflictingDestinationRules: two DestinationRules of one namespace for one host, without
