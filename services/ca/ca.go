@@ -61,6 +61,13 @@ type Config struct {
 	// certificates also carry ServingDNSNames, so xds-server serves TLS xDS under istiod's names
 	// with a key it generated itself; "xds-server" when empty, "-" for none.
 	XDSServerAccount string
+	// WebhookAccount is the service account ("name" in Namespace, or "namespace/name") whose
+	// certificates also carry WebhookDNSNames, so the webhook serves the Kubernetes API server
+	// under its Service's names with a key it generated itself; "webhook" when empty, "-" for none.
+	WebhookAccount string
+	// WebhookDNSNames are the webhook's Service names; sailplane-webhook.<ns>.svc and
+	// sailplane-webhook.<ns>.svc.cluster.local, <ns> being WebhookAccount's namespace, when empty.
+	WebhookDNSNames []string
 	// ServingCertSecret, when set, is a kubernetes.io/tls Secret ("name" in Namespace, or
 	// "namespace/name") where the ca keeps the same certificate, for xds-server to mount
 	// (Kubernetes only).
@@ -189,6 +196,13 @@ func withDefaults(cfg Config) Config {
 	if len(cfg.ServingDNSNames) == 0 {
 		cfg.ServingDNSNames = []string{"istiod." + cfg.Namespace + ".svc", "localhost"}
 	}
+	if cfg.WebhookAccount == "" {
+		cfg.WebhookAccount = "webhook"
+	}
+	if len(cfg.WebhookDNSNames) == 0 {
+		ns, _ := account(cfg.WebhookAccount, cfg.Namespace)
+		cfg.WebhookDNSNames = WebhookDNSNames(ns)
+	}
 	// The address clients dial must be in the certificate they verify.
 	if host, _, err := net.SplitHostPort(cfg.Listen); err == nil && host != "" && !slices.Contains(cfg.ServingDNSNames, host) {
 		cfg.ServingDNSNames = append(slices.Clone(cfg.ServingDNSNames), host)
@@ -300,13 +314,38 @@ func (s *Service) install(auth *pki.Authority) error {
 	return nil
 }
 
-// servesXDS reports whether id is XDSServerAccount's.
-func (s *Service) servesXDS(id spiffe.ID) bool {
-	ns, name, found := strings.Cut(s.cfg.XDSServerAccount, "/")
-	if !found {
-		ns, name = s.cfg.Namespace, s.cfg.XDSServerAccount
+// WebhookService is the Service in front of the webhook (deploy/): the names of its serving
+// certificate.
+const WebhookService = "sailplane-webhook"
+
+// WebhookDNSNames are the names the Kubernetes API server calls the webhook in namespace by.
+func WebhookDNSNames(namespace string) []string {
+	return []string{WebhookService + "." + namespace + ".svc", WebhookService + "." + namespace + ".svc.cluster.local"}
+}
+
+// servingNamesOf are the names a certificate for id carries besides its SPIFFE ID: istiod's for
+// XDSServerAccount, the webhook Service's for WebhookAccount (each serves TLS under them with a
+// certificate it asked for itself), none for anyone else.
+func (s *Service) servingNamesOf(id spiffe.ID) ([]string, []net.IP) {
+	is := func(acct string) bool {
+		ns, name := account(acct, s.cfg.Namespace)
+		return id.Namespace == ns && id.ServiceAccount == name
 	}
-	return id.Namespace == ns && id.ServiceAccount == name
+	switch {
+	case is(s.cfg.XDSServerAccount):
+		return servingNames(s.cfg.ServingDNSNames)
+	case is(s.cfg.WebhookAccount):
+		return servingNames(s.cfg.WebhookDNSNames)
+	}
+	return nil, nil
+}
+
+// account splits a service account flag, "name" in namespace or "namespace/name".
+func account(acct, namespace string) (ns, name string) {
+	if ns, name, found := strings.Cut(acct, "/"); found {
+		return ns, name
+	}
+	return namespace, acct
 }
 
 // servingSecret is ServingCertSecret's namespace and name.

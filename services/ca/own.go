@@ -86,7 +86,7 @@ func (o *ownCredential) sign(auth *pki.Authority) (*workloadcert.Credential, err
 func halfLife(from, to time.Time) time.Time { return from.Add(to.Sub(from) / 2) }
 
 // ServiceAccounts are the control plane services that get a folder in ServiceCertDir.
-var ServiceAccounts = []string{"config-ingest", "endpoint-watcher", "xds-server"}
+var ServiceAccounts = []string{"config-ingest", "endpoint-watcher", "xds-server", "webhook"}
 
 // keepServiceCerts keeps, without Kubernetes (no token to review), a bootstrap credential for
 // each of ServiceAccounts in dir/<service account>/ (cert-chain.pem, key.pem 0600,

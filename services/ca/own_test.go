@@ -90,6 +90,21 @@ func TestServiceCertFolders(t *testing.T) {
 	if ingestCert.ID.ServiceAccount != "config-ingest" || len(ingestCert.Leaf().DNSNames) != 0 {
 		t.Errorf("config-ingest's certificate: %s, DNS names %v, want config-ingest's identity and no DNS name", ingestCert.ID, ingestCert.Leaf().DNSNames)
 	}
+	// The webhook's carry its Service's names, which the Kubernetes API server calls it by.
+	hookFolder := filepath.Join(dir, "services", "webhook")
+	hook, err := workloadcert.New(workloadcert.Config{
+		CAAddress: r.Addr().String(), RootCertFile: filepath.Join(hookFolder, workloadcert.RootCertFile), ProvisionedCertDir: hookFolder,
+	}, testlog.New(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hookCert, err := hook.Issue(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if names := hookCert.Leaf().DNSNames; !slices.Equal(names, []string{"sailplane-webhook.istio-system.svc", "sailplane-webhook.istio-system.svc.cluster.local"}) {
+		t.Errorf("the webhook's certificate names %v, want its Service's", names)
+	}
 	// The provisioned folder is not needed again: the renewal (at 80 % of 3 s) authenticates
 	// with the service's own certificate.
 	for _, f := range []string{workloadcert.KeyFile, workloadcert.CertChainFile} {

@@ -147,10 +147,7 @@ func (cs *certService) CreateCertificate(ctx context.Context, req *pb.IstioCerti
 		ttl = s.cfg.MaxCertTTL
 	}
 	opts := pki.LeafOptions{URIs: []*url.URL{c.id.URL()}, TTL: ttl}
-	if s.servesXDS(c.id) {
-		// xds-server serves istiod's names on 15012 with a certificate it asked for itself.
-		opts.DNSNames, opts.IPs = servingNames(s.cfg.ServingDNSNames)
-	}
+	opts.DNSNames, opts.IPs = s.servingNamesOf(c.id)
 	leaf, err := auth.Issue(csr.PublicKey, opts)
 	if err != nil {
 		s.log.Error("signing failed", append(c.logAttrs(), "error", err)...)
@@ -245,4 +242,27 @@ func servingNames(names []string) ([]string, []net.IP) {
 		}
 	}
 	return dns, ips
+}
+
+// ServingCertificate is a tls.Config.GetCertificate serving names (and 127.0.0.1, ::1) with a
+// certificate this ca signs in-process, renewed at half its lifetime and when another root
+// signs: for a listener of what hyper links beside the ca (the webhook). An error until Run
+// loaded the root.
+func (s *Service) ServingCertificate(names []string) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	var (
+		mu sync.Mutex
+		sc *servingCert
+	)
+	return func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		auth := s.authority()
+		if auth == nil {
+			return nil, errNotLoaded
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if sc == nil || sc.auth != auth {
+			sc = &servingCert{auth: auth, names: names, alg: s.cfg.KeyAlgorithm}
+		}
+		return sc.get(hello)
+	}
 }
