@@ -63,13 +63,42 @@ type Flags struct {
 
 // AddFlags registers the identity and bus flags.
 func (f *Flags) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&f.CA.CAAddress, "ca-address", "", "the ca's TLS address (its --ca-listen): the service gets its certificate there, renews it at 80 % of its life, and serves and dials its buses over mTLS with it; empty: no identity, plaintext buses")
-	fs.StringVar(&f.CA.RootCertFile, "ca-root-cert", "", "root certificate verifying the ca (Kubernetes: the istio-ca-root-cert ConfigMap's root-cert.pem; without: root-cert.pem in the ca's --service-cert-dir folder)")
-	fs.StringVar(&f.CA.TokenFile, "ca-token-file", "", "service-account token (audience istio-ca) authenticating the first request to the ca (Kubernetes: a projected token); re-read at each request")
-	fs.StringVar(&f.CA.ProvisionedCertDir, "provisioned-cert-dir", "", "folder with cert-chain.pem and key.pem authenticating the first request to the ca without a token (the ca's --service-cert-dir/<service account>)")
-	fs.DurationVar(&f.CA.CertTTL, "cert-ttl", 0, "lifetime of the service's certificate asked for (default 24h; the ca may shorten it)")
+	addCAFlags(fs, &f.CA)
 	f.Bus.AddFlags(fs)
-	cli.SharedStringVar(fs, &f.CA.ClusterID, "cluster-id", cli.EnvOr("CLUSTER_ID", "Kubernetes"), "this cluster's name, sent to the ca")
+}
+
+// addCAFlags registers the flags asking the ca for a certificate.
+func addCAFlags(fs *pflag.FlagSet, ca *workloadcert.Config) {
+	fs.StringVar(&ca.CAAddress, "ca-address", "", "the ca's TLS address (its --ca-listen): the service gets its certificate there, renews it at 80 % of its life, and serves and dials its buses over mTLS with it; empty: no identity, plaintext buses")
+	fs.StringVar(&ca.RootCertFile, "ca-root-cert", "", "root certificate verifying the ca (Kubernetes: the istio-ca-root-cert ConfigMap's root-cert.pem; without: root-cert.pem in the ca's --service-cert-dir folder)")
+	fs.StringVar(&ca.TokenFile, "ca-token-file", "", "service-account token (audience istio-ca) authenticating the first request to the ca (Kubernetes: a projected token); re-read at each request")
+	fs.StringVar(&ca.ProvisionedCertDir, "provisioned-cert-dir", "", "folder with cert-chain.pem and key.pem authenticating the first request to the ca without a token (the ca's --service-cert-dir/<service account>)")
+	fs.DurationVar(&ca.CertTTL, "cert-ttl", 0, "lifetime of the service's certificate asked for (default 24h; the ca may shorten it)")
+	cli.SharedStringVar(fs, &ca.ClusterID, "cluster-id", cli.EnvOr("CLUSTER_ID", "Kubernetes"), "this cluster's name, sent to the ca")
+}
+
+// CertFlags are a service's certificate from the ca without buses (the webhook): the same
+// --ca-* flags as Flags, and --trust-domain.
+type CertFlags struct {
+	CA workloadcert.Config
+}
+
+// AddFlags registers the certificate flags.
+func (f *CertFlags) AddFlags(fs *pflag.FlagSet) {
+	addCAFlags(fs, &f.CA)
+	cli.SharedStringVar(fs, &f.CA.TrustDomain, "trust-domain", "cluster.local", "trust domain of the mesh: spiffe://<trust-domain>/ns/<ns>/sa/<sa>")
+}
+
+// Client is the service's certificate client; nil without --ca-address. It must run.
+func (f *CertFlags) Client(log *slog.Logger) (*workloadcert.Client, error) {
+	if f.CA.CAAddress == "" {
+		return nil, nil
+	}
+	client, err := workloadcert.New(f.CA, log.With("component", "certificate"))
+	if err != nil {
+		return nil, fmt.Errorf("--ca-address: %w", err)
+	}
+	return client, nil
 }
 
 // Identity is the service's certificate client (nil without --ca-address: no identity) and its

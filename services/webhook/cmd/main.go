@@ -1,28 +1,74 @@
-// Command webhook injects sidecars into pods and validates Istio config for the Kubernetes API server.
-// It is not built yet: the binary exists so the layout, build and deployment are complete, and it
-// says so instead of pretending to work.
+// Command webhook serves the Kubernetes API server's admission webhooks for Sailplane: sidecar
+// injection (/inject) and validation of Istio config (/validate), over HTTPS with a certificate
+// from the ca (--ca-address) or a self-managed one, and keeps its revision's webhook
+// configurations' caBundle current.
 package main
 
 import (
 	"errors"
-	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
+
+	"sailplane.dev/shared/cli"
+	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/kube"
+	"sailplane.dev/shared/serviceid"
+
+	"sailplane.dev/services/webhook"
 )
 
 func main() {
+	var (
+		logOpts    cli.LogOptions
+		cfg        webhook.Config
+		kubeconfig string
+		identity   serviceid.CertFlags
+		pprofAddr  string
+	)
 	cmd := &cobra.Command{
-		Use:           "webhook",
-		Short:         "Sailplane webhook: injects sidecars into pods and validates Istio config for the Kubernetes API server",
-		SilenceUsage:  true,
-		SilenceErrors: true,
+		Use:   "webhook",
+		Short: "Inject sidecars into pods and validate Istio config for the Kubernetes API server",
 		RunE: func(*cobra.Command, []string) error {
-			return errors.New("webhook is not implemented yet")
+			log, err := logOpts.Logger()
+			if err != nil {
+				return err
+			}
+			found, err := kube.Discover(kubeconfig)
+			switch {
+			case errors.Is(err, kube.ErrNoCluster):
+				log.Info("no Kubernetes cluster: serving without one (no configuration is patched)")
+			case err != nil:
+				return err
+			default:
+				cfg.Kube = found.Config
+				log.Info("kubernetes", "from", found.Source)
+			}
+			certs, err := identity.Client(log)
+			if err != nil {
+				return err
+			}
+			var m component.Manager
+			deps := webhook.Deps{Logger: log.With("component", "webhook")}
+			if certs != nil {
+				// The ca adds the webhook Service's names to this service account's certificates.
+				deps.Certificate = webhook.WorkloadCertificate(certs)
+				m.Add("certificate", certs)
+			}
+			srv, err := webhook.New(cfg, deps)
+			if err != nil {
+				return err
+			}
+			m.Add("webhook", srv)
+			if pprofAddr != "" {
+				m.Add("pprof", cli.Pprof{Addr: pprofAddr, Log: log})
+			}
+			return cli.RunUntilSignal(&m)
 		},
 	}
-	if err := cmd.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		os.Exit(1)
-	}
+	logOpts.AddFlags(cmd.Flags())
+	cfg.AddFlags(cmd.Flags())
+	cli.KubeconfigVar(cmd.Flags(), &kubeconfig)
+	identity.AddFlags(cmd.Flags())
+	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")
+	cli.Execute(cmd)
 }
