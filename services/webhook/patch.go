@@ -102,7 +102,11 @@ func (p *configPatcher) Run(ctx context.Context) error {
 					return nil
 				}
 				wait := delay/2 + rand.N(delay/2+1)
-				p.log.Info("webhook configurations not current yet; retrying", "reason", err.Error(), "retry-in", wait.Round(time.Millisecond))
+				if errors.Is(err, errNotReached) {
+					p.log.Info("the API server does not reach the validator yet: it stays fail open", "reason", err.Error(), "retry-in", wait.Round(time.Millisecond))
+				} else {
+					p.log.Info("webhook configurations not current yet; retrying", "reason", err.Error(), "retry-in", wait.Round(time.Millisecond))
+				}
 				retry, delay, dirty = time.After(wait), min(2*delay, retryMax), true
 			} else {
 				patched, delay = roots, retryFirst
