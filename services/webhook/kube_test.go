@@ -1,0 +1,303 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	k8sschema "k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"sailplane.dev/shared/config"
+	"sailplane.dev/shared/testlog"
+	"sailplane.dev/tools/testenv"
+)
+
+// shippedConfigurations are the configurations of deploy/base/webhooks.yaml, as shipped but for
+// the API server calling url+path instead of the Service (it cannot resolve Services).
+func shippedConfigurations(t *testing.T, url string) (*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration) {
+	t.Helper()
+	data, err := os.ReadFile("../../deploy/base/webhooks.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := config.SplitDocuments(data)
+	if len(docs) != 2 {
+		t.Fatalf("webhooks.yaml has %d documents, want 2", len(docs))
+	}
+	var mwc admissionregistrationv1.MutatingWebhookConfiguration
+	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+	if err := yaml.UnmarshalStrict(docs[0], &mwc); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(docs[1], &vwc); err != nil {
+		t.Fatal(err)
+	}
+	atURL := func(cc *admissionregistrationv1.WebhookClientConfig) {
+		u := url + *cc.Service.Path
+		cc.URL, cc.Service = &u, nil
+	}
+	for i := range mwc.Webhooks {
+		atURL(&mwc.Webhooks[i].ClientConfig)
+	}
+	for i := range vwc.Webhooks {
+		atURL(&vwc.Webhooks[i].ClientConfig)
+	}
+	return &mwc, &vwc
+}
+
+// forRevision turns the default revision's configurations into rev's, as the file's comment
+// says: names and labels suffixed, the rev.* webhooks only, selecting rev.
+func forRevision(rev string, mwc *admissionregistrationv1.MutatingWebhookConfiguration, vwc *admissionregistrationv1.ValidatingWebhookConfiguration) {
+	retarget := func(sels ...*metav1.LabelSelector) {
+		for _, s := range sels {
+			for i, e := range s.MatchExpressions {
+				if e.Key == RevisionLabel && slices.Contains(e.Values, DefaultRevision) {
+					s.MatchExpressions[i].Values = []string{rev}
+				}
+			}
+		}
+	}
+	mwc.Name, mwc.Labels[RevisionLabel] = ConfigName(mwc.Name, rev), rev
+	mwc.Webhooks = slices.DeleteFunc(mwc.Webhooks, func(w admissionregistrationv1.MutatingWebhook) bool { return !strings.HasPrefix(w.Name, "rev.") })
+	for _, w := range mwc.Webhooks {
+		retarget(w.NamespaceSelector, w.ObjectSelector)
+	}
+	vwc.Name, vwc.Labels[RevisionLabel] = ConfigName(vwc.Name, rev), rev
+	vwc.Webhooks = slices.DeleteFunc(vwc.Webhooks, func(w admissionregistrationv1.ValidatingWebhook) bool { return !strings.HasPrefix(w.Name, "rev.") })
+	for _, w := range vwc.Webhooks {
+		retarget(w.NamespaceSelector, w.ObjectSelector)
+	}
+}
+
+var virtualServices = k8sschema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"}
+
+// object decodes one Kubernetes object from YAML.
+func object(t *testing.T, y string) *unstructured.Unstructured {
+	t.Helper()
+	var obj map[string]any
+	if err := yaml.Unmarshal([]byte(y), &obj); err != nil {
+		t.Fatal(err)
+	}
+	return &unstructured.Unstructured{Object: obj}
+}
+
+// vs is a VirtualService named name whose first route has weight.
+func vs(t *testing.T, name string, weight int) *unstructured.Unstructured {
+	return object(t, fmt.Sprintf(`
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: %s}
+spec:
+  hosts: [reviews]
+  http:
+    - route:
+        - {destination: {host: reviews, subset: v1}, weight: %d}
+        - {destination: {host: reviews, subset: v2}, weight: %d}
+`, name, weight, 100-weight))
+}
+
+// warnings records the API server's Warning headers.
+type warnings struct {
+	mu   sync.Mutex
+	text []string
+}
+
+func (w *warnings) HandleWarningHeader(_ int, _ string, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.text = append(w.text, text)
+}
+
+func (w *warnings) all() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Join(w.text, "\n")
+}
+
+// waitFor polls cond until it returns nil, failing t after a minute (generous: a loaded machine).
+func waitFor(t *testing.T, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		<-tick.C
+	}
+}
+
+// TestKubernetes runs the webhook behind the shipped configurations of a real kube-apiserver:
+// each revision patches its own configurations' caBundle, the validator turns to fail closed
+// only once the API server reached it, invalid config is refused at creation with the
+// validator's message, warnings reach the client, and with the webhook down the control plane's
+// namespace and kube-system still take config while other namespaces are refused.
+func TestKubernetes(t *testing.T) {
+	k := testenv.KubeForTest(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	restCfg := k.RestConfig()
+	seen := &warnings{}
+	restCfg.WarningHandler = seen
+	kc := kubernetes.NewForConfigOrDie(restCfg)
+	dyn := dynamic.NewForConfigOrDie(restCfg)
+	for _, ns := range []string{"istio-system", "shop"} {
+		if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mutating := kc.AdmissionregistrationV1().MutatingWebhookConfigurations()
+	validating := kc.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+
+	// The default revision's webhook, and its configurations as shipped.
+	def := start(t, Config{Namespace: "istio-system", Kube: k.RestConfig(), PatchCABundle: true}, Deps{})
+	mwc, vwc := shippedConfigurations(t, "https://"+def.Addr().String())
+	if _, err := mutating.Create(ctx, mwc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := validating.Create(ctx, vwc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A canary revision's webhook, whose configurations call an address nobody serves.
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	canaryLog, canaryMsgs := testlog.NewRecording(t, -4)
+	canary := start(t, Config{Namespace: "istio-system", Revision: "canary", Kube: k.RestConfig(), PatchCABundle: true}, Deps{Logger: canaryLog})
+	cmwc, cvwc := shippedConfigurations(t, "https://"+closed.Addr().String())
+	forRevision("canary", cmwc, cvwc)
+	if _, err := mutating.Create(ctx, cmwc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := validating.Create(ctx, cvwc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	bundles := func(name string) (all [][]byte, policies map[string]admissionregistrationv1.FailurePolicyType) {
+		policies = map[string]admissionregistrationv1.FailurePolicyType{}
+		if m, err := mutating.Get(ctx, name, metav1.GetOptions{}); err == nil {
+			for _, w := range m.Webhooks {
+				all = append(all, w.ClientConfig.CABundle)
+			}
+		}
+		if v, err := validating.Get(ctx, name, metav1.GetOptions{}); err == nil {
+			for _, w := range v.Webhooks {
+				all, policies[w.Name] = append(all, w.ClientConfig.CABundle), *w.FailurePolicy
+			}
+		}
+		return all, policies
+	}
+	patchedWith := func(roots []byte, names ...string) func() error {
+		return func() error {
+			for _, name := range names {
+				all, _ := bundles(name)
+				for i, b := range all {
+					if !bytes.Equal(b, roots) {
+						return fmt.Errorf("%s: webhook %d has caBundle %.40q…", name, i, b)
+					}
+				}
+			}
+			return nil
+		}
+	}
+
+	t.Run("CABundleOwnedPerRevision", func(t *testing.T) {
+		waitFor(t, "default revision's caBundle", patchedWith(def.cert.Roots(), InjectorConfigName, ValidatorConfigName))
+		waitFor(t, "canary's caBundle", patchedWith(canary.cert.Roots(), InjectorConfigName+"-canary", ValidatorConfigName+"-canary"))
+		// Both patchers ran to completion on their own configurations: neither took the other's.
+		if err := patchedWith(def.cert.Roots(), InjectorConfigName, ValidatorConfigName)(); err != nil {
+			t.Error(err)
+		}
+	})
+
+	t.Run("FailClosedOnceReached", func(t *testing.T) {
+		waitFor(t, "the default validator failing closed", func() error {
+			_, policies := bundles(ValidatorConfigName)
+			want := map[string]admissionregistrationv1.FailurePolicyType{
+				"rev.validation.sailplane.dev": "Fail", "validation.sailplane.dev": "Fail", "control-plane.validation.sailplane.dev": "Ignore",
+			}
+			if fmt.Sprint(policies) != fmt.Sprint(want) {
+				return fmt.Errorf("failure policies %v, want %v", policies, want)
+			}
+			return nil
+		})
+		// The canary's validator is never reached: it stays open, however often it is checked.
+		waitFor(t, "canary's reachability checks", func() error {
+			if n := canaryMsgs.Count("does not reach the validator yet"); n < 3 {
+				return fmt.Errorf("%d checks", n)
+			}
+			return nil
+		})
+		if _, policies := bundles(ValidatorConfigName + "-canary"); policies["rev.validation.sailplane.dev"] != "Ignore" {
+			t.Errorf("canary's failure policies %v: want Ignore, it was never reached", policies)
+		}
+	})
+
+	vss := dyn.Resource(virtualServices)
+	t.Run("InvalidRefused", func(t *testing.T) {
+		_, err := vss.Namespace("shop").Create(ctx, vs(t, "bad", 150), metav1.CreateOptions{})
+		want := `admission webhook "validation.sailplane.dev" denied the request: VirtualService shop/bad: spec.http[0].route[0].weight: must be between 0 and 100, got 150`
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("create: %v, want %q", err, want)
+		}
+		if _, err := vss.Namespace("shop").Create(ctx, vs(t, "good", 90), metav1.CreateOptions{}); err != nil {
+			t.Errorf("a valid VirtualService: %v", err)
+		}
+	})
+
+	t.Run("WarningHeader", func(t *testing.T) {
+		se := object(t, `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: db}
+spec:
+  hosts: [db.example.com]
+  ports: [{number: 5432, name: tcp, protocol: TCP}]
+  resolution: NONE`)
+		gvr := k8sschema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "serviceentries"}
+		if _, err := dyn.Resource(gvr).Namespace("shop").Create(ctx, se, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if want := "ServiceEntry shop/db: spec.ports[0]: a TCP (or unset) protocol port needs spec.addresses"; !strings.Contains(seen.all(), want) {
+			t.Errorf("warnings %q, want %q", seen.all(), want)
+		}
+	})
+
+	t.Run("ControlPlaneNamespacesIndependent", func(t *testing.T) {
+		def.stop(t)
+		// Elsewhere the validator fails closed now that the webhook is down.
+		waitFor(t, "refusal while the webhook is down", func() error {
+			_, err := vss.Namespace("shop").Create(ctx, vs(t, "while-down", 90), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			if err == nil || !strings.Contains(err.Error(), `failed calling webhook "validation.sailplane.dev"`) {
+				return fmt.Errorf("create in shop: %v, want the webhook's failure", err)
+			}
+			return nil
+		})
+		for _, ns := range []string{"istio-system", "kube-system"} {
+			if _, err := vss.Namespace(ns).Create(ctx, vs(t, "while-down", 90), metav1.CreateOptions{}); err != nil {
+				t.Errorf("create in %s with the webhook down: %v", ns, err)
+			}
+		}
+	})
+}
