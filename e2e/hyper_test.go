@@ -61,7 +61,8 @@ spec:
 	dir := t.TempDir() // no etc/sailplane here: files mode would find nothing to serve
 	busAddr := framework.FreeAddr(t)
 	hyper := framework.Start(t, dir, framework.Binary(t, "hyper"),
-		"--xds-listen", framework.FreeAddr(t), "--bus-listen", busAddr, "--xds-tls-listen", framework.FreeAddr(t))
+		"--xds-listen", framework.FreeAddr(t), "--bus-listen", busAddr, "--xds-tls-listen", framework.FreeAddr(t),
+		"--webhook-listen", framework.FreeAddr(t))
 	config := framework.RecordBus(t, busAddr, schema.VirtualService.TypeURL)
 	framework.Eventually(t, time.Minute, func() error {
 		return config.HasAll(schema.VirtualService.TypeURL, "demo/found")

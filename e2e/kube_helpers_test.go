@@ -83,7 +83,8 @@ func startHyperOnKube(t *testing.T, k *testenv.Kube, kube *framework.Kube) sailp
 	xds, busAddr := framework.FreeAddr(t), framework.FreeAddr(t)
 	p := framework.Start(t, dir, bin,
 		"--kubeconfig", k.KubeconfigPath(), "--config-source", "kubernetes",
-		"--xds-listen", xds, "--bus-listen", busAddr, "--xds-tls-listen", framework.FreeAddr(t), "--log-level", "debug")
+		"--xds-listen", xds, "--bus-listen", busAddr, "--xds-tls-listen", framework.FreeAddr(t), "--webhook-listen", framework.FreeAddr(t),
+		"--log-level", "debug")
 	return sailplaneOnKube{xds: xds, configBus: busAddr, procs: []*framework.Process{p}}
 }
 

@@ -49,7 +49,8 @@ var securedKubeTopologies = []struct {
 		secure := framework.GatewayAddr(t)
 		p := framework.Start(t, dir, framework.Binary(t, "hyper"),
 			"--kubeconfig", k.KubeconfigPath(), "--config-source", "kubernetes",
-			"--xds-listen=", "--xds-tls-listen", secure, "--bus-listen", framework.FreeAddr(t), "--log-level", "debug")
+			"--xds-listen=", "--xds-tls-listen", secure, "--bus-listen", framework.FreeAddr(t), "--webhook-listen", framework.FreeAddr(t),
+			"--log-level", "debug")
 		return securedOnKube{ca: secure, xds: secure, xdsLog: p}
 	}},
 	// The ca on its own port; each service gets its certificate from it with its service

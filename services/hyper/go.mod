@@ -115,3 +115,5 @@ replace sailplane.dev/services/ca => ../ca
 replace sailplane.dev/services/webhook => ../webhook
 
 replace sailplane.dev/tools => ../../tools
+
+require sailplane.dev/services/webhook v0.0.0

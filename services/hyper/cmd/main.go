@@ -7,6 +7,8 @@
 package main
 
 import (
+	"net"
+
 	"github.com/spf13/cobra"
 
 	"sailplane.dev/shared/bus"
@@ -18,6 +20,7 @@ import (
 	ca "sailplane.dev/services/ca"
 	configingest "sailplane.dev/services/config-ingest"
 	endpointwatcher "sailplane.dev/services/endpoint-watcher"
+	"sailplane.dev/services/webhook"
 	xdsserver "sailplane.dev/services/xds-server"
 )
 
@@ -36,6 +39,7 @@ func newCommand() *cobra.Command {
 		watcherCfg endpointwatcher.Config
 		xdsCfg     xdsserver.Config
 		caCfg      ca.Config
+		webhookCfg webhook.Config
 		pprofAddr  string
 		busListen  string
 		busFlags   serviceid.BusFlags
@@ -118,6 +122,15 @@ func newCommand() *cobra.Command {
 				}
 				m.Add("bus-server", busServer)
 			}
+			// The webhook serves the Kubernetes API server; without one, only when asked for.
+			if kubeCfg != nil || cmd.Flags().Changed("webhook-listen") {
+				webhookCfg.Kube = kubeCfg
+				hook, err := webhook.New(webhookCfg, webhook.Deps{Logger: log.With("component", "webhook"), Certificate: webhookCertificate(authority, caCfg, webhookCfg)})
+				if err != nil {
+					return err
+				}
+				m.Add("webhook", hook)
+			}
 			if pprofAddr != "" {
 				m.Add("pprof", cli.Pprof{Addr: pprofAddr, Log: log})
 			}
@@ -132,8 +145,22 @@ func newCommand() *cobra.Command {
 	cmd.Flags().StringVar(&xdsCfg.SecureListen, "xds-tls-listen", "127.0.0.1:15012",
 		"address serving ADS over TLS with the ca's serving certificate, and the ca's CreateCertificate unless --ca-listen differs; empty: off")
 	caCfg.AddFlags(cmd.Flags())
+	webhookCfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the bus to external MCP consumers: plaintext on loopback, else mTLS with hyper's own certificate (spiffe://<trust-domain>/ns/<namespace>/sa/"+ServiceAccount+"), consumers checked against --bus-peers, unless --bus-plaintext; empty to disable")
 	busFlags.AddFlags(cmd.Flags())
 	return cmd
+}
+
+// webhookCertificate is the webhook's serving certificate, signed in-process by the linked ca for
+// the webhook Service's names (--webhook-dns-names) and the listen host.
+func webhookCertificate(authority *ca.Service, caCfg ca.Config, cfg webhook.Config) *webhook.Certificate {
+	names := caCfg.WebhookDNSNames
+	if len(names) == 0 {
+		names = webhook.DNSNames(cfg.Namespace)
+	}
+	if host, _, err := net.SplitHostPort(cfg.Listen); err == nil && host != "" {
+		names = append(names, host)
+	}
+	return &webhook.Certificate{Get: authority.ServingCertificate(names), Roots: authority.RootsPEM, Ready: authority.Ready()}
 }

@@ -10,6 +10,7 @@ import (
 	ca "sailplane.dev/services/ca"
 	configingest "sailplane.dev/services/config-ingest"
 	endpointwatcher "sailplane.dev/services/endpoint-watcher"
+	"sailplane.dev/services/webhook"
 	xdsserver "sailplane.dev/services/xds-server"
 )
 
@@ -27,6 +28,7 @@ func TestFlagsOfLinkedServices(t *testing.T) {
 		{"endpoint-watcher", (&endpointwatcher.Config{}).AddFlags},
 		{"xds-server", (&xdsserver.Config{}).AddFlags},
 		{"ca", (&ca.Config{}).AddFlags},
+		{"webhook", (&webhook.Config{}).AddFlags},
 	} {
 		fs := pflag.NewFlagSet(svc.name, pflag.ContinueOnError)
 		svc.addFlags(fs)
