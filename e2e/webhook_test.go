@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,23 +16,55 @@ import (
 	"sailplane.dev/tools/testenv"
 )
 
-// TestHyperWebhook runs hyper on Kubernetes behind deploy/base/webhooks.yaml (calling its
-// --webhook-listen on 127.0.0.1, since the API server cannot resolve the Service): hyper serves
-// the webhook with a certificate from its linked ca, patches the caBundle with the ca's roots,
-// turns the validator to fail closed once the API server reaches it, and an invalid
-// VirtualService is refused at creation with the validator's field message.
-func TestHyperWebhook(t *testing.T) {
-	k := testenv.KubeForTest(t)
-	kube := framework.NewKube(t, k.RestConfig())
-	kube.EnsureNamespace(t, "istio-system")
-	kube.Apply(t, meshConfigMap)
-	dir := t.TempDir()
-	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", "rootNamespace: istio-system\n")
-	webhookAddr := framework.FreeAddr(t)
-	framework.Start(t, dir, framework.Binary(t, "hyper"),
-		"--kubeconfig", k.KubeconfigPath(), "--config-source", "kubernetes", "--xds-listen", framework.FreeAddr(t),
-		"--bus-listen", framework.FreeAddr(t), "--xds-tls-listen", framework.FreeAddr(t), "--webhook-listen", webhookAddr)
+// webhookTopologies start the webhook on Kubernetes with the given --webhook-listen: linked
+// into hyper (its certificate from the linked ca), or the webhook binary beside the ca (its own
+// certificate, asked for with its service account's token; the ca adds the Service's names).
+var webhookTopologies = []struct {
+	name  string
+	start func(t *testing.T, k *testenv.Kube, kube *framework.Kube, listen string)
+}{
+	{"hyper", func(t *testing.T, k *testenv.Kube, _ *framework.Kube, listen string) {
+		dir := t.TempDir()
+		framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", "rootNamespace: istio-system\n")
+		framework.Start(t, dir, framework.Binary(t, "hyper"),
+			"--kubeconfig", k.KubeconfigPath(), "--config-source", "kubernetes", "--xds-listen", framework.FreeAddr(t),
+			"--bus-listen", framework.FreeAddr(t), "--xds-tls-listen", framework.FreeAddr(t), "--webhook-listen", listen)
+	}},
+	{"microservices", func(t *testing.T, k *testenv.Kube, kube *framework.Kube, listen string) {
+		dir, caAddr := t.TempDir(), framework.FreeAddr(t)
+		framework.Start(t, dir, framework.Binary(t, "ca"), "--kubernetes=true", "--kubeconfig", k.KubeconfigPath(),
+			"--ca-listen", caAddr, "--ca-cert-dir", "etc/certs", "--bus-listen=")
+		rootFile := filepath.Join(dir, "etc/certs/root-cert.pem")
+		framework.Eventually(t, time.Minute, func() error {
+			_, err := os.Stat(rootFile)
+			return err
+		})
+		framework.WriteFile(t, dir, "var/run/secrets/tokens/istio-token", kube.ServiceAccountToken(t, "istio-system", "webhook", "istio-ca"))
+		framework.Start(t, dir, framework.Binary(t, "webhook"), "--kubeconfig", k.KubeconfigPath(), "--webhook-listen", listen,
+			"--ca-address", caAddr, "--ca-root-cert", rootFile, "--ca-token-file", filepath.Join(dir, "var/run/secrets/tokens/istio-token"))
+	}},
+}
 
+// TestWebhookOnKube runs the webhook on Kubernetes behind deploy/base/webhooks.yaml (calling its
+// --webhook-listen on 127.0.0.1, since the API server cannot resolve the Service), in both
+// topologies: the caBundle is patched with the ca's roots, the validator turns to fail closed
+// once the API server reaches it, and an invalid VirtualService is refused at creation with the
+// validator's field message.
+func TestWebhookOnKube(t *testing.T) {
+	for _, topo := range webhookTopologies {
+		t.Run(topo.name, func(t *testing.T) {
+			k := testenv.KubeForTest(t)
+			kube := framework.NewKube(t, k.RestConfig())
+			kube.EnsureNamespace(t, "istio-system")
+			kube.Apply(t, meshConfigMap)
+			webhookAddr := framework.FreeAddr(t)
+			topo.start(t, k, kube, webhookAddr)
+			checkWebhook(t, kube, webhookAddr)
+		})
+	}
+}
+
+func checkWebhook(t *testing.T, kube *framework.Kube, webhookAddr string) {
 	shipped, err := os.ReadFile("../deploy/base/webhooks.yaml")
 	if err != nil {
 		t.Fatal(err)
