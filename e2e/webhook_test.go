@@ -48,8 +48,8 @@ var webhookTopologies = []struct {
 // TestWebhookOnKube runs the webhook on Kubernetes behind deploy/base/webhooks.yaml (calling its
 // --webhook-listen on 127.0.0.1, since the API server cannot resolve the Service), in both
 // topologies: the caBundle is patched with the ca's roots, the validator turns to fail closed
-// once the API server reaches it, and an invalid VirtualService is refused at creation with the
-// validator's field message.
+// once the API server reaches it, an invalid VirtualService is refused at creation with the
+// validator's field message, and a pod in a namespace labelled for injection gets the sidecar.
 func TestWebhookOnKube(t *testing.T) {
 	for _, topo := range webhookTopologies {
 		t.Run(topo.name, func(t *testing.T) {
@@ -116,5 +116,29 @@ spec:
 	_, err = ri.Create(ctx, objs[0], metav1.CreateOptions{})
 	if want := "VirtualService demo/bad: spec.http[0].route[0].weight: must be between 0 and 100, got 150"; err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("create: %v, want %q", err, want)
+	}
+
+	// A pod created in a namespace labelled for injection gets the sidecar.
+	kube.Apply(t, "apiVersion: v1\nkind: Namespace\nmetadata: {name: injected, labels: {istio-injection: enabled}}\n")
+	pods, err := framework.Decode(`apiVersion: v1
+kind: Pod
+metadata: {name: app, namespace: injected}
+spec:
+  serviceAccountName: default
+  containers: [{name: app, image: example/app}]
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ri, err = kube.Resource(pods[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := ri.Create(ctx, pods[0], metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := pod.GetAnnotations()["sidecar.istio.io/status"]; !ok {
+		t.Errorf("pod not injected: %v", pod.Object["spec"])
 	}
 }

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"math/rand/v2"
 	"net/http"
@@ -169,6 +170,8 @@ spec:
 type panicking struct{}
 
 func (panicking) Admit(*admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse { panic("boom") }
+func (panicking) Run(context.Context) error                                          { return nil }
+func (panicking) Ready() <-chan struct{}                                             { return nil }
 
 // A handler that panics refuses that request; the server carries on.
 func TestPanicRefuses(t *testing.T) {

@@ -12,6 +12,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Listen, "webhook-listen", DefaultListen, "HTTPS address serving the admission webhooks: /inject, /validate, and /ready for probes")
 	fs.BoolVar(&c.PatchCABundle, "webhook-ca-bundle-patch", true,
 		"keep the caBundle of this revision's webhook configurations ("+InjectorConfigName+", "+ValidatorConfigName+", -<revision> appended for another revision) current, and turn the validator to failurePolicy Fail once the API server reaches it; false for GitOps, where both are set in the manifests")
+	fs.StringVar(&c.InjectionDir, "injection-dir", DefaultInjectionDir, "folder of the injection templates (files config and values, reloaded on change) without Kubernetes; with it they come from the istio-sidecar-injector ConfigMap in --namespace (-<revision> appended for a revision)")
 	RevisionVar(fs, &c.Revision)
 	cli.NamespaceVar(fs, &c.Namespace)
 }

@@ -14,6 +14,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	k8sschema "k8s.io/apimachinery/pkg/runtime/schema"
@@ -149,8 +150,9 @@ func waitFor(t *testing.T, what string, cond func() error) {
 // TestKubernetes runs the webhook behind the shipped configurations of a real kube-apiserver:
 // each revision patches its own configurations' caBundle, the validator turns to fail closed
 // only once the API server reached it, invalid config is refused at creation with the
-// validator's message, warnings reach the client, and with the webhook down the control plane's
-// namespace and kube-system still take config while other namespaces are refused.
+// validator's message, warnings reach the client, pods are injected where the selectors say
+// (once: an injected pod admitted again is unchanged), and with the webhook down the control
+// plane's namespace and kube-system still take config while other namespaces are refused.
 func TestKubernetes(t *testing.T) {
 	k := testenv.KubeForTest(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -281,6 +283,63 @@ spec:
 		}
 		if want := "ServiceEntry shop/db: spec.ports[0]: a TCP (or unset) protocol port needs spec.addresses"; !strings.Contains(seen.all(), want) {
 			t.Errorf("warnings %q, want %q", seen.all(), want)
+		}
+	})
+
+	t.Run("Injection", func(t *testing.T) {
+		for ns, labels := range map[string]map[string]string{"injected": {"istio-injection": "enabled"}, "by-revision": {RevisionLabel: "default"}, "plain": nil} {
+			if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: labels}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		pod := func(name string, labels map[string]string) *corev1.Pod {
+			return &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+				Spec:       corev1.PodSpec{ServiceAccountName: "default", Containers: []corev1.Container{{Name: "app", Image: "example/app"}}},
+			}
+		}
+		const statusAnnotation = "sidecar.istio.io/status"
+		for _, tc := range []struct {
+			ns, name string
+			labels   map[string]string
+			injected bool
+		}{
+			{"injected", "app", nil, true},
+			{"by-revision", "app", nil, true},
+			{"injected", "opted-out", map[string]string{"sidecar.istio.io/inject": "false"}, false},
+			{"plain", "app", nil, false},
+			{"plain", "asks", map[string]string{"sidecar.istio.io/inject": "true"}, true},
+		} {
+			got, err := kc.CoreV1().Pods(tc.ns).Create(ctx, pod(tc.name, tc.labels), metav1.CreateOptions{})
+			if err != nil {
+				t.Fatalf("%s/%s: %v", tc.ns, tc.name, err)
+			}
+			var sidecars []string
+			for _, c := range got.Spec.InitContainers {
+				sidecars = append(sidecars, c.Name)
+			}
+			if _, injected := got.Annotations[statusAnnotation]; injected != tc.injected || tc.injected != slices.Contains(sidecars, "sailplane-agent") {
+				t.Errorf("%s/%s: injected %v (init containers %v), want %v", tc.ns, tc.name, injected, sidecars, tc.injected)
+			}
+		}
+		// Creating a pod from an injected pod's spec and metadata gives the same pod: injection
+		// is idempotent as the API server applies it (defaults included).
+		injected, err := kc.CoreV1().Pods("injected").Get(ctx, "app", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		copied := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "app-again", Labels: injected.Labels, Annotations: injected.Annotations},
+			Spec:       *injected.Spec.DeepCopy(),
+		}
+		again, err := kc.CoreV1().Pods("injected").Create(ctx, copied, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !equality.Semantic.DeepEqual(again.Spec, injected.Spec) || again.Annotations[statusAnnotation] != injected.Annotations[statusAnnotation] {
+			first, _ := yaml.Marshal(injected.Spec)
+			second, _ := yaml.Marshal(again.Spec)
+			t.Errorf("re-injected pod differs: first\n%s\nthen\n%s", first, second)
 		}
 	})
 

@@ -22,8 +22,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"sailplane.dev/services/webhook/internal/inject"
+	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/kube"
+	"sailplane.dev/shared/mesh"
 )
 
 // Defaults of Config.
@@ -58,20 +61,34 @@ type Config struct {
 	// validator to fail closed once it has been reached (needs Kube). Off for users who set them
 	// themselves (GitOps).
 	PatchCABundle bool
-	// Kube is the API server; nil: none (nothing is patched).
+	// Kube is the API server; nil: none (nothing is patched, and the injection templates come
+	// from InjectionDir).
 	Kube *rest.Config
+	// InjectionDir holds the injection templates without Kubernetes (files config and values, the
+	// istio-sidecar-injector ConfigMap's keys); DefaultInjectionDir when empty. With Kubernetes
+	// they come from that ConfigMap in Namespace (istio-sidecar-injector-<rev> for a revision).
+	InjectionDir string
 }
+
+// DefaultInjectionDir is where the injection templates are without Kubernetes, relative to the
+// working folder: beside etc/sailplane/mesh.yaml.
+const DefaultInjectionDir = "etc/sailplane/injection"
 
 // Deps are the webhook's collaborators.
 type Deps struct {
 	Logger *slog.Logger
 	// Certificate is the serving certificate; nil: self-managed (SelfManaged, a root in memory).
 	Certificate *Certificate
+	// Mesh, when set, carries the mesh config (schema.MeshConfig, from config-ingest), whose
+	// defaultConfig is the base of every injected pod's ProxyConfig; without it, Istio's defaults.
+	Mesh bus.Source
 }
 
-// injector answers pod admission requests with the sidecar patch.
+// injector answers pod admission requests with the sidecar patch, once its templates are loaded.
 type injector interface {
 	Admit(*admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse
+	Run(context.Context) error
+	Ready() <-chan struct{}
 }
 
 // Errors returned by New.
@@ -84,7 +101,8 @@ type Server struct {
 	cert     *Certificate
 	kube     kubernetes.Interface // nil without Kubernetes
 	dyn      dynamic.Interface
-	injector injector // nil: /inject is not served
+	injector injector // nil: /inject is not served (tests)
+	mesh     *meshHolder
 
 	ready chan struct{}
 	addr  atomic.Pointer[net.Addr]
@@ -131,6 +149,16 @@ func New(cfg Config, deps Deps) (*Server, error) {
 			return nil, fmt.Errorf("webhook: kubernetes client: %w", err)
 		}
 	}
+	s.mesh = &meshHolder{src: deps.Mesh, log: log, fallback: mesh.Default()}
+	injDeps := inject.Deps{Logger: log, Dir: cmp.Or(cfg.InjectionDir, DefaultInjectionDir)}
+	if s.kube != nil {
+		injDeps.Kube, injDeps.Dir = s.kube, ""
+	}
+	inj, err := inject.New(inject.Config{Revision: cfg.Revision, Namespace: cfg.Namespace, Mesh: s.mesh.current}, injDeps)
+	if err != nil {
+		return nil, fmt.Errorf("webhook: %w", err)
+	}
+	s.injector = inj
 	return s, nil
 }
 
@@ -148,7 +176,8 @@ func ConfigName(base, revision string) string {
 	return base + "-" + revision
 }
 
-// Ready is closed once the webhook listens with a certificate.
+// Ready is closed once the webhook listens with a certificate and the injection templates are
+// loaded.
 func (s *Server) Ready() <-chan struct{} { return s.ready }
 
 // Addr is the listener's address, once Ready.
@@ -167,6 +196,12 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	var m component.Manager
 	m.Add("https", component.Func(func(ctx context.Context) error { return s.serve(ctx, lis) }))
+	if s.injector != nil {
+		m.Add("inject", s.injector)
+	}
+	if s.mesh.src != nil {
+		m.Add("mesh-config", s.mesh)
+	}
 	if s.kube != nil && s.cfg.PatchCABundle {
 		m.Add("ca-bundle", &configPatcher{
 			kube: s.kube, dyn: s.dyn, log: s.log.With("revision", s.cfg.Revision),
@@ -192,11 +227,13 @@ func (s *Server) serve(ctx context.Context, lis net.Listener) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(lis, "", "") }()
-	select {
-	case <-s.cert.Ready:
-	case <-ctx.Done():
-	case err := <-errc:
-		return fmt.Errorf("webhook: serve: %w", err)
+	for _, ready := range []<-chan struct{}{s.cert.Ready, s.injectorReady()} {
+		select {
+		case <-ready:
+		case <-ctx.Done():
+		case err := <-errc:
+			return fmt.Errorf("webhook: serve: %w", err)
+		}
 	}
 	if ctx.Err() == nil {
 		a := lis.Addr()
@@ -216,6 +253,16 @@ func (s *Server) serve(ctx context.Context, lis net.Listener) error {
 	}
 	<-errc
 	return nil
+}
+
+// injectorReady is closed once the injector's templates are loaded (at once without injector).
+func (s *Server) injectorReady() <-chan struct{} {
+	if s.injector == nil {
+		closed := make(chan struct{})
+		close(closed)
+		return closed
+	}
+	return s.injector.Ready()
 }
 
 // paths are the admission paths served.

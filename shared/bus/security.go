@@ -42,7 +42,7 @@ var ErrPlaintext = errors.New("a plaintext bus is served only on a loopback addr
 // accounts of deploy/microservices): the default peers of every bus.
 func SailplanePeers(trustDomain, namespace string) []spiffe.ID {
 	var ids []spiffe.ID
-	for _, sa := range []string{"config-ingest", "endpoint-watcher", "xds-server", "ca"} {
+	for _, sa := range []string{"config-ingest", "endpoint-watcher", "xds-server", "ca", "webhook"} {
 		ids = append(ids, spiffe.ID{TrustDomain: trustDomain, Namespace: namespace, ServiceAccount: sa})
 	}
 	return ids

@@ -30,7 +30,7 @@ type BusFlags struct {
 // AddFlags registers the bus flags (--trust-domain and --namespace are shared with the
 // service's own, see cli.SharedStringVar).
 func (f *BusFlags) AddFlags(fs *pflag.FlagSet) {
-	fs.StringSliceVar(&f.Peers, "bus-peers", nil, "SPIFFE IDs allowed at the other end of this service's buses over mTLS (subscribers of its bus, producers it subscribes to); default: Sailplane's service accounts (config-ingest, endpoint-watcher, xds-server, ca) in --namespace")
+	fs.StringSliceVar(&f.Peers, "bus-peers", nil, "SPIFFE IDs allowed at the other end of this service's buses over mTLS (subscribers of its bus, producers it subscribes to); default: Sailplane's service accounts (config-ingest, endpoint-watcher, xds-server, ca, webhook) in --namespace")
 	fs.BoolVar(&f.Plaintext, "bus-plaintext", false, "serve and dial the buses in plaintext, also on addresses other than loopback (without an identity, a plaintext bus listens on loopback only)")
 	cli.SharedStringVar(fs, &f.TrustDomain, "trust-domain", "cluster.local", "trust domain of the mesh: spiffe://<trust-domain>/ns/<ns>/sa/<sa>")
 	cli.NamespaceVar(fs, &f.Namespace)
@@ -63,42 +63,13 @@ type Flags struct {
 
 // AddFlags registers the identity and bus flags.
 func (f *Flags) AddFlags(fs *pflag.FlagSet) {
-	addCAFlags(fs, &f.CA)
+	fs.StringVar(&f.CA.CAAddress, "ca-address", "", "the ca's TLS address (its --ca-listen): the service gets its certificate there, renews it at 80 % of its life, and serves and dials its buses over mTLS with it; empty: no identity, plaintext buses")
+	fs.StringVar(&f.CA.RootCertFile, "ca-root-cert", "", "root certificate verifying the ca (Kubernetes: the istio-ca-root-cert ConfigMap's root-cert.pem; without: root-cert.pem in the ca's --service-cert-dir folder)")
+	fs.StringVar(&f.CA.TokenFile, "ca-token-file", "", "service-account token (audience istio-ca) authenticating the first request to the ca (Kubernetes: a projected token); re-read at each request")
+	fs.StringVar(&f.CA.ProvisionedCertDir, "provisioned-cert-dir", "", "folder with cert-chain.pem and key.pem authenticating the first request to the ca without a token (the ca's --service-cert-dir/<service account>)")
+	fs.DurationVar(&f.CA.CertTTL, "cert-ttl", 0, "lifetime of the service's certificate asked for (default 24h; the ca may shorten it)")
 	f.Bus.AddFlags(fs)
-}
-
-// addCAFlags registers the flags asking the ca for a certificate.
-func addCAFlags(fs *pflag.FlagSet, ca *workloadcert.Config) {
-	fs.StringVar(&ca.CAAddress, "ca-address", "", "the ca's TLS address (its --ca-listen): the service gets its certificate there, renews it at 80 % of its life, and serves and dials its buses over mTLS with it; empty: no identity, plaintext buses")
-	fs.StringVar(&ca.RootCertFile, "ca-root-cert", "", "root certificate verifying the ca (Kubernetes: the istio-ca-root-cert ConfigMap's root-cert.pem; without: root-cert.pem in the ca's --service-cert-dir folder)")
-	fs.StringVar(&ca.TokenFile, "ca-token-file", "", "service-account token (audience istio-ca) authenticating the first request to the ca (Kubernetes: a projected token); re-read at each request")
-	fs.StringVar(&ca.ProvisionedCertDir, "provisioned-cert-dir", "", "folder with cert-chain.pem and key.pem authenticating the first request to the ca without a token (the ca's --service-cert-dir/<service account>)")
-	fs.DurationVar(&ca.CertTTL, "cert-ttl", 0, "lifetime of the service's certificate asked for (default 24h; the ca may shorten it)")
-	cli.SharedStringVar(fs, &ca.ClusterID, "cluster-id", cli.EnvOr("CLUSTER_ID", "Kubernetes"), "this cluster's name, sent to the ca")
-}
-
-// CertFlags are a service's certificate from the ca without buses (the webhook): the same
-// --ca-* flags as Flags, and --trust-domain.
-type CertFlags struct {
-	CA workloadcert.Config
-}
-
-// AddFlags registers the certificate flags.
-func (f *CertFlags) AddFlags(fs *pflag.FlagSet) {
-	addCAFlags(fs, &f.CA)
-	cli.SharedStringVar(fs, &f.CA.TrustDomain, "trust-domain", "cluster.local", "trust domain of the mesh: spiffe://<trust-domain>/ns/<ns>/sa/<sa>")
-}
-
-// Client is the service's certificate client; nil without --ca-address. It must run.
-func (f *CertFlags) Client(log *slog.Logger) (*workloadcert.Client, error) {
-	if f.CA.CAAddress == "" {
-		return nil, nil
-	}
-	client, err := workloadcert.New(f.CA, log.With("component", "certificate"))
-	if err != nil {
-		return nil, fmt.Errorf("--ca-address: %w", err)
-	}
-	return client, nil
+	cli.SharedStringVar(fs, &f.CA.ClusterID, "cluster-id", cli.EnvOr("CLUSTER_ID", "Kubernetes"), "this cluster's name, sent to the ca")
 }
 
 // Identity is the service's certificate client (nil without --ca-address: no identity) and its

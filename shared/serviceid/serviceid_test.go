@@ -34,7 +34,7 @@ func TestBusSecurity(t *testing.T) {
 		{name: "no identity: plaintext, loopback only", args: nil},
 		{name: "plaintext asked for", args: []string{"--bus-plaintext"}, identity: true, wantPlain: true},
 		{name: "default peers: Sailplane's accounts in the namespace", args: []string{"--trust-domain=example.org", "--namespace=cp"}, identity: true,
-			wantPeers: []string{ingest.String(), "spiffe://example.org/ns/cp/sa/endpoint-watcher", "spiffe://example.org/ns/cp/sa/xds-server", "spiffe://example.org/ns/cp/sa/ca"}},
+			wantPeers: []string{ingest.String(), "spiffe://example.org/ns/cp/sa/endpoint-watcher", "spiffe://example.org/ns/cp/sa/xds-server", "spiffe://example.org/ns/cp/sa/ca", "spiffe://example.org/ns/cp/sa/webhook"}},
 		{name: "peers given", args: []string{"--bus-peers=spiffe://td/ns/a/sa/b"}, identity: true, wantPeers: []string{"spiffe://td/ns/a/sa/b"}},
 		{name: "bad peer", args: []string{"--bus-peers=spiffe://td/a/b"}, identity: true, err: "--bus-peers"},
 	} {

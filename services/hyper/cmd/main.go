@@ -8,6 +8,7 @@ package main
 
 import (
 	"net"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
 
@@ -125,7 +126,13 @@ func newCommand() *cobra.Command {
 			// The webhook serves the Kubernetes API server; without one, only when asked for.
 			if kubeCfg != nil || cmd.Flags().Changed("webhook-listen") {
 				webhookCfg.Kube = kubeCfg
-				hook, err := webhook.New(webhookCfg, webhook.Deps{Logger: log.With("component", "webhook"), Certificate: webhookCertificate(authority, caCfg, webhookCfg)})
+				if !cmd.Flags().Changed("injection-dir") && ingestCfg.MeshFile != "" {
+					// Files mode: the templates are beside mesh.yaml.
+					webhookCfg.InjectionDir = filepath.Join(filepath.Dir(ingestCfg.MeshFile), "injection")
+				}
+				hook, err := webhook.New(webhookCfg, webhook.Deps{
+					Logger: log.With("component", "webhook"), Certificate: webhookCertificate(authority, caCfg, webhookCfg), Mesh: local,
+				})
 				if err != nil {
 					return err
 				}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/kube"
@@ -22,7 +23,8 @@ func main() {
 		logOpts    cli.LogOptions
 		cfg        webhook.Config
 		kubeconfig string
-		identity   serviceid.CertFlags
+		identity   serviceid.Flags
+		configBus  string
 		pprofAddr  string
 	)
 	cmd := &cobra.Command{
@@ -43,12 +45,15 @@ func main() {
 				cfg.Kube = found.Config
 				log.Info("kubernetes", "from", found.Source)
 			}
-			certs, err := identity.Client(log)
+			certs, sec, err := identity.Identity(log)
 			if err != nil {
 				return err
 			}
 			var m component.Manager
 			deps := webhook.Deps{Logger: log.With("component", "webhook")}
+			if configBus != "" {
+				deps.Mesh = bus.Dial(configBus, bus.WithDialLogger(log.With("component", "config-bus")), bus.WithSecurity(sec))
+			}
 			if certs != nil {
 				// The ca adds the webhook Service's names to this service account's certificates.
 				deps.Certificate = webhook.WorkloadCertificate(certs)
@@ -68,6 +73,7 @@ func main() {
 	logOpts.AddFlags(cmd.Flags())
 	cfg.AddFlags(cmd.Flags())
 	cli.KubeconfigVar(cmd.Flags(), &kubeconfig)
+	cmd.Flags().StringVar(&configBus, "config-bus", "", "config-ingest's bus address, for the mesh config (its defaultConfig is the base of injected pods' ProxyConfig); empty: Istio's defaults")
 	identity.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")
 	cli.Execute(cmd)
