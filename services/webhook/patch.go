@@ -131,7 +131,7 @@ var errNotReached = errors.New("the API server does not reach the validator yet"
 // reconcile brings both configurations up to date with roots.
 func (p *configPatcher) reconcile(ctx context.Context, roots []byte) error {
 	mutating := p.kube.AdmissionregistrationV1().MutatingWebhookConfigurations()
-	mwc, err := get(ctx, p, mutating.Get, ConfigName(InjectorConfigName, p.revision))
+	mwc, err := owned(ctx, p, mutating.Get, ConfigName(InjectorConfigName, p.revision))
 	if err != nil {
 		return err
 	}
@@ -143,7 +143,7 @@ func (p *configPatcher) reconcile(ctx context.Context, roots []byte) error {
 	}
 
 	validating := p.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	vwc, err := get(ctx, p, validating.Get, ConfigName(ValidatorConfigName, p.revision))
+	vwc, err := owned(ctx, p, validating.Get, ConfigName(ValidatorConfigName, p.revision))
 	if err != nil || vwc == nil {
 		return err
 	}
@@ -180,9 +180,9 @@ func (p *configPatcher) reconcile(ctx context.Context, roots []byte) error {
 	return nil
 }
 
-// get reads a configuration by name; nil when it does not exist or belongs to another
+// owned reads a configuration by name; nil when it does not exist or belongs to another
 // revision (its label says so), which this webhook never touches.
-func get[T metav1.Object](ctx context.Context, p *configPatcher, read func(context.Context, string, metav1.GetOptions) (T, error), name string) (T, error) {
+func owned[T metav1.Object](ctx context.Context, p *configPatcher, read func(context.Context, string, metav1.GetOptions) (T, error), name string) (T, error) {
 	var none T
 	obj, err := read(ctx, name, metav1.GetOptions{})
 	switch {

@@ -101,7 +101,7 @@ type Server struct {
 	cert     *Certificate
 	kube     kubernetes.Interface // nil without Kubernetes
 	dyn      dynamic.Interface
-	injector injector // nil: /inject is not served (tests)
+	injector injector // internal/inject's; an interface so that tests can put another in
 	mesh     *meshHolder
 
 	ready chan struct{}
