@@ -2,7 +2,11 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -140,5 +144,64 @@ spec:
 	}
 	if _, ok := pod.GetAnnotations()["sidecar.istio.io/status"]; !ok {
 		t.Errorf("pod not injected: %v", pod.Object["spec"])
+	}
+}
+
+// TestHyperWebhookFiles: without Kubernetes, hyper serves the webhook only when --webhook-listen
+// asks for it, with a certificate from its ca (root in etc/certs/) and the injection templates of
+// etc/sailplane/injection/ beside mesh.yaml.
+func TestHyperWebhookFiles(t *testing.T) {
+	dir := t.TempDir()
+	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", "")
+	for _, name := range []string{"config", "values"} {
+		data, err := os.ReadFile("../examples/etc/sailplane/injection/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		framework.WriteFile(t, dir, "etc/sailplane/injection/"+name, strings.ReplaceAll(string(data), `"sailplane/agent"`, `"example.org/folder-agent"`))
+	}
+	webhookAddr := framework.FreeAddr(t)
+	framework.Start(t, dir, framework.Binary(t, "hyper"), "--config-source", "files", "--xds-listen", framework.FreeAddr(t),
+		"--bus-listen", framework.FreeAddr(t), "--xds-tls-listen", framework.FreeAddr(t), "--webhook-listen", webhookAddr)
+
+	var client *http.Client
+	framework.Eventually(t, time.Minute, func() error {
+		root, err := os.ReadFile(filepath.Join(dir, "etc/certs/root-cert.pem"))
+		if err != nil {
+			return err
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(root)
+		client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+		resp, err := client.Get("https://" + webhookAddr + "/ready")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/ready: %s", resp.Status)
+		}
+		return nil
+	})
+	review := `{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "1", "operation": "CREATE",
+	  "kind": {"group": "", "version": "v1", "kind": "Pod"}, "namespace": "demo", "name": "app",
+	  "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "namespace": "demo"},
+	             "spec": {"serviceAccountName": "default", "containers": [{"name": "app", "image": "example/app"}]}}}}`
+	resp, err := client.Post("https://"+webhookAddr+"/inject", "application/json", strings.NewReader(review))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Response struct {
+			Allowed bool   `json:"allowed"`
+			Patch   []byte `json:"patch"`
+		} `json:"response"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	if !out.Response.Allowed || !strings.Contains(string(out.Response.Patch), "example.org/folder-agent") {
+		t.Errorf("allowed %v, patch %s: want the folder's agent image injected", out.Response.Allowed, out.Response.Patch)
 	}
 }
