@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	k8sschema "k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
@@ -353,9 +354,25 @@ spec:
 			}
 			return nil
 		})
+		// Pods in a namespace labelled for injection are refused (the injector fails closed)...
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "while-down"},
+			Spec:       corev1.PodSpec{ServiceAccountName: "default", Containers: []corev1.Container{{Name: "app", Image: "example/app"}}},
+		}
+		if _, err := kc.CoreV1().Pods("injected").Create(ctx, pod, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "failed calling webhook") {
+			t.Errorf("pod in an injected namespace with the webhook down: %v, want the webhook's failure", err)
+		}
 		for _, ns := range []string{"istio-system", "kube-system"} {
 			if _, err := vss.Namespace(ns).Create(ctx, vs(t, "while-down", 90), metav1.CreateOptions{}); err != nil {
 				t.Errorf("create in %s with the webhook down: %v", ns, err)
+			}
+			// ...but never in the control plane's namespaces, even labelled for injection.
+			patch := []byte(`{"metadata": {"labels": {"istio-injection": "enabled"}}}`)
+			if _, err := kc.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := kc.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+				t.Errorf("pod in %s, labelled for injection, with the webhook down: %v", ns, err)
 			}
 		}
 	})
