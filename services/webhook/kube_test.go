@@ -299,6 +299,12 @@ spec:
 				Spec:       corev1.PodSpec{ServiceAccountName: "default", Containers: []corev1.Container{{Name: "app", Image: "example/app"}}},
 			}
 		}
+		// The API server watches the two configurations apart: wait until it calls the injector
+		// with the patched caBundle too.
+		waitFor(t, "the API server calling the injector", func() error {
+			_, err := kc.CoreV1().Pods("injected").Create(ctx, pod("dry-run", nil), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		})
 		const statusAnnotation = "sidecar.istio.io/status"
 		for _, tc := range []struct {
 			ns, name string
