@@ -138,10 +138,13 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	pod, err := ri.Create(ctx, pods[0], metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The API server watches the two configurations apart: the injector's caBundle may arrive
+	// a moment after the validator's.
+	var pod *unstructured.Unstructured
+	framework.Eventually(t, time.Minute, func() error {
+		pod, err = ri.Create(ctx, pods[0], metav1.CreateOptions{})
+		return err
+	})
 	if _, ok := pod.GetAnnotations()["sidecar.istio.io/status"]; !ok {
 		t.Errorf("pod not injected: %v", pod.Object["spec"])
 	}
