@@ -90,30 +90,36 @@ func TestBadRequests(t *testing.T) {
 			t.Errorf("GET /validate: %d, want 405", resp.StatusCode)
 		}
 	})
-	// Random damage to a valid review: an HTTP error or a decision, never a crash or a 5xx.
-	t.Run("mutations", func(t *testing.T) {
-		good := review(t, admissionv1.Create, "shop", validVS)
-		rng := rand.New(rand.NewPCG(1, 2))
-		for range 300 {
-			b := bytes.Clone(good)
-			for range 1 + rng.IntN(4) {
-				switch i := rng.IntN(len(b)); rng.IntN(3) {
-				case 0:
-					b[i] = byte(rng.IntN(256))
-				case 1:
-					b = b[:i]
-				default:
-					b = append(b[:i], b[i+1:]...)
-				}
-			}
-			if status, body := r.post(t, "/validate", b); status >= 500 {
-				t.Fatalf("%d (%s) for %q", status, body, b)
+	// Random damage to valid reviews: an HTTP error or a decision, never a crash or a 5xx.
+	pod := "apiVersion: v1\nkind: Pod\nmetadata: {name: app, namespace: shop}\nspec: {serviceAccountName: default, containers: [{name: app, image: example/app}]}"
+	for path, obj := range map[string]string{"/validate": validVS, "/inject": pod} {
+		t.Run("mutations "+path, func(t *testing.T) { mutations(t, r, path, review(t, admissionv1.Create, "shop", obj)) })
+	}
+}
+
+// mutations posts 300 random damages of the review good to path, then good itself, which must
+// still be allowed.
+func mutations(t *testing.T, r *running, path string, good []byte) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 300 {
+		b := bytes.Clone(good)
+		for n := 1 + rng.IntN(4); n > 0 && len(b) > 0; n-- {
+			switch i := rng.IntN(len(b)); rng.IntN(3) {
+			case 0:
+				b[i] = byte(rng.IntN(256))
+			case 1:
+				b = b[:i]
+			default:
+				b = append(b[:i], b[i+1:]...)
 			}
 		}
-		if status, body := r.post(t, "/validate", good); !decision(t, status, body).Allowed {
-			t.Errorf("the valid review after the mutations: %s", body)
+		if status, body := r.post(t, path, b); status >= 500 {
+			t.Fatalf("%d (%s) for %q", status, body, b)
 		}
-	})
+	}
+	if status, body := r.post(t, path, good); !decision(t, status, body).Allowed {
+		t.Errorf("the valid review after the mutations: %s", body)
+	}
 }
 
 // The validator gives config-ingest's verdict and messages, Istio's warnings as admission
