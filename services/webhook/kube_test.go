@@ -62,10 +62,13 @@ func shippedConfigurations(t *testing.T, url string) (*admissionregistrationv1.M
 }
 
 // forRevision turns the default revision's configurations into rev's, as the file's comment
-// says: names and labels suffixed, the rev.* webhooks only, selecting rev.
+// says: names and labels suffixed, the rev.* webhooks and the control plane's, selecting rev.
 func forRevision(rev string, mwc *admissionregistrationv1.MutatingWebhookConfiguration, vwc *admissionregistrationv1.ValidatingWebhookConfiguration) {
 	retarget := func(sels ...*metav1.LabelSelector) {
 		for _, s := range sels {
+			if s == nil {
+				continue
+			}
 			for i, e := range s.MatchExpressions {
 				if e.Key == RevisionLabel && slices.Contains(e.Values, DefaultRevision) {
 					s.MatchExpressions[i].Values = []string{rev}
@@ -79,8 +82,14 @@ func forRevision(rev string, mwc *admissionregistrationv1.MutatingWebhookConfigu
 		retarget(w.NamespaceSelector, w.ObjectSelector)
 	}
 	vwc.Name, vwc.Labels[RevisionLabel] = ConfigName(vwc.Name, rev), rev
-	vwc.Webhooks = slices.DeleteFunc(vwc.Webhooks, func(w admissionregistrationv1.ValidatingWebhook) bool { return !strings.HasPrefix(w.Name, "rev.") })
-	for _, w := range vwc.Webhooks {
+	vwc.Webhooks = slices.DeleteFunc(vwc.Webhooks, func(w admissionregistrationv1.ValidatingWebhook) bool {
+		return !strings.HasPrefix(w.Name, "rev.") && !strings.HasPrefix(w.Name, FailOpenPrefix)
+	})
+	for i := range vwc.Webhooks {
+		w := &vwc.Webhooks[i]
+		if strings.HasPrefix(w.Name, FailOpenPrefix) {
+			w.ObjectSelector = &metav1.LabelSelector{MatchLabels: map[string]string{RevisionLabel: rev}}
+		}
 		retarget(w.NamespaceSelector, w.ObjectSelector)
 	}
 }
@@ -149,8 +158,8 @@ func waitFor(t *testing.T, what string, cond func() error) {
 }
 
 // TestKubernetes runs the webhook behind the shipped configurations of a real kube-apiserver:
-// each revision patches its own configurations' caBundle, the validator turns to fail closed
-// only once the API server reached it, invalid config is refused at creation with the
+// each of three revisions patches its own configurations' caBundle, a validator turns to fail
+// closed only once the API server reached its revision's webhook (never for the one it cannot), invalid config is refused at creation with the
 // validator's message, warnings reach the client, pods are injected where the selectors say
 // (once: an injected pod admitted again is unchanged), and with the webhook down the control
 // plane's namespace and kube-system still take config while other namespaces are refused.
@@ -180,21 +189,25 @@ func TestKubernetes(t *testing.T) {
 	if _, err := validating.Create(ctx, vwc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// A canary revision's webhook, whose configurations call an address nobody serves.
+	// Two more revisions: canary, served like the default one, and dark, whose configurations
+	// call an address nobody serves.
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	closed.Close()
-	canaryLog, canaryMsgs := testlog.NewRecording(t, -4)
-	canary := start(t, Config{Namespace: "istio-system", Revision: "canary", Kube: k.RestConfig(), PatchCABundle: true}, Deps{Logger: canaryLog})
-	cmwc, cvwc := shippedConfigurations(t, "https://"+closed.Addr().String())
-	forRevision("canary", cmwc, cvwc)
-	if _, err := mutating.Create(ctx, cmwc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := validating.Create(ctx, cvwc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	canary := start(t, Config{Namespace: "istio-system", Revision: "canary", Kube: k.RestConfig(), PatchCABundle: true}, Deps{})
+	darkLog, darkMsgs := testlog.NewRecording(t, -4)
+	dark := start(t, Config{Namespace: "istio-system", Revision: "dark", Kube: k.RestConfig(), PatchCABundle: true}, Deps{Logger: darkLog})
+	for rev, addr := range map[string]string{"canary": canary.Addr().String(), "dark": closed.Addr().String()} {
+		rmwc, rvwc := shippedConfigurations(t, "https://"+addr)
+		forRevision(rev, rmwc, rvwc)
+		if _, err := mutating.Create(ctx, rmwc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := validating.Create(ctx, rvwc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	bundles := func(name string) (all [][]byte, policies map[string]admissionregistrationv1.FailurePolicyType) {
@@ -227,33 +240,38 @@ func TestKubernetes(t *testing.T) {
 
 	t.Run("CABundleOwnedPerRevision", func(t *testing.T) {
 		waitFor(t, "default revision's caBundle", patchedWith(def.cert.Roots(), InjectorConfigName, ValidatorConfigName))
-		waitFor(t, "canary's caBundle", patchedWith(canary.cert.Roots(), InjectorConfigName+"-canary", ValidatorConfigName+"-canary"))
-		// Both patchers ran to completion on their own configurations: neither took the other's.
+		for rev, r := range map[string]*running{"canary": canary, "dark": dark} {
+			waitFor(t, rev+"'s caBundle", patchedWith(r.cert.Roots(), ConfigName(InjectorConfigName, rev), ConfigName(ValidatorConfigName, rev)))
+		}
+		// Every patcher ran to completion on its own configurations: none took another's.
 		if err := patchedWith(def.cert.Roots(), InjectorConfigName, ValidatorConfigName)(); err != nil {
 			t.Error(err)
 		}
 	})
 
 	t.Run("FailClosedOnceReached", func(t *testing.T) {
-		waitFor(t, "the default validator failing closed", func() error {
-			_, policies := bundles(ValidatorConfigName)
-			want := map[string]admissionregistrationv1.FailurePolicyType{
-				"rev.validation.sailplane.dev": "Fail", "validation.sailplane.dev": "Fail", "control-plane.validation.sailplane.dev": "Ignore",
-			}
-			if fmt.Sprint(policies) != fmt.Sprint(want) {
-				return fmt.Errorf("failure policies %v, want %v", policies, want)
-			}
-			return nil
-		})
-		// The canary's validator is never reached: it stays open, however often it is checked.
-		waitFor(t, "canary's reachability checks", func() error {
-			if n := canaryMsgs.Count("does not reach the validator yet"); n < 3 {
+		for name, want := range map[string]map[string]admissionregistrationv1.FailurePolicyType{
+			ValidatorConfigName: {"rev.validation.sailplane.dev": "Fail", "validation.sailplane.dev": "Fail", "control-plane.validation.sailplane.dev": "Ignore"},
+			// Another revision's check is refused by its own control-plane webhook.
+			ValidatorConfigName + "-canary": {"rev.validation.sailplane.dev": "Fail", "control-plane.validation.sailplane.dev": "Ignore"},
+		} {
+			waitFor(t, name+" failing closed", func() error {
+				if _, policies := bundles(name); fmt.Sprint(policies) != fmt.Sprint(want) {
+					return fmt.Errorf("failure policies %v, want %v", policies, want)
+				}
+				return nil
+			})
+		}
+		// The dark revision's validator is never reached: it stays open, however often it is
+		// checked.
+		waitFor(t, "dark's reachability checks", func() error {
+			if n := darkMsgs.Count("does not reach the validator yet"); n < 3 {
 				return fmt.Errorf("%d checks", n)
 			}
 			return nil
 		})
-		if _, policies := bundles(ValidatorConfigName + "-canary"); policies["rev.validation.sailplane.dev"] != "Ignore" {
-			t.Errorf("canary's failure policies %v: want Ignore, it was never reached", policies)
+		if _, policies := bundles(ValidatorConfigName + "-dark"); policies["rev.validation.sailplane.dev"] != "Ignore" {
+			t.Errorf("dark's failure policies %v: want Ignore, it was never reached", policies)
 		}
 	})
 
