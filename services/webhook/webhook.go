@@ -196,9 +196,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	var m component.Manager
 	m.Add("https", component.Func(func(ctx context.Context) error { return s.serve(ctx, lis) }))
-	if s.injector != nil {
-		m.Add("inject", s.injector)
-	}
+	m.Add("inject", s.injector)
 	if s.mesh.src != nil {
 		m.Add("mesh-config", s.mesh)
 	}
@@ -227,7 +225,7 @@ func (s *Server) serve(ctx context.Context, lis net.Listener) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(lis, "", "") }()
-	for _, ready := range []<-chan struct{}{s.cert.Ready, s.injectorReady()} {
+	for _, ready := range []<-chan struct{}{s.cert.Ready, s.injector.Ready()} {
 		select {
 		case <-ready:
 		case <-ctx.Done():
@@ -238,7 +236,7 @@ func (s *Server) serve(ctx context.Context, lis net.Listener) error {
 	if ctx.Err() == nil {
 		a := lis.Addr()
 		s.addr.Store(&a)
-		s.log.Info("serving admission webhooks", "address", a.String(), "paths", s.paths())
+		s.log.Info("serving admission webhooks", "address", a.String(), "paths", []string{"/inject", "/validate"})
 		close(s.ready)
 	}
 	select {
@@ -255,32 +253,12 @@ func (s *Server) serve(ctx context.Context, lis net.Listener) error {
 	return nil
 }
 
-// injectorReady is closed once the injector's templates are loaded (at once without injector).
-func (s *Server) injectorReady() <-chan struct{} {
-	if s.injector == nil {
-		closed := make(chan struct{})
-		close(closed)
-		return closed
-	}
-	return s.injector.Ready()
-}
-
-// paths are the admission paths served.
-func (s *Server) paths() []string {
-	if s.injector == nil {
-		return []string{"/validate"}
-	}
-	return []string{"/inject", "/validate"}
-}
-
 // routes are the webhook's HTTP handlers: the admission paths, and /ready for probes (200 once
 // Ready, else 503).
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /validate", s.admission(s.validate))
-	if s.injector != nil {
-		mux.Handle("POST /inject", s.admission(s.injector.Admit))
-	}
+	mux.Handle("POST /inject", s.admission(s.injector.Admit))
 	mux.HandleFunc("GET /ready", func(w http.ResponseWriter, _ *http.Request) {
 		select {
 		case <-s.ready:
