@@ -84,8 +84,8 @@ func TestRestartAfterInvalidEdit(t *testing.T) {
 			}
 			split8020(xds, "before")
 
-			// Weights that do not add up to 100: invalid, the last valid version stays.
-			framework.WriteFile(t, dir, "etc/sailplane/conf/traffic.yaml", trafficYAML(180, 20))
+			// A negative weight: invalid, the last valid version stays.
+			framework.WriteFile(t, dir, "etc/sailplane/conf/traffic.yaml", trafficYAML(-180, 20))
 			framework.Eventually(t, 30*time.Second, func() error {
 				for _, line := range strings.Split(ingest.Log(), "\n") {
 					if strings.Contains(line, "traffic.yaml") && strings.Contains(line, "weight") && strings.Contains(line, "level=WARN") {

@@ -358,9 +358,9 @@ func TestInvalidKeepsLastValid(t *testing.T) {
 	e := start(t, func(e *env) {
 		e.write("a.yaml", vsDoc("reviews", "reviews", 100))
 	})
-	e.write("a.yaml", vsDoc("reviews", "changed", 150)+"---\n"+vsDoc("fresh", "fresh", -1))
+	e.write("a.yaml", vsDoc("reviews", "changed", -150)+"---\n"+vsDoc("fresh", "fresh", -1))
 	eventually(t, "invalid reported", func() bool {
-		return e.problem("VirtualService default/reviews", "spec.http[0].route[0].weight", "between 0 and 100") != nil &&
+		return e.problem("VirtualService default/reviews", "spec.http[0].route[0].weight", "must not be negative") != nil &&
 			e.problem("VirtualService default/fresh", "spec.http[0].route[0].weight") != nil
 	})
 	if vs := e.vs("default/reviews"); vs == nil || vs.Hosts[0] != "reviews" {

@@ -101,7 +101,7 @@ func TestRestartKeepsLastValid(t *testing.T) {
 		t.Fatalf("first run: weights %v", got)
 	}
 	// Invalid while running: the last valid version stays (and is what gets saved).
-	write(t, filepath.Join(root, "conf", "split.yaml"), split("split", 180, 20))
+	write(t, filepath.Join(root, "conf", "split.yaml"), split("split", -180, 20))
 	stop()
 	if _, err := os.Stat(filepath.Join(state, configingest.StateFile)); err != nil {
 		t.Fatalf("no state saved: %v", err)
@@ -135,7 +135,7 @@ func TestRestartKeepsChangeMadeBeforeStop(t *testing.T) {
 	eventually(t, "change published", func() bool { w := weights(rec, "default/split"); return len(w) == 2 && w[0] == 50 })
 	stop()
 
-	write(t, filepath.Join(root, "conf", "split.yaml"), split("split", 180, 20))
+	write(t, filepath.Join(root, "conf", "split.yaml"), split("split", -180, 20))
 	rec = newRecorder()
 	run(t, cfg, rec)
 	if got := weights(rec, "default/split"); len(got) != 2 || got[0] != 50 || got[1] != 50 {

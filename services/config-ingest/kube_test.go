@@ -324,8 +324,8 @@ func TestKubeConfigPublished(t *testing.T) {
 func TestKubeInvalidStatus(t *testing.T) {
 	e := newKenv(t, sharedKube(t))
 	ns := e.ns("inv", nil)
-	// Weight 150: the CRD accepts any int32, Istio's validation only 0..100.
-	e.createVS(ns, "bad", vsSpec("bad", 150))
+	// Weight -150: the CRD accepts any int32, Istio's validation no negative weight.
+	e.createVS(ns, "bad", vsSpec("bad", -150))
 	e.createVS(ns, "good", vsSpec("good", 100))
 	in := e.start("pod-0", nil)
 	rec := in.rec
@@ -389,8 +389,8 @@ func TestKubeStateDirKeepsLastValid(t *testing.T) {
 		if in.rec.get(schema.VirtualService, ns+"/"+name) == nil {
 			t.Fatalf("%s not published", name)
 		}
-		// Weight 150: the CRD accepts it, Istio's validation does not.
-		e.updateVS(ns, name, vsSpec(name+"-v2", 150))
+		// Weight -150: the CRD accepts it, Istio's validation does not.
+		e.updateVS(ns, name, vsSpec(name+"-v2", -150))
 	}
 	waitFor(t, "three invalid VirtualServices", func() bool {
 		n := 0
@@ -411,8 +411,8 @@ func TestKubeStateDirKeepsLastValid(t *testing.T) {
 	if err := e.istio.NetworkingV1().VirtualServices(ns).Delete(e.ctx(), "recreated", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.createVS(ns, "recreated", vsSpec("recreated-v2", 150))
-	e.updateVS(ns, "fixed", vsSpec("fixed-v4", 150))
+	e.createVS(ns, "recreated", vsSpec("recreated-v2", -150))
+	e.updateVS(ns, "fixed", vsSpec("fixed-v4", -150))
 
 	without := e.start("pod-1", nil)
 	if got := without.rec.body(schema.VirtualService, ns+"/kept"); got != nil {
@@ -568,7 +568,7 @@ func TestKubeStatusLeaderElection(t *testing.T) {
 		t.Fatal("both replicas lead")
 	}
 
-	e.createVS(ns, "bad1", vsSpec("bad1", 150))
+	e.createVS(ns, "bad1", vsSpec("bad1", -150))
 	waitFor(t, "status written by the leader", func() bool { _, msg := e.vsStatus(ns, "bad1"); return msg != "" })
 	// Every replica publishes (neither publishes the invalid one).
 	e.createVS(ns, "ok", vsSpec("ok", 0))
@@ -578,7 +578,7 @@ func TestKubeStatusLeaderElection(t *testing.T) {
 
 	ins[leader].stop()
 	waitFor(t, "the follower takes over", func() bool { return holder() == follower && ins[follower].svc.StatusLeader() })
-	e.createVS(ns, "bad2", vsSpec("bad2", 150))
+	e.createVS(ns, "bad2", vsSpec("bad2", -150))
 	waitFor(t, "status written by the new leader", func() bool { _, msg := e.vsStatus(ns, "bad2"); return msg != "" })
 }
 

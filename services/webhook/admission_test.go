@@ -135,10 +135,10 @@ func TestValidate(t *testing.T) {
 		warning string
 	}{
 		{name: "valid", op: admissionv1.Create, obj: validVS, allowed: true},
-		{name: "invalid weight", op: admissionv1.Update, obj: strings.Replace(validVS, "weight: 90", "weight: 190", 1),
-			message: "VirtualService shop/reviews: spec.http[0].route[0].weight: must be between 0 and 100, got 190"},
-		{name: "several errors, one per line", op: admissionv1.Create, obj: strings.Replace(strings.Replace(validVS, "weight: 90", "weight: 190", 1), "weight: 10", "weight: -1", 1),
-			message: "spec.http[0].route[0].weight: must be between 0 and 100, got 190\nVirtualService shop/reviews: spec.http[0].route[1].weight: must be between 0 and 100, got -1"},
+		{name: "invalid weight", op: admissionv1.Update, obj: strings.Replace(validVS, "weight: 90", "weight: -190", 1),
+			message: "VirtualService shop/reviews: spec.http[0].route[0].weight: must not be negative, got -190"},
+		{name: "several errors, one per line", op: admissionv1.Create, obj: strings.Replace(strings.Replace(validVS, "weight: 90", "weight: -190", 1), "weight: 10", "weight: -1", 1),
+			message: "spec.http[0].route[0].weight: must not be negative, got -190\nVirtualService shop/reviews: spec.http[0].route[1].weight: must not be negative, got -1"},
 		{name: "warning", op: admissionv1.Create, allowed: true, obj: `
 apiVersion: networking.istio.io/v1beta1
 kind: ServiceEntry
@@ -148,9 +148,9 @@ spec:
   ports: [{number: 5432, name: tcp, protocol: TCP}]
   resolution: NONE`, warning: "ServiceEntry shop/db: spec.ports[0]: a TCP (or unset) protocol port needs spec.addresses"},
 		{name: "a version newer than Sailplane's", op: admissionv1.Create, obj: strings.Replace(validVS, "networking.istio.io/v1", "networking.istio.io/v2", 1), allowed: true},
-		{name: "a newer version, invalid", op: admissionv1.Create, obj: strings.Replace(strings.Replace(validVS, "networking.istio.io/v1", "networking.istio.io/v2", 1), "weight: 90", "weight: 190", 1),
-			message: "spec.http[0].route[0].weight: must be between 0 and 100"},
-		{name: "delete is not judged", op: admissionv1.Delete, obj: strings.Replace(validVS, "weight: 90", "weight: 190", 1), allowed: true},
+		{name: "a newer version, invalid", op: admissionv1.Create, obj: strings.Replace(strings.Replace(validVS, "networking.istio.io/v1", "networking.istio.io/v2", 1), "weight: 90", "weight: -190", 1),
+			message: "spec.http[0].route[0].weight: must not be negative"},
+		{name: "delete is not judged", op: admissionv1.Delete, obj: strings.Replace(validVS, "weight: 90", "weight: -190", 1), allowed: true},
 		{name: "readiness check of this revision", op: admissionv1.Create,
 			obj:     strings.Replace(validVS, "namespace: shop}", "namespace: shop, annotations: {sailplane.dev/webhook-readiness-check: canary}}", 1),
 			message: "the readiness check of revision canary is always refused"},

@@ -277,8 +277,8 @@ func TestKubernetes(t *testing.T) {
 
 	vss := dyn.Resource(virtualServices)
 	t.Run("InvalidRefused", func(t *testing.T) {
-		_, err := vss.Namespace("shop").Create(ctx, vs(t, "bad", 150), metav1.CreateOptions{})
-		want := `admission webhook "validation.sailplane.dev" denied the request: VirtualService shop/bad: spec.http[0].route[0].weight: must be between 0 and 100, got 150`
+		_, err := vss.Namespace("shop").Create(ctx, vs(t, "bad", -150), metav1.CreateOptions{})
+		want := `admission webhook "validation.sailplane.dev" denied the request: VirtualService shop/bad: spec.http[0].route[0].weight: must not be negative, got -150`
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Fatalf("create: %v, want %q", err, want)
 		}

@@ -404,15 +404,15 @@ func (v *validator) routeDestinations(p *field.Path, rs any) {
 		} else {
 			v.destination(dp.Child("destination"), w.dest)
 		}
-		if w.weight < 0 || w.weight > 100 {
-			v.add(dp.Child("weight"), "must be between 0 and 100, got %d", w.weight)
+		if w.weight < 0 {
+			v.add(dp.Child("weight"), "must not be negative, got %d", w.weight)
 		}
 		sum += w.weight
 	}
-	// A single destination takes all traffic whatever its weight; several must split 100, or
-	// all leave their weight unset.
-	if len(ws) > 1 && sum != 100 && sum != 0 {
-		v.add(p, "weights must add up to 100 (or all be 0), got %d", sum)
+	// Weights are relative, as in istiod: any non-negative values split the traffic in their
+	// proportions. A single destination takes it all whatever its weight; several need some weight.
+	if len(ws) > 1 && sum == 0 {
+		v.add(p, "total destination weight = 0")
 	}
 }
 

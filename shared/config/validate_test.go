@@ -94,10 +94,11 @@ func TestValidateVirtualService(t *testing.T) {
 		{name: "destination without host", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- route:\n  - destination: {subset: v1}\n", want: []string{"spec.http[0].route[0].destination.host"}},
 		{name: "missing destination", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- route:\n  - weight: 100\n", want: []string{"spec.http[0].route[0].destination"}},
 		{name: "weights sum 100", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- route:\n  - destination: {host: a, subset: v1}\n    weight: 75\n  - destination: {host: a, subset: v2}\n    weight: 25\n"},
-		{name: "weights all zero", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- route:\n  - destination: {host: a, subset: v1}\n  - destination: {host: a, subset: v2}\n"},
-		{name: "weights sum 90", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- route:\n  - destination: {host: a}\n    weight: 80\n  - destination: {host: b}\n    weight: 10\n", want: []string{"spec.http[0].route"}},
-		{name: "weight over 100", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- route:\n  - destination: {host: a}\n    weight: 50\n  - destination: {host: b}\n    weight: 150\n",
-			want: []string{"spec.http[0].route[1].weight", "spec.http[0].route"}},
+		{name: "weights all zero", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- route:\n  - destination: {host: a, subset: v1}\n  - destination: {host: a, subset: v2}\n", want: []string{"spec.http[0].route"}},
+		{name: "tcp weights all zero", kind: "VirtualService", spec: "hosts: [a]\ntcp:\n- route:\n  - destination: {host: a, subset: v1}\n  - destination: {host: a, subset: v2}\n", want: []string{"spec.tcp[0].route"}},
+		{name: "lone destination without weight", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- route:\n  - destination: {host: a}\n"},
+		{name: "relative weights", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- route:\n  - destination: {host: a}\n    weight: 1\n  - destination: {host: b}\n    weight: 3\n"},
+		{name: "weight over 100", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- route:\n  - destination: {host: a}\n    weight: 50\n  - destination: {host: b}\n    weight: 150\n"},
 		{name: "negative weight", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- route:\n  - destination: {host: a}\n    weight: -1\n", want: []string{"spec.http[0].route[0].weight"}},
 		{name: "bad port", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- route:\n  - destination: {host: a, port: {number: 0}}\n", want: []string{"spec.http[0].route[0].destination.port.number"}},
 		{name: "bad subset", kind: "VirtualService", spec: "hosts: [a]\nhttp:\n- route:\n  - destination: {host: a, subset: V_1}\n", want: []string{"spec.http[0].route[0].destination.subset"}},
@@ -390,12 +391,12 @@ jwtRules:
 }
 
 func TestValidateMessage(t *testing.T) {
-	cfgs, errs := ParseYAML("conf/reviews.yaml", []byte("---\n# c\n---\n"+doc("VirtualService", "hosts: [a]\nhttp:\n- route:\n  - destination: {host: a}\n    weight: 150\n")), "default")
+	cfgs, errs := ParseYAML("conf/reviews.yaml", []byte("---\n# c\n---\n"+doc("VirtualService", "hosts: [a]\nhttp:\n- route:\n  - destination: {host: a}\n    weight: -150\n")), "default")
 	if len(errs) > 0 || len(cfgs) != 1 {
 		t.Fatalf("parse: %v %v", cfgs, errs)
 	}
 	_, err := Validate(cfgs[0])
-	const want = "conf/reviews.yaml: document 1: VirtualService ns/x: spec.http[0].route[0].weight: must be between 0 and 100, got 150"
+	const want = "conf/reviews.yaml: document 1: VirtualService ns/x: spec.http[0].route[0].weight: must not be negative, got -150"
 	if err == nil || err.Error() != want {
 		t.Fatalf("got %v\nwant %s", err, want)
 	}

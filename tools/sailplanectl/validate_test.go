@@ -45,8 +45,8 @@ func TestValidate(t *testing.T) {
 		{
 			name: "folder, recursively", args: []string{"-f", "testdata/conf"}, wantFound: true,
 			want: []string{
-				"VirtualService demo/split  testdata/conf/nested/invalid.yml document 2  spec.http[0].route[0].weight  must be between 0 and 100, got -10",
-				"VirtualService demo/split  testdata/conf/nested/invalid.yml document 2  spec.http[0].route[1].weight  must be between 0 and 100, got 110",
+				"VirtualService demo/split  testdata/conf/nested/invalid.yml document 2  spec.http[0].route[0].weight  must not be negative, got -10",
+				"VirtualService demo/split  testdata/conf/nested/invalid.yml document 2  spec.http[0].route[1].weight  must not be negative, got -110",
 				"DestinationRule demo/typo  testdata/conf/nested/invalid.yml document 3  spec.hots",
 				`unknown field "hots"`,
 			},
@@ -105,7 +105,7 @@ func TestValidateJSON(t *testing.T) {
 	}
 	want := analyze.Message{
 		Level: analyze.Error, Code: analyze.CodeSchemaValidationError, Kind: "VirtualService", Namespace: "demo", Name: "split",
-		File: "testdata/conf/nested/invalid.yml", Doc: 2, Field: "spec.http[0].route[0].weight", Message: "must be between 0 and 100, got -10",
+		File: "testdata/conf/nested/invalid.yml", Doc: 2, Field: "spec.http[0].route[0].weight", Message: "must not be negative, got -10",
 	}
 	if len(msgs) != 3 || msgs[0] != want {
 		t.Errorf("messages = %+v, want 3 starting with %+v", msgs, want)

@@ -22,10 +22,10 @@ func TestMain(m *testing.M) {
 
 func TestDescription(t *testing.T) {
 	err := errors.Join(
-		&config.Error{Field: "spec.http[0].route[0].weight", Err: errors.New("must be between 0 and 100, got 150")},
+		&config.Error{Field: "spec.http[0].route[0].weight", Err: errors.New("must not be negative, got -150")},
 		&config.Error{Field: "spec.hosts", Err: errors.New("required")},
 	)
-	want := "spec.http[0].route[0].weight: must be between 0 and 100, got 150; spec.hosts: required"
+	want := "spec.http[0].route[0].weight: must not be negative, got -150; spec.hosts: required"
 	if got := Description(err); got != want {
 		t.Errorf("got %q, want %q", got, want)
 	}

@@ -57,7 +57,7 @@ func TestRestoreServesWhatWasServed(t *testing.T) {
 
 	// While stopped: 80/20 gets an invalid weight, another file is cut mid-document, one is
 	// emptied, one deleted.
-	put(t, filepath.Join(conf, "invalid.yaml"), vsDoc("split", 180, 20))
+	put(t, filepath.Join(conf, "invalid.yaml"), vsDoc("split", -180, 20))
 	put(t, filepath.Join(conf, "malformed.yaml"), "kind: VirtualService\nspec: [unclosed\n")
 	put(t, filepath.Join(conf, "emptied.yaml"), "")
 	if err := os.Remove(filepath.Join(conf, "deleted.yaml")); err != nil {
