@@ -84,7 +84,7 @@ func TestIstioctlProxyStatus(t *testing.T) {
 			}
 		}
 		want := map[string]map[string]string{
-			proxyless: {"Cluster": "SYNCED", "ClusterLoadAssignment": "SYNCED", "Listener": "SYNCED", "RouteConfiguration": "SYNCED"},
+			proxyless:  {"Cluster": "SYNCED", "ClusterLoadAssignment": "SYNCED", "Listener": "SYNCED", "RouteConfiguration": "SYNCED"},
 			"web.demo": {"Cluster": "SYNCED", "Listener": "SYNCED"},
 		}
 		if fmt.Sprint(got) != fmt.Sprint(want) {
