@@ -137,7 +137,7 @@ func (c *conn) handleDebug(ctx context.Context, node *corev3.Node, typeURL, nonc
 			return status.Errorf(codes.InvalidArgument, "%s wants exactly one resource name, the proxy (<pod>.<namespace> or its node ID); got %d", typeURL, len(names))
 		}
 		var err error
-		if ans, err = c.s.configDump(ctx, names[0]); err != nil {
+		if ans, err = c.s.configDump(ctx, c, names[0]); err != nil {
 			return err
 		}
 	default:
@@ -255,11 +255,16 @@ func (s *Server) findProxy(name string) *conn {
 
 // configDump is what the named proxy holds of what this server sent it, as the Configs of an
 // Envoy admin ConfigDump; nothing when it is not connected here (another replica may have it).
-func (s *Server) configDump(ctx context.Context, name string) (*debugAnswer, error) {
+// caller is the stream asking.
+func (s *Server) configDump(ctx context.Context, caller *conn, name string) (*debugAnswer, error) {
 	c := s.findProxy(name)
 	if c == nil {
 		s.log.Debug("config dump of a proxy not connected here", "proxy", grpcserver.ClientText(name))
 		return &debugAnswer{}, nil
+	}
+	if c == caller {
+		// Already on its goroutine.
+		return dumpAnswer(c, c.configDump()), nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, configDumpWait)
 	defer cancel()
@@ -277,11 +282,15 @@ func (s *Server) configDump(ctx context.Context, name string) (*debugAnswer, err
 	case <-ctx.Done():
 		return nil, status.Errorf(codes.DeadlineExceeded, "config dump of %s: its stream stayed busy for %v", grpcserver.ClientText(name), configDumpWait)
 	}
+	return dumpAnswer(c, dump), nil
+}
+
+func dumpAnswer(c *conn, dump *adminv3.ConfigDump) *debugAnswer {
 	ans := &debugAnswer{res: dump.GetConfigs()}
 	for range ans.res {
 		ans.names = append(ans.names, c.proxy.ID)
 	}
-	return ans, nil
+	return ans
 }
 
 // configDump builds, on the stream's goroutine, the ConfigDump of what the client holds: each

@@ -280,6 +280,13 @@ func TestConfigDump(t *testing.T) {
 	if res := debug.configDump("nobody.demo"); len(res) != 0 {
 		t.Errorf("dump of an unknown proxy: %d resources, want none", len(res))
 	}
+
+	// A debug client that then asks for clusters is a proxy too, and may dump itself.
+	debug.subscribe(cds)
+	debug.recvType(cds)
+	if got := clusters(debug.configDump("istioctl.istio-system")); len(got) != 2 {
+		t.Errorf("a stream dumping itself: %v, want its 2 clusters", got)
+	}
 }
 
 // TestDebugAccess: debug requests are refused with the access rule's error (and the stream
