@@ -107,19 +107,7 @@ func TestDebugAccessRule(t *testing.T) {
 // the control plane's namespace and refused to one of another namespace; the loopback
 // plaintext listener answers anyone.
 func TestDebugOverTLS(t *testing.T) {
-	mesh, err := pki.NewSelfSigned(pki.ECDSAP256, "cluster.local", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := pki.GenerateKey(pki.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := mesh.Issue(key.Public(), pki.LeafOptions{DNSNames: []string{"istiod.istio-system.svc"}, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	serving := tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key}
+	mesh, serving := servingCert(t)
 	store := bus.NewStore()
 	if err := store.Replace(schema.TrustBundle.TypeURL, []*bus.Resource{{Name: "cluster.local", Body: &securityv1.TrustBundle{
 		TrustDomain: "cluster.local", RootCertificates: []string{string(pki.EncodeCerts(mesh.Cert))}}}}); err != nil {

@@ -25,19 +25,7 @@ import (
 // TLS port serves the configured certificate, and the ca's trust bundle published on the bus
 // is held (also when it changes), without holding readiness back.
 func TestSecureListenerAndTrustBundle(t *testing.T) {
-	auth, err := pki.NewSelfSigned(pki.ECDSAP256, "cluster.local", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := pki.GenerateKey(pki.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{DNSNames: []string{"istiod.istio-system.svc"}, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	serving := tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key}
+	auth, serving := servingCert(t)
 
 	store := bus.NewStore()
 	hold := make(chan struct{}) // the ca has not published yet
@@ -89,6 +77,24 @@ func TestSecureListenerAndTrustBundle(t *testing.T) {
 		}
 		waitUntil(t, func() bool { return proto.Equal(srv.TrustBundle("cluster.local"), want) })
 	}
+}
+
+// servingCert is a new root and a serving certificate it issued for istiod's name.
+func servingCert(t *testing.T) (*pki.Authority, tls.Certificate) {
+	t.Helper()
+	auth, err := pki.NewSelfSigned(pki.ECDSAP256, "cluster.local", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := pki.GenerateKey(pki.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{DNSNames: []string{"istiod.istio-system.svc"}, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return auth, tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key}
 }
 
 func TestSecureListenerNeedsTLS(t *testing.T) {
