@@ -3,9 +3,7 @@ package xdsserver
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"net"
-	"net/url"
 	"testing"
 	"time"
 
@@ -23,25 +21,9 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/schema"
-	"sailplane.dev/shared/spiffe"
 )
 
 const typeSyncz = "istio.io/debug/syncz"
-
-// issueFor is a client certificate of the service account ns/sa, from auth.
-func issueFor(t *testing.T, auth *pki.Authority, ns, sa string) tls.Certificate {
-	t.Helper()
-	key, err := pki.GenerateKey(pki.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := spiffe.ID{TrustDomain: "cluster.local", Namespace: ns, ServiceAccount: sa}
-	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{URIs: []*url.URL{id.URL()}, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf}
-}
 
 // TestDebugAccessRule: who may read proxy status and config dumps. Over TLS, a certificate the
 // trust bundle verifies, of the control plane's namespace; over plaintext, anyone when the
@@ -61,13 +43,6 @@ func TestDebugAccessRule(t *testing.T) {
 	}
 	srv.bundles.bundles["cluster.local"] = &securityv1.TrustBundle{
 		TrustDomain: "cluster.local", RootCertificates: []string{string(pki.EncodeCerts(mesh.Cert))},
-	}
-	tlsPeer := func(certs ...tls.Certificate) context.Context {
-		var chain []*x509.Certificate
-		for _, c := range certs {
-			chain = append(chain, c.Leaf)
-		}
-		return peer.NewContext(context.Background(), &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: chain}}})
 	}
 	plaintext := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}})
 	for _, tc := range []struct {
