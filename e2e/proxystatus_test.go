@@ -27,7 +27,8 @@ const (
 
 // TestIstioctlProxyStatus runs Istio's own istioctl (built by tools/testenv from Istio's module)
 // against hyper's plaintext loopback xDS port, as istioctl proxy-status --xds-address does
-// against istiod: it lists a proxyless gRPC client and an Envoy-like sidecar, SYNCED on the
+// against istiod: it (and istioctl x proxy-status, a column per type) lists a proxyless gRPC
+// client and an Envoy-like sidecar, SYNCED on the
 // replica named by --pod-name, and istioctl proxy-status <proxy> finds no difference between
 // what the proxy holds (sailplanectl proxy-config all -o json, Envoy's config dump format) and
 // what Sailplane answers for it.
@@ -100,6 +101,12 @@ func TestIstioctlProxyStatus(t *testing.T) {
 		t.Errorf("istioctl proxy-status table (%v):\n%s", err, out)
 	}
 	t.Logf("istioctl proxy-status:\n%s", out)
+	// The experimental command, a column per type.
+	out, err = istio("x", "proxy-status", "--xds-address", xdsAddr, "--plaintext", "-r", "default", "--verbosity", "1")
+	if web := rowOf(out, "web.demo"); err != nil || len(web) < 4 || web[2] != "SYNCED" || !strings.Contains(out, "sailplane-0") {
+		t.Errorf("istioctl x proxy-status --verbosity 1 (%v): web.demo %q, want CDS SYNCED:\n%s", err, web, out)
+	}
+	t.Logf("istioctl x proxy-status --verbosity 1:\n%s", out)
 
 	// What the proxy holds, in Envoy's config dump format, against what Sailplane answers.
 	for _, proxy := range []string{"web.demo", proxyless} {
@@ -146,6 +153,16 @@ func withoutClusters(t *testing.T, dump []byte) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// rowOf is the fields of the line of out starting with name.
+func rowOf(out, name string) []string {
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == name {
+			return f
+		}
+	}
+	return nil
 }
 
 // runSidecar is an Envoy-like sidecar, pod <pod>.demo, on a state-of-the-world stream: it
