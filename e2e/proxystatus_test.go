@@ -28,8 +28,7 @@ const (
 // TestIstioctlProxyStatus runs Istio's own istioctl (built by tools/testenv from Istio's module)
 // against hyper's plaintext loopback xDS port, as istioctl proxy-status --xds-address does
 // against istiod: it (and istioctl x proxy-status, a column per type) lists a proxyless gRPC
-// client and an Envoy-like sidecar, SYNCED on the
-// replica named by --pod-name, and istioctl proxy-status <proxy> finds no difference between
+// client and an Envoy-like sidecar, SYNCED on the replica named by --pod-name, and istioctl proxy-status <proxy> finds no difference between
 // what the proxy holds (sailplanectl proxy-config all -o json, Envoy's config dump format) and
 // what Sailplane answers for it.
 func TestIstioctlProxyStatus(t *testing.T) {
