@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"sailplane.dev/shared/workloadcert"
@@ -126,8 +127,10 @@ func (o *xdsOptions) ask(ctx context.Context, addr string, req *discoverygrpc.Di
 	if err != nil {
 		return nil, err
 	}
-	// Like istioctl: a node no proxy has, asking for events, not configuration.
+	// Like istioctl: a node no proxy has, asking for events, not configuration. A copy: the
+	// replicas are asked at once.
 	md, _ := structpb.NewStruct(map[string]any{"GENERATOR": "event"})
+	req = proto.CloneOf(req)
 	req.Node = &corev3.Node{Id: "sidecar~~sailplanectl.istio-system~istio-system.svc.cluster.local", Metadata: md}
 	if err := stream.Send(req); err != nil {
 		return nil, err
