@@ -304,6 +304,19 @@ func TestProxyConfig(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &dump); err != nil || len(dump.Configs) != 8 {
 		t.Fatalf("all -o json: %d sections (%v), want Envoy's 8:\n%.2000s", len(dump.Configs), err, out)
 	}
+
+	// An Envoy sidecar's listeners carry many typed filters: all of them print as JSON.
+	envoy := startEnvoy(t, addr, "web")
+	envoy.answer("")
+	envoy.send(&discoverygrpc.DiscoveryRequest{TypeUrl: "type.googleapis.com/envoy.config.listener.v3.Listener"})
+	envoy.answer("")
+	out, err = run(t, "proxy-config", "listener", "web.demo", "--xds-address", addr)
+	if err != nil || !strings.Contains(out, "virtualOutbound") || !strings.Contains(out, "PassthroughCluster") {
+		t.Errorf("sidecar listeners (%v):\n%s", err, out)
+	}
+	if out, err := run(t, "proxy-config", "all", "web.demo", "--xds-address", addr, "-o", "json"); err != nil || !strings.Contains(out, "envoy.filters.listener.original_dst") {
+		t.Errorf("sidecar's config as JSON (%v):\n%.2000s", err, out)
+	}
 	if _, err := run(t, "proxy-config", "cluster", "nobody.demo", "--xds-address", addr); err == nil || !strings.Contains(err.Error(), "not connected") {
 		t.Errorf("an unknown proxy: %v", err)
 	}
