@@ -250,6 +250,9 @@ func TestProxyStatus(t *testing.T) {
 	if _, err := run(t, "proxy-status", "--xds-address", freeAddr(t), "--timeout", "2s"); err == nil {
 		t.Error("a replica that does not answer: no error")
 	}
+	if _, err := run(t, "proxy-status", "--plaintext", "--cert-dir", t.TempDir()); err == nil || !strings.Contains(err.Error(), "choose one") {
+		t.Errorf("--plaintext with --cert-dir: %v", err)
+	}
 }
 
 func freeAddr(t *testing.T) string {
