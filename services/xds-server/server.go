@@ -32,6 +32,7 @@ import (
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/grpcserver"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/version"
 )
 
 // Config configures the server.
@@ -166,6 +167,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		PeerIdentity:    s.peerIdentity,
 		DebugAccess:     s.debugAccess,
 		Replica:         cfg.PodName,
+		Version:         version.Get().Version,
 	})
 	return s, nil
 }
