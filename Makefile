@@ -23,9 +23,10 @@ run: build
 	@echo "             GRPC_XDS_BOOTSTRAP=/tmp/bootstrap.json <client> xds:///echo.demo.svc.cluster.local:7070"
 	cd examples && ../$(BIN)/hyper --config-source files
 
-# Builds (once) and caches etcd, kube-apiserver, consul and Istio's pilot-agent (a test client)
+# Builds (once) and caches etcd, kube-apiserver, consul and Istio's pilot-agent and istioctl (test clients)
 # outside the repo, under $${SAILPLANE_CACHE:-~/.cache/sailplane}; tests start them on 127.0.0.1.
-# About 11 minutes with empty Go caches on 2 cores (pilot-agent's share: under a minute).
+# About 11 minutes with empty Go caches on 2 cores (pilot-agent's share: under a minute), plus
+# about 8 for istioctl (README, "Tests and benchmarks").
 testenv:
 	$(GO) run ./tools/cmd/testenv build
 

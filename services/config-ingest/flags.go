@@ -1,8 +1,6 @@
 package configingest
 
 import (
-	"os"
-
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
 
@@ -21,7 +19,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.StateDir, "state-dir", DefaultStateDir,
 		"folder keeping the last valid config across restarts: every file's resources, or the Kubernetes resources now invalid; empty: none")
 	cli.NamespaceVar(fs, &c.Namespace)
-	fs.StringVar(&c.PodName, "pod-name", os.Getenv("POD_NAME"), "identity in the status Lease (default: $POD_NAME, else the host name)")
+	cli.PodNameVar(fs, &c.PodName, "this replica's name: its identity in the status Lease and, in xds-server, in proxy status (default: $POD_NAME, else the host name)")
 }
 
 // SourceFlags choose where config comes from: --config-source and --kubeconfig.

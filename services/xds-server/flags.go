@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"sailplane.dev/shared/cli"
 )
 
 // AddFlags registers the server's tuning flags, shared by the xds-server and hyper binaries.
@@ -15,4 +17,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.PushConcurrency, "push-concurrency", 16, "proxies pushed at once")
 	fs.DurationVar(&c.MaxConnectionAge, "max-connection-age", 30*time.Minute,
 		"close client connections after this age (±10%) so they spread over replicas; 0 = never")
+	cli.NamespaceVar(fs, &c.Namespace)
+	cli.PodNameVar(fs, &c.PodName, "this replica's name: its identity in the status Lease and, in xds-server, in proxy status (default: $POD_NAME, else the host name)")
+	fs.BoolVar(&c.DebugPlaintext, "debug-plaintext", false,
+		"serve proxy status and config dumps (Istio's debug types) on a plaintext --xds-listen that is not loopback, to anyone who reaches it; off: only a loopback plaintext listener serves them, and TLS clients need a certificate of --namespace")
 }

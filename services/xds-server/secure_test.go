@@ -25,19 +25,7 @@ import (
 // TLS port serves the configured certificate, and the ca's trust bundle published on the bus
 // is held (also when it changes), without holding readiness back.
 func TestSecureListenerAndTrustBundle(t *testing.T) {
-	auth, err := pki.NewSelfSigned(pki.ECDSAP256, "cluster.local", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := pki.GenerateKey(pki.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{DNSNames: []string{"istiod.istio-system.svc"}, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	serving := tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key}
+	auth, serving := servingCert(t)
 
 	store := bus.NewStore()
 	hold := make(chan struct{}) // the ca has not published yet
@@ -91,6 +79,48 @@ func TestSecureListenerAndTrustBundle(t *testing.T) {
 	}
 }
 
+// servingCert is a new root and a serving certificate it issued for istiod's name.
+func servingCert(t *testing.T) (*pki.Authority, tls.Certificate) {
+	t.Helper()
+	auth, err := pki.NewSelfSigned(pki.ECDSAP256, "cluster.local", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := pki.GenerateKey(pki.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{DNSNames: []string{"istiod.istio-system.svc"}, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return auth, tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key}
+}
+
+// issueFor is a client certificate of the service account ns/sa, from auth.
+func issueFor(t *testing.T, auth *pki.Authority, ns, sa string) tls.Certificate {
+	t.Helper()
+	key, err := pki.GenerateKey(pki.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := spiffe.ID{TrustDomain: "cluster.local", Namespace: ns, ServiceAccount: sa}
+	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{URIs: []*url.URL{id.URL()}, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf}
+}
+
+// tlsPeer is the context of a stream whose client presented certs over TLS.
+func tlsPeer(certs ...tls.Certificate) context.Context {
+	var chain []*x509.Certificate
+	for _, c := range certs {
+		chain = append(chain, c.Leaf)
+	}
+	return peer.NewContext(context.Background(), &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: chain}}})
+}
+
 func TestSecureListenerNeedsTLS(t *testing.T) {
 	_, err := New(Config{SecureListen: "127.0.0.1:0"}, Deps{Config: fakebus.New(), Registry: fakebus.New()})
 	if !errors.Is(err, ErrMissingDependency) {
@@ -110,17 +140,6 @@ func TestPeerIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	issue := func(auth *pki.Authority) []*x509.Certificate {
-		key, err := pki.GenerateKey(pki.ECDSAP256)
-		if err != nil {
-			t.Fatal(err)
-		}
-		leaf, err := auth.Issue(key.Public(), pki.LeafOptions{URIs: []*url.URL{id.URL()}, TTL: time.Hour})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return []*x509.Certificate{leaf}
-	}
 	srv, err := New(Config{}, Deps{Logger: testLogger(t), Config: fakebus.New(), Registry: fakebus.New()})
 	if err != nil {
 		t.Fatal(err)
@@ -128,17 +147,14 @@ func TestPeerIdentity(t *testing.T) {
 	srv.bundles.bundles["cluster.local"] = &securityv1.TrustBundle{
 		TrustDomain: "cluster.local", RootCertificates: []string{string(pki.EncodeCerts(trusted.Cert))},
 	}
-	tlsPeer := func(chain []*x509.Certificate) context.Context {
-		return peer.NewContext(context.Background(), &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: chain}}})
-	}
 	for _, tc := range []struct {
 		name string
 		ctx  context.Context
 		want string
 	}{
-		{"certificate of the trusted root", tlsPeer(issue(trusted)), id.String()},
-		{"certificate of another root", tlsPeer(issue(foreign)), ""},
-		{"TLS without a certificate", tlsPeer(nil), ""},
+		{"certificate of the trusted root", tlsPeer(issueFor(t, trusted, "demo", "web")), id.String()},
+		{"certificate of another root", tlsPeer(issueFor(t, foreign, "demo", "web")), ""},
+		{"TLS without a certificate", tlsPeer(), ""},
 		{"plaintext", peer.NewContext(context.Background(), &peer.Peer{}), ""},
 		{"no peer", context.Background(), ""},
 	} {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,8 +29,10 @@ import (
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/xds"
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/grpcserver"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/version"
 )
 
 // Config configures the server.
@@ -55,6 +58,16 @@ type Config struct {
 	// MaxConnectionAgeGrace is how long a connection past its age may finish its streams;
 	// default 10s.
 	MaxConnectionAgeGrace time.Duration
+	// Namespace is the control plane's namespace: over TLS, only clients with a certificate
+	// of a service account in it may ask for the debug types (proxy status, config dumps).
+	// Default cli.DefaultNamespace.
+	Namespace string
+	// PodName names this replica in debug responses (which replica a proxy is connected
+	// to); default the host name.
+	PodName string
+	// DebugPlaintext serves the debug types on a plaintext listener that is not on a loopback
+	// address, to anyone who reaches it. Off: only a loopback plaintext listener serves them.
+	DebugPlaintext bool
 	// CacheAssert makes the resource cache fail loudly when one key would hold two values.
 	// For tests: it disables sharing.
 	CacheAssert bool
@@ -103,10 +116,13 @@ type Server struct {
 	bundles *trustBundles
 	jwks    *jwks.Resolver
 
-	started    atomic.Bool
-	ready      chan struct{}
-	addr       atomic.Pointer[net.Addr]
-	secureAddr atomic.Pointer[net.Addr]
+	started atomic.Bool
+	// plaintextDebug: the plaintext listener serves the debug types (loopback, or
+	// Config.DebugPlaintext); set before serving.
+	plaintextDebug bool
+	ready          chan struct{}
+	addr           atomic.Pointer[net.Addr]
+	secureAddr     atomic.Pointer[net.Addr]
 }
 
 // New validates the configuration and returns a server ready to Run.
@@ -128,6 +144,10 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	cfg.EndpointDebounce = cmp.Or(cfg.EndpointDebounce, cfg.Debounce/10)
 	cfg.PushConcurrency = cmp.Or(cfg.PushConcurrency, 16)
 	cfg.MaxConnectionAgeGrace = cmp.Or(cfg.MaxConnectionAgeGrace, 10*time.Second)
+	cfg.Namespace = cmp.Or(cfg.Namespace, cli.DefaultNamespace)
+	if cfg.PodName == "" {
+		cfg.PodName, _ = os.Hostname()
+	}
 	log := deps.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -145,6 +165,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		PushConcurrency: cfg.PushConcurrency,
 		CacheAssert:     cfg.CacheAssert,
 		PeerIdentity:    s.peerIdentity,
+		DebugAccess:     s.debugAccess,
+		Replica:         cfg.PodName,
+		Version:         version.Get().Version,
 	})
 	return s, nil
 }
@@ -208,6 +231,9 @@ func (s *Server) serve(ctx context.Context, plain, secure net.Listener) error {
 			}
 		}
 		return ErrAlreadyStarted
+	}
+	if plain != nil {
+		s.plaintextDebug = s.cfg.DebugPlaintext || isLoopback(plain.Addr())
 	}
 	var addrs []string
 	for _, l := range []struct {

@@ -15,6 +15,13 @@ func NamespaceVar(fs *pflag.FlagSet, p *string) {
 		"control plane namespace (Kubernetes): the istio ConfigMap, the status Lease and remote-cluster Secrets live there; $POD_NAMESPACE when set")
 }
 
+// PodNameVar registers --pod-name, this replica's name, defaulting to $POD_NAME (which the
+// manifests set from the Pod's name); usage says what the service uses it for. Several services
+// take it: see SharedStringVar.
+func PodNameVar(fs *pflag.FlagSet, p *string, usage string) {
+	SharedStringVar(fs, p, "pod-name", EnvOr("POD_NAME", ""), usage)
+}
+
 // SharedStringVar registers a string flag that more than one service's config takes: when fs
 // already has it (hyper links several services), the existing flag sets p too, so that one
 // --name sets every service's field.

@@ -1,6 +1,6 @@
 // Package testenv builds, caches and starts real etcd, kube-apiserver and
 // consul processes on 127.0.0.1 for tests and for people, and builds Istio's
-// pilot-agent as a test client.
+// pilot-agent and istioctl as test clients.
 //
 // The binaries are compiled from their Go modules (the only thing that can
 // be fetched here is Go modules) in throwaway modules outside the repo, and
@@ -52,6 +52,7 @@ type Binaries struct {
 	KubeAPIServer string
 	Consul        string
 	PilotAgent    string
+	Istioctl      string
 }
 
 // BuildError is returned when compiling a component fails.
@@ -98,6 +99,9 @@ func EnsureBinaries(ctx context.Context, log *slog.Logger) (Binaries, error) {
 	if b.PilotAgent, err = EnsurePilotAgent(ctx, log); err != nil {
 		return b, err
 	}
+	if b.Istioctl, err = EnsureIstioctl(ctx, log); err != nil {
+		return b, err
+	}
 	return b, nil
 }
 
@@ -116,6 +120,13 @@ func EnsureKubeAPIServer(ctx context.Context, log *slog.Logger) (string, error) 
 // agent, a test client of the ca and xds-server), building it if missing: several minutes cold.
 func EnsurePilotAgent(ctx context.Context, log *slog.Logger) (string, error) {
 	return ensure(ctx, log, pilotAgentSpec)
+}
+
+// EnsureIstioctl returns the path of the cached istioctl binary (Istio's CLI, a test client of
+// xds-server's debug types), building it if missing: minutes cold, like pilot-agent, with which
+// it shares the module and most packages.
+func EnsureIstioctl(ctx context.Context, log *slog.Logger) (string, error) {
+	return ensure(ctx, log, istioctlSpec)
 }
 
 // EnsureConsul returns the path of the cached consul binary, building it if missing.
@@ -164,6 +175,14 @@ var pilotAgentSpec = buildSpec{
 	gomod:   istioGoMod,
 	pkg:     "istio.io/istio/pilot/cmd/pilot-agent",
 	// The version the agent reports in its node metadata (ISTIO_VERSION), "unknown" without it.
+	ldflags: "-X istio.io/istio/pkg/version.buildVersion=" + IstioVersion,
+}
+
+var istioctlSpec = buildSpec{
+	name:    "istioctl",
+	version: IstioVersion,
+	gomod:   istioGoMod,
+	pkg:     "istio.io/istio/istioctl/cmd/istioctl",
 	ldflags: "-X istio.io/istio/pkg/version.buildVersion=" + IstioVersion,
 }
 

@@ -65,3 +65,16 @@ func PilotAgentForTest(t testing.TB) string {
 	}
 	return bin
 }
+
+// IstioctlForTest returns the path of Istio's istioctl, building it on the machine's first use
+// (minutes; `make testenv` does it up front), bounded like KubeForTest.
+func IstioctlForTest(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	bin, err := EnsureIstioctl(ctx, tLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}

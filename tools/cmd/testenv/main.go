@@ -1,5 +1,5 @@
 // Command testenv builds the cached etcd, kube-apiserver, consul and
-// pilot-agent binaries and runs them on 127.0.0.1 for a person.
+// pilot-agent and istioctl binaries and runs them on 127.0.0.1 for a person.
 package main
 
 import (
@@ -52,6 +52,7 @@ func buildCmd() *cobra.Command {
 			fmt.Fprintf(out, "kube-apiserver %s\n", b.KubeAPIServer)
 			fmt.Fprintf(out, "consul         %s\n", b.Consul)
 			fmt.Fprintf(out, "pilot-agent    %s\n", b.PilotAgent)
+			fmt.Fprintf(out, "istioctl       %s\n", b.Istioctl)
 			return nil
 		},
 	}

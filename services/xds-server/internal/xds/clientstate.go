@@ -1,25 +1,35 @@
 package xds
 
-// clientState is what a client holds of one type, name -> version. Most clients hold exactly
-// a cached set (the whole cluster or endpoint list every proxy of a scope shares), so the state
-// is that shared, immutable set plus this client's differences, rather than a map per
-// connection as large as the set: with thousands of connections those maps were the largest
-// part of the server's memory.
+// clientState is what a client holds of one type: for each name, the entry (and so the
+// version) last sent to it. Most clients hold exactly a cached set (the whole cluster or
+// endpoint list every proxy of a scope shares), so the state is that shared, immutable set plus
+// this client's differences, rather than a map per connection as large as the set: with
+// thousands of connections those maps were the largest part of the server's memory. Keeping
+// entries rather than versions is what lets a config dump show what the client holds.
 type clientState struct {
 	base *set
-	// over overrides base: a version, or "" for a name of base the client does not hold.
-	over map[string]string
+	// over overrides base: the entry held, or nil for a name of base the client does not hold.
+	over map[string]*entry
 	n    int // names held
 }
 
-func (cs *clientState) get(name string) string {
-	if v, ok := cs.over[name]; ok {
-		return v
+// held is the entry the client holds under name, nil when none. An entry whose any is nil
+// stands for a version the client said it holds (delta initial_resource_versions) with content
+// this server never sent.
+func (cs *clientState) held(name string) *entry {
+	if e, ok := cs.over[name]; ok {
+		return e
 	}
 	if cs.base != nil {
-		if e := cs.base.entries[name]; e != nil {
-			return e.version
-		}
+		return cs.base.entries[name]
+	}
+	return nil
+}
+
+// get is the version held under name, "" when none.
+func (cs *clientState) get(name string) string {
+	if e := cs.held(name); e != nil {
+		return e.version
 	}
 	return ""
 }
@@ -35,32 +45,33 @@ func (cs *clientState) baseVersion(name string) (string, bool) {
 	return e.version, true
 }
 
-// set records that the client holds version (not empty) of name.
-func (cs *clientState) set(name, version string) {
-	if cs.get(name) == "" {
+// set records that the client holds e (its version not empty).
+func (cs *clientState) set(e *entry) {
+	if cs.held(e.name) == nil {
 		cs.n++
 	}
-	if bv, ok := cs.baseVersion(name); ok && bv == version {
-		delete(cs.over, name)
+	if bv, ok := cs.baseVersion(e.name); ok && bv == e.version {
+		// Versions hash the encoding: the base's entry is the same resource.
+		delete(cs.over, e.name)
 		return
 	}
 	if cs.over == nil {
-		cs.over = map[string]string{}
+		cs.over = map[string]*entry{}
 	}
-	cs.over[name] = version
+	cs.over[e.name] = e
 }
 
 // del records that the client does not hold name.
 func (cs *clientState) del(name string) {
-	if cs.get(name) == "" {
+	if cs.held(name) == nil {
 		return
 	}
 	cs.n--
 	if _, ok := cs.baseVersion(name); ok {
 		if cs.over == nil {
-			cs.over = map[string]string{}
+			cs.over = map[string]*entry{}
 		}
-		cs.over[name] = ""
+		cs.over[name] = nil
 		return
 	}
 	delete(cs.over, name)
@@ -68,22 +79,30 @@ func (cs *clientState) del(name string) {
 
 // names calls f with every name held.
 func (cs *clientState) names(f func(name string)) {
+	cs.entries(func(e *entry) { f(e.name) })
+}
+
+// entries calls f with every entry held: the base's in name order, then the others.
+func (cs *clientState) entries(f func(e *entry)) {
 	if cs.base != nil {
 		for _, n := range cs.base.names {
-			if v, ok := cs.over[n]; ok && v == "" {
-				continue
+			e, ok := cs.over[n]
+			if !ok {
+				e = cs.base.entries[n]
 			}
-			f(n)
+			if e != nil {
+				f(e)
+			}
 		}
 	}
-	for n, v := range cs.over {
-		if v == "" {
+	for n, e := range cs.over {
+		if e == nil {
 			continue
 		}
 		if _, ok := cs.baseVersion(n); ok {
 			continue // listed with base
 		}
-		f(n)
+		f(e)
 	}
 }
 

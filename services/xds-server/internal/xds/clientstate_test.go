@@ -33,7 +33,7 @@ func TestClientState(t *testing.T) {
 		}
 	}
 	for _, n := range base.names {
-		cs.set(n, "1")
+		cs.set(&entry{name: n, version: "1"})
 		want[n] = "1"
 	}
 	check("filled")
@@ -42,21 +42,21 @@ func TestClientState(t *testing.T) {
 		t.Fatal("rebase did not share the set")
 	}
 	check("rebased")
-	cs.set("b", "2")
+	cs.set(&entry{name: "b", version: "2"})
 	want["b"] = "2"
 	cs.del("c")
 	delete(want, "c")
-	cs.set("d", "1")
+	cs.set(&entry{name: "d", version: "1"})
 	want["d"] = "1"
 	check("diffs")
-	cs.set("b", "1") // back to the base version: no difference left for b
+	cs.set(&entry{name: "b", version: "1"}) // back to the base version: no difference left for b
 	want["b"] = "1"
 	if _, ok := cs.over["b"]; ok {
 		t.Error("an override equal to the base was kept")
 	}
 	check("reverted")
 	cs.del("zzz")
-	cs.set("c", "1")
+	cs.set(&entry{name: "c", version: "1"})
 	want["c"] = "1"
 	check("restored")
 	cs.rebase(base) // holds d too: not exactly base

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc/codes"
@@ -36,10 +37,20 @@ type conn struct {
 	done   chan struct{}
 	nonce  int
 
-	// mu guards watches' subscriptions against Push's affected check; only the stream's
-	// goroutine writes.
+	// mu guards watches' subscriptions against Push's affected check, and their status
+	// against the debug types' readers; only the stream's goroutine writes.
 	mu      sync.Mutex
 	watches map[string]*watch
+
+	// queries run on the stream's goroutine, which alone reads and writes the watches' client
+	// state (config dumps).
+	queries chan func()
+	// debugNonces are the nonces of the last debug answers, by type: requests carrying them are
+	// their ACKs.
+	debugNonces map[string]string
+	// debugNode is the node of a first request asking for a debug type, which identifies no
+	// proxy, kept in case the stream later asks for proxy types.
+	debugNode *corev3.Node
 }
 
 // watch is the state of one type on one stream.
@@ -65,17 +76,24 @@ type watch struct {
 	needResponse bool
 	// newNames are delta subscriptions to answer, with a removal when they do not exist.
 	newNames map[string]struct{}
+
+	// status is what the debug types report of the watch; guarded by conn.mu.
+	status watchStatus
 }
 
 // sentResponse is kept until the client answers; slices rather than maps because every
 // connection holds one per type in flight, each as large as the type's resources.
 type sentResponse struct {
-	prev    []nameVersion // in recording order; "" = did not have it
+	prev    []heldEntry // in recording order
 	sent    []*entry
 	version string
 }
 
-type nameVersion struct{ name, version string }
+// heldEntry is what the client held under name; e nil: nothing.
+type heldEntry struct {
+	name string
+	e    *entry
+}
 
 func newWatch(typeURL string) *watch {
 	return &watch{typeURL: typeURL, sub: emptySubscription,
@@ -83,13 +101,16 @@ func newWatch(typeURL string) *watch {
 		newNames: map[string]struct{}{}}
 }
 
-func (c *conn) identify(node interface {
-	GetId() string
-}, parse func() (*model.Proxy, error)) error {
+// identify reads the proxy from the node of the stream's first request (or of the debug
+// request before it).
+func (c *conn) identify(node *corev3.Node) error {
 	if c.proxy != nil {
 		return nil
 	}
-	p, err := parse()
+	if node == nil {
+		node = c.debugNode
+	}
+	p, err := model.ParseProxy(node)
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "node %q: %v", node.GetId(), err)
 	}
@@ -120,14 +141,15 @@ func (c *conn) ack(w *watch, nonce string, errDetail *status.Status) bool {
 		return nonce == w.lastNonce
 	}
 	delete(w.outstanding, nonce)
+	c.answered(w, nonce, sent.version, errDetail)
 	if errDetail != nil {
 		// The client kept its previous state: go back to it, and remember what it refused.
 		// In reverse, so a name recorded twice ends at its first, oldest version.
 		for i := len(sent.prev) - 1; i >= 0; i-- {
-			if p := sent.prev[i]; p.version == "" {
+			if p := sent.prev[i]; p.e == nil {
 				w.client.del(p.name)
 			} else {
-				w.client.set(p.name, p.version)
+				w.client.set(p.e)
 			}
 		}
 		for _, e := range sent.sent {
@@ -142,7 +164,7 @@ func (c *conn) ack(w *watch, nonce string, errDetail *status.Status) bool {
 }
 
 func (c *conn) handleSotW(req *discoverygrpc.DiscoveryRequest) error {
-	if err := c.identify(req.GetNode(), func() (*model.Proxy, error) { return model.ParseProxy(req.GetNode()) }); err != nil {
+	if err := c.identify(req.GetNode()); err != nil {
 		return err
 	}
 	t := req.GetTypeUrl()
@@ -204,7 +226,7 @@ func sameNames(w *watch, names []string) bool {
 }
 
 func (c *conn) handleDelta(req *discoverygrpc.DeltaDiscoveryRequest) error {
-	if err := c.identify(req.GetNode(), func() (*model.Proxy, error) { return model.ParseProxy(req.GetNode()) }); err != nil {
+	if err := c.identify(req.GetNode()); err != nil {
 		return err
 	}
 	t := req.GetTypeUrl()
@@ -218,7 +240,7 @@ func (c *conn) handleDelta(req *discoverygrpc.DeltaDiscoveryRequest) error {
 		w.wildcard = len(req.GetResourceNamesSubscribe()) == 0
 		for n, v := range req.GetInitialResourceVersions() {
 			if v != "" {
-				w.client.set(n, v)
+				w.client.set(&entry{name: n, version: v}) // content unknown until we send it
 			}
 		}
 		w.needResponse = true
@@ -425,12 +447,13 @@ func (c *conn) sync(snap *model.Snapshot, w *watch, onlyHosts map[string]struct{
 }
 
 func (c *conn) record(w *watch, st *set, nonce, version string, sent []*entry, removed []string) {
-	r := &sentResponse{prev: make([]nameVersion, 0, len(sent)+len(removed)), sent: sent, version: version}
+	c.sent(w, nonce, version)
+	r := &sentResponse{prev: make([]heldEntry, 0, len(sent)+len(removed)), sent: sent, version: version}
 	for _, e := range sent {
-		r.prev = append(r.prev, nameVersion{e.name, w.client.get(e.name)})
+		r.prev = append(r.prev, heldEntry{e.name, w.client.held(e.name)})
 	}
 	for _, n := range removed {
-		r.prev = append(r.prev, nameVersion{n, w.client.get(n)})
+		r.prev = append(r.prev, heldEntry{n, w.client.held(n)})
 	}
 	if covers(st, sent) {
 		// The client now holds all of st: share it, keeping apart only what the client holds
@@ -442,19 +465,19 @@ func (c *conn) record(w *watch, st *set, nonce, version string, sent []*entry, r
 				gone[n] = true
 			}
 		}
-		var extra []nameVersion
-		w.client.names(func(n string) {
-			if st.entries[n] == nil && !gone[n] {
-				extra = append(extra, nameVersion{n, w.client.get(n)})
+		var extra []*entry
+		w.client.entries(func(e *entry) {
+			if st.entries[e.name] == nil && !gone[e.name] {
+				extra = append(extra, e)
 			}
 		})
 		w.client = clientState{base: st, n: len(st.names)}
-		for _, x := range extra {
-			w.client.set(x.name, x.version)
+		for _, e := range extra {
+			w.client.set(e)
 		}
 	} else {
 		for _, e := range sent {
-			w.client.set(e.name, e.version)
+			w.client.set(e)
 		}
 		for _, n := range removed {
 			w.client.del(n)
@@ -488,7 +511,7 @@ func (c *conn) syncDelta(w *watch, st *set, upserts []*entry, removed []string, 
 	send := func(up []*entry, rm []string) error {
 		resp := &discoverygrpc.DeltaDiscoveryResponse{TypeUrl: w.typeURL, Nonce: c.nextNonce(), RemovedResources: rm,
 			SystemVersionInfo: strconv.FormatUint(st.version, 10)}
-		c.record(w, st, resp.Nonce, "", up, rm)
+		c.record(w, st, resp.Nonce, resp.SystemVersionInfo, up, rm)
 		if err := c.send(&preparedResponse{head: resp, delta: true, entries: up}); err != nil {
 			return fmt.Errorf("sending %s: %w", w.typeURL, err)
 		}

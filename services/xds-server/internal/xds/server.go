@@ -32,6 +32,12 @@ type Options struct {
 	// PeerIdentity names the client of a stream by the certificate it presented (its verified
 	// SPIFFE ID), "" for none; logged when the proxy connects. Nil: not looked at.
 	PeerIdentity func(context.Context) string
+	// DebugAccess decides whether the client of a stream (its context) may ask for Istio's
+	// debug types (TypeSyncz, TypeConfigDump); an error, a gRPC status, refuses and ends the
+	// stream. Nil: debug types are refused.
+	DebugAccess func(context.Context) error
+	// Replica names this server in debug responses (its pod name); Version is its version.
+	Replica, Version string
 }
 
 // Server serves ADS. Feed it snapshots with Push and run its push workers with Run. Register it
@@ -140,7 +146,12 @@ func (s *Server) StreamAggregatedResources(stream discoverygrpc.AggregatedDiscov
 	c := s.newConn(false)
 	c.send = stream.SendMsg
 	c.peer = s.peerIdentity(stream.Context())
-	return serve(s, c, stream.Recv, c.handleSotW)
+	return serve(s, c, stream.Recv, func(req *discoverygrpc.DiscoveryRequest) error {
+		if isDebugType(req.GetTypeUrl()) {
+			return c.handleDebugSotW(stream.Context(), req)
+		}
+		return c.handleSotW(req)
+	})
 }
 
 // DeltaAggregatedResources serves delta ADS.
@@ -148,7 +159,12 @@ func (s *Server) DeltaAggregatedResources(stream discoverygrpc.AggregatedDiscove
 	c := s.newConn(true)
 	c.send = stream.SendMsg
 	c.peer = s.peerIdentity(stream.Context())
-	return serve(s, c, stream.Recv, c.handleDelta)
+	return serve(s, c, stream.Recv, func(req *discoverygrpc.DeltaDiscoveryRequest) error {
+		if isDebugType(req.GetTypeUrl()) {
+			return c.handleDebugDelta(stream.Context(), req)
+		}
+		return c.handleDelta(req)
+	})
 }
 
 // serve runs one stream: requests and pushes are handled by this goroutine only, so a
@@ -196,6 +212,8 @@ func serve[Req any](s *Server, c *conn, recv func() (Req, error), handle func(Re
 			if err != nil {
 				return err
 			}
+		case q := <-c.queries:
+			q()
 		}
 	}
 }
@@ -217,6 +235,7 @@ func (s *Server) newConn(delta bool) *conn {
 		s: s, id: s.nextID.Add(1), delta: delta,
 		watches: map[string]*watch{},
 		pushes:  make(chan pushItem),
+		queries: make(chan func()),
 		done:    make(chan struct{}),
 		log:     s.log,
 	}

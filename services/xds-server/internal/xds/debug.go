@@ -1,0 +1,342 @@
+package xds
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"sailplane.dev/shared/grpcserver"
+)
+
+// Istio's debug types, which istioctl asks istiod for over ADS.
+const (
+	// DebugTypePrefix starts every debug type URL.
+	DebugTypePrefix = "istio.io/debug/"
+	// TypeSyncz answers one envoy.service.status.v3.ClientConfig per connected proxy: each
+	// watched type's status (SYNCED, STALE, NOT_SENT, ERROR for a NACK) and versions.
+	TypeSyncz = DebugTypePrefix + "syncz"
+	// TypeConfigDump answers, for the proxy the one resource name names, what it holds of what
+	// this server sent: the Configs of an envoy.admin.v3.ConfigDump, one resource each.
+	TypeConfigDump = DebugTypePrefix + "config_dump"
+)
+
+// ComponentName is the Component of the control plane identifier in debug responses.
+const ComponentName = "xds-server"
+
+// configDumpWait bounds how long a config dump waits for the proxy's stream to be free (it is
+// read on the stream's own goroutine, which may be busy sending).
+const configDumpWait = 10 * time.Second
+
+// watchStatus is what the last response of a watch became, as the debug types report it.
+type watchStatus struct {
+	sentNonce, sentVersion string
+	sentAt                 time.Time
+	ackedNonce             string
+	ackedVersion           string
+	// nackError is the last NACK's detail, until the client ACKs again.
+	nackError     string
+	nackedVersion string
+	nackedAt      time.Time
+}
+
+// configStatus is istiod's: a NACK not followed by an ACK is ERROR, nothing sent is
+// NOT_SENT, the last response ACKed is SYNCED, anything else (sent, not answered yet) STALE.
+func (ws *watchStatus) configStatus() statusv3.ConfigStatus {
+	switch {
+	case ws.nackError != "":
+		return statusv3.ConfigStatus_ERROR
+	case ws.sentNonce == "":
+		return statusv3.ConfigStatus_NOT_SENT
+	case ws.ackedNonce == ws.sentNonce:
+		return statusv3.ConfigStatus_SYNCED
+	default:
+		return statusv3.ConfigStatus_STALE
+	}
+}
+
+// sent records a response about to go out.
+func (c *conn) sent(w *watch, nonce, version string) {
+	now := time.Now()
+	c.mu.Lock()
+	w.status.sentNonce, w.status.sentVersion, w.status.sentAt = nonce, version, now
+	c.mu.Unlock()
+}
+
+// answered records the client's ACK (errDetail nil) or NACK of the response nonce.
+func (c *conn) answered(w *watch, nonce, version string, errDetail *status.Status) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if errDetail == nil {
+		w.status.ackedNonce, w.status.ackedVersion, w.status.nackError = nonce, version, ""
+		return
+	}
+	w.status.nackError = cmp.Or(grpcserver.ClientText(errDetail.Message()), "rejected without a message")
+	w.status.nackedVersion, w.status.nackedAt = version, time.Now()
+}
+
+// controlPlane names this replica in debug responses, as istiod does (its pod name), so that
+// istioctl shows which replica a proxy is connected to.
+func (s *Server) controlPlane() *corev3.ControlPlane {
+	id, _ := json.Marshal(struct {
+		Component string
+		ID        string
+		Info      struct {
+			Version string `json:"version"`
+		}
+	}{Component: ComponentName, ID: s.opts.Replica, Info: struct {
+		Version string `json:"version"`
+	}{s.opts.Version}})
+	return &corev3.ControlPlane{Identifier: string(id)}
+}
+
+// isDebugType reports whether typeURL is one of Istio's debug types.
+func isDebugType(typeURL string) bool { return strings.HasPrefix(typeURL, DebugTypePrefix) }
+
+// debugAnswer is a debug request's response: its resources, named.
+type debugAnswer struct {
+	names []string
+	res   []*anypb.Any
+}
+
+// handleDebug answers a debug request, authorized by Options.DebugAccess. Debug clients are
+// not proxies: they are not listed, pushed or watched; each request gets one response.
+func (c *conn) handleDebug(ctx context.Context, node *corev3.Node, typeURL, nonce string, names []string, respond func(*debugAnswer, string) error) error {
+	if c.debugNode == nil {
+		c.debugNode = node
+	}
+	if last, ok := c.debugNonces[typeURL]; ok && nonce == last {
+		return nil // the ACK (or NACK) of our answer
+	}
+	if c.s.opts.DebugAccess == nil {
+		return status.Errorf(codes.PermissionDenied, "xds-server: debug types are not served here")
+	}
+	if err := c.s.opts.DebugAccess(ctx); err != nil {
+		c.log.Warn("debug request refused", "type", typeURL, "peer", c.peer, "err", err)
+		return err
+	}
+	var ans *debugAnswer
+	switch typeURL {
+	case TypeSyncz:
+		ans = c.s.syncz()
+	case TypeConfigDump:
+		if len(names) != 1 {
+			return status.Errorf(codes.InvalidArgument, "%s wants exactly one resource name, the proxy (<pod>.<namespace> or its node ID); got %d", typeURL, len(names))
+		}
+		var err error
+		if ans, err = c.s.configDump(ctx, c, names[0]); err != nil {
+			return err
+		}
+	default:
+		return status.Errorf(codes.Unimplemented, "xds-server: debug type %s is not served (only %s and %s)", grpcserver.ClientText(typeURL), TypeSyncz, TypeConfigDump)
+	}
+	n := c.nextNonce()
+	if c.debugNonces == nil {
+		c.debugNonces = map[string]string{}
+	}
+	c.debugNonces[typeURL] = n
+	return respond(ans, n)
+}
+
+func (c *conn) handleDebugSotW(ctx context.Context, req *discoverygrpc.DiscoveryRequest) error {
+	return c.handleDebug(ctx, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetResourceNames(), func(a *debugAnswer, nonce string) error {
+		return c.send(&discoverygrpc.DiscoveryResponse{
+			TypeUrl: req.GetTypeUrl(), Nonce: nonce, VersionInfo: debugVersion(),
+			Resources: a.res, ControlPlane: c.s.controlPlane(),
+		})
+	})
+}
+
+func (c *conn) handleDebugDelta(ctx context.Context, req *discoverygrpc.DeltaDiscoveryRequest) error {
+	return c.handleDebug(ctx, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetResourceNamesSubscribe(), func(a *debugAnswer, nonce string) error {
+		resp := &discoverygrpc.DeltaDiscoveryResponse{
+			TypeUrl: req.GetTypeUrl(), Nonce: nonce, SystemVersionInfo: debugVersion(), ControlPlane: c.s.controlPlane(),
+		}
+		for i, r := range a.res {
+			resp.Resources = append(resp.Resources, &discoverygrpc.Resource{Name: a.names[i], Version: debugVersion(), Resource: r})
+		}
+		return c.send(resp)
+	})
+}
+
+// debugVersion versions a debug answer by when it was made: each is a new picture.
+func debugVersion() string { return strconv.FormatInt(time.Now().UnixNano(), 10) }
+
+// syncz is one ClientConfig per connected proxy, ordered by name. Every proxy is listed,
+// proxyless gRPC clients included (istiod lists only proxies whose metadata has PROXY_CONFIG,
+// which gRPC clients lack; here they are half of what is served).
+func (s *Server) syncz() *debugAnswer {
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(conns, func(a, b *conn) int {
+		return cmp.Or(strings.Compare(a.proxy.ID, b.proxy.ID), cmp.Compare(a.id, b.id))
+	})
+	ans := &debugAnswer{}
+	for _, c := range conns {
+		cc := c.clientConfig()
+		a, err := anypb.New(cc)
+		if err != nil {
+			s.log.Error("encoding a proxy's sync status", "node", c.proxy.NodeID, "err", err)
+			continue
+		}
+		ans.names = append(ans.names, cc.GetNode().GetId())
+		ans.res = append(ans.res, a)
+	}
+	return ans
+}
+
+// clientConfig is c's sync status, shaped as istiod's syncz shapes it (the node named by its
+// ID's "<pod>.<namespace>" part, with CLUSTER_ID, NAMESPACE and ISTIO_VERSION metadata). Each
+// type's xds_config is Sailplane's detail, a google.protobuf.Struct: nonceSent, nonceAcked,
+// versionAcked.
+func (c *conn) clientConfig() *statusv3.ClientConfig {
+	p := c.proxy
+	md := map[string]any{"CLUSTER_ID": p.ClusterID, "NAMESPACE": p.Namespace}
+	if p.IstioVersion != "" {
+		md["ISTIO_VERSION"] = p.IstioVersion
+	}
+	if p.Generator != "" {
+		md["GENERATOR"] = p.Generator
+	}
+	meta, _ := structpb.NewStruct(md)
+	cc := &statusv3.ClientConfig{Node: &corev3.Node{Id: p.ID, Metadata: meta}}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, t := range sortedKeys(c.watches) {
+		ws := c.watches[t].status
+		gc := &statusv3.ClientConfig_GenericXdsConfig{TypeUrl: t, ConfigStatus: ws.configStatus(), VersionInfo: ws.sentVersion}
+		if !ws.sentAt.IsZero() {
+			gc.LastUpdated = timestamppb.New(ws.sentAt)
+		}
+		if ws.nackError != "" {
+			gc.ErrorState = &adminv3.UpdateFailureState{
+				LastUpdateAttempt: timestamppb.New(ws.nackedAt), Details: ws.nackError, VersionInfo: ws.nackedVersion,
+			}
+		}
+		detail, _ := structpb.NewStruct(map[string]any{
+			"nonceSent": ws.sentNonce, "nonceAcked": ws.ackedNonce, "versionAcked": ws.ackedVersion,
+		})
+		gc.XdsConfig, _ = anypb.New(detail)
+		cc.GenericXdsConfigs = append(cc.GenericXdsConfigs, gc)
+	}
+	return cc
+}
+
+// findProxy is the newest connection of the proxy named name: its "<pod>.<namespace>" ID (what
+// istioctl sends) or its whole node ID.
+func (s *Server) findProxy(name string) *conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var found *conn
+	for c := range s.conns {
+		if (c.proxy.ID == name || c.proxy.NodeID == name) && (found == nil || c.id > found.id) {
+			found = c
+		}
+	}
+	return found
+}
+
+// configDump is what the named proxy holds of what this server sent it, as the Configs of an
+// Envoy admin ConfigDump; nothing when it is not connected here (another replica may have it).
+// caller is the stream asking.
+func (s *Server) configDump(ctx context.Context, caller *conn, name string) (*debugAnswer, error) {
+	c := s.findProxy(name)
+	if c == nil {
+		s.log.Debug("config dump of a proxy not connected here", "proxy", grpcserver.ClientText(name))
+		return &debugAnswer{}, nil
+	}
+	if c == caller {
+		// Already on its goroutine.
+		return dumpAnswer(c, c.configDump()), nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, configDumpWait)
+	defer cancel()
+	result := make(chan *adminv3.ConfigDump, 1)
+	select {
+	case c.queries <- func() { result <- c.configDump() }:
+	case <-c.done:
+		return &debugAnswer{}, nil
+	case <-ctx.Done():
+		return nil, status.Errorf(codes.DeadlineExceeded, "config dump of %s: its stream stayed busy for %v", grpcserver.ClientText(name), configDumpWait)
+	}
+	var dump *adminv3.ConfigDump
+	select {
+	case dump = <-result:
+	case <-ctx.Done():
+		return nil, status.Errorf(codes.DeadlineExceeded, "config dump of %s: its stream stayed busy for %v", grpcserver.ClientText(name), configDumpWait)
+	}
+	return dumpAnswer(c, dump), nil
+}
+
+func dumpAnswer(c *conn, dump *adminv3.ConfigDump) *debugAnswer {
+	ans := &debugAnswer{res: dump.GetConfigs()}
+	for range ans.res {
+		ans.names = append(ans.names, c.proxy.ID)
+	}
+	return ans
+}
+
+// configDump builds, on the stream's goroutine, the ConfigDump of what the client holds: each
+// resource as last sent (a NACKed response is not held), clusters, endpoints, listeners,
+// routes and secrets, in Envoy's order. Secrets never carry key material (redactSecret).
+func (c *conn) configDump() *adminv3.ConfigDump {
+	held := map[string][]heldResource{}
+	for t, w := range c.watches {
+		held[t] = c.heldResources(w)
+	}
+	return buildConfigDump(held, c.log)
+}
+
+// heldResource is one resource a client holds.
+type heldResource struct {
+	name, version string
+	res           *anypb.Any
+}
+
+// heldResources lists what the client holds of w's type, by name. A version the client said it
+// had when it connected (delta) is shown with the content of the current resource of that
+// version, if there is one; else it is left out (its content was never seen here).
+func (c *conn) heldResources(w *watch) []heldResource {
+	var current *set
+	var out []heldResource
+	var names []string
+	byName := map[string]heldResource{}
+	w.client.entries(func(e *entry) {
+		a := e.any
+		if a == nil {
+			if current == nil && c.gen != nil {
+				if snap := c.s.snap.Load(); snap != nil {
+					current, _ = c.s.cache.get(c.gen, snap, c.proxy, w.typeURL)
+				}
+			}
+			if current == nil || current.entries[e.name] == nil || current.entries[e.name].version != e.version {
+				return
+			}
+			a = current.entries[e.name].any
+		}
+		names = append(names, e.name)
+		byName[e.name] = heldResource{name: e.name, version: e.version, res: a}
+	})
+	slices.Sort(names)
+	for _, n := range names {
+		out = append(out, byName[n])
+	}
+	return out
+}
