@@ -78,10 +78,10 @@ func TestDebugAccessRule(t *testing.T) {
 	}
 }
 
-// TestDebugOverTLS: on a real TLS listener, proxy status is answered to a client certificate of
-// the control plane's namespace and refused to one of another namespace; the loopback
-// plaintext listener answers anyone.
-func TestDebugOverTLS(t *testing.T) {
+// secureServer is a running xds-server with plaintext and TLS listeners on loopback, trusting
+// the returned mesh root.
+func secureServer(t *testing.T) (*Server, *pki.Authority) {
+	t.Helper()
 	mesh, serving := servingCert(t)
 	store := bus.NewStore()
 	if err := store.Replace(schema.TrustBundle.TypeURL, []*bus.Resource{{Name: "cluster.local", Body: &securityv1.TrustBundle{
@@ -110,6 +110,14 @@ func TestDebugOverTLS(t *testing.T) {
 		t.Fatal("server not ready")
 	}
 	waitUntil(t, func() bool { return srv.TrustBundle("cluster.local") != nil })
+	return srv, mesh
+}
+
+// TestDebugOverTLS: on a real TLS listener, proxy status is answered to a client certificate of
+// the control plane's namespace and refused to one of another namespace; the loopback
+// plaintext listener answers anyone.
+func TestDebugOverTLS(t *testing.T) {
+	srv, mesh := secureServer(t)
 
 	syncz := func(creds credentials.TransportCredentials, addr net.Addr) error {
 		t.Helper()

@@ -63,7 +63,7 @@ func (s *Server) TrustBundle(trustDomain string) *securityv1.TrustBundle {
 
 // peerIdentity is the SPIFFE ID of the certificate the stream's client presented, verified
 // against the trust bundles held; "" when it presented none, or one they do not verify. It names
-// the proxy in the logs; the node's own claims are not checked against it yet.
+// the proxy in the logs, and the node's namespace and service account must be its own.
 func (s *Server) peerIdentity(ctx context.Context) string {
 	p, ok := peer.FromContext(ctx)
 	if !ok {

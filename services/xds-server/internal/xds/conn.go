@@ -15,6 +15,7 @@ import (
 
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/shared/grpcserver"
+	"sailplane.dev/shared/spiffe"
 )
 
 // conn is one ADS stream.
@@ -113,6 +114,10 @@ func (c *conn) identify(node *corev3.Node) error {
 	p, err := model.ParseProxy(node)
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "node %q: %v", node.GetId(), err)
+	}
+	if err := claimsMatchPeer(p, c.peer); err != nil {
+		c.s.log.Warn("proxy refused", "node", grpcserver.ClientText(p.NodeID), "peer", c.peer, "err", err)
+		return status.Errorf(codes.PermissionDenied, "node %q: %v", grpcserver.ClientText(p.NodeID), err)
 	}
 	c.proxy = p
 	if c.s.opts.Generator != nil {
@@ -588,3 +593,24 @@ func cmpString(a, b string) int {
 }
 
 func (s *set) sortedNames() []string { return s.names }
+
+// claimsMatchPeer checks what a proxy says of itself against the certificate it connected with,
+// as istiod does: a workload of one namespace or service account must not be served another's
+// config by claiming its name. A peer without a certificate (plaintext, or TLS without a client
+// certificate) is not checked: it has no identity to hold the claims to.
+func claimsMatchPeer(p *model.Proxy, peer string) error {
+	if peer == "" {
+		return nil
+	}
+	id, err := spiffe.Parse(peer)
+	if err != nil {
+		return fmt.Errorf("certificate identity %q: %w", peer, err)
+	}
+	if p.Namespace != id.Namespace {
+		return fmt.Errorf("claims namespace %q, its certificate is of %s", p.Namespace, peer)
+	}
+	if p.ServiceAccount != "" && p.ServiceAccount != id.ServiceAccount {
+		return fmt.Errorf("claims service account %q, its certificate is of %s", p.ServiceAccount, peer)
+	}
+	return nil
+}
