@@ -16,23 +16,27 @@ build:
 	@mkdir -p $(BIN)
 	@for s in $(SERVICES); do $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/$$s ./services/$$s/cmd || exit 1; done
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sailplanectl ./tools/sailplanectl
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/demo ./tools/demo
 
+# The README's quick start starts here (and e2e/quickstart_test.go runs it).
 run: build
-	@echo "xDS: 127.0.0.1:15010  bus: 127.0.0.1:15051  config: examples/etc/sailplane/"
-	@echo "gRPC client: $(BIN)/sailplanectl bootstrap grpc --namespace demo > /tmp/bootstrap.json &&"
-	@echo "             GRPC_XDS_BOOTSTRAP=/tmp/bootstrap.json <client> xds:///echo.demo.svc.cluster.local:7070"
+	@echo "xDS: 127.0.0.1:15010  bus: 127.0.0.1:15051  config: examples/etc/sailplane/  root: examples/etc/certs/"
+	@echo "next: the quick start's demo services (README.md)"
 	cd examples && ../$(BIN)/hyper --config-source files
 
-# Builds (once) and caches etcd, kube-apiserver, consul and Istio's pilot-agent and istioctl (test clients)
-# outside the repo, under $${SAILPLANE_CACHE:-~/.cache/sailplane}; tests start them on 127.0.0.1.
-# About 11 minutes with empty Go caches on 2 cores (pilot-agent's share: under a minute), plus
-# about 8 for istioctl (README, "Tests and benchmarks").
+# Builds (once) and caches etcd, kube-apiserver, kubectl, consul and Istio's pilot-agent and istioctl
+# (test clients) outside the repo, under $${SAILPLANE_CACHE:-~/.cache/sailplane}; tests start them on
+# 127.0.0.1. About 11 minutes with empty Go caches on 2 cores (pilot-agent's share: under a minute;
+# kubectl's 23 s after kube-apiserver, 3 min 30 s alone), plus about 8 for istioctl (README, "Tests
+# and benchmarks").
 testenv:
 	$(GO) run ./tools/cmd/testenv build
 
-# A real API server (with Istio's CRDs) and Consul on 127.0.0.1 to try Sailplane by hand.
+# A real API server (with Istio's CRDs) and Consul on 127.0.0.1 to try Sailplane by hand; its
+# kubeconfig in bin/kubeconfig and kubectl in bin/kubectl while it runs.
 run-kube: testenv
-	$(GO) run ./tools/cmd/testenv up
+	@mkdir -p $(BIN)
+	$(GO) run ./tools/cmd/testenv up --kubeconfig $(CURDIR)/$(BIN)/kubeconfig --kubectl $(CURDIR)/$(BIN)/kubectl
 
 # Unit tests of every module, then the end-to-end tests (which build the binaries they start).
 test: testenv test-unit test-e2e

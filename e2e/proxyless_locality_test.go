@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"sailplane.dev/e2e/framework"
+	"sailplane.dev/tools/demo/echo"
 )
 
 func localityYAML(near, far string) string {
@@ -35,8 +36,8 @@ spec:
 // them once outlier detection is on (the mesh enables locality load balancing by default).
 func TestProxylessLocality(t *testing.T) {
 	nearLis, farLis := listen(t), listen(t)
-	stopNear := framework.ServeTestService(t, nearLis, &framework.Echo{ID: "us-east"})
-	framework.ServeTestService(t, farLis, &framework.Echo{ID: "eu-west"})
+	stopNear := framework.ServeTestService(t, nearLis, &echo.Server{ID: "us-east"})
+	framework.ServeTestService(t, farLis, &echo.Server{ID: "eu-west"})
 
 	dir := t.TempDir()
 	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", meshYAML)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"sailplane.dev/e2e/framework"
+	"sailplane.dev/tools/demo/echo"
 )
 
 const echoTarget = "xds:///echo.demo.svc.cluster.local:7070"
@@ -164,15 +165,11 @@ func TestTrafficManagement(t *testing.T) {
 	}
 }
 
-func countBackends(ctx context.Context, t *testing.T, c framework.EchoClient, n int, headers ...string) map[string]int {
+func countBackends(ctx context.Context, t *testing.T, c framework.EchoClient, n int, headers ...string) echo.Counts {
 	t.Helper()
-	counts := map[string]int{}
-	for range n {
-		id, err := framework.Call(ctx, c, headers...)
-		if err != nil {
-			t.Fatalf("RPC failed: %v", err)
-		}
-		counts[id]++
+	counts, err := echo.Count(ctx, c, n, headers...)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return counts
 }

@@ -12,21 +12,16 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/xds"
+
+	"sailplane.dev/tools/demo/echo"
 )
 
-// Echo is a real gRPC backend answering grpc.testing.TestService/UnaryCall with its own ID, so
-// a test can tell which backend served each RPC.
+// Echo is a real gRPC backend answering grpc.testing.TestService/UnaryCall with its own ID (the
+// quick start's demo server, tools/demo/echo), so a test can tell which backend served each RPC.
 type Echo struct {
-	testpb.UnimplementedTestServiceServer
-	ID   string
+	echo.Server
 	Addr string
-}
-
-// UnaryCall answers with the backend's ID.
-func (e *Echo) UnaryCall(context.Context, *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
-	return &testpb.SimpleResponse{ServerId: e.ID}, nil
 }
 
 // StartEcho serves an Echo backend on addr (e.g. "127.0.0.1:0") until the test ends.
@@ -42,7 +37,7 @@ func StartEcho(t testing.TB, id, addr string) *Echo {
 // StartEchoOn serves an Echo backend on lis (e.g. a TestHost's listener) until the test ends.
 func StartEchoOn(t testing.TB, id string, lis net.Listener) *Echo {
 	t.Helper()
-	e := &Echo{ID: id, Addr: lis.Addr().String()}
+	e := &Echo{Server: echo.Server{ID: id}, Addr: lis.Addr().String()}
 	ServeTestService(t, lis, e)
 	return e
 }
@@ -52,7 +47,7 @@ func StartEchoOn(t testing.TB, id string, lis net.Listener) *Echo {
 func ServeTestService(t testing.TB, lis net.Listener, impl testpb.TestServiceServer) (stop func()) {
 	t.Helper()
 	srv := grpc.NewServer()
-	testpb.RegisterTestServiceServer(srv, impl)
+	echo.Register(srv, impl)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -132,7 +127,7 @@ func bootstrap(xdsAddr string, creds, node, extra map[string]any) []byte {
 // filters) Sailplane sends; it serves only once it has that listener. Stopped when the test ends.
 func StartXDSEchoOn(t testing.TB, id string, lis net.Listener, bootstrapJSON []byte) *Echo {
 	t.Helper()
-	e := &Echo{ID: id, Addr: lis.Addr().String()}
+	e := &Echo{Server: echo.Server{ID: id}, Addr: lis.Addr().String()}
 	serveXDS(t, id, lis, bootstrapJSON, e, grpc.Creds(insecure.NewCredentials()))
 	return e
 }
@@ -145,7 +140,7 @@ func serveXDS(t testing.TB, id string, lis net.Listener, bootstrapJSON []byte, i
 	if err != nil {
 		t.Fatalf("xds server %s: %v", id, err)
 	}
-	testpb.RegisterTestServiceServer(srv, impl)
+	echo.Register(srv, impl)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -198,24 +193,17 @@ func DialXDS(t testing.TB, target string, bootstrapJSON []byte, opts ...grpc.Dia
 		t.Fatalf("dial %s: %v", target, err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return testpb.NewTestServiceClient(conn)
+	return echo.NewClient(conn)
 }
 
 // Call sends one RPC, with optional header key/value pairs, and returns the ID of the backend
 // that answered.
 func Call(ctx context.Context, c EchoClient, headers ...string) (string, error) {
-	if len(headers) > 0 {
-		ctx = metadata.AppendToOutgoingContext(ctx, headers...)
-	}
-	resp, err := c.UnaryCall(ctx, &testpb.SimpleRequest{})
-	if err != nil {
-		return "", err
-	}
-	return resp.GetServerId(), nil
+	return echo.Call(ctx, c, headers...)
 }
 
 // EchoClient calls Echo backends.
-type EchoClient = testpb.TestServiceClient
+type EchoClient = echo.Client
 
 // DialEcho connects straight to one Echo backend at addr, without xDS.
 func DialEcho(t testing.TB, addr string) EchoClient {
@@ -225,5 +213,5 @@ func DialEcho(t testing.TB, addr string) EchoClient {
 		t.Fatalf("dial %s: %v", addr, err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return testpb.NewTestServiceClient(conn)
+	return echo.NewClient(conn)
 }

@@ -53,6 +53,7 @@ type Binaries struct {
 	Consul        string
 	PilotAgent    string
 	Istioctl      string
+	Kubectl       string
 }
 
 // BuildError is returned when compiling a component fails.
@@ -102,6 +103,9 @@ func EnsureBinaries(ctx context.Context, log *slog.Logger) (Binaries, error) {
 	if b.Istioctl, err = EnsureIstioctl(ctx, log); err != nil {
 		return b, err
 	}
+	if b.Kubectl, err = EnsureKubectl(ctx, log); err != nil {
+		return b, err
+	}
 	return b, nil
 }
 
@@ -114,6 +118,13 @@ func EnsureEtcd(ctx context.Context, log *slog.Logger) (string, error) {
 // building it if missing (minutes).
 func EnsureKubeAPIServer(ctx context.Context, log *slog.Logger) (string, error) {
 	return ensure(ctx, log, kubeSpec)
+}
+
+// EnsureKubectl returns the path of the cached kubectl binary, for people trying Sailplane
+// against the test API server and for the quick start's test, building it if missing (from the
+// same module set as kube-apiserver, so it mostly reuses that build's cache).
+func EnsureKubectl(ctx context.Context, log *slog.Logger) (string, error) {
+	return ensure(ctx, log, kubectlSpec)
 }
 
 // EnsurePilotAgent returns the path of the cached pilot-agent binary (Istio's own sidecar
@@ -156,10 +167,25 @@ var kubeSpec = buildSpec{
 	gomod:   kubeGoMod,
 	pkg:     "k8s.io/kubernetes/cmd/kube-apiserver",
 	// Without these /version reports v0.0.0-master.
-	ldflags: "-X k8s.io/component-base/version.gitVersion=" + KubeVersion +
-		" -X k8s.io/component-base/version.gitMajor=1" +
-		" -X k8s.io/component-base/version.gitMinor=" + strings.Split(KubeVersion, ".")[1] +
-		" -X k8s.io/component-base/version.gitTreeState=clean",
+	ldflags: kubeVersionLDFlags("k8s.io/component-base/version"),
+}
+
+var kubectlSpec = buildSpec{
+	name:    "kubectl",
+	version: KubeVersion,
+	gomod:   kubeGoMod,
+	pkg:     "k8s.io/kubernetes/cmd/kubectl",
+	// kubectl reports its version from client-go's copy; both are set, as Kubernetes' build does.
+	ldflags: kubeVersionLDFlags("k8s.io/component-base/version") + " " + kubeVersionLDFlags("k8s.io/client-go/pkg/version"),
+}
+
+// kubeVersionLDFlags stamps KubeVersion into a Kubernetes version package (pkg); without it
+// binaries report v0.0.0-master.
+func kubeVersionLDFlags(pkg string) string {
+	return "-X " + pkg + ".gitVersion=" + KubeVersion +
+		" -X " + pkg + ".gitMajor=1" +
+		" -X " + pkg + ".gitMinor=" + strings.Split(KubeVersion, ".")[1] +
+		" -X " + pkg + ".gitTreeState=clean"
 }
 
 var consulSpec = buildSpec{
@@ -207,7 +233,7 @@ var kubeStaging = []string{
 	"sample-apiserver", "streaming",
 }
 
-const kubeGoMod = `module sailplane.dev/throwaway/kube-apiserver
+const kubeGoMod = `module sailplane.dev/throwaway/kubernetes
 
 go 1.26.0
 

@@ -53,6 +53,7 @@ func buildCmd() *cobra.Command {
 			fmt.Fprintf(out, "consul         %s\n", b.Consul)
 			fmt.Fprintf(out, "pilot-agent    %s\n", b.PilotAgent)
 			fmt.Fprintf(out, "istioctl       %s\n", b.Istioctl)
+			fmt.Fprintf(out, "kubectl        %s\n", b.Kubectl)
 			return nil
 		},
 	}
@@ -60,6 +61,7 @@ func buildCmd() *cobra.Command {
 
 func upCmd() *cobra.Command {
 	var noKube, noConsul, noCRDs bool
+	var kubeconfigCopy, kubectlLink string
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Start kube-apiserver (+etcd) and consul, print how to reach them, stop on Ctrl-C",
@@ -79,8 +81,27 @@ func upCmd() *cobra.Command {
 					return err
 				}
 				defer k.Stop()
-				fmt.Fprintf(out, "kube-apiserver %s\nkubeconfig     %s\n", k.Host(), k.KubeconfigPath())
-				fmt.Fprintf(out, "export KUBECONFIG=%s\n", k.KubeconfigPath())
+				kubeconfig := k.KubeconfigPath()
+				if kubeconfigCopy != "" {
+					if err := copyFile(kubeconfig, kubeconfigCopy); err != nil {
+						return err
+					}
+					// A kubeconfig naming a stopped API server would only confuse.
+					defer os.Remove(kubeconfigCopy)
+					kubeconfig = kubeconfigCopy
+				}
+				fmt.Fprintf(out, "kube-apiserver %s\nkubeconfig     %s\n", k.Host(), kubeconfig)
+				if kubectlLink != "" {
+					kubectl, err := testenv.EnsureKubectl(ctx, log)
+					if err != nil {
+						return err
+					}
+					if err := link(kubectl, kubectlLink); err != nil {
+						return err
+					}
+					fmt.Fprintf(out, "kubectl        %s\n", kubectlLink)
+				}
+				fmt.Fprintf(out, "export KUBECONFIG=%s\n", kubeconfig)
 			}
 			if !noConsul {
 				c, err := testenv.StartConsul(ctx, opts...)
@@ -100,5 +121,26 @@ func upCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&noKube, "no-kube", false, "do not start etcd and kube-apiserver")
 	cmd.Flags().BoolVar(&noConsul, "no-consul", false, "do not start consul")
 	cmd.Flags().BoolVar(&noCRDs, "no-istio-crds", false, "do not install Istio's CRDs")
+	cmd.Flags().StringVar(&kubeconfigCopy, "kubeconfig", "", "also write the kubeconfig here (removed on exit), a path that stays the same from run to run")
+	cmd.Flags().StringVar(&kubectlLink, "kubectl", "", "link the cached kubectl (built if missing) here")
 	return cmd
+}
+
+// copyFile writes src's content to dst.
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o600)
+}
+
+// link makes path a symbolic link to target, replacing what was there.
+func link(target, path string) error {
+	tmp := path + ".tmp"
+	_ = os.Remove(tmp)
+	if err := os.Symlink(target, tmp); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
