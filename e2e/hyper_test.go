@@ -3,18 +3,22 @@ package e2e
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"sailplane.dev/e2e/framework"
+	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/tools/testenv"
 )
 
 // TestHyperNoFlags runs ./hyper with no flags from a folder holding etc/sailplane/, as a person
 // trying Sailplane would, and expects it to serve that config on the default port. The mesh
-// file is empty (Istio's defaults), so the config comes from etc/sailplane/conf/ beside it.
+// file is empty (Istio's defaults), so the config comes from etc/sailplane/conf/ beside it, and
+// the ca keeps its root in etc/certs/.
 func TestHyperNoFlags(t *testing.T) {
 	const defaultXDS = "127.0.0.1:15010"
 	for _, addr := range []string{defaultXDS, "127.0.0.1:15012", "127.0.0.1:15051"} {
@@ -41,6 +45,23 @@ func TestHyperNoFlags(t *testing.T) {
 	})
 	if counts := countBackends(ctx, t, client, 50); counts["v2"] != 50 {
 		t.Fatalf("want all 50 RPCs on v2, got %v", counts)
+	}
+
+	// The ca keeps its root in etc/certs/ beside etc/sailplane/, and the TLS port's certificate
+	// chains to it: a client trusting only that file gets the same answers over TLS.
+	certs := filepath.Join(dir, "etc/certs")
+	for _, f := range []string{pki.RootCertFile, pki.CACertFile, pki.CAKeyFile} {
+		if _, err := os.Stat(filepath.Join(certs, f)); err != nil {
+			t.Errorf("the ca's root is not in etc/certs/: %v", err)
+		}
+	}
+	secure := framework.XDSClientTLS(t, "127.0.0.1:15012", echoTarget, filepath.Join(certs, pki.RootCertFile))
+	framework.Eventually(t, time.Minute, func() error {
+		_, err := framework.Call(ctx, secure)
+		return err
+	})
+	if counts := countBackends(ctx, t, secure, 10); counts["v2"] != 10 {
+		t.Fatalf("over TLS, want all 10 RPCs on v2, got %v", counts)
 	}
 }
 
