@@ -10,7 +10,7 @@ PROTOC_GEN_GO := $(shell $(GO) env GOPATH)/bin/protoc-gen-go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
 LDFLAGS := $(if $(VERSION),-X sailplane.dev/shared/version.Version=$(VERSION))
 
-.PHONY: build run run-kube testenv test test-unit test-e2e bench bench-go bench-xds proto tidy fmt vet clean
+.PHONY: build run run-kube testenv test test-unit test-e2e bench bench-go bench-start bench-xds proto tidy fmt vet clean
 
 build:
 	@mkdir -p $(BIN)
@@ -48,7 +48,7 @@ test-e2e: build
 	SAILPLANE_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m ./e2e/...
 
 # Every benchmark; figures and commands are in docs/benchmarks.md.
-bench: bench-go bench-xds
+bench: bench-go bench-start bench-xds
 
 bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 5x ./shared/bus/...
@@ -56,6 +56,10 @@ bench-go:
 	$(GO) test -run '^$$' -bench CreateCertificate -benchtime 3000x ./services/ca/
 	SAILPLANE_BENCH_SERVICES=5000 SAILPLANE_BENCH_PODS=20000 \
 		$(GO) test -run '^$$' -bench EndpointSliceUpdate -benchtime 1x -timeout 30m ./services/endpoint-watcher/internal/kube/
+
+# hyper in files mode, from process start to its first xDS answer on the example config.
+bench-start: build
+	SAILPLANE_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench HyperStartToServing -benchtime 20x ./e2e/
 
 # xDS convergence at Istio's load-test size (2,000 sidecars, 1,000 services x 2 endpoints) and the
 # sweep behind docs/bench-xds-convergence.svg; about 3 minutes. See docs/benchmarks.md.
