@@ -229,7 +229,7 @@ func runQuickstart(t *testing.T, part string) {
 		t.Fatal(err)
 	}
 	// The quick start uses the default ports; say so plainly if something holds them.
-	for _, addr := range []string{"127.0.0.1:15010", "127.0.0.1:15012", "127.0.0.1:15051", "127.0.0.1:17070", "127.0.0.1:17071"} {
+	for _, addr := range []string{"127.0.0.1:15010", "127.0.0.1:15012", "127.0.0.1:15051", "127.0.0.1:15017", "127.0.0.1:17070", "127.0.0.1:17071"} {
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			t.Fatalf("the quick start's port %s is taken by another process: %v", addr, err)
@@ -405,4 +405,11 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// TestQuickStartKubernetes runs the README's quick start on Kubernetes: make run-kube, hyper
+// with no flags finding the cluster, config applied with kubectl, a Pod injected by hyper's
+// webhook, an invalid VirtualService refused.
+func TestQuickStartKubernetes(t *testing.T) {
+	runQuickstart(t, "kubernetes")
 }
