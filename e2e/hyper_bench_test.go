@@ -19,7 +19,7 @@ import (
 	"sailplane.dev/e2e/framework"
 )
 
-const listenerType = "type.googleapis.com/envoy.config.listener.v3.Listener"
+const listenerTypeURL = "type.googleapis.com/envoy.config.listener.v3.Listener"
 
 // echoListener is the listener a proxyless client of the example's echo service asks for.
 const echoListener = "echo.demo.svc.cluster.local:7070"
@@ -105,7 +105,7 @@ func fetchListener(ctx context.Context, conn *grpc.ClientConn, name string) erro
 	md, _ := structpb.NewStruct(map[string]any{"GENERATOR": "grpc", "NAMESPACE": "demo", "CLUSTER_ID": "Kubernetes"})
 	err = stream.Send(&discoveryv3.DiscoveryRequest{
 		Node:          &corev3.Node{Id: "sidecar~127.0.0.1~bench.demo~demo.svc.cluster.local", Metadata: md},
-		TypeUrl:       listenerType,
+		TypeUrl:       listenerTypeURL,
 		ResourceNames: []string{name},
 	})
 	if err != nil {
