@@ -2,9 +2,11 @@ package testenv
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -122,6 +124,22 @@ func TestKube(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkVS()
+
+	// kubectl, built from the same release, reads it with the kubeconfig and knows its version.
+	kubectl := KubectlForTest(t)
+	out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", k.KubeconfigPath(),
+		"get", "virtualservice", "reviews", "-n", "testenv", "-o", "jsonpath={.spec.hosts[0]}").CombinedOutput()
+	if err != nil || string(out) != "reviews" {
+		t.Fatalf("kubectl get virtualservice: %q, %v; want reviews", out, err)
+	}
+	out, err = exec.CommandContext(ctx, kubectl, "--kubeconfig", k.KubeconfigPath(), "version", "-o", "json").CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl version: %v\n%s", err, out)
+	}
+	var v struct{ ClientVersion, ServerVersion struct{ GitVersion string } }
+	if err := json.Unmarshal(out, &v); err != nil || v.ClientVersion.GitVersion != KubeVersion || v.ServerVersion.GitVersion != KubeVersion {
+		t.Fatalf("kubectl version: %+v, %v; want client and server %s\n%s", v, err, KubeVersion, out)
+	}
 }
 
 func TestConsul(t *testing.T) {
@@ -173,6 +191,7 @@ func TestRenderGoMod(t *testing.T) {
 			"replace k8s.io/apiserver => k8s.io/apiserver " + KubeStagingVersion,
 			"replace k8s.io/kms => k8s.io/kms " + KubeStagingVersion,
 		}},
+		{kubectlSpec, []string{"require k8s.io/kubernetes " + KubeVersion, "replace k8s.io/kubectl => k8s.io/kubectl " + KubeStagingVersion}},
 		{consulSpec, []string{"require github.com/hashicorp/consul " + ConsulVersion}},
 	}
 	for _, tt := range tests {

@@ -57,22 +57,29 @@ func tLogger(t testing.TB) *slog.Logger {
 // first use (minutes; `make testenv` does it up front), bounded like KubeForTest.
 func PilotAgentForTest(t testing.TB) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	bin, err := EnsurePilotAgent(ctx, tLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bin
+	return ensureForTest(t, EnsurePilotAgent)
 }
 
 // IstioctlForTest returns the path of Istio's istioctl, building it on the machine's first use
 // (minutes; `make testenv` does it up front), bounded like KubeForTest.
 func IstioctlForTest(t testing.TB) string {
 	t.Helper()
+	return ensureForTest(t, EnsureIstioctl)
+}
+
+// KubectlForTest returns the path of kubectl, building it on the machine's first use (23 s
+// after kube-apiserver's build, minutes alone; `make testenv` does it up front).
+func KubectlForTest(t testing.TB) string {
+	t.Helper()
+	return ensureForTest(t, EnsureKubectl)
+}
+
+// ensureForTest runs an Ensure function for a test, bounded like KubeForTest.
+func ensureForTest(t testing.TB, ensure func(context.Context, *slog.Logger) (string, error)) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	bin, err := EnsureIstioctl(ctx, tLogger(t))
+	bin, err := ensure(ctx, tLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
