@@ -1,6 +1,6 @@
 // Package testenv builds, caches and starts real etcd, kube-apiserver and
-// consul processes on 127.0.0.1 for tests and for people, and builds Istio's
-// pilot-agent and istioctl as test clients.
+// consul processes on 127.0.0.1 for tests and for people, and builds kubectl
+// and Istio's pilot-agent and istioctl as clients.
 //
 // The binaries are compiled from their Go modules (the only thing that can
 // be fetched here is Go modules) in throwaway modules outside the repo, and

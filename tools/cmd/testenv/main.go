@@ -1,4 +1,4 @@
-// Command testenv builds the cached etcd, kube-apiserver, consul and
+// Command testenv builds the cached etcd, kube-apiserver, kubectl, consul,
 // pilot-agent and istioctl binaries and runs them on 127.0.0.1 for a person.
 package main
 
