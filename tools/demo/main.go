@@ -23,20 +23,16 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/xds" // also registers the xds:/// resolver
 
+	"sailplane.dev/shared/cli"
 	"sailplane.dev/tools/demo/echo"
 )
 
-func main() {
-	if err := newCommand().Execute(); err != nil {
-		os.Exit(1)
-	}
-}
+func main() { cli.Execute(newCommand()) }
 
 func newCommand() *cobra.Command {
 	root := &cobra.Command{
-		Use:          "demo",
-		Short:        "The quick start's gRPC echo server and client, proxyless through Sailplane's xDS",
-		SilenceUsage: true,
+		Use:   "demo",
+		Short: "The quick start's gRPC echo server and client, proxyless through Sailplane's xDS",
 	}
 	root.AddCommand(serverCmd(), clientCmd())
 	return root
