@@ -14,7 +14,7 @@ import (
 
 // settingsBinaries are the binaries the README's settings table covers: hyper, and the services
 // of microservice mode.
-var settingsBinaries = []string{"hyper", "config-ingest", "endpoint-watcher", "xds-server", "ca"}
+var settingsBinaries = []string{"hyper", "config-ingest", "endpoint-watcher", "xds-server", "ca", "webhook"}
 
 var (
 	flagName   = regexp.MustCompile(`--([a-z0-9][a-z0-9-]*)`)
