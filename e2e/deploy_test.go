@@ -319,15 +319,17 @@ func serviceNeeds() map[string][]access {
 	ca = append(ca, each([]string{"get", "list", "watch", "update"}, access{resource: "configmaps", namespace: "default", name: "istio-ca-root-cert"})...)
 	ca = append(ca, each([]string{"get", "list", "watch"}, access{resource: "namespaces"})...)
 
-	var webhook []access
+	// Its revision's configurations, watched by label, read and updated by name; the injection
+	// templates and the mesh config; a dry-run Gateway telling whether the API server reaches it.
+	webhook := each([]string{"list", "watch"}, access{group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations"})
+	webhook = append(webhook, each([]string{"list", "watch"}, access{group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations"})...)
 	for resource, name := range map[string]string{"mutatingwebhookconfigurations": "sailplane-sidecar-injector", "validatingwebhookconfigurations": "sailplane-validator"} {
-		webhook = append(webhook, each([]string{"get", "list", "watch", "update", "patch"}, access{group: "admissionregistration.k8s.io", resource: resource, name: name})...)
+		webhook = append(webhook, each([]string{"get", "update", "patch"}, access{group: "admissionregistration.k8s.io", resource: resource, name: name})...)
 	}
-	// The injection templates, and the mesh config injection reads.
 	for _, name := range []string{"istio-sidecar-injector", "istio"} {
 		webhook = append(webhook, each([]string{"get", "list", "watch"}, access{resource: "configmaps", namespace: "istio-system", name: name})...)
 	}
-	webhook = append(webhook, each([]string{"get", "list", "watch"}, access{resource: "namespaces"})...)
+	webhook = append(webhook, access{verb: "create", group: "networking.istio.io", resource: "gateways", namespace: "istio-system"})
 
 	return map[string][]access{
 		"config-ingest": ingest, "endpoint-watcher": watcher, "ca": ca, "webhook": webhook,
