@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -667,4 +670,82 @@ func TestDeployCRDsMatchIstioAPI(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Errorf("deploy/crds/customresourcedefinitions.gen.yaml differs from %s (istio.io/api %s): run `make crds`", path, testenv.IstioAPIVersion)
 	}
+}
+
+// TestDeployArgs runs each Sailplane binary the overlays run with --help and checks the
+// containers' arguments against it: every flag exists, every port a flag listens on (":port") is
+// a declared container port and the other way round, and every probe asks a declared port.
+func TestDeployArgs(t *testing.T) {
+	helps := map[string]string{}
+	help := func(binary string) string {
+		if h, ok := helps[binary]; ok {
+			return h
+		}
+		out, err := exec.Command(framework.Binary(t, binary), "--help").CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s --help: %v\n%s", binary, err, out)
+		}
+		helps[binary] = string(out)
+		return helps[binary]
+	}
+	for _, overlay := range deployOverlays {
+		for _, obj := range kustomizeBuild(t, overlay) {
+			tmpl, ok := podTemplate(t, obj)
+			if !ok {
+				continue
+			}
+			for _, c := range slices.Concat(tmpl.Spec.InitContainers, tmpl.Spec.Containers) {
+				binary, ok := strings.CutPrefix(c.Image, "sailplane/")
+				if !ok {
+					continue
+				}
+				where := fmt.Sprintf("deploy/%s: %s: container %s", overlay, ref(obj), c.Name)
+				declared := map[int32]bool{}
+				for _, p := range c.Ports {
+					declared[p.ContainerPort] = true
+				}
+				listened := map[int32]bool{}
+				for _, arg := range c.Args {
+					flag, value, _ := strings.Cut(arg, "=")
+					if !strings.HasPrefix(flag, "--") || !regexp.MustCompile(`(?m)^\s+(-\w, )?`+regexp.QuoteMeta(flag)+`\b`).MatchString(help(binary)) {
+						t.Errorf("%s: %s is not a flag of %s", where, flag, binary)
+					}
+					if port, ok := strings.CutPrefix(value, ":"); ok {
+						n, err := strconv.ParseInt(port, 10, 32)
+						if err != nil {
+							t.Errorf("%s: %s: %v", where, arg, err)
+						}
+						listened[int32(n)] = true
+						if !declared[int32(n)] {
+							t.Errorf("%s: %s listens on %d, not a declared container port", where, flag, n)
+						}
+					}
+				}
+				for p := range declared {
+					if !listened[p] {
+						t.Errorf("%s: container port %d: no flag listens there", where, p)
+					}
+				}
+				for name, probe := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe, "startup": c.StartupProbe} {
+					if port, ok := probePort(probe); ok && !declared[port] {
+						t.Errorf("%s: %s probe on port %d, not a declared container port", where, name, port)
+					}
+				}
+			}
+		}
+	}
+}
+
+func probePort(p *corev1.Probe) (int32, bool) {
+	switch {
+	case p == nil:
+		return 0, false
+	case p.GRPC != nil:
+		return p.GRPC.Port, true
+	case p.HTTPGet != nil:
+		return int32(p.HTTPGet.Port.IntValue()), true
+	case p.TCPSocket != nil:
+		return int32(p.TCPSocket.Port.IntValue()), true
+	}
+	return 0, false
 }
