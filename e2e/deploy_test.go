@@ -291,8 +291,9 @@ func each(verbs []string, a access) []access {
 }
 
 // serviceNeeds is what each service's code does with its Kubernetes client (informers list and
-// watch), read from the code: the RBAC must allow exactly this much.
-func serviceNeeds() map[string][]access {
+// watch), read from the code: the RBAC must allow exactly this much. The ca's signing key is in
+// caNamespace, its own.
+func serviceNeeds(caNamespace string) map[string][]access {
 	read := []string{"list", "watch"}
 	var ingest []access
 	for _, k := range sailplaneschema.IstioConfig {
@@ -312,10 +313,10 @@ func serviceNeeds() map[string][]access {
 	watcher = append(watcher, each(read, access{resource: "secrets", namespace: "istio-system"})...) // remote clusters
 
 	ca := []access{
-		{verb: "get", resource: "secrets", namespace: "istio-system", name: "cacerts"},
-		{verb: "get", resource: "secrets", namespace: "istio-system", name: "istio-ca-secret"},
-		{verb: "update", resource: "secrets", namespace: "istio-system", name: "istio-ca-secret"},
-		{verb: "create", resource: "secrets", namespace: "istio-system"},
+		{verb: "get", resource: "secrets", namespace: caNamespace, name: "cacerts"},
+		{verb: "get", resource: "secrets", namespace: caNamespace, name: "istio-ca-secret"},
+		{verb: "update", resource: "secrets", namespace: caNamespace, name: "istio-ca-secret"},
+		{verb: "create", resource: "secrets", namespace: caNamespace},
 		{verb: "create", resource: "configmaps", namespace: "default"},
 		{verb: "create", group: "authentication.k8s.io", resource: "tokenreviews"},
 	}
@@ -351,24 +352,24 @@ var neverAllowed = []access{
 	{verb: "update", resource: "configmaps", namespace: "default", name: "someone-else"},
 }
 
-// checkRBAC applies the hyper and microservices overlays for real and asks the API server's
-// authorizer (SubjectAccessReview) about every request each service makes, and about the
-// requests of the other services, which its account must be refused; hyper's account may do
-// what any service does. deploy/segregated-ca has its own test (TestSegregatedCARBAC).
+// checkRBAC applies the control-plane overlays for real and asks the API server's authorizer
+// (SubjectAccessReview) about every request each service makes, and about the requests of the
+// other services, which its account must be refused; hyper's account may do what any service
+// does. In deploy/segregated-ca the ca's account and key are in sailplane-ca.
 func checkRBAC(ctx context.Context, t *testing.T, kube *framework.Kube) {
-	for _, overlay := range []string{"hyper", "microservices"} {
+	for _, overlay := range controlPlaneOverlays {
 		for _, obj := range kustomizeBuild(t, overlay) {
 			if err := serverSideApply(ctx, kube, obj, false); err != nil {
 				t.Fatalf("deploy/%s: %s: %v", overlay, ref(obj), err)
 			}
 		}
 	}
-	allowed := func(account string, a access) bool {
+	allowed := func(namespace, account string, a access) bool {
 		t.Helper()
 		review, err := kube.Clientset.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{
 			Spec: authzv1.SubjectAccessReviewSpec{
-				User:   "system:serviceaccount:istio-system:" + account,
-				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:istio-system", "system:authenticated"},
+				User:   "system:serviceaccount:" + namespace + ":" + account,
+				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
 				ResourceAttributes: &authzv1.ResourceAttributes{
 					Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.subresource,
 					Namespace: a.namespace, Name: a.name,
@@ -376,37 +377,52 @@ func checkRBAC(ctx context.Context, t *testing.T, kube *framework.Kube) {
 			},
 		}, metav1.CreateOptions{})
 		if err != nil {
-			t.Fatalf("SubjectAccessReview for %s: %v", account, err)
+			t.Fatalf("SubjectAccessReview for %s/%s: %v", namespace, account, err)
 		}
 		return review.Status.Allowed
 	}
-	needs := serviceNeeds()
-	var everything []access
-	for _, svc := range slices.Sorted(maps.Keys(needs)) {
-		everything = append(everything, needs[svc]...)
-		for _, a := range needs[svc] {
-			if !allowed(svc, a) {
-				t.Errorf("service account %s may not %s; its code needs it", svc, a)
+	for _, topology := range []struct{ overlay, caNamespace string }{
+		{"microservices", "istio-system"}, {"segregated-ca", "sailplane-ca"},
+	} {
+		needs := serviceNeeds(topology.caNamespace)
+		namespaceOf := func(svc string) string {
+			if svc == "ca" {
+				return topology.caNamespace
 			}
+			return "istio-system"
 		}
-		for _, other := range slices.Sorted(maps.Keys(needs)) {
-			for _, a := range needs[other] {
-				if other != svc && !slices.Contains(needs[svc], a) && allowed(svc, a) {
-					t.Errorf("service account %s may %s (%s's need, not its own)", svc, a, other)
+		services := slices.Sorted(maps.Keys(needs))
+		for _, svc := range services {
+			ns := namespaceOf(svc)
+			for _, a := range needs[svc] {
+				if !allowed(ns, svc, a) {
+					t.Errorf("deploy/%s: service account %s/%s may not %s; its code needs it", topology.overlay, ns, svc, a)
+				}
+			}
+			for _, other := range services {
+				for _, a := range needs[other] {
+					if other != svc && !slices.Contains(needs[svc], a) && allowed(ns, svc, a) {
+						t.Errorf("deploy/%s: service account %s/%s may %s (%s's need, not its own)", topology.overlay, ns, svc, a, other)
+					}
+				}
+			}
+			for _, a := range neverAllowed {
+				if allowed(ns, svc, a) {
+					t.Errorf("deploy/%s: service account %s/%s may %s", topology.overlay, ns, svc, a)
 				}
 			}
 		}
 	}
-	for _, a := range everything {
-		if !allowed(sailName, a) {
-			t.Errorf("hyper's service account %s may not %s", sailName, a)
+	for svc, needs := range serviceNeeds("istio-system") {
+		for _, a := range needs {
+			if !allowed("istio-system", sailName, a) {
+				t.Errorf("deploy/hyper: service account istio-system/%s may not %s (%s's need)", sailName, a, svc)
+			}
 		}
 	}
-	for _, account := range append(slices.Sorted(maps.Keys(needs)), sailName) {
-		for _, a := range neverAllowed {
-			if allowed(account, a) {
-				t.Errorf("service account %s may %s", account, a)
-			}
+	for _, a := range neverAllowed {
+		if allowed("istio-system", sailName, a) {
+			t.Errorf("deploy/hyper: service account istio-system/%s may %s", sailName, a)
 		}
 	}
 }
