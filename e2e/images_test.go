@@ -194,6 +194,26 @@ type skaffoldConfig struct {
 	}
 }
 
+// TestDockerfileStampsVersion checks that the build stamps $VERSION into the variable the
+// binaries' `version` subcommand prints.
+func TestDockerfileStampsVersion(t *testing.T) {
+	dockerfile, err := os.ReadFile("../deploy/Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const stamp = "-X sailplane.dev/shared/version.Version=${VERSION}"
+	if !strings.Contains(string(dockerfile), stamp) || !strings.Contains(string(dockerfile), "ARG VERSION") {
+		t.Errorf("deploy/Dockerfile does not build with %s from ARG VERSION", stamp)
+	}
+	pkg, err := os.ReadFile("../shared/version/version.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(pkg), "\nvar Version string\n") {
+		t.Error("shared/version has no `var Version string` for -X to set")
+	}
+}
+
 // TestSkaffold checks skaffold.yaml: one artifact per binary, each built by deploy/Dockerfile
 // from a main that exists and stamped with a version, every image the overlays run among them,
 // and a profile for every overlay.
