@@ -324,15 +324,14 @@ func serviceNeeds(caNamespace string) map[string][]access {
 	ca = append(ca, each([]string{"get", "list", "watch"}, access{resource: "namespaces"})...)
 
 	// Its revision's configurations, watched by label, read and updated by name; the injection
-	// templates and the mesh config; a dry-run Gateway telling whether the API server reaches it.
+	// templates (the mesh config comes from the bus); a dry-run Gateway telling whether the API
+	// server reaches it.
 	webhook := each([]string{"list", "watch"}, access{group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations"})
 	webhook = append(webhook, each([]string{"list", "watch"}, access{group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations"})...)
 	for resource, name := range map[string]string{"mutatingwebhookconfigurations": "sailplane-sidecar-injector", "validatingwebhookconfigurations": "sailplane-validator"} {
 		webhook = append(webhook, each([]string{"get", "update", "patch"}, access{group: "admissionregistration.k8s.io", resource: resource, name: name})...)
 	}
-	for _, name := range []string{"istio-sidecar-injector", "istio"} {
-		webhook = append(webhook, each([]string{"get", "list", "watch"}, access{resource: "configmaps", namespace: "istio-system", name: name})...)
-	}
+	webhook = append(webhook, each([]string{"list", "watch"}, access{resource: "configmaps", namespace: "istio-system", name: "istio-sidecar-injector"})...)
 	webhook = append(webhook, access{verb: "create", group: "networking.istio.io", resource: "gateways", namespace: "istio-system"})
 
 	return map[string][]access{
