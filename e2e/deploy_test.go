@@ -2,13 +2,16 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -329,7 +332,7 @@ func serviceNeeds(caNamespace string) map[string][]access {
 	webhook := each([]string{"list", "watch"}, access{group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations"})
 	webhook = append(webhook, each([]string{"list", "watch"}, access{group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations"})...)
 	for resource, name := range map[string]string{"mutatingwebhookconfigurations": "sailplane-sidecar-injector", "validatingwebhookconfigurations": "sailplane-validator"} {
-		webhook = append(webhook, each([]string{"get", "update", "patch"}, access{group: "admissionregistration.k8s.io", resource: resource, name: name})...)
+		webhook = append(webhook, each([]string{"get", "update"}, access{group: "admissionregistration.k8s.io", resource: resource, name: name})...)
 	}
 	webhook = append(webhook, each([]string{"list", "watch"}, access{resource: "configmaps", namespace: "istio-system", name: "istio-sidecar-injector"})...)
 	webhook = append(webhook, access{verb: "create", group: "networking.istio.io", resource: "gateways", namespace: "istio-system"})
@@ -348,6 +351,7 @@ var neverAllowed = []access{
 	{verb: "update", group: "networking.istio.io", resource: "virtualservices", namespace: "default", name: "any"},
 	{verb: "delete", resource: "configmaps", namespace: "default", name: "istio-ca-root-cert"},
 	{verb: "update", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: "someone-else"},
+	{verb: "patch", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: "sailplane-sidecar-injector"},
 	{verb: "update", resource: "configmaps", namespace: "default", name: "someone-else"},
 }
 
@@ -763,4 +767,76 @@ func probePort(p *corev1.Probe) (int32, bool) {
 		return int32(p.TCPSocket.Port.IntValue()), true
 	}
 	return 0, false
+}
+
+// TestDeployInjectionAddresses checks the injection values each control-plane overlay ships:
+// the injected agent's xDS and ca addresses are Services of that overlay on 15012, and
+// everything else is deploy/base/injection/values (the overlays copy the file to change only
+// the addresses).
+func TestDeployInjectionAddresses(t *testing.T) {
+	baseValues, err := os.ReadFile("../deploy/base/injection/values")
+	if err != nil {
+		t.Fatal(err)
+	}
+	withoutAddresses := func(where string, raw []byte) map[string]any {
+		t.Helper()
+		var v map[string]any
+		if err := json.Unmarshal(raw, &v); err != nil {
+			t.Fatalf("%s: values: %v", where, err)
+		}
+		global, _ := v["global"].(map[string]any)
+		delete(global, "discoveryAddress")
+		delete(global, "caAddress")
+		return v
+	}
+	base := withoutAddresses("deploy/base/injection/values", baseValues)
+	for _, overlay := range controlPlaneOverlays {
+		objs := kustomizeBuild(t, overlay)
+		cm := slices.IndexFunc(objs, func(o *unstructured.Unstructured) bool {
+			return o.GetKind() == "ConfigMap" && o.GetName() == "istio-sidecar-injector"
+		})
+		if cm < 0 {
+			t.Errorf("deploy/%s: no ConfigMap istio-sidecar-injector", overlay)
+			continue
+		}
+		raw, _, _ := unstructured.NestedString(objs[cm].Object, "data", "values")
+		var values struct {
+			Global struct{ DiscoveryAddress, CAAddress string }
+		}
+		if err := json.Unmarshal([]byte(raw), &values); err != nil {
+			t.Fatalf("deploy/%s: values: %v", overlay, err)
+		}
+		if got := withoutAddresses("deploy/"+overlay, []byte(raw)); !reflect.DeepEqual(got, base) {
+			t.Errorf("deploy/%s: injection values differ from deploy/base/injection/values beyond the addresses:\n%s", overlay, raw)
+		}
+		for name, addr := range map[string]string{
+			"discoveryAddress": values.Global.DiscoveryAddress,
+			"caAddress":        cmp.Or(values.Global.CAAddress, values.Global.DiscoveryAddress),
+		} {
+			if !servedBy(objs, addr) {
+				t.Errorf("deploy/%s: injection values %s %q is no Service port of the overlay", overlay, name, addr)
+			}
+		}
+	}
+}
+
+// servedBy tells whether addr, <service>.<namespace>.svc:<port>, is a port of a Service in objs.
+func servedBy(objs []*unstructured.Unstructured, addr string) bool {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	name, ns, _ := strings.Cut(strings.TrimSuffix(host, ".svc"), ".")
+	for _, o := range objs {
+		if o.GetKind() != "Service" || o.GetName() != name || o.GetNamespace() != ns {
+			continue
+		}
+		ports, _, _ := unstructured.NestedSlice(o.Object, "spec", "ports")
+		for _, p := range ports {
+			if fmt.Sprint(p.(map[string]any)["port"]) == port {
+				return true
+			}
+		}
+	}
+	return false
 }
