@@ -27,7 +27,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: false,
 	}
-	root.AddCommand(buildCmd(), upCmd())
+	root.AddCommand(buildCmd(), upCmd(), crdsCmd())
 	return root
 }
 
@@ -55,6 +55,27 @@ func buildCmd() *cobra.Command {
 			fmt.Fprintf(out, "istioctl       %s\n", b.Istioctl)
 			fmt.Fprintf(out, "kubectl        %s\n", b.Kubectl)
 			return nil
+		},
+	}
+}
+
+// crdsCmd prints the CRD file StartKube installs; `make crds` copies it into deploy/crds.
+func crdsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "crds",
+		Short: "Print Istio's CRDs (istio.io/api@" + testenv.IstioAPIVersion + "), the ones StartKube installs",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			path, err := testenv.IstioCRDFile(cmd.Context())
+			if err != nil {
+				return err
+			}
+			crds, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			_, err = cmd.OutOrStdout().Write(crds)
+			return err
 		},
 	}
 }
