@@ -145,7 +145,7 @@ spec:
   http:
   - route:
     - {destination: {host: ratings, subset: v1}, weight: 60}
-    - {destination: {host: ratings, subset: v2}, weight: 20}
+    - {destination: {host: ratings, subset: v2}, weight: -20}
 `
 
 // TestKubeBookinfo applies bookinfo's networking resources to a real API server and expects
