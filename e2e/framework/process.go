@@ -3,7 +3,6 @@
 package framework
 
 import (
-	"context"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"sailplane.dev/shared/testwait"
 )
 
 // Binary returns the path of a Sailplane binary: from $SAILPLANE_BIN (what `make test-e2e` sets
@@ -181,21 +182,7 @@ func FreeAddr(t testing.TB) string {
 // Eventually calls cond until it returns nil or the deadline passes, then fails with its last error.
 func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("condition not met within %v: %v", timeout, err)
-		case <-tick.C:
-		}
-	}
+	testwait.For(t, timeout, "condition", cond)
 }
 
 // WriteFile writes content to dir/rel, creating folders; it replaces the file atomically so a

@@ -20,6 +20,7 @@ import (
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
 	"sailplane.dev/shared/testlog"
+	"sailplane.dev/shared/testwait"
 )
 
 func TestMain(m *testing.M) {
@@ -188,16 +189,7 @@ func (r *runningAgent) sent() []*pb.IstioCertificateRequest {
 // eventually waits until cond holds, failing t after a deadline.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.After(30 * time.Second)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s", what)
-		case <-tick.C:
-		}
-	}
+	testwait.Until(t, 30*time.Second, what, cond)
 }
 
 func waitReady(t *testing.T, a *runningAgent) *Credential {

@@ -13,6 +13,7 @@ import (
 
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/testwait"
 )
 
 // testRootCertConfigMaps: the ca writes istio-ca-root-cert (root-cert.pem: its roots) into the
@@ -116,17 +117,7 @@ func testRootCertConfigMaps(t *testing.T, env *kubeEnv) {
 // waitFor polls cond until it returns nil, failing the test with its last error after 30s.
 func waitFor(t *testing.T, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		<-time.After(50 * time.Millisecond) // polling a condition, with a deadline
-	}
+	testwait.For(t, 30*time.Second, "condition", cond)
 }
 
 // testServingCertSecret: the ca keeps a serving certificate for xds-server in a

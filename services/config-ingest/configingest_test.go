@@ -21,6 +21,7 @@ import (
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/testlog"
+	"sailplane.dev/shared/testwait"
 )
 
 func TestMain(m *testing.M) {
@@ -125,15 +126,7 @@ func write(t *testing.T, path, content string) {
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
+	testwait.Until(t, 10*time.Second, what, cond)
 }
 
 type env struct {

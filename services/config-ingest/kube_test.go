@@ -30,6 +30,7 @@ import (
 	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/testlog"
+	"sailplane.dev/shared/testwait"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -162,15 +163,7 @@ const afterOutage = 10 * time.Second
 
 func waitWithin(t *testing.T, what string, d time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		<-tick.C
-	}
+	testwait.Until(t, d, what, cond)
 }
 
 func vsSpec(host string, weight int32) *networking.VirtualService {

@@ -25,6 +25,7 @@ import (
 
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/testlog"
+	"sailplane.dev/shared/testwait"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -142,19 +143,7 @@ func (w *warnings) all() string {
 // waitFor polls cond until it returns nil, failing t after a minute (generous: a loaded machine).
 func waitFor(t *testing.T, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		<-tick.C
-	}
+	testwait.For(t, time.Minute, what, cond)
 }
 
 // TestKubernetes runs the webhook behind the shipped configurations of a real kube-apiserver:

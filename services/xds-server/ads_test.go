@@ -23,6 +23,7 @@ import (
 	"sailplane.dev/services/xds-server/internal/fakebus"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/testwait"
 )
 
 const (
@@ -192,16 +193,7 @@ func TestClientBeforeSync(t *testing.T) {
 
 func waitUntil(t *testing.T, cond func() bool) {
 	t.Helper()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(waitFor)
-	for !cond() {
-		select {
-		case <-deadline:
-			t.Fatal("condition not met in time")
-		case <-tick.C:
-		}
-	}
+	testwait.Until(t, waitFor, "condition", cond)
 }
 
 // A proxyless client asks for clusters by name, as gRPC does: the answer holds those only, on

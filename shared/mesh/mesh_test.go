@@ -16,6 +16,7 @@ import (
 
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/testlog"
+	"sailplane.dev/shared/testwait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -138,15 +139,7 @@ func TestConfigSourceDirs(t *testing.T) {
 // eventually waits for cond, failing the test after a deadline.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
+	testwait.Until(t, 10*time.Second, what, cond)
 }
 
 func TestWatcher(t *testing.T) {

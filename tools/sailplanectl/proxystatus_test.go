@@ -26,6 +26,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/testlog"
+	"sailplane.dev/shared/testwait"
 )
 
 const (
@@ -142,19 +143,7 @@ func (e *envoyClient) answer(reason string) {
 // eventually retries check until it passes or the deadline.
 func eventually(t *testing.T, check func() error) {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		<-tick.C
-	}
+	testwait.For(t, waitFor, "condition", check)
 }
 
 // rows are a table's lines split in cells, by the first cell.

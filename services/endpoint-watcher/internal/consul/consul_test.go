@@ -23,6 +23,7 @@ import (
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/testwait"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -58,15 +59,7 @@ const waitTimeout = 30 * time.Second
 // eventually waits until cond holds, failing t at the deadline.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
+	testwait.Until(t, waitTimeout, what, cond)
 }
 
 // recorder is a bus.Publisher that keeps every call and the resulting state.

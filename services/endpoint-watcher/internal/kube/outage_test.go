@@ -22,6 +22,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/testlog"
+	"sailplane.dev/shared/testwait"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -145,15 +146,7 @@ func TestAPIServerOutage(t *testing.T) {
 
 func waitUntil(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		<-tick.C
-	}
+	testwait.Until(t, d, what, cond)
 }
 
 // workloads is a WorkloadSink keeping what it was given.

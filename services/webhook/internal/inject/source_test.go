@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"sailplane.dev/shared/testlog"
+	"sailplane.dev/shared/testwait"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -187,14 +188,5 @@ func write(t *testing.T, path, content string) {
 // eventually waits until cond holds, failing after a deadline generous for a loaded machine.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.After(time.Minute)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline:
-			t.Fatalf("timed out waiting until %s", what)
-		case <-tick.C:
-		}
-	}
+	testwait.Until(t, time.Minute, what, cond)
 }

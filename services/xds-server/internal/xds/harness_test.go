@@ -31,6 +31,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/testlog"
+	"sailplane.dev/shared/testwait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -482,14 +483,5 @@ func deltaTypes(resps []*discoverygrpc.DeltaDiscoveryResponse) []string {
 
 func waitUntil(t *testing.T, cond func() bool) {
 	t.Helper()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(waitFor)
-	for !cond() {
-		select {
-		case <-deadline:
-			t.Fatal("condition not met in time")
-		case <-tick.C:
-		}
-	}
+	testwait.Until(t, waitFor, "condition", cond)
 }
