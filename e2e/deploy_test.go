@@ -326,13 +326,12 @@ func serviceNeeds(caNamespace string) map[string][]access {
 	ca = append(ca, each([]string{"get", "list", "watch", "update"}, access{resource: "configmaps", namespace: "default", name: "istio-ca-root-cert"})...)
 	ca = append(ca, each([]string{"get", "list", "watch"}, access{resource: "namespaces"})...)
 
-	// Its revision's configurations, watched by label, read and updated by name; the injection
-	// templates (the mesh config comes from the bus); a dry-run Gateway telling whether the API
-	// server reaches it.
-	webhook := each([]string{"list", "watch"}, access{group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations"})
-	webhook = append(webhook, each([]string{"list", "watch"}, access{group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations"})...)
+	// Its revision's configurations, watched, read and updated by name; the injection templates
+	// (the mesh config comes from the bus); a dry-run Gateway telling whether the API server
+	// reaches it.
+	var webhook []access
 	for resource, name := range map[string]string{"mutatingwebhookconfigurations": "sailplane-sidecar-injector", "validatingwebhookconfigurations": "sailplane-validator"} {
-		webhook = append(webhook, each([]string{"get", "update"}, access{group: "admissionregistration.k8s.io", resource: resource, name: name})...)
+		webhook = append(webhook, each([]string{"get", "list", "watch", "update"}, access{group: "admissionregistration.k8s.io", resource: resource, name: name})...)
 	}
 	webhook = append(webhook, each([]string{"list", "watch"}, access{resource: "configmaps", namespace: "istio-system", name: "istio-sidecar-injector"})...)
 	webhook = append(webhook, access{verb: "create", group: "networking.istio.io", resource: "gateways", namespace: "istio-system"})
@@ -351,6 +350,7 @@ var neverAllowed = []access{
 	{verb: "update", group: "networking.istio.io", resource: "virtualservices", namespace: "default", name: "any"},
 	{verb: "delete", resource: "configmaps", namespace: "default", name: "istio-ca-root-cert"},
 	{verb: "update", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: "someone-else"},
+	{verb: "list", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations"},
 	{verb: "patch", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: "sailplane-sidecar-injector"},
 	{verb: "update", resource: "configmaps", namespace: "default", name: "someone-else"},
 }

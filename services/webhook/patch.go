@@ -63,10 +63,16 @@ func (p *configPatcher) Run(ctx context.Context) error {
 		return nil
 	}
 	// Watched only to learn when a configuration appears or is edited (kubectl apply resets
-	// caBundle); each pass reads them afresh, so an update never starts from a stale copy.
-	factory := informers.NewSharedInformerFactoryWithOptions(p.kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.LabelSelector = RevisionLabel + "=" + p.revision
-	}))
+	// caBundle); each pass reads them afresh, so an update never starts from a stale copy. Each
+	// is watched by its name, so RBAC can limit list and watch to these two names (owned checks
+	// the revision label before anything is touched).
+	byName := func(name string) informers.SharedInformerFactory {
+		return informers.NewSharedInformerFactoryWithOptions(p.kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = "metadata.name=" + name
+		}))
+	}
+	mutating := byName(ConfigName(InjectorConfigName, p.revision))
+	validating := byName(ConfigName(ValidatorConfigName, p.revision))
 	changed := make(chan struct{}, 1)
 	kick := func(any) {
 		select {
@@ -76,15 +82,17 @@ func (p *configPatcher) Run(ctx context.Context) error {
 	}
 	handler := cache.ResourceEventHandlerFuncs{AddFunc: kick, UpdateFunc: func(_, o any) { kick(o) }, DeleteFunc: kick}
 	for _, inf := range []cache.SharedIndexInformer{
-		factory.Admissionregistration().V1().MutatingWebhookConfigurations().Informer(),
-		factory.Admissionregistration().V1().ValidatingWebhookConfigurations().Informer(),
+		mutating.Admissionregistration().V1().MutatingWebhookConfigurations().Informer(),
+		validating.Admissionregistration().V1().ValidatingWebhookConfigurations().Informer(),
 	} {
 		if _, err := inf.AddEventHandler(handler); err != nil {
 			return err
 		}
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
+	for _, f := range []informers.SharedInformerFactory{mutating, validating} {
+		f.Start(ctx.Done())
+		defer f.Shutdown()
+	}
 
 	ticker := time.NewTicker(rootsCheckInterval)
 	defer ticker.Stop()
