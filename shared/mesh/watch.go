@@ -13,6 +13,8 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"google.golang.org/protobuf/proto"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+
+	"sailplane.dev/shared/fswatch"
 )
 
 // Watcher reloads a mesh file when it changes and hands each new config to a callback.
@@ -97,28 +99,14 @@ func (w *Watcher) Run(ctx context.Context) error {
 	w.set(first)
 	w.onChange(first)
 
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-fw.Events:
-			if !ok {
-				return nil
-			}
+	fswatch.Settle(ctx, fw, w.debounce,
+		func(ev fsnotify.Event) bool {
 			w.logger.Debug("mesh file event", "event", ev.String())
-			timer.Reset(w.debounce)
-		case err, ok := <-fw.Errors:
-			if !ok {
-				return nil
-			}
-			w.logger.Warn("mesh file watch error", "error", err)
-		case <-timer.C:
-			w.reload()
-		}
-	}
+			return true
+		},
+		w.reload,
+		func(err error) { w.logger.Warn("mesh file watch error", "error", err) })
+	return nil
 }
 
 func (w *Watcher) reload() {

@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"sailplane.dev/shared/fswatch"
 )
 
 // configMapSource watches the injection ConfigMap. A ConfigMap that does not exist, or is
@@ -119,34 +121,24 @@ func (s *folderSource) Run(ctx context.Context, update func(rawTemplates)) error
 	watchDir()
 	s.read(update)
 
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-w.Events:
-			if !ok {
-				return nil
+	dir := filepath.Clean(s.dir)
+	fswatch.Settle(ctx, w, settle,
+		func(ev fsnotify.Event) bool {
+			name := filepath.Clean(ev.Name)
+			if filepath.Dir(name) != dir && name != dir {
+				return false // something else beside the folder
 			}
-			if filepath.Dir(ev.Name) != filepath.Clean(s.dir) && filepath.Clean(ev.Name) != filepath.Clean(s.dir) {
-				continue // something else beside the folder
-			}
-			if filepath.Clean(ev.Name) == filepath.Clean(s.dir) && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+			if name == dir && ev.Has(fsnotify.Remove|fsnotify.Rename) {
 				watching = false
 			}
-			timer.Reset(settle)
-		case err, ok := <-w.Errors:
-			if !ok {
-				return nil
-			}
-			s.log.Warn("injection templates: watch error", "dir", s.dir, "error", err)
-		case <-timer.C:
+			return true
+		},
+		func() {
 			watchDir()
 			s.read(update)
-		}
-	}
+		},
+		func(err error) { s.log.Warn("injection templates: watch error", "dir", s.dir, "error", err) })
+	return nil
 }
 
 func (s *folderSource) read(update func(rawTemplates)) {
