@@ -9,7 +9,6 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -121,19 +120,8 @@ func TestDebugOverTLS(t *testing.T) {
 
 	syncz := func(creds credentials.TransportCredentials, addr net.Addr) error {
 		t.Helper()
-		conn, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(creds))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		stream, err := discoverygrpc.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(streamContext(t))
-		if err != nil {
-			return err
-		}
-		if err := stream.Send(&discoverygrpc.DiscoveryRequest{TypeUrl: typeSyncz, Node: &corev3.Node{Id: "sidecar~~debug.istio-system~istio-system.svc.cluster.local"}}); err != nil {
-			return err
-		}
-		resp, err := stream.Recv()
+		resp, err := firstResponse(t, addr.String(), creds, &discoverygrpc.DiscoveryRequest{
+			TypeUrl: typeSyncz, Node: &corev3.Node{Id: "sidecar~~debug.istio-system~istio-system.svc.cluster.local"}})
 		if err == nil && resp.GetTypeUrl() != typeSyncz {
 			t.Errorf("answered %s", resp.GetTypeUrl())
 		}
