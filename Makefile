@@ -26,9 +26,7 @@ run: build
 
 # Builds (once) and caches etcd, kube-apiserver, kubectl, consul and Istio's pilot-agent and istioctl
 # (test clients) outside the repo, under $${SAILPLANE_CACHE:-~/.cache/sailplane}; tests start them on
-# 127.0.0.1. About 11 minutes with empty Go caches on 2 cores (pilot-agent's share: under a minute;
-# kubectl's 23 s after kube-apiserver, 3 min 30 s alone), plus about 8 for istioctl (README, "Tests
-# and benchmarks").
+# 127.0.0.1. About 13 minutes with empty Go caches on 2 cores (README, "Tests and benchmarks").
 testenv:
 	$(GO) run ./tools/cmd/testenv build
 
