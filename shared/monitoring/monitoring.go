@@ -1,0 +1,102 @@
+// Package monitoring serves a process's monitoring port (15014, as istiod's): GET /healthz/live
+// answers 200 while the process runs, GET /healthz/ready 200 only once every piece the process
+// serves has synced (503 before), for Kubernetes probes. Other handlers (metrics, debug pages)
+// plug in with Handle.
+package monitoring
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// DefaultListen is the monitoring port's default address; the manifests pass :15014.
+const DefaultListen = "127.0.0.1:15014"
+
+// AddFlag registers --monitoring-listen.
+func AddFlag(fs *pflag.FlagSet, p *string) {
+	fs.StringVar(p, "monitoring-listen", DefaultListen,
+		"address serving /healthz/ready (200 once synced, else 503) and /healthz/live for probes; empty: off")
+}
+
+// Server is the monitoring HTTP server, a Run(ctx) component.
+type Server struct {
+	addr      string
+	log       *slog.Logger
+	ready     []<-chan struct{}
+	mux       *http.ServeMux
+	listening func(net.Addr)
+}
+
+// New returns a server for addr that is ready once every one of ready is closed (each a
+// service's Ready channel).
+func New(addr string, log *slog.Logger, ready ...<-chan struct{}) *Server {
+	s := &Server{addr: addr, log: log.With("component", "monitoring"), ready: ready, mux: http.NewServeMux()}
+	s.mux.HandleFunc("GET /healthz/live", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = fmt.Fprintln(w, "ok")
+	})
+	s.mux.HandleFunc("GET /healthz/ready", s.serveReady)
+	return s
+}
+
+// Handle adds a handler on the monitoring port (as http.ServeMux.Handle); call it before Run.
+func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+
+// OnListening sets a function called with the bound address once the listener is open (tests
+// listen on port 0).
+func (s *Server) OnListening(f func(net.Addr)) { s.listening = f }
+
+// Ready reports whether every ready channel is closed.
+func (s *Server) Ready() bool {
+	for _, ch := range s.ready {
+		select {
+		case <-ch:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) serveReady(w http.ResponseWriter, _ *http.Request) {
+	if !s.Ready() {
+		http.Error(w, "not ready: still syncing", http.StatusServiceUnavailable)
+		return
+	}
+	_, _ = fmt.Fprintln(w, "ok")
+}
+
+// Run serves until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
+	lis, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		return fmt.Errorf("monitoring: listen %s: %w", s.addr, err)
+	}
+	if s.listening != nil {
+		s.listening(lis.Addr())
+	}
+	s.log.Info("serving monitoring", "addr", lis.Addr().String())
+	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("monitoring: %w", err)
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil {
+		_ = srv.Close()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("monitoring: %w", err)
+	}
+	return nil
+}
