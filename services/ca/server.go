@@ -97,7 +97,7 @@ func (s *Service) authority() *pki.Authority {
 func (s *Service) serve(ctx context.Context) error {
 	g := grpcserver.New(s.log, grpc.Creds(credentials.NewTLS(s.ServerTLS())), grpc.MaxRecvMsgSize(maxRequestBytes))
 	s.Register(g)
-	srv := &grpcserver.Server{Addr: s.cfg.Listen, GRPC: g, Logger: s.log, Listening: func(a net.Addr) {
+	srv := &grpcserver.Server{Addr: s.cfg.Listen, GRPC: g, Logger: s.log, WaitReady: grpcserver.Closed(s.ready), Listening: func(a net.Addr) {
 		s.mu.Lock()
 		s.addr = a
 		s.mu.Unlock()

@@ -80,7 +80,8 @@ func (n *nonces) next() uint64 {
 }
 
 // ServeGRPC returns the component serving store's bus over gRPC on addr, with Sailplane's
-// server defaults (panic recovery, keepalive, large messages), protected as sec says. A
+// server defaults (panic recovery, keepalive, large messages), protected as sec says, with the
+// gRPC health service SERVING once the store's producers synced (Store.WaitSynced). A
 // plaintext listener on an address other than loopback, not allowed by sec, is ErrPlaintext.
 func ServeGRPC(store *Store, addr string, log *slog.Logger, sec Security) (*grpcserver.Server, error) {
 	log = log.With("component", "bus-server")
@@ -90,5 +91,5 @@ func ServeGRPC(store *Store, addr string, log *slog.Logger, sec Security) (*grpc
 	}
 	gs := grpcserver.New(log, opts...)
 	NewServer(store, WithServerLogger(log)).Register(gs)
-	return &grpcserver.Server{Addr: addr, GRPC: gs, Logger: log}, nil
+	return &grpcserver.Server{Addr: addr, GRPC: gs, Logger: log, WaitReady: store.WaitSynced}, nil
 }

@@ -344,6 +344,32 @@ func (s *Store) SyncAfter(ready <-chan struct{}, typeURLs ...string) {
 	}
 }
 
+// WaitSynced blocks until every producer that holds any type (SyncAfter) is ready, or ctx ends
+// (its error then); a hold added while it waits is waited on too. With no holds it returns at
+// once: the bus serves what it has. The bus server's health service says SERVING after it.
+func (s *Store) WaitSynced(ctx context.Context) error {
+	waited := 0
+	for {
+		s.holdMu.Lock()
+		var holds []<-chan struct{}
+		for _, typeHolds := range s.holds {
+			holds = append(holds, typeHolds...)
+		}
+		s.holdMu.Unlock()
+		if len(holds) == waited {
+			return nil
+		}
+		for _, ready := range holds {
+			select {
+			case <-ready:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		waited = len(holds)
+	}
+}
+
 // waitSynced blocks until every producer holding typ is ready, or ctx ends.
 func (s *Store) waitSynced(ctx context.Context, typ string) error {
 	s.holdMu.Lock()

@@ -14,6 +14,7 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
@@ -93,6 +94,22 @@ type Server struct {
 	Logger  *slog.Logger
 	// Listening, when set, is called with the bound address once the listener is open.
 	Listening func(net.Addr)
+	// WaitReady, when set, makes Run register the gRPC health service (grpc.health.v1, service
+	// ""): NOT_SERVING until WaitReady returns nil (it blocks until what the server serves has
+	// synced, or ctx ends), SERVING then, NOT_SERVING again while the server stops.
+	WaitReady func(ctx context.Context) error
+}
+
+// Closed adapts a ready channel to Server.WaitReady.
+func Closed(ready <-chan struct{}) func(context.Context) error {
+	return func(ctx context.Context) error {
+		select {
+		case <-ready:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // Run listens on Addr and serves until ctx ends, then stops gracefully, cutting streams that
@@ -106,6 +123,23 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", s.Addr, err)
 	}
+	var hs *health.Server
+	if s.WaitReady != nil {
+		hs = health.NewServer()
+		hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+		healthpb.RegisterHealthServer(s.GRPC, hs)
+		ctx, cancel := context.WithCancel(ctx)
+		healthDone := make(chan struct{})
+		go func() {
+			defer close(healthDone)
+			if s.WaitReady(ctx) == nil {
+				hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+			}
+		}()
+		// Registered first, so it runs last: the health goroutine has ended when Run returns.
+		defer func() { <-healthDone }()
+		defer cancel()
+	}
 	if s.Listening != nil {
 		s.Listening(lis.Addr())
 	}
@@ -116,6 +150,9 @@ func (s *Server) Run(ctx context.Context) error {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
+	}
+	if hs != nil {
+		hs.Shutdown() // NOT_SERVING while stopping, so clients go elsewhere
 	}
 	stopped := make(chan struct{})
 	go func() { s.GRPC.GracefulStop(); close(stopped) }()
