@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -69,6 +70,9 @@ func buildOnce(t testing.TB, name string) string {
 // Process is a started binary whose output is kept in a log file and shown if the test fails.
 type Process struct {
 	Name string
+	// Monitoring is the address of the process's monitoring port (/healthz/ready), which start
+	// chose (see monitoredBinaries); empty otherwise.
+	Monitoring string
 	cmd  *exec.Cmd
 	log  string
 	done chan struct{}
@@ -95,9 +99,21 @@ func StartEnv(t testing.TB, env []string, dir, bin string, args ...string) *Proc
 	return start(t, nil, env, dir, bin, args...)
 }
 
+// monitoredBinaries are the binaries with a monitoring port (--monitoring-listen, 127.0.0.1:15014
+// by default). Started with flags that do not choose it, each gets a free one, so that the
+// services a test starts side by side do not fight over 15014; started without flags (as a
+// person trying hyper would), a binary keeps its default.
+var monitoredBinaries = []string{"hyper", "config-ingest", "endpoint-watcher", "xds-server", "ca", "webhook"}
+
 func start(t testing.TB, user *syscall.Credential, env []string, dir, bin string, args ...string) *Process {
 	t.Helper()
 	name := filepath.Base(bin)
+	var monitoring string
+	if slices.Contains(monitoredBinaries, name) && len(args) > 0 && strings.HasPrefix(args[0], "-") &&
+		!slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--monitoring-listen") }) {
+		monitoring = FreeAddr(t)
+		args = append(slices.Clip(args), "--monitoring-listen="+monitoring)
+	}
 	logFile := filepath.Join(t.TempDir(), name+".log")
 	f, err := os.Create(logFile)
 	if err != nil {
@@ -114,7 +130,7 @@ func start(t testing.TB, user *syscall.Credential, env []string, dir, bin string
 		f.Close()
 		t.Fatalf("start %s: %v", name, err)
 	}
-	p := &Process{Name: name, cmd: cmd, log: logFile, done: make(chan struct{})}
+	p := &Process{Name: name, Monitoring: monitoring, cmd: cmd, log: logFile, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		f.Close()

@@ -14,15 +14,30 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"sailplane.dev/shared/component"
 )
 
 // DefaultListen is the monitoring port's default address; the manifests pass :15014.
 const DefaultListen = "127.0.0.1:15014"
 
-// AddFlag registers --monitoring-listen.
-func AddFlag(fs *pflag.FlagSet, p *string) {
-	fs.StringVar(p, "monitoring-listen", DefaultListen,
-		"address serving /healthz/ready (200 once synced, else 503) and /healthz/live for probes; empty: off")
+// Flags is every binary's --monitoring-listen.
+type Flags struct {
+	Listen string
+}
+
+// AddFlags registers --monitoring-listen.
+func (f *Flags) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&f.Listen, "monitoring-listen", DefaultListen,
+		"address serving /healthz/ready (200 once synced, else 503) and /healthz/live, for probes; empty: off")
+}
+
+// Add adds the monitoring server, ready once every one of ready is closed, to m as "monitoring",
+// unless --monitoring-listen is empty.
+func (f Flags) Add(m *component.Manager, log *slog.Logger, ready ...<-chan struct{}) {
+	if f.Listen != "" {
+		m.Add("monitoring", New(f.Listen, log, ready...))
+	}
 }
 
 // Server is the monitoring HTTP server, a Run(ctx) component.

@@ -12,6 +12,7 @@ import (
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/kube"
+	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
 	"sailplane.dev/shared/spiffe"
 
@@ -21,6 +22,7 @@ import (
 func main() {
 	var (
 		logOpts    cli.LogOptions
+		monitor    monitoring.Flags
 		cfg        ca.Config
 		kubeconfig string
 		useKube    string
@@ -77,10 +79,12 @@ func main() {
 				}
 				m.Add("bus-server", busServer)
 			}
+			monitor.Add(&m, log, svc.Ready())
 			return cli.RunUntilSignal(&m)
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
+	monitor.AddFlags(cmd.Flags())
 	cfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15053", "address serving the trust bundle (TrustBundle) on the bus, over mTLS with the ca's own certificate (spiffe://<trust-domain>/ns/<namespace>/sa/ca) unless --bus-plaintext; empty to disable")
 	busFlags.AddFlags(cmd.Flags())

@@ -9,6 +9,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
 
 	configingest "sailplane.dev/services/config-ingest"
@@ -17,6 +18,7 @@ import (
 func main() {
 	var (
 		logOpts   cli.LogOptions
+		monitor   monitoring.Flags
 		cfg       configingest.Config
 		source    configingest.SourceFlags
 		busListen string
@@ -58,10 +60,12 @@ func main() {
 			}
 			m.Add("config-ingest", ingest)
 			m.Add("bus-server", busServer)
+			monitor.Add(&m, log, ingest.Ready())
 			return cli.RunUntilSignal(&m)
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
+	monitor.AddFlags(cmd.Flags())
 	cfg.AddFlags(cmd.Flags())
 	source.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the config bus (MCP over xDS); mTLS with --ca-address, else plaintext (loopback only unless --bus-plaintext)")

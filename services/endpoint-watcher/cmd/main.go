@@ -13,6 +13,7 @@ import (
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/kube"
+	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
 
 	endpointwatcher "sailplane.dev/services/endpoint-watcher"
@@ -21,6 +22,7 @@ import (
 func main() {
 	var (
 		logOpts   cli.LogOptions
+		monitor   monitoring.Flags
 		cfg       endpointwatcher.Config
 		configBus string
 		busListen string
@@ -79,10 +81,12 @@ func main() {
 			}
 			m.Add("endpoint-watcher", watcher)
 			m.Add("bus-server", busServer)
+			monitor.Add(&m, log, watcher.Ready())
 			return cli.RunUntilSignal(&m)
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
+	monitor.AddFlags(cmd.Flags())
 	cfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&configBus, "config-bus", "127.0.0.1:15051", "config-ingest's bus address")
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15052", "address serving the registry bus (MCP over xDS); mTLS with --ca-address, else plaintext (loopback only unless --bus-plaintext)")

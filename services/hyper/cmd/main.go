@@ -15,6 +15,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
 	"sailplane.dev/shared/spiffe"
 
@@ -42,6 +43,7 @@ func newCommand() *cobra.Command {
 		caCfg      ca.Config
 		webhookCfg webhook.Config
 		pprofAddr  string
+		monitor    monitoring.Flags
 		busListen  string
 		busFlags   serviceid.BusFlags
 	)
@@ -107,6 +109,7 @@ func newCommand() *cobra.Command {
 			m.Add("endpoint-watcher", watcher)
 			m.Add("xds-server", xds)
 			m.Add("ca", authority)
+			ready := []<-chan struct{}{ingest.Ready(), watcher.Ready(), xds.Ready(), authority.Ready()}
 			if busListen != "" {
 				// Loopback stays plaintext (local tools); elsewhere mTLS with a certificate the
 				// linked ca signs for hyper's own service account, unless plaintext is asked for.
@@ -137,7 +140,9 @@ func newCommand() *cobra.Command {
 					return err
 				}
 				m.Add("webhook", hook)
+				ready = append(ready, hook.Ready())
 			}
+			monitor.Add(&m, log, ready...)
 			if pprofAddr != "" {
 				m.Add("pprof", cli.Pprof{Addr: pprofAddr, Log: log})
 			}
@@ -145,6 +150,7 @@ func newCommand() *cobra.Command {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
+	monitor.AddFlags(cmd.Flags())
 	ingestCfg.AddFlags(cmd.Flags())
 	source.AddFlags(cmd.Flags())
 	watcherCfg.AddFlags(cmd.Flags())

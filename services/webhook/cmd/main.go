@@ -13,6 +13,7 @@ import (
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/kube"
+	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
 
 	"sailplane.dev/services/webhook"
@@ -21,6 +22,7 @@ import (
 func main() {
 	var (
 		logOpts    cli.LogOptions
+		monitor    monitoring.Flags
 		cfg        webhook.Config
 		kubeconfig string
 		identity   serviceid.Flags
@@ -67,10 +69,12 @@ func main() {
 			if pprofAddr != "" {
 				m.Add("pprof", cli.Pprof{Addr: pprofAddr, Log: log})
 			}
+			monitor.Add(&m, log, srv.Ready())
 			return cli.RunUntilSignal(&m)
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
+	monitor.AddFlags(cmd.Flags())
 	cfg.AddFlags(cmd.Flags())
 	cli.KubeconfigVar(cmd.Flags(), &kubeconfig)
 	cmd.Flags().StringVar(&configBus, "config-bus", "", "config-ingest's bus address, for the mesh config (its defaultConfig is the base of injected pods' ProxyConfig); empty: Istio's defaults")

@@ -10,6 +10,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
 	"sailplane.dev/shared/workloadcert"
 
@@ -19,6 +20,7 @@ import (
 func main() {
 	var (
 		logOpts     cli.LogOptions
+		monitor     monitoring.Flags
 		configBus   string
 		registryBus string
 		cfg         xdsserver.Config
@@ -69,10 +71,12 @@ func main() {
 			if pprofAddr != "" {
 				m.Add("pprof", cli.Pprof{Addr: pprofAddr, Log: log})
 			}
+			monitor.Add(&m, log, srv.Ready())
 			return cli.RunUntilSignal(&m)
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
+	monitor.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&configBus, "config-bus", "127.0.0.1:15051", "config-ingest's bus address")
 	cmd.Flags().StringVar(&registryBus, "registry-bus", "127.0.0.1:15052", "endpoint-watcher's bus address")
 	cfg.AddFlags(cmd.Flags())
