@@ -73,10 +73,10 @@ type Process struct {
 	// Monitoring is the address of the process's monitoring port (/healthz/ready), which start
 	// chose (see monitoredBinaries); empty otherwise.
 	Monitoring string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-	err  error
+	cmd        *exec.Cmd
+	log        string
+	done       chan struct{}
+	err        error
 }
 
 // Start runs a binary in dir with args; it is stopped (SIGTERM, then SIGKILL) when the test ends.
