@@ -570,6 +570,11 @@ func TestDeployTopology(t *testing.T) {
 					t.Errorf("deploy/%s: pods of %s lack the label %s=%s the NetworkPolicies admit", overlay, key, partOf, sailName)
 				}
 				for _, c := range tmpl.Spec.Containers {
+					if slices.Contains(settingsBinaries, c.Name) {
+						for _, problem := range monitoringProbeProblems(c) {
+							t.Errorf("deploy/%s: %s container %s: %s", overlay, key, c.Name, problem)
+						}
+					}
 					for _, p := range c.Ports {
 						open, sailplaneOnly := admitted(policies, ns, tmpl.Labels, p.ContainerPort)
 						switch p.ContainerPort {
@@ -581,12 +586,40 @@ func TestDeployTopology(t *testing.T) {
 							if !open {
 								t.Errorf("deploy/%s: %s port %d is not open to the mesh and the API server", overlay, key, p.ContainerPort)
 							}
+						case 15014:
+							if !open {
+								t.Errorf("deploy/%s: %s port 15014 (monitoring) is not open to the kubelet's probes, which come from the node", overlay, key)
+							}
 						}
 					}
 				}
 			}
 		})
 	}
+}
+
+// monitoringProbeProblems: a Sailplane service's probes ask its monitoring port, readiness
+// /healthz/ready (synced) and liveness /healthz/live, so that the kubelet and the code agree on
+// what ready means.
+func monitoringProbeProblems(c corev1.Container) []string {
+	var problems []string
+	for _, want := range []struct {
+		kind  string
+		probe *corev1.Probe
+		path  string
+	}{{"readiness", c.ReadinessProbe, "/healthz/ready"}, {"liveness", c.LivenessProbe, "/healthz/live"}} {
+		var get *corev1.HTTPGetAction
+		if want.probe != nil {
+			get = want.probe.HTTPGet
+		}
+		if get == nil || get.Port.IntValue() != 15014 || get.Path != want.path {
+			problems = append(problems, fmt.Sprintf("%s probe %+v, want httpGet %s on 15014", want.kind, want.probe, want.path))
+		}
+	}
+	if !slices.ContainsFunc(c.Args, func(a string) bool { return a == "--monitoring-listen=:15014" }) {
+		problems = append(problems, "no --monitoring-listen=:15014")
+	}
+	return problems
 }
 
 func checkXDSServerScaling(t *testing.T, overlay string, objs []*unstructured.Unstructured, pod corev1.PodTemplateSpec) {
