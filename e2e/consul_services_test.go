@@ -23,19 +23,25 @@ var consulTopologies = []struct {
 }{
 	{"hyper", func(t *testing.T, dir, consulAddr string) (string, string) {
 		xds, busAddr := framework.FreeAddr(t), framework.FreeAddr(t)
-		framework.Start(t, dir, framework.Binary(t, "hyper"), "--config-source", "files",
+		hyper := framework.Start(t, dir, framework.Binary(t, "hyper"), "--config-source", "files",
 			"--consul", consulAddr, "--xds-listen", xds, "--bus-listen", busAddr, "--xds-tls-listen", framework.FreeAddr(t))
+		framework.WaitReady(t, hyper)
 		return xds, busAddr
 	}},
 	{"microservices", func(t *testing.T, dir, consulAddr string) (string, string) {
 		configBus, registryBus, xds := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
 		// --config-source files / --kubernetes off: never pick up a kubeconfig the machine has.
-		framework.Start(t, dir, framework.Binary(t, "config-ingest"), "--config-source", "files",
-			"--mesh-config", filepath.Join(dir, "etc/sailplane/mesh.yaml"), "--bus-listen", configBus)
-		framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"), "--kubernetes", "off",
-			"--consul", consulAddr, "--config-bus", configBus, "--bus-listen", registryBus)
-		framework.Start(t, dir, framework.Binary(t, "xds-server"),
-			"--config-bus", configBus, "--registry-bus", registryBus, "--xds-listen", xds)
+		services := []*framework.Process{
+			framework.Start(t, dir, framework.Binary(t, "config-ingest"), "--config-source", "files",
+				"--mesh-config", filepath.Join(dir, "etc/sailplane/mesh.yaml"), "--bus-listen", configBus),
+			framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"), "--kubernetes", "off",
+				"--consul", consulAddr, "--config-bus", configBus, "--bus-listen", registryBus),
+			framework.Start(t, dir, framework.Binary(t, "xds-server"),
+				"--config-bus", configBus, "--registry-bus", registryBus, "--xds-listen", xds),
+		}
+		for _, p := range services {
+			framework.WaitReady(t, p) // each service's monitoring port: ready once synced
+		}
 		return xds, registryBus
 	}},
 }

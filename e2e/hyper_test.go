@@ -21,7 +21,7 @@ import (
 // the ca keeps its root in etc/certs/.
 func TestHyperNoFlags(t *testing.T) {
 	const defaultXDS = "127.0.0.1:15010"
-	for _, addr := range []string{defaultXDS, "127.0.0.1:15012", "127.0.0.1:15051"} {
+	for _, addr := range []string{defaultXDS, "127.0.0.1:15012", "127.0.0.1:15051", "127.0.0.1:15014"} {
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			t.Fatalf("hyper's default port %s is taken by another process: %v", addr, err)
@@ -46,6 +46,8 @@ func TestHyperNoFlags(t *testing.T) {
 	if counts := countBackends(ctx, t, client, 50); counts["v2"] != 50 {
 		t.Fatalf("want all 50 RPCs on v2, got %v", counts)
 	}
+	// Ready on the default monitoring port, once every linked service synced.
+	framework.WaitReadyAt(t, "127.0.0.1:15014")
 
 	// The ca keeps its root in etc/certs/ beside etc/sailplane/, and the TLS port's certificate
 	// chains to it: a client trusting only that file gets the same answers over TLS.

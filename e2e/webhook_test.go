@@ -44,8 +44,9 @@ var webhookTopologies = []struct {
 			return err
 		})
 		framework.WriteFile(t, dir, "var/run/secrets/tokens/istio-token", kube.ServiceAccountToken(t, "istio-system", "webhook", "istio-ca"))
-		framework.Start(t, dir, framework.Binary(t, "webhook"), "--kubeconfig", k.KubeconfigPath(), "--webhook-listen", listen,
+		hook := framework.Start(t, dir, framework.Binary(t, "webhook"), "--kubeconfig", k.KubeconfigPath(), "--webhook-listen", listen,
 			"--ca-address", caAddr, "--ca-root-cert", rootFile, "--ca-token-file", filepath.Join(dir, "var/run/secrets/tokens/istio-token"))
+		framework.WaitReady(t, hook) // ready once it serves with the ca's certificate
 	}},
 }
 

@@ -35,14 +35,15 @@ type CA struct {
 	RootFile string // the root that verifies it and its certificates
 }
 
-// StartCA runs the ca binary in dir until the test ends and waits for its root.
+// StartCA runs the ca binary in dir until the test ends and waits for its root and readiness.
 func StartCA(t testing.TB, dir string) CA {
 	t.Helper()
 	ca := CA{Addr: FreeAddr(t), CertDir: filepath.Join(dir, "etc/certs")}
 	ca.RootFile = filepath.Join(ca.CertDir, pki.RootCertFile)
-	Start(t, dir, Binary(t, "ca"), "--kubernetes=false", "--ca-listen", ca.Addr, "--ca-cert-dir", ca.CertDir,
+	p := Start(t, dir, Binary(t, "ca"), "--kubernetes=false", "--ca-listen", ca.Addr, "--ca-cert-dir", ca.CertDir,
 		"--bus-listen", FreeAddr(t))
 	Eventually(t, 30*time.Second, func() error { _, err := os.Stat(filepath.Join(ca.CertDir, pki.CAKeyFile)); return err })
+	WaitReady(t, p)
 	return ca
 }
 

@@ -3,7 +3,10 @@
 package framework
 
 import (
+	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -216,4 +219,37 @@ func WriteFile(t testing.TB, dir, rel, content string) {
 	if err := os.Rename(tmp, p); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// WaitReady waits until the process's monitoring port answers /healthz/ready with 200 (what it
+// serves has synced), checking /healthz/live answers 200 throughout.
+func WaitReady(t testing.TB, p *Process) {
+	t.Helper()
+	if p.Monitoring == "" {
+		t.Fatalf("%s has no monitoring port chosen by the framework", p.Name)
+	}
+	WaitReadyAt(t, p.Monitoring)
+}
+
+// WaitReadyAt is WaitReady for a monitoring port at addr.
+func WaitReadyAt(t testing.TB, addr string) {
+	t.Helper()
+	status := func(path string) error {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s on %s: %d %s", path, addr, resp.StatusCode, body)
+		}
+		return nil
+	}
+	Eventually(t, 2*time.Minute, func() error {
+		if err := status("/healthz/live"); err != nil {
+			return err
+		}
+		return status("/healthz/ready")
+	})
 }
