@@ -84,6 +84,12 @@ func tryStartCAWith(t testing.TB, cfg Config, deps Deps) (*running, error) {
 // set, is presented.
 func (r *running) client(t testing.TB, roots []byte, clientCert *tls.Certificate) pb.IstioCertificateServiceClient {
 	t.Helper()
+	return pb.NewIstioCertificateServiceClient(r.conn(t, roots, clientCert))
+}
+
+// conn is client's connection, for the other services on the ca's port.
+func (r *running) conn(t testing.TB, roots []byte, clientCert *tls.Certificate) *grpc.ClientConn {
+	t.Helper()
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(roots) {
 		t.Fatal("no roots")
@@ -97,7 +103,7 @@ func (r *running) client(t testing.TB, roots []byte, clientCert *tls.Certificate
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return pb.NewIstioCertificateServiceClient(conn)
+	return conn
 }
 
 func withToken(ctx context.Context, token string) context.Context {
