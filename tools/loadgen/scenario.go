@@ -435,6 +435,8 @@ func (s Scenario) start(ctx context.Context, dir string) ([]*Process, string, er
 	mesh := filepath.Join(dir, MeshFile)
 	var procs []*Process
 	launch := func(name string, args ...string) error {
+		// No monitoring port: the services share a host, and every one's default is 15014.
+		args = append([]string{"--monitoring-listen="}, args...)
 		p, err := StartProcess(name, bin(name), dir, args...)
 		if err != nil {
 			return err
