@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -182,22 +181,7 @@ func TestBusServerLimits(t *testing.T) {
 	if err := s.Upsert(vsType, bustest.VirtualService("ns/vs", "", "a")); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := bus.ServeGRPC(s, "127.0.0.1:0", testLogger(t), bus.Security{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrc := make(chan string, 1)
-	srv.Listening = func(a net.Addr) { addrc <- a.String() }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	addr := <-addrc
+	addr := serveBus(t, s, testLogger(t), bus.Security{})
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

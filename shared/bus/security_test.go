@@ -82,26 +82,7 @@ var (
 func serveSecure(t *testing.T, s *bus.Store, auth *pki.Authority, log *slog.Logger) (addr string, id *identity) {
 	t.Helper()
 	id = newIdentity(t, auth, ingestID)
-	srv, err := bus.ServeGRPC(s, "127.0.0.1:0", log, bus.Security{Identity: id, Peers: peers})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrc := make(chan string, 1)
-	srv.Listening = func(a net.Addr) { addrc <- a.String() }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	select {
-	case addr = <-addrc:
-	case err := <-done:
-		t.Fatalf("bus server: %v", err)
-	}
+	addr = serveBus(t, s, log, bus.Security{Identity: id, Peers: peers})
 	return addr, id
 }
 
