@@ -18,7 +18,9 @@ import (
 	"sailplane.dev/shared/component"
 )
 
-// DefaultListen is the monitoring port's default address; the manifests pass :15014.
+// DefaultListen is the monitoring port's address in hyper and xds-server, istiod's stand-ins;
+// the other services have it off unless set, so that several run side by side on one host
+// without a clash. The manifests pass :15014 to every one.
 const DefaultListen = "127.0.0.1:15014"
 
 // Flags is every binary's --monitoring-listen.
@@ -26,9 +28,9 @@ type Flags struct {
 	Listen string
 }
 
-// AddFlags registers --monitoring-listen.
-func (f *Flags) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&f.Listen, "monitoring-listen", DefaultListen,
+// AddFlags registers --monitoring-listen with the binary's default address ("" for off).
+func (f *Flags) AddFlags(fs *pflag.FlagSet, def string) {
+	fs.StringVar(&f.Listen, "monitoring-listen", def,
 		"address serving /healthz/ready (200 once synced, else 503) and /healthz/live, for probes; empty: off")
 }
 

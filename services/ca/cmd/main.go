@@ -84,7 +84,7 @@ func main() {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
-	monitor.AddFlags(cmd.Flags())
+	monitor.AddFlags(cmd.Flags(), "")
 	cfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15053", "address serving the trust bundle (TrustBundle) on the bus, over mTLS with the ca's own certificate (spiffe://<trust-domain>/ns/<namespace>/sa/ca) unless --bus-plaintext; empty to disable")
 	busFlags.AddFlags(cmd.Flags())

@@ -65,7 +65,7 @@ func main() {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
-	monitor.AddFlags(cmd.Flags())
+	monitor.AddFlags(cmd.Flags(), "")
 	cfg.AddFlags(cmd.Flags())
 	source.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the config bus (MCP over xDS); mTLS with --ca-address, else plaintext (loopback only unless --bus-plaintext)")

@@ -86,7 +86,7 @@ func main() {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
-	monitor.AddFlags(cmd.Flags())
+	monitor.AddFlags(cmd.Flags(), "")
 	cfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&configBus, "config-bus", "127.0.0.1:15051", "config-ingest's bus address")
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15052", "address serving the registry bus (MCP over xDS); mTLS with --ca-address, else plaintext (loopback only unless --bus-plaintext)")

@@ -150,7 +150,7 @@ func newCommand() *cobra.Command {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
-	monitor.AddFlags(cmd.Flags())
+	monitor.AddFlags(cmd.Flags(), monitoring.DefaultListen)
 	ingestCfg.AddFlags(cmd.Flags())
 	source.AddFlags(cmd.Flags())
 	watcherCfg.AddFlags(cmd.Flags())

@@ -74,7 +74,7 @@ func main() {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
-	monitor.AddFlags(cmd.Flags())
+	monitor.AddFlags(cmd.Flags(), "")
 	cfg.AddFlags(cmd.Flags())
 	cli.KubeconfigVar(cmd.Flags(), &kubeconfig)
 	cmd.Flags().StringVar(&configBus, "config-bus", "", "config-ingest's bus address, for the mesh config (its defaultConfig is the base of injected pods' ProxyConfig); empty: Istio's defaults")
