@@ -20,7 +20,6 @@ import (
 
 	"sailplane.dev/shared/grpcserver"
 	"sailplane.dev/shared/pki"
-	"sailplane.dev/shared/spiffe"
 )
 
 // MaxCSRBytes bounds a request's CSR; a workload CSR is well under 2 KiB.
@@ -126,18 +125,16 @@ func (cs *certService) CreateCertificate(ctx context.Context, req *pb.IstioCerti
 	if n := len(req.GetCsr()); n > MaxCSRBytes {
 		return nil, s.refuse(c, codes.InvalidArgument, fmt.Errorf("CSR of %d bytes exceeds the limit of %d", n, MaxCSRBytes))
 	}
-	csr, err := pki.ParseCSR([]byte(req.GetCsr()))
-	if err != nil {
-		return nil, s.refuse(c, codes.InvalidArgument, err)
-	}
 	// istiod ignores the CSR's names; refusing a CSR that names another workload makes a
 	// misconfigured or hostile agent visible instead of quietly getting a certificate it did
-	// not ask for. The trust domain may differ: the agent's may be stale.
-	for _, u := range csr.URIs {
-		asked, err := spiffe.FromURL(u)
-		if err != nil || !asked.SameWorkload(c.id) {
-			return nil, s.refuse(c, codes.PermissionDenied, fmt.Errorf("the CSR asks for %q, the caller is %s", u.String(), c.id))
+	// not ask for.
+	csr, err := pki.ParseCSRFor([]byte(req.GetCsr()), c.id)
+	if err != nil {
+		code := codes.InvalidArgument
+		if errors.Is(err, pki.ErrForeignIdentity) {
+			code = codes.PermissionDenied
 		}
+		return nil, s.refuse(c, code, err)
 	}
 	ttl := time.Duration(req.GetValidityDuration()) * time.Second
 	switch {

@@ -34,6 +34,9 @@ const (
 // ErrCSR marks a certificate request that cannot be parsed or whose signature is wrong.
 var ErrCSR = errors.New("invalid certificate signing request")
 
+// ErrForeignIdentity marks a certificate request naming a workload other than the caller's.
+var ErrForeignIdentity = errors.New("certificate signing request for another workload")
+
 // GenerateKey makes a private key; the zero algorithm is ECDSA P-256.
 func GenerateKey(alg KeyAlgorithm) (crypto.Signer, error) {
 	switch alg {
@@ -113,6 +116,23 @@ func ParseCSR(data []byte) (*x509.CertificateRequest, error) {
 		}
 	default:
 		return nil, fmt.Errorf("%w: unsupported public key type %T", ErrCSR, k)
+	}
+	return csr, nil
+}
+
+// ParseCSRFor parses a workload's CSR (ParseCSR) and checks that every identity it names is the
+// caller's workload (wrapping ErrForeignIdentity otherwise). The trust domain may differ: the
+// agent's may be stale, and the ca names the caller in its own.
+func ParseCSRFor(data []byte, caller spiffe.ID) (*x509.CertificateRequest, error) {
+	csr, err := ParseCSR(data)
+	if err != nil {
+		return nil, err
+	}
+	for _, u := range csr.URIs {
+		asked, err := spiffe.FromURL(u)
+		if err != nil || !asked.SameWorkload(caller) {
+			return nil, fmt.Errorf("%w: it asks for %q, the caller is %s", ErrForeignIdentity, u.String(), caller)
+		}
 	}
 	return csr, nil
 }
