@@ -10,7 +10,7 @@ PROTOC_GEN_GO := $(shell $(GO) env GOPATH)/bin/protoc-gen-go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
 LDFLAGS := $(if $(VERSION),-X sailplane.dev/shared/version.Version=$(VERSION))
 
-.PHONY: build run run-kube testenv crds test test-unit test-e2e bench bench-go bench-start bench-xds proto tidy fmt vet clean
+.PHONY: build run run-kube testenv crds test test-unit test-fuzz test-e2e bench bench-go bench-start bench-xds proto tidy fmt vet clean
 
 build:
 	@mkdir -p $(BIN)
@@ -42,11 +42,22 @@ crds:
 	$(GO) run ./tools/cmd/testenv crds > deploy/crds/customresourcedefinitions.gen.yaml.tmp
 	mv deploy/crds/customresourcedefinitions.gen.yaml.tmp deploy/crds/customresourcedefinitions.gen.yaml
 
-# Unit tests of every module, then the end-to-end tests (which build the binaries they start).
-test: testenv test-unit test-e2e
+# Unit tests of every module (the fuzz tests' seeds among them), a short run of each fuzz test,
+# then the end-to-end tests (which build the binaries they start).
+test: testenv test-unit test-fuzz test-e2e
 
 test-unit:
 	$(GO) test -count=1 -timeout 30m $(addprefix ./,$(addsuffix /...,$(filter-out e2e,$(MODULES))))
+
+# Each fuzz test for FUZZTIME (go test fuzzes one target per run); about 80 s on 2 cores with a
+# warm build cache. Longer: go test -run '^$$' -fuzz '^FuzzParseValidate$$' -fuzztime 5m ./shared/config
+FUZZTIME ?= 10s
+FUZZ := FuzzParseValidate:./shared/config FuzzDecodeMCP:./shared/bus FuzzParseCSRFor:./shared/pki \
+	FuzzUnmarshalRequest:./services/xds-server/internal/xds
+test-fuzz:
+	@for t in $(FUZZ); do \
+		$(GO) test -run '^$$' -fuzz "^$${t%%:*}$$" -fuzztime $(FUZZTIME) "$${t#*:}" || exit 1; \
+	done
 
 test-e2e: build
 	SAILPLANE_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m ./e2e/...
