@@ -21,6 +21,7 @@ func TestWireSize(t *testing.T) {
 	for _, r := range []*Resource{
 		{Name: "ns/empty"},
 		{Name: "ns/vs", Version: "v1", Body: &networking.VirtualService{Hosts: []string{"a", "b"}}},
+		{Name: "ns/empty-body", Version: "v1", Body: &networking.VirtualService{}}, // found by FuzzDecodeMCP
 		{Name: "ns/empty-map-entries", Version: "v", CreateTime: time.Unix(1700000000, 0),
 			Labels: map[string]string{"": "", "k": ""}, Annotations: map[string]string{"": "v"}},
 		{Name: "ns/meta", Version: "123abc", CreateTime: time.Unix(1700000000, 5),

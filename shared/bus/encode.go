@@ -90,8 +90,11 @@ func wireSize(r *Resource, version string, bodySize int) int {
 		if bodySize < 0 {
 			bodySize = proto.Size(r.Body)
 		}
-		typeURL := len("type.googleapis.com/") + len(r.Body.ProtoReflect().Descriptor().FullName())
-		n += lengthDelimited(lengthDelimited(typeURL) + lengthDelimited(bodySize))
+		body := lengthDelimited(len("type.googleapis.com/") + len(r.Body.ProtoReflect().Descriptor().FullName()))
+		if bodySize > 0 { // an empty value (a message with every field unset) is not encoded
+			body += lengthDelimited(bodySize)
+		}
+		n += lengthDelimited(body)
 	}
 	return n
 }
