@@ -260,8 +260,8 @@ func (s *Server) serve(ctx context.Context, plain, secure net.Listener) error {
 			}
 		})
 	}
-	subscribe("config", s.deps.Config, model.TypeURLs(model.ConfigKinds), configSynced)
-	subscribe("registry", s.deps.Registry, model.TypeURLs(model.RegistryKinds), registrySynced)
+	subscribe("config", s.deps.Config, schema.TypeURLs(model.ConfigKinds), configSynced)
+	subscribe("registry", s.deps.Registry, schema.TypeURLs(model.RegistryKinds), registrySynced)
 	if s.deps.Bundle != nil {
 		wg.Go(func() {
 			err := s.deps.Bundle.Subscribe(ctx, []string{schema.TrustBundle.TypeURL}, s.bundles)

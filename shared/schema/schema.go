@@ -117,6 +117,15 @@ var IstioConfig = []Kind{
 // All lists every kind known to Sailplane.
 var All = append(append([]Kind{}, IstioConfig...), MeshConfig, Service, Endpoints, TrustBundle)
 
+// TypeURLs lists the bus type URLs of kinds.
+func TypeURLs(kinds []Kind) []string {
+	out := make([]string, len(kinds))
+	for i, k := range kinds {
+		out[i] = k.TypeURL
+	}
+	return out
+}
+
 // ByTypeURL finds a kind by its bus type URL, accepting the legacy versions of Istio kinds
 // ("networking.istio.io/v1alpha3/VirtualService").
 func ByTypeURL(typeURL string) (Kind, bool) {

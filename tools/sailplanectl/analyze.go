@@ -67,11 +67,7 @@ Exit code 1 when an Error is found (with --warnings-as-errors, also on warnings)
 // readLive adds the config served on the config bus and the services of the registry bus to s.
 // What a bus serves was validated by config-ingest already.
 func readLive(cmd *cobra.Command, s *analyze.Set, f busFlags, registryBus string) error {
-	types := make([]string, len(schema.IstioConfig))
-	for i, k := range schema.IstioConfig {
-		types[i] = k.TypeURL
-	}
-	snap, err := f.read(cmd.Context(), f.addr, types)
+	snap, err := f.read(cmd.Context(), f.addr, schema.TypeURLs(schema.IstioConfig))
 	if err != nil {
 		return err
 	}

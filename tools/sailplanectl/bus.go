@@ -75,11 +75,7 @@ func busListCmd() *cobra.Command {
 		Short: "List the types a bus serves, with how many resources of each",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			types := make([]string, len(schema.All))
-			for i, k := range schema.All {
-				types[i] = k.TypeURL
-			}
-			snap, err := f.read(cmd.Context(), f.addr, types)
+			snap, err := f.read(cmd.Context(), f.addr, schema.TypeURLs(schema.All))
 			if err != nil {
 				return err
 			}

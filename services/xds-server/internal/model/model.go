@@ -32,15 +32,6 @@ var ConfigKinds = []schema.Kind{schema.VirtualService, schema.DestinationRule, s
 // RegistryKinds are the registry kinds the xds-server subscribes to.
 var RegistryKinds = []schema.Kind{schema.Service, schema.Endpoints}
 
-// TypeURLs lists the bus type URLs of kinds.
-func TypeURLs(kinds []schema.Kind) []string {
-	out := make([]string, len(kinds))
-	for i, k := range kinds {
-		out[i] = k.TypeURL
-	}
-	return out
-}
-
 // ErrRejected is wrapped by errors returned from Apply for changes the model cannot accept.
 var ErrRejected = errors.New("change rejected")
 
