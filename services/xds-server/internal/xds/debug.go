@@ -316,8 +316,6 @@ type heldResource struct {
 func (c *conn) heldResources(w *watch) []heldResource {
 	var current *set
 	var out []heldResource
-	var names []string
-	byName := map[string]heldResource{}
 	w.client.entries(func(e *entry) {
 		a := e.any
 		if a == nil {
@@ -331,12 +329,8 @@ func (c *conn) heldResources(w *watch) []heldResource {
 			}
 			a = current.entries[e.name].any
 		}
-		names = append(names, e.name)
-		byName[e.name] = heldResource{name: e.name, version: e.version, res: a}
+		out = append(out, heldResource{name: e.name, version: e.version, res: a})
 	})
-	slices.Sort(names)
-	for _, n := range names {
-		out = append(out, byName[n])
-	}
+	slices.SortFunc(out, func(a, b heldResource) int { return strings.Compare(a.name, b.name) })
 	return out
 }
