@@ -91,15 +91,14 @@ func (c *conn) answered(w *watch, nonce, version string, errDetail *status.Statu
 // controlPlane names this replica in debug responses, as istiod does (its pod name), so that
 // istioctl shows which replica a proxy is connected to.
 func (s *Server) controlPlane() *corev3.ControlPlane {
+	type info struct {
+		Version string `json:"version"`
+	}
 	id, _ := json.Marshal(struct {
 		Component string
 		ID        string
-		Info      struct {
-			Version string `json:"version"`
-		}
-	}{Component: ComponentName, ID: s.opts.Replica, Info: struct {
-		Version string `json:"version"`
-	}{s.opts.Version}})
+		Info      info
+	}{ComponentName, s.opts.Replica, info{s.opts.Version}})
 	return &corev3.ControlPlane{Identifier: string(id)}
 }
 
@@ -268,21 +267,21 @@ func (s *Server) configDump(ctx context.Context, caller *conn, name string) (*de
 	}
 	ctx, cancel := context.WithTimeout(ctx, configDumpWait)
 	defer cancel()
+	busy := status.Errorf(codes.DeadlineExceeded, "config dump of %s: its stream stayed busy for %v", grpcserver.ClientText(name), configDumpWait)
 	result := make(chan *adminv3.ConfigDump, 1)
 	select {
 	case c.queries <- func() { result <- c.configDump() }:
 	case <-c.done:
 		return &debugAnswer{}, nil
 	case <-ctx.Done():
-		return nil, status.Errorf(codes.DeadlineExceeded, "config dump of %s: its stream stayed busy for %v", grpcserver.ClientText(name), configDumpWait)
+		return nil, busy
 	}
-	var dump *adminv3.ConfigDump
 	select {
-	case dump = <-result:
+	case dump := <-result:
+		return dumpAnswer(c, dump), nil
 	case <-ctx.Done():
-		return nil, status.Errorf(codes.DeadlineExceeded, "config dump of %s: its stream stayed busy for %v", grpcserver.ClientText(name), configDumpWait)
+		return nil, busy
 	}
-	return dumpAnswer(c, dump), nil
 }
 
 func dumpAnswer(c *conn, dump *adminv3.ConfigDump) *debugAnswer {
