@@ -359,12 +359,8 @@ func (s *Store) WaitSynced(ctx context.Context) error {
 		if len(holds) == waited {
 			return nil
 		}
-		for _, ready := range holds {
-			select {
-			case <-ready:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+		if err := waitClosed(ctx, holds); err != nil {
+			return err
 		}
 		waited = len(holds)
 	}
@@ -375,9 +371,14 @@ func (s *Store) waitSynced(ctx context.Context, typ string) error {
 	s.holdMu.Lock()
 	holds := slices.Clone(s.holds[typ])
 	s.holdMu.Unlock()
-	for _, ready := range holds {
+	return waitClosed(ctx, holds)
+}
+
+// waitClosed blocks until every channel of chans is closed, or ctx ends (its error then).
+func waitClosed(ctx context.Context, chans []<-chan struct{}) error {
+	for _, c := range chans {
 		select {
-		case <-ready:
+		case <-c:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
