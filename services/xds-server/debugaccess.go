@@ -19,7 +19,9 @@ import (
 //     the control plane's namespace (Config.Namespace);
 //   - over plaintext, anyone, but only when the plaintext listener is on a loopback address
 //     (so only this host can ask), or Config.DebugPlaintext says so.
-func (s *Server) debugAccess(ctx context.Context) error {
+//
+// client is the stream's verified identity (peerIdentity), taken when the stream opened.
+func (s *Server) debugAccess(ctx context.Context, client string) error {
 	p, _ := peer.FromContext(ctx)
 	if p == nil {
 		return status.Error(codes.Unauthenticated, "xds-server: debug request from an unknown peer")
@@ -31,13 +33,12 @@ func (s *Server) debugAccess(ctx context.Context) error {
 		return status.Errorf(codes.PermissionDenied, "xds-server: debug types are served over plaintext only on a loopback listener (or with --debug-plaintext); "+
 			"use the TLS port with a client certificate of a service account in %s", s.cfg.Namespace)
 	}
-	raw := s.peerIdentity(ctx)
-	if raw == "" {
+	if client == "" {
 		return status.Errorf(codes.Unauthenticated, "xds-server: debug types over TLS need a client certificate from the mesh's CA, of a service account in %s", s.cfg.Namespace)
 	}
-	id, err := spiffe.Parse(raw)
+	id, err := spiffe.Parse(client)
 	if err != nil || id.Namespace != s.cfg.Namespace {
-		return status.Errorf(codes.PermissionDenied, "xds-server: %s may not read debug types: only service accounts of %s may", raw, s.cfg.Namespace)
+		return status.Errorf(codes.PermissionDenied, "xds-server: %s may not read debug types: only service accounts of %s may", client, s.cfg.Namespace)
 	}
 	return nil
 }

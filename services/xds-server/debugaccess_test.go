@@ -60,7 +60,7 @@ func TestDebugAccessRule(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv.plaintextDebug = tc.plaintextDebug
-			if got := status.Code(srv.debugAccess(tc.ctx)); got != tc.want {
+			if got := status.Code(srv.debugAccess(tc.ctx, srv.peerIdentity(tc.ctx))); got != tc.want {
 				t.Errorf("debugAccess: %v, want %v", got, tc.want)
 			}
 		})

@@ -123,7 +123,7 @@ func (c *conn) handleDebug(ctx context.Context, node *corev3.Node, typeURL, nonc
 	if c.s.opts.DebugAccess == nil {
 		return status.Errorf(codes.PermissionDenied, "xds-server: debug types are not served here")
 	}
-	if err := c.s.opts.DebugAccess(ctx); err != nil {
+	if err := c.s.opts.DebugAccess(ctx, c.peer); err != nil {
 		c.log.Warn("debug request refused", "type", typeURL, "peer", c.peer, "err", err)
 		return err
 	}

@@ -69,7 +69,7 @@ func TestWatchStatus(t *testing.T) {
 	}
 }
 
-func allowDebug(context.Context) error { return nil }
+func allowDebug(context.Context, string) error { return nil }
 
 // debugClient asks a server for debug types over state-of-the-world ADS, as istioctl does.
 type debugClient struct{ *sotw }
@@ -295,12 +295,12 @@ func TestConfigDump(t *testing.T) {
 func TestDebugAccess(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		access func(context.Context) error
+		access func(context.Context, string) error
 		req    *discoverygrpc.DiscoveryRequest
 		want   codes.Code
 	}{
 		{"no access rule", nil, &discoverygrpc.DiscoveryRequest{TypeUrl: TypeSyncz}, codes.PermissionDenied},
-		{"refused", func(context.Context) error { return status.Error(codes.Unauthenticated, "who are you") },
+		{"refused", func(context.Context, string) error { return status.Error(codes.Unauthenticated, "who are you") },
 			&discoverygrpc.DiscoveryRequest{TypeUrl: TypeSyncz}, codes.Unauthenticated},
 		{"config dump without a name", allowDebug, &discoverygrpc.DiscoveryRequest{TypeUrl: TypeConfigDump}, codes.InvalidArgument},
 		{"unknown debug type", allowDebug, &discoverygrpc.DiscoveryRequest{TypeUrl: DebugTypePrefix + "adsz"}, codes.Unimplemented},

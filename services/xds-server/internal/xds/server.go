@@ -32,10 +32,11 @@ type Options struct {
 	// PeerIdentity names the client of a stream by the certificate it presented (its verified
 	// SPIFFE ID), "" for none; logged when the proxy connects. Nil: not looked at.
 	PeerIdentity func(context.Context) string
-	// DebugAccess decides whether the client of a stream (its context) may ask for Istio's
-	// debug types (TypeSyncz, TypeConfigDump); an error, a gRPC status, refuses and ends the
-	// stream. Nil: debug types are refused.
-	DebugAccess func(context.Context) error
+	// DebugAccess decides whether the client of a stream (its context, and its identity as
+	// PeerIdentity named it when the stream opened) may ask for Istio's debug types
+	// (TypeSyncz, TypeConfigDump); an error, a gRPC status, refuses and ends the stream. Nil:
+	// debug types are refused.
+	DebugAccess func(ctx context.Context, peer string) error
 	// Replica names this server in debug responses (its pod name); Version is its version.
 	Replica, Version string
 }
