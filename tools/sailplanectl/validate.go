@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -91,13 +92,7 @@ func (f *fileFlags) read(s *analyze.Set, stdin io.Reader) ([]analyze.Message, in
 }
 
 func hasConfigExtension(path string) bool {
-	ext := strings.ToLower(filepath.Ext(path))
-	for _, e := range configExtensions {
-		if ext == e {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(configExtensions, strings.ToLower(filepath.Ext(path)))
 }
 
 func validateCmd() *cobra.Command {
