@@ -16,7 +16,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -77,27 +76,6 @@ func ref(o *unstructured.Unstructured) string {
 	return o.GetKind() + " " + o.GetNamespace() + "/" + o.GetName()
 }
 
-// warningRecorder keeps the API server's Warning headers (client-go's WarningHandler), which
-// the test fails on: deprecations, unknown fields, Pod Security's "warn" level.
-type warningRecorder struct {
-	mu   sync.Mutex
-	seen []string
-}
-
-func (w *warningRecorder) HandleWarningHeader(_ int, _ string, text string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.seen = append(w.seen, text)
-}
-
-func (w *warningRecorder) take() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	seen := w.seen
-	w.seen = nil
-	return seen
-}
-
 // serverSideApply applies obj as `kubectl apply --server-side` does, with unknown and duplicate
 // fields refused (Strict) rather than warned about; dryRun only validates and admits it.
 func serverSideApply(ctx context.Context, kube *framework.Kube, obj *unstructured.Unstructured, dryRun bool) error {
@@ -144,7 +122,7 @@ func podTemplate(t testing.TB, obj *unstructured.Unstructured) (corev1.PodTempla
 // judged. Then it checks what each service account may do against what each service's code does.
 func TestDeployOnAPIServer(t *testing.T) {
 	k := testenv.KubeForTest(t, testenv.WithoutIstioCRDs())
-	warned := &warningRecorder{}
+	warned := &testenv.WarningRecorder{}
 	cfg := k.RestConfig()
 	cfg.WarningHandler = warned
 	kube := framework.NewKube(t, cfg)
@@ -173,7 +151,7 @@ func TestDeployOnAPIServer(t *testing.T) {
 			}
 			return nil
 		})
-		if w := warned.take(); len(w) > 0 {
+		if w := warned.Take(); len(w) > 0 {
 			t.Errorf("deploy/crds: the API server warned:\n%s", strings.Join(w, "\n"))
 		}
 	})
@@ -186,7 +164,7 @@ func TestDeployOnAPIServer(t *testing.T) {
 					t.Fatalf("deploy/%s: namespace %s: %v", overlay, ns.GetName(), err)
 				}
 			}
-			warned.take()
+			warned.Take()
 			for _, obj := range objs {
 				if err := serverSideApply(ctx, kube, obj, true); err != nil {
 					t.Errorf("deploy/%s: %s: %v", overlay, ref(obj), err)
@@ -207,7 +185,7 @@ func TestDeployOnAPIServer(t *testing.T) {
 					t.Errorf("deploy/%s: %s as a Pod: %v", overlay, ref(obj), err)
 				}
 			}
-			if w := warned.take(); len(w) > 0 {
+			if w := warned.Take(); len(w) > 0 {
 				t.Errorf("deploy/%s: the API server warned:\n%s", overlay, strings.Join(w, "\n"))
 			}
 		})

@@ -133,7 +133,7 @@ type Service struct {
 	ready   chan struct{}
 	mu      sync.Mutex
 	auth    *pki.Authority
-	serving *servingCert
+	serving *pki.ServingCert
 	addr    net.Addr
 	rotated chan struct{} // closed (and replaced) when a rotation step changes auth
 

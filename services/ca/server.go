@@ -84,7 +84,7 @@ func (s *Service) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, 
 	if serving == nil {
 		return nil, errNotLoaded
 	}
-	return serving.get(hello)
+	return serving.GetCertificate(hello)
 }
 
 func (s *Service) authority() *pki.Authority {
@@ -178,50 +178,13 @@ func (s *Service) refuse(c caller, code codes.Code, err error) error {
 	return status.Error(code, err.Error())
 }
 
-// servingCert is the listener's certificate, issued by the ca itself and renewed in place once
-// half its lifetime has passed.
-type servingCert struct {
-	auth  *pki.Authority
-	names []string
-	alg   pki.KeyAlgorithm
-
-	mu      sync.Mutex
-	current *tls.Certificate
-}
-
 const servingTTL = 24 * time.Hour
 
-func newServingCert(auth *pki.Authority, names []string, alg pki.KeyAlgorithm) (*servingCert, error) {
-	sc := &servingCert{auth: auth, names: names, alg: alg}
-	if _, err := sc.get(nil); err != nil {
-		return nil, err
-	}
-	return sc, nil
-}
-
-func (sc *servingCert) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	sc.mu.Lock()
-	defer sc.mu.Unlock()
-	if c := sc.current; c != nil {
-		if half := c.Leaf.NotBefore.Add(c.Leaf.NotAfter.Sub(c.Leaf.NotBefore) / 2); time.Now().Before(half) {
-			return c, nil
-		}
-	}
-	key, err := pki.GenerateKey(sc.alg)
-	if err != nil {
-		return nil, err
-	}
-	dns, ips := servingNames(sc.names)
-	leaf, err := sc.auth.Issue(key.Public(), pki.LeafOptions{DNSNames: dns, IPs: ips, TTL: servingTTL})
-	if err != nil {
-		return nil, err
-	}
-	c := &tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf}
-	for _, ca := range sc.auth.Chain() {
-		c.Certificate = append(c.Certificate, ca.Raw)
-	}
-	sc.current = c
-	return c, nil
+// newServingCert is the listener's certificate for names, issued by the ca itself and renewed
+// in place once half its lifetime has passed.
+func newServingCert(auth *pki.Authority, names []string, alg pki.KeyAlgorithm) (*pki.ServingCert, error) {
+	dns, ips := servingNames(names)
+	return pki.NewServingCert(auth, alg, pki.LeafOptions{DNSNames: dns, IPs: ips, TTL: servingTTL})
 }
 
 // servingNames splits a serving certificate's names into DNS names and IP addresses (a listen
@@ -247,8 +210,9 @@ func servingNames(names []string) ([]string, []net.IP) {
 // loaded the root.
 func (s *Service) ServingCertificate(names []string) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	var (
-		mu sync.Mutex
-		sc *servingCert
+		mu     sync.Mutex
+		sc     *pki.ServingCert
+		signer *pki.Authority // sc's
 	)
 	return func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 		auth := s.authority()
@@ -257,9 +221,13 @@ func (s *Service) ServingCertificate(names []string) func(*tls.ClientHelloInfo) 
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		if sc == nil || sc.auth != auth {
-			sc = &servingCert{auth: auth, names: names, alg: s.cfg.KeyAlgorithm}
+		if sc == nil || signer != auth {
+			next, err := newServingCert(auth, names, s.cfg.KeyAlgorithm)
+			if err != nil {
+				return nil, err
+			}
+			sc, signer = next, auth
 		}
-		return sc.get(hello)
+		return sc.GetCertificate(hello)
 	}
 }

@@ -32,20 +32,20 @@ const (
 func (s *Service) keepServingCert(ctx context.Context, where string, write func(map[string][]byte) error) error {
 	return s.keepWritten(ctx, "the serving certificate", where, func() (time.Time, error) {
 		s.mu.Lock()
-		serving := s.serving
+		serving, auth := s.serving, s.auth
 		s.mu.Unlock()
-		c, err := serving.get(nil)
+		c, err := serving.GetCertificate(nil)
 		if err != nil {
 			return time.Time{}, err
 		}
-		files, err := servingFiles(c, serving.auth)
+		files, err := servingFiles(c, auth)
 		if err == nil {
 			err = write(files)
 		}
 		if err != nil {
 			return time.Time{}, err
 		}
-		s.log.Info("wrote a serving certificate", "to", where, "names", serving.names, "expires", c.Leaf.NotAfter.UTC().Format(time.RFC3339))
+		s.log.Info("wrote a serving certificate", "to", where, "names", s.cfg.ServingDNSNames, "expires", c.Leaf.NotAfter.UTC().Format(time.RFC3339))
 		return halfLife(c.Leaf.NotBefore, c.Leaf.NotAfter), nil
 	})
 }

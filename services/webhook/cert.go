@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"net"
 	"slices"
-	"sync"
 	"time"
 
 	"sailplane.dev/shared/pki"
@@ -63,39 +62,12 @@ func SelfManaged(names []string) (*Certificate, error) {
 			opts.IPs = append(opts.IPs, ip)
 		}
 	}
-	sm := &selfManaged{auth: auth, opts: opts}
-	if _, err := sm.get(nil); err != nil {
+	sc, err := pki.NewServingCert(auth, pki.ECDSAP256, opts)
+	if err != nil {
 		return nil, err
 	}
 	roots := pki.EncodeCerts(auth.Roots...)
 	ready := make(chan struct{})
 	close(ready)
-	return &Certificate{Get: sm.get, Roots: func() []byte { return roots }, Ready: ready}, nil
-}
-
-type selfManaged struct {
-	auth *pki.Authority
-	opts pki.LeafOptions
-
-	mu      sync.Mutex
-	current *tls.Certificate
-}
-
-// get returns the serving certificate, issuing a new one once half its life has passed.
-func (sm *selfManaged) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	sm.mu.Lock()
-	defer sm.mu.Unlock()
-	if c := sm.current; c != nil && time.Now().Before(c.Leaf.NotBefore.Add(c.Leaf.NotAfter.Sub(c.Leaf.NotBefore)/2)) {
-		return c, nil
-	}
-	key, err := pki.GenerateKey(pki.ECDSAP256)
-	if err != nil {
-		return nil, err
-	}
-	leaf, err := sm.auth.Issue(key.Public(), sm.opts)
-	if err != nil {
-		return nil, err
-	}
-	sm.current = &tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf}
-	return sm.current, nil
+	return &Certificate{Get: sc.GetCertificate, Roots: func() []byte { return roots }, Ready: ready}, nil
 }

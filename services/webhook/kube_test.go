@@ -8,7 +8,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -122,24 +121,6 @@ spec:
 `, name, weight, 100-weight))
 }
 
-// warnings records the API server's Warning headers.
-type warnings struct {
-	mu   sync.Mutex
-	text []string
-}
-
-func (w *warnings) HandleWarningHeader(_ int, _ string, text string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.text = append(w.text, text)
-}
-
-func (w *warnings) all() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return strings.Join(w.text, "\n")
-}
-
 // waitFor polls cond until it returns nil, failing t after a minute (generous: a loaded machine).
 func waitFor(t *testing.T, what string, cond func() error) {
 	t.Helper()
@@ -157,7 +138,7 @@ func TestKubernetes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	restCfg := k.RestConfig()
-	seen := &warnings{}
+	seen := &testenv.WarningRecorder{}
 	restCfg.WarningHandler = seen
 	kc := kubernetes.NewForConfigOrDie(restCfg)
 	dyn := dynamic.NewForConfigOrDie(restCfg)
@@ -289,8 +270,9 @@ spec:
 		if _, err := dyn.Resource(gvr).Namespace("shop").Create(ctx, se, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if want := "ServiceEntry shop/db: spec.ports[0]: a TCP (or unset) protocol port needs spec.addresses"; !strings.Contains(seen.all(), want) {
-			t.Errorf("warnings %q, want %q", seen.all(), want)
+		got := strings.Join(seen.Take(), "\n")
+		if want := "ServiceEntry shop/db: spec.ports[0]: a TCP (or unset) protocol port needs spec.addresses"; !strings.Contains(got, want) {
+			t.Errorf("warnings %q, want %q", got, want)
 		}
 	})
 
