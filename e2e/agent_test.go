@@ -209,7 +209,7 @@ func TestAgentTokenAuth(t *testing.T) {
 	defer cancel()
 	id := spiffe.ID{TrustDomain: "cluster.local", Namespace: "shop", ServiceAccount: "cart"}
 	kube.EnsureNamespace(t, "istio-system") // where the ca keeps istio-ca-secret
-	token := workloadToken(ctx, t, kube, id)
+	token := kube.ServiceAccountToken(t, id.Namespace, id.ServiceAccount, "istio-ca")
 	caAddr := framework.FreeAddr(t)
 	ca := framework.Start(t, t.TempDir(), framework.Binary(t, "ca"), "--kubernetes=true", "--kubeconfig", k.KubeconfigPath(),
 		"--ca-listen", caAddr, "--bus-listen", framework.FreeAddr(t), "--log-level", "debug")

@@ -9,7 +9,6 @@ import (
 	"maps"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -711,11 +710,7 @@ func TestDeployArgs(t *testing.T) {
 		if h, ok := helps[binary]; ok {
 			return h
 		}
-		out, err := exec.Command(framework.Binary(t, binary), "--help").CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s --help: %v\n%s", binary, err, out)
-		}
-		helps[binary] = string(out)
+		helps[binary] = binaryHelp(t, binary)
 		return helps[binary]
 	}
 	for _, overlay := range deployOverlays {

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"sailplane.dev/e2e/framework"
+	"sailplane.dev/shared/testwait"
 )
 
 const listenerTypeURL = "type.googleapis.com/envoy.config.listener.v3.Listener"
@@ -74,20 +75,10 @@ func startToServing(b *testing.B, bin, dir string) {
 	}
 	defer conn.Close()
 	// Polled as a client retrying would: refused until the port is open, Unavailable until the
-	// first full state, then the answer.
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := fetchListener(ctx, conn, echoListener)
-		if err == nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			b.Fatalf("hyper did not serve %s within a minute: %v\n%s", echoListener, err, p.Log())
-		case <-tick.C:
-		}
-	}
+	// first full state, then the answer. On failure the framework shows hyper's log.
+	testwait.For(b, time.Minute, "hyper serving "+echoListener, func() error {
+		return fetchListener(ctx, conn, echoListener)
+	})
 	b.StopTimer()
 	p.Stop()
 	b.StartTimer()

@@ -39,10 +39,7 @@ func TestHyperNoFlags(t *testing.T) {
 	client := framework.XDSClient(t, defaultXDS, echoTarget)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	framework.Eventually(t, time.Minute, func() error {
-		_, err := framework.Call(ctx, client)
-		return err
-	})
+	framework.WaitServing(ctx, t, client)
 	if counts := countBackends(ctx, t, client, 50); counts["v2"] != 50 {
 		t.Fatalf("want all 50 RPCs on v2, got %v", counts)
 	}
@@ -58,10 +55,7 @@ func TestHyperNoFlags(t *testing.T) {
 		}
 	}
 	secure := framework.XDSClientTLS(t, "127.0.0.1:15012", echoTarget, filepath.Join(certs, pki.RootCertFile))
-	framework.Eventually(t, time.Minute, func() error {
-		_, err := framework.Call(ctx, secure)
-		return err
-	})
+	framework.WaitServing(ctx, t, secure)
 	if counts := countBackends(ctx, t, secure, 10); counts["v2"] != 10 {
 		t.Fatalf("over TLS, want all 10 RPCs on v2, got %v", counts)
 	}

@@ -141,10 +141,7 @@ func testSecureXDS(t *testing.T, caOnXDSPort bool, start func(*testing.T, string
 	client := framework.XDSClientTLS(t, secure, echoTarget, rootFile)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	framework.Eventually(t, time.Minute, func() error {
-		_, err := framework.Call(ctx, client)
-		return err
-	})
+	framework.WaitServing(ctx, t, client)
 	if counts := countBackends(ctx, t, client, 20); counts["v2"] != 20 {
 		t.Fatalf("want all 20 RPCs on v2, got %v", counts)
 	}

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -269,24 +268,6 @@ func allOf(counts map[string]int, ids ...string) error {
 		}
 	}
 	return nil
-}
-
-// workloadToken creates the ServiceAccount of id and returns a token of it for the ca
-// (TokenRequest, audience istio-ca), as a pod's projected volume holds it.
-func workloadToken(ctx context.Context, t *testing.T, kube *framework.Kube, id spiffe.ID) string {
-	t.Helper()
-	kube.EnsureNamespace(t, id.Namespace)
-	sas := kube.Clientset.CoreV1().ServiceAccounts(id.Namespace)
-	if _, err := sas.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: id.ServiceAccount}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := sas.CreateToken(ctx, id.ServiceAccount, &authnv1.TokenRequest{
-		Spec: authnv1.TokenRequestSpec{Audiences: []string{"istio-ca"}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tr.Status.Token
 }
 
 // meshRoot waits for the istio-ca-root-cert ConfigMap the ca writes in ns and returns its root,

@@ -108,7 +108,7 @@ func testIstioPilotAgent(t *testing.T, pilotAgent string, start func(*testing.T,
 	defer cancel()
 
 	id := spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAccount: "web"}
-	token := workloadToken(ctx, t, kube, id)
+	token := kube.ServiceAccountToken(t, id.Namespace, id.ServiceAccount, "istio-ca")
 	if _, err := kube.Clientset.CoreV1().Services(id.Namespace).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: id.Namespace},
 		Spec: corev1.ServiceSpec{

@@ -50,10 +50,7 @@ func TestProxylessLocality(t *testing.T) {
 	for _, region := range []string{"us-east", "eu-west"} {
 		t.Run("client in "+region, func(t *testing.T) {
 			client := framework.XDSClientIn(t, xdsAddr, echoTarget, region, region+"-1a")
-			framework.Eventually(t, time.Minute, func() error {
-				_, err := framework.Call(ctx, client)
-				return err
-			})
+			framework.WaitServing(ctx, t, client)
 			if counts := countBackends(ctx, t, client, 50); counts[region] != 50 {
 				t.Fatalf("want all 50 RPCs in the client's own region %s, got %v", region, counts)
 			}

@@ -46,10 +46,7 @@ func TestIstioctlProxyStatus(t *testing.T) {
 	client := framework.XDSClient(t, xdsAddr, echoTarget)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	framework.Eventually(t, time.Minute, func() error {
-		_, err := framework.Call(ctx, client)
-		return err
-	})
+	framework.WaitServing(ctx, t, client)
 	proxyless := t.Name() + ".demo" // framework.XDSClient's pod
 	runSidecar(ctx, t, xdsAddr, "web")
 

@@ -74,10 +74,7 @@ func TestRestartAfterInvalidEdit(t *testing.T) {
 			split8020 := func(xds, when string) {
 				t.Helper()
 				client := framework.XDSClient(t, xds, echoTarget)
-				framework.Eventually(t, time.Minute, func() error {
-					_, err := framework.Call(ctx, client)
-					return err
-				})
+				framework.WaitServing(ctx, t, client)
 				if counts := countBackends(ctx, t, client, 1000); counts["v1"] < 750 || counts["v1"] > 850 {
 					t.Fatalf("%s: want v1 80±5%% of 1000 RPCs, got %v", when, counts)
 				}

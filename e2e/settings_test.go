@@ -32,12 +32,9 @@ func TestSettingsTable(t *testing.T) {
 	}
 	rows := settingsRows(t, string(b))
 	for _, bin := range settingsBinaries {
-		out, err := exec.Command(framework.Binary(t, bin), "--help").CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s --help: %v\n%s", bin, err, out)
-		}
+		out := binaryHelp(t, bin)
 		has := map[string]bool{}
-		for _, m := range helpFlag.FindAllStringSubmatch(string(out), -1) {
+		for _, m := range helpFlag.FindAllStringSubmatch(out, -1) {
 			if m[1] != "help" {
 				has[m[1]] = true
 			}
@@ -63,6 +60,16 @@ func TestSettingsTable(t *testing.T) {
 			}
 		}
 	}
+}
+
+// binaryHelp is what the built Sailplane binary bin prints for --help.
+func binaryHelp(t *testing.T, bin string) string {
+	t.Helper()
+	out, err := exec.Command(framework.Binary(t, bin), "--help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s --help: %v\n%s", bin, err, out)
+	}
+	return string(out)
 }
 
 // settingsRow is a row of the table: the flags it names and the binaries it says take them.

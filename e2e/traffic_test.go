@@ -118,10 +118,7 @@ func TestTrafficManagement(t *testing.T) {
 			client := framework.XDSClient(t, xdsAddr, echoTarget)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			framework.Eventually(t, time.Minute, func() error {
-				_, err := framework.Call(ctx, client)
-				return err
-			})
+			framework.WaitServing(ctx, t, client)
 
 			t.Run("weighted 80/20", func(t *testing.T) {
 				counts := countBackends(ctx, t, client, 1000)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -200,6 +201,16 @@ func DialXDS(t testing.TB, target string, bootstrapJSON []byte, opts ...grpc.Dia
 // that answered.
 func Call(ctx context.Context, c EchoClient, headers ...string) (string, error) {
 	return echo.Call(ctx, c, headers...)
+}
+
+// WaitServing waits, up to a minute, until an RPC through c succeeds: an xDS client has its
+// routes and an endpoint to send to.
+func WaitServing(ctx context.Context, t testing.TB, c EchoClient) {
+	t.Helper()
+	Eventually(t, time.Minute, func() error {
+		_, err := Call(ctx, c)
+		return err
+	})
 }
 
 // EchoClient calls Echo backends.
