@@ -1,7 +1,7 @@
 // Package monitoring serves a process's monitoring port (15014, as istiod's): GET /healthz/live
 // answers 200 while the process runs, GET /healthz/ready 200 only once every piece the process
-// serves has synced (503 before), for Kubernetes probes. Other handlers (metrics, debug pages)
-// plug in with Handle.
+// serves has synced (503 before), for Kubernetes probes; GET /metrics the process's metrics
+// (package telemetry) for Prometheus. Other handlers (debug pages) plug in with Handle.
 package monitoring
 
 import (
@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/telemetry"
 )
 
 // DefaultListen is the monitoring port's address in hyper and xds-server, istiod's stand-ins;
@@ -31,15 +32,27 @@ type Flags struct {
 // AddFlags registers --monitoring-listen with the binary's default address ("" for off).
 func (f *Flags) AddFlags(fs *pflag.FlagSet, def string) {
 	fs.StringVar(&f.Listen, "monitoring-listen", def,
-		"address serving /healthz/ready (200 once synced, else 503) and /healthz/live, for probes; empty: off")
+		"address serving Prometheus /metrics, and /healthz/ready (200 once synced, else 503) and /healthz/live for probes; empty: off")
 }
 
-// Add adds the monitoring server, ready once every one of ready is closed, to m as "monitoring",
-// unless --monitoring-listen is empty.
+// Add adds the monitoring server (Server) to m as "monitoring", unless --monitoring-listen is
+// empty.
 func (f Flags) Add(m *component.Manager, log *slog.Logger, ready ...<-chan struct{}) {
 	if f.Listen != "" {
-		m.Add("monitoring", New(f.Listen, log, ready...))
+		m.Add("monitoring", f.Server(log, ready...))
 	}
+}
+
+// Server is the monitoring server on --monitoring-listen, ready once every one of ready is
+// closed and serving the process's metrics (telemetry.Global, installed by the first call).
+func (f Flags) Server(log *slog.Logger, ready ...<-chan struct{}) *Server {
+	s := New(f.Listen, log, ready...)
+	if metrics, err := telemetry.Global(); err != nil {
+		log.Error("metrics off", "err", err)
+	} else {
+		s.Handle("GET /metrics", metrics.Handler())
+	}
+	return s
 }
 
 // Server is the monitoring HTTP server, a Run(ctx) component.

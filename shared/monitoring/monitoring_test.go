@@ -9,9 +9,11 @@ import (
 	"sync"
 	"testing"
 
+	"go.opentelemetry.io/otel"
 	"go.uber.org/goleak"
 
 	"sailplane.dev/shared/monitoring"
+	"sailplane.dev/shared/telemetry/telemetrytest"
 	"sailplane.dev/shared/testlog"
 )
 
@@ -108,5 +110,35 @@ func TestListenError(t *testing.T) {
 	err = monitoring.New(lis.Addr().String(), testlog.New(t, slog.LevelDebug)).Run(t.Context())
 	if err == nil {
 		t.Fatal("Run on a taken address: no error")
+	}
+}
+
+// TestFlagsServeMetrics: the server --monitoring-listen starts serves the process's metrics
+// (the otel global) in the Prometheus text format, Go runtime metrics included.
+func TestFlagsServeMetrics(t *testing.T) {
+	s := monitoring.Flags{Listen: "127.0.0.1:0"}.Server(testlog.New(t, slog.LevelDebug))
+	base := start(t, s)
+	counter, err := otel.Meter("sailplane.dev/test").Int64Counter("sailplane_test_events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	counter.Add(t.Context(), 3)
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics = %d", resp.StatusCode)
+	}
+	families, err := telemetrytest.Parse(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := families.Value("sailplane_test_events"); v != 3 {
+		t.Errorf("sailplane_test_events = %v, want 3", v)
+	}
+	if _, ok := families.Value("go_goroutines"); !ok {
+		t.Error("no go_goroutines")
 	}
 }
