@@ -14,6 +14,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -55,6 +56,7 @@ type dialConfig struct {
 	creds                      credentials.TransportCredentials
 	backoffInitial, backoffMax time.Duration
 	grpcOpts                   []grpc.DialOption
+	meterProvider              metric.MeterProvider
 	// maxInitialVersions is maxInitialVersionsBytes; tests lower it.
 	maxInitialVersions int
 }
@@ -80,6 +82,12 @@ func WithTransportCredentials(tc credentials.TransportCredentials) DialOption {
 // DefaultBackoffMax).
 func WithBackoff(initial, maxDelay time.Duration) DialOption {
 	return func(c *dialConfig) { c.backoffInitial, c.backoffMax = initial, maxDelay }
+}
+
+// WithConsumerMeterProvider sets where the consumer reports what it holds (default: the
+// global provider).
+func WithConsumerMeterProvider(p metric.MeterProvider) DialOption {
+	return func(c *dialConfig) { c.meterProvider = p }
 }
 
 // WithGRPCDialOptions adds options to the gRPC client connection (interceptors, per-RPC
@@ -187,16 +195,24 @@ type consumerState struct {
 	synced bool
 }
 
-func newConsumerState(typeURLs []string, h Handler, log *slog.Logger) *consumerState {
-	cs := &consumerState{h: h, log: log, views: map[string]*consumerView{}, seen: map[string]bool{}}
+func newConsumerState(typeURLs []string, h Handler, cfg *dialConfig) *consumerState {
+	cs := &consumerState{h: h, log: cfg.log, views: map[string]*consumerView{}, seen: map[string]bool{}}
+	held := newConsumerResources(cfg.meterProvider)
 	for _, t := range typeURLs {
 		typ := canonicalType(t)
 		if _, dup := cs.views[typ]; !dup {
-			cs.views[typ] = newConsumerView(t)
+			cs.views[typ] = newConsumerView(t, held, cfg.nodeID)
 			cs.order = append(cs.order, typ)
 		}
 	}
 	return cs
+}
+
+// release uncounts what the consumer held, when its subscription ends.
+func (cs *consumerState) release() {
+	for _, v := range cs.views {
+		v.release()
+	}
 }
 
 // process applies one response's change (or its decoding error) and returns the error to NACK
@@ -254,7 +270,8 @@ type deltaClient struct {
 var _ Source = (*deltaClient)(nil)
 
 func (dc *deltaClient) Subscribe(ctx context.Context, typeURLs []string, h Handler) error {
-	cs := newConsumerState(typeURLs, h, dc.cfg.log)
+	cs := newConsumerState(typeURLs, h, dc.cfg)
+	defer cs.release()
 	if len(cs.order) == 0 {
 		h.Synced()
 		<-ctx.Done()

@@ -22,7 +22,8 @@ type sotwClient struct {
 var _ Source = (*sotwClient)(nil)
 
 func (sc *sotwClient) Subscribe(ctx context.Context, typeURLs []string, h Handler) error {
-	cs := newConsumerState(typeURLs, h, sc.cfg.log)
+	cs := newConsumerState(typeURLs, h, sc.cfg)
+	defer cs.release()
 	if len(cs.order) == 0 {
 		h.Synced()
 		<-ctx.Done()

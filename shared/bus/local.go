@@ -5,6 +5,9 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // LocalOption configures the in-process transport.
@@ -39,11 +42,21 @@ type consumerView struct {
 	wireURL   string // the type URL as the consumer spelled it
 	have      map[string]string
 	rejected  map[string]string
+	// held counts have in sailplane_bus_consumer_resources.
+	held  metric.Int64UpDownCounter
+	attrs metric.AddOption
 }
 
-func newConsumerView(wireURL string) *consumerView {
-	return &consumerView{canonical: canonicalType(wireURL), wireURL: wireURL, have: map[string]string{}, rejected: map[string]string{}}
+func newConsumerView(wireURL string, held consumerResources, consumer string) *consumerView {
+	return &consumerView{
+		canonical: canonicalType(wireURL), wireURL: wireURL, have: map[string]string{}, rejected: map[string]string{},
+		held:  held.held,
+		attrs: metric.WithAttributes(attribute.String("type", typeLabel(wireURL)), attribute.String("consumer", consumer)),
+	}
 }
+
+// release uncounts what the consumer held, when its subscription ends.
+func (v *consumerView) release() { v.held.Add(context.Background(), -int64(len(v.have)), v.attrs) }
 
 // wants reports whether a resource version is news to the consumer.
 func (v *consumerView) wants(name, version string) bool {
@@ -58,12 +71,16 @@ func (v *consumerView) wants(name, version string) bool {
 
 // accepted records a change the handler applied.
 func (v *consumerView) accepted(c Change) {
+	before := len(v.have)
 	for _, r := range c.Updated {
 		v.have[r.Name] = r.Version
 		delete(v.rejected, r.Name)
 	}
 	for _, n := range c.Removed {
 		delete(v.have, n)
+	}
+	if n := len(v.have) - before; n != 0 {
+		v.held.Add(context.Background(), int64(n), v.attrs)
 	}
 }
 
@@ -86,10 +103,12 @@ func (l *localSource) Subscribe(ctx context.Context, typeURLs []string, h Handle
 	w := newWatcher()
 	views := map[string]*consumerView{}
 	var order []string
+	held := newConsumerResources(l.store.meterProvider)
 	for _, t := range typeURLs {
 		typ := canonicalType(t)
 		if _, dup := views[typ]; !dup {
-			views[typ] = newConsumerView(t)
+			views[typ] = newConsumerView(t, held, l.consumer)
+			defer views[typ].release()
 			order = append(order, typ)
 		}
 	}
@@ -116,7 +135,8 @@ func (l *localSource) Subscribe(ctx context.Context, typeURLs []string, h Handle
 			return nil
 		case <-w.notify:
 		}
-		for typ, names := range w.take() {
+		dirty, since := w.take()
+		for typ, names := range dirty {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -125,14 +145,17 @@ func (l *localSource) Subscribe(ctx context.Context, typeURLs []string, h Handle
 				continue
 			}
 			found, missing := l.store.lookup(typ, names)
-			l.deliver(h, v, found, missing, false)
+			if l.deliver(h, v, found, missing, false) {
+				l.store.metrics.delivered(typ, since[typ])
+			}
 		}
 	}
 }
 
-// deliver applies what is new to the consumer among found and missing; the first delivery of a
-// type is applied even when empty so the handler sees every type before Synced.
-func (l *localSource) deliver(h Handler, v *consumerView, found []*entry, missing []string, first bool) {
+// deliver applies what is new to the consumer among found and missing, reporting whether it
+// called the handler; the first delivery of a type is applied even when empty so the handler
+// sees every type before Synced.
+func (l *localSource) deliver(h Handler, v *consumerView, found []*entry, missing []string, first bool) bool {
 	c := Change{TypeURL: v.wireURL}
 	for _, e := range found {
 		if v.wants(e.res.Name, e.res.Version) {
@@ -145,7 +168,7 @@ func (l *localSource) deliver(h Handler, v *consumerView, found []*entry, missin
 		}
 	}
 	if !first && len(c.Updated) == 0 && len(c.Removed) == 0 {
-		return
+		return false
 	}
 	slices.SortFunc(c.Updated, func(a, b *Resource) int { return strings.Compare(a.Name, b.Name) })
 	slices.Sort(c.Removed)
@@ -153,7 +176,8 @@ func (l *localSource) deliver(h Handler, v *consumerView, found []*entry, missin
 		for _, r := range v.rejectedChange(l.consumer, c, err) {
 			l.store.reject(r)
 		}
-		return
+		return true
 	}
 	v.accepted(c)
+	return true
 }

@@ -33,13 +33,14 @@ func (srv *Server) DeltaAggregatedResources(stream grpc.BidiStreamingServer[disc
 				return err
 			}
 		case <-ds.w.notify:
-			for typ, names := range ds.w.take() {
+			dirty, since := ds.w.take()
+			for typ, names := range dirty {
 				dt := ds.types[typ]
 				if dt == nil {
 					continue
 				}
 				found, missing := srv.store.lookup(typ, names)
-				if err := ds.send(dt, found, missing, false); err != nil {
+				if err := ds.send(dt, found, missing, false, since[typ]); err != nil {
 					return err
 				}
 			}
@@ -73,6 +74,9 @@ type deltaType struct {
 type deltaPending struct {
 	updated []deltaSent
 	removed []deltaSent
+	// since is when the first change the response delivers was published (in the last part of
+	// a split response only); zero for responses to the client's own requests.
+	since time.Time
 }
 
 // deltaSent is one resource of a response: its version and what the client had before.
@@ -131,11 +135,11 @@ func (ds *deltaStream) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 	}
 	if dt.wildcard && !wasWildcard {
 		entries, _ := ds.srv.store.snapshot(typ)
-		return ds.send(dt, entries, nil, false)
+		return ds.send(dt, entries, nil, false, time.Time{})
 	}
 	if len(added) > 0 {
 		found, _ := ds.srv.store.lookup(typ, added)
-		return ds.send(dt, found, nil, false)
+		return ds.send(dt, found, nil, false, time.Time{})
 	}
 	return nil
 }
@@ -184,7 +188,7 @@ func (ds *deltaStream) subscribe(req *discoveryv3.DeltaDiscoveryRequest, typ str
 			missing = append(missing, n)
 		}
 	}
-	return ds.send(dt, entries, missing, true)
+	return ds.send(dt, entries, missing, true, time.Time{})
 }
 
 // ack processes the client's answer to a response.
@@ -198,8 +202,9 @@ func (ds *deltaStream) ack(dt *deltaType, nonce, errMsg string, nack bool) {
 		return
 	}
 	// Clients answer responses in order: anything older was answered, or never will be.
-	for k := range dt.pending {
+	for k, older := range dt.pending {
 		if k <= n {
+			ds.srv.store.metrics.delivered(dt.canonical, older.since)
 			delete(dt.pending, k)
 		}
 	}
@@ -264,8 +269,8 @@ type deltaItem struct {
 
 // send sends what the client lacks among found, and the removal of the missing names it holds,
 // in parts of at most maxResponseBytes. Nothing is sent when there is no difference, unless
-// always.
-func (ds *deltaStream) send(dt *deltaType, found []*entry, missing []string, always bool) error {
+// always. since is when the first of the changes sent was published (zero: not a change).
+func (ds *deltaStream) send(dt *deltaType, found []*entry, missing []string, always bool, since time.Time) error {
 	updates := make([]deltaItem, 0, len(found))
 	var removals []deltaItem
 	for _, e := range found {
@@ -319,6 +324,9 @@ func (ds *deltaStream) send(dt *deltaType, found []*entry, missing []string, alw
 				p.removed = append(p.removed, it.sent)
 				delete(dt.sent, it.sent.name)
 			}
+		}
+		if i == len(parts)-1 {
+			p.since = since
 		}
 		nonce := ds.nonces.next()
 		resp.Nonce = strconv.FormatUint(nonce, 10)

@@ -32,7 +32,8 @@ func (srv *Server) StreamAggregatedResources(stream grpc.BidiStreamingServer[dis
 				return err
 			}
 		case <-ss.w.notify:
-			for typ, names := range ss.w.take() {
+			dirty, since := ss.w.take()
+			for typ, names := range dirty {
 				st := ss.types[typ]
 				if st == nil || !st.affected(names) {
 					continue
@@ -40,6 +41,9 @@ func (srv *Server) StreamAggregatedResources(stream grpc.BidiStreamingServer[dis
 				entries, version := srv.store.snapshot(typ)
 				if version == st.sentVersion {
 					continue // already sent: the change was coalesced into an earlier response
+				}
+				if st.since.IsZero() {
+					st.since = since[typ]
 				}
 				if err := ss.send(st, entries, version); err != nil {
 					return err
@@ -68,6 +72,8 @@ type sotwType struct {
 	// difference is what a NACK rejects.
 	sent, acked map[string]string
 	sentVersion uint64
+	// since is when the first change sent but not yet answered was published.
+	since time.Time
 }
 
 func (st *sotwType) affected(names map[string]struct{}) bool {
@@ -126,6 +132,8 @@ func (ss *sotwStream) handle(req *discoveryv3.DiscoveryRequest) error {
 		return nil // answers a response superseded since: ignore, as xDS prescribes
 	}
 	if nonce != "" {
+		ss.srv.store.metrics.delivered(typ, st.since)
+		st.since = time.Time{}
 		if req.GetErrorDetail() != nil {
 			ss.nack(st, req.GetErrorDetail().GetMessage())
 		} else {

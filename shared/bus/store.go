@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/protobuf/proto"
 
 	"sailplane.dev/shared/grpcserver"
@@ -28,6 +29,12 @@ func WithLogger(l *slog.Logger) StoreOption {
 			s.log = l
 		}
 	}
+}
+
+// WithMeterProvider sets where the Store, the transports serving it and its in-process
+// consumers report their metrics (default: the global provider).
+func WithMeterProvider(p metric.MeterProvider) StoreOption {
+	return func(s *Store) { s.meterProvider = p }
 }
 
 // Size limits of one resource, measured as its wire encoding (the MCP envelope: metadata and
@@ -84,9 +91,11 @@ const maxRejections = 1024
 // afterwards. When a Resource's Version is empty the Store stores a copy with the Version filled
 // in from a hash of its content, so the caller's struct is never modified.
 type Store struct {
-	log        *slog.Logger
-	maxBytes   int
-	maxBytesOf map[string]int // by canonical type URL
+	log           *slog.Logger
+	maxBytes      int
+	maxBytesOf    map[string]int // by canonical type URL
+	meterProvider metric.MeterProvider
+	metrics       storeMetrics
 
 	mu       sync.RWMutex
 	kinds    map[string]*kindState            // by canonical type URL
@@ -128,6 +137,7 @@ func NewStore(opts ...StoreOption) *Store {
 	for _, o := range opts {
 		o(s)
 	}
+	s.metrics = newStoreMetrics(s.meterProvider)
 	return s
 }
 
@@ -275,12 +285,14 @@ func (s *Store) kind(typ string) *kindState {
 // changedLocked bumps the type's version and marks the names dirty for every watcher of the
 // type. Marking never blocks, so a slow consumer cannot stall the producer.
 func (s *Store) changedLocked(typ string, ks *kindState, names []string) {
+	s.metrics.resources.Record(context.Background(), int64(len(ks.entries)), typeAttr(typ))
 	if len(names) == 0 {
 		return
 	}
 	ks.version++
+	now := time.Now()
 	for w := range s.watchers[typ] {
-		w.mark(typ, names)
+		w.mark(typ, names, now)
 	}
 }
 
@@ -420,24 +432,27 @@ func (s *Store) unwatch(w *watcher, types ...string) {
 }
 
 // watcher is one subscriber's pending work: the names changed per type since it last looked,
-// and a 1-buffered channel signalling that there is some. The subscriber reads the current state
-// of dirty names, so bursts of changes coalesce and the latest state wins.
+// when the first of them changed, and a 1-buffered channel signalling that there is some. The
+// subscriber reads the current state of dirty names, so bursts of changes coalesce and the
+// latest state wins.
 type watcher struct {
 	notify chan struct{}
 	mu     sync.Mutex
 	dirty  map[string]map[string]struct{}
+	since  map[string]time.Time
 }
 
 func newWatcher() *watcher {
-	return &watcher{notify: make(chan struct{}, 1), dirty: map[string]map[string]struct{}{}}
+	return &watcher{notify: make(chan struct{}, 1), dirty: map[string]map[string]struct{}{}, since: map[string]time.Time{}}
 }
 
-func (w *watcher) mark(typ string, names []string) {
+func (w *watcher) mark(typ string, names []string, at time.Time) {
 	w.mu.Lock()
 	d := w.dirty[typ]
 	if d == nil {
 		d = make(map[string]struct{}, len(names))
 		w.dirty[typ] = d
+		w.since[typ] = at
 	}
 	for _, n := range names {
 		d[n] = struct{}{}
@@ -449,13 +464,13 @@ func (w *watcher) mark(typ string, names []string) {
 	}
 }
 
-// take returns and clears the dirty names.
-func (w *watcher) take() map[string]map[string]struct{} {
+// take returns and clears the dirty names, and when the first of each type's changed.
+func (w *watcher) take() (dirty map[string]map[string]struct{}, since map[string]time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	d := w.dirty
-	w.dirty = map[string]map[string]struct{}{}
-	return d
+	dirty, since = w.dirty, w.since
+	w.dirty, w.since = map[string]map[string]struct{}{}, map[string]time.Time{}
+	return dirty, since
 }
 
 // prepare drops nil resources, fills empty versions (on copies) and refuses the resources over

@@ -96,3 +96,12 @@ func Meter(provider metric.MeterProvider, scope string) metric.Meter {
 	}
 	return provider.Meter(scope)
 }
+
+// Handle reports an error creating an instrument (an invalid name, a clash of kinds) to
+// OpenTelemetry's error handler; the instrument returned with it records nothing, and the
+// component goes on.
+func Handle(err error) {
+	if err != nil {
+		otel.Handle(err)
+	}
+}

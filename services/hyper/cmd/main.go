@@ -58,7 +58,8 @@ func newCommand() *cobra.Command {
 			// One store carries config and registry: their types never overlap, and external
 			// MCP consumers then find everything on one bus address.
 			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
-			local := bus.Local(store)
+			// Each linked service consumes under its own name, in rejections and metrics.
+			local := func(consumer string) bus.Source { return bus.Local(store, bus.WithLocalConsumer(consumer)) }
 
 			kubeCfg, chosen, err := source.Resolve()
 			if err != nil {
@@ -74,11 +75,11 @@ func newCommand() *cobra.Command {
 				caCfg.Listen = xdsCfg.SecureListen
 			}
 			caCfg.Embedded = caCfg.Listen != "" && caCfg.Listen == xdsCfg.SecureListen
-			authority, err := ca.New(caCfg, ca.Deps{Logger: log.With("component", "ca"), Publisher: store, Mesh: local})
+			authority, err := ca.New(caCfg, ca.Deps{Logger: log.With("component", "ca"), Publisher: store, Mesh: local("ca")})
 			if err != nil {
 				return err
 			}
-			xdsDeps := xdsserver.Deps{Logger: log.With("component", "xds-server"), Config: local, Registry: local, Bundle: local}
+			xdsDeps := xdsserver.Deps{Logger: log.With("component", "xds-server"), Config: local("xds-server"), Registry: local("xds-server"), Bundle: local("xds-server")}
 			if xdsCfg.SecureListen != "" {
 				xdsDeps.TLS = authority.ServerTLS()
 			}
@@ -91,7 +92,7 @@ func newCommand() *cobra.Command {
 				return err
 			}
 			watcher, err := endpointwatcher.New(watcherCfg,
-				endpointwatcher.Deps{Logger: log.With("component", "endpoint-watcher"), Config: local, Publisher: store})
+				endpointwatcher.Deps{Logger: log.With("component", "endpoint-watcher"), Config: local("endpoint-watcher"), Publisher: store})
 			if err != nil {
 				return err
 			}
@@ -134,7 +135,7 @@ func newCommand() *cobra.Command {
 					webhookCfg.InjectionDir = filepath.Join(filepath.Dir(ingestCfg.MeshFile), "injection")
 				}
 				hook, err := webhook.New(webhookCfg, webhook.Deps{
-					Logger: log.With("component", "webhook"), Certificate: webhookCertificate(authority, caCfg, webhookCfg), Mesh: local,
+					Logger: log.With("component", "webhook"), Certificate: webhookCertificate(authority, caCfg, webhookCfg), Mesh: local("webhook"),
 				})
 				if err != nil {
 					return err

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -17,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"sailplane.dev/shared/telemetry"
+	"sailplane.dev/shared/testwait"
 )
 
 // Metrics is one test's pipeline, shut down when the test ends.
@@ -59,6 +61,21 @@ func (m *Metrics) Value(name string, labels ...string) float64 {
 	m.t.Helper()
 	v, _ := m.Scrape().Value(name, labels...)
 	return v
+}
+
+// Timeout bounds WaitValue: generous, as a loaded CI machine is slow and a wait on a condition
+// costs nothing when it holds.
+const Timeout = 30 * time.Second
+
+// WaitValue waits until Value(name, labels...) is want, failing the test after Timeout.
+func (m *Metrics) WaitValue(want float64, name string, labels ...string) {
+	m.t.Helper()
+	testwait.For(m.t, Timeout, fmt.Sprintf("%s%v = %v", name, labels, want), func() error {
+		if got := m.Value(name, labels...); got != want {
+			return fmt.Errorf("%v", got)
+		}
+		return nil
+	})
 }
 
 // Families are the metric families of one scrape, by name.
