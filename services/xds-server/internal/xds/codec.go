@@ -168,6 +168,8 @@ type preparedResponse struct {
 	head    proto.Message
 	delta   bool
 	entries []*entry
+	// size is the encoded size, set when the codec marshals it.
+	size int
 }
 
 func (p *preparedResponse) marshal() (mem.BufferSlice, error) {
@@ -187,6 +189,7 @@ func (p *preparedResponse) marshal() (mem.BufferSlice, error) {
 			out = append(out, mem.SliceBuffer(e.anyEnc))
 		}
 	}
+	p.size = out.Len()
 	return out, nil
 }
 

@@ -122,17 +122,17 @@ func TestPushQueueMerges(t *testing.T) {
 		t.Fatalf("len = %d, want 2 (one per proxy)", q.Len())
 	}
 	ctx := context.Background()
-	k, req, _ := q.Dequeue(ctx)
+	k, req, _, _ := q.Dequeue(ctx)
 	if k != "a" || !req.Full || len(req.Endpoints) != 1 || len(req.Configs) != 1 {
 		t.Fatalf("first = %s %+v, want merged a", k, req)
 	}
-	k, _, _ = q.Dequeue(ctx)
+	k, _, _, _ = q.Dequeue(ctx)
 	if k != "b" {
 		t.Fatalf("second = %s", k)
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, _, ok := q.Dequeue(cctx); ok {
+	if _, _, _, ok := q.Dequeue(cctx); ok {
 		t.Fatal("Dequeue on an empty queue with a done context returned ok")
 	}
 }

@@ -3,6 +3,7 @@ package xds
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // pushQueue holds at most one pending request per connection, in arrival order; a request for a
@@ -11,11 +12,17 @@ type pushQueue[K comparable] struct {
 	mu      sync.Mutex
 	cond    chan struct{} // closed and replaced when something is enqueued
 	order   []K
-	pending map[K]*PushRequest
+	pending map[K]queued
+}
+
+// queued is a pending request and when it entered the queue.
+type queued struct {
+	req *PushRequest
+	at  time.Time
 }
 
 func newPushQueue[K comparable]() *pushQueue[K] {
-	return &pushQueue[K]{cond: make(chan struct{}), pending: map[K]*PushRequest{}}
+	return &pushQueue[K]{cond: make(chan struct{}), pending: map[K]queued{}}
 }
 
 // Enqueue adds or merges req for k.
@@ -23,17 +30,18 @@ func (q *pushQueue[K]) Enqueue(k K, req *PushRequest) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if old, ok := q.pending[k]; ok {
-		q.pending[k] = old.Merge(req)
+		q.pending[k] = queued{old.req.Merge(req), old.at}
 		return
 	}
-	q.pending[k] = req
+	q.pending[k] = queued{req, time.Now()}
 	q.order = append(q.order, k)
 	close(q.cond)
 	q.cond = make(chan struct{})
 }
 
-// Dequeue waits for the oldest pending connection; ok is false when ctx ended.
-func (q *pushQueue[K]) Dequeue(ctx context.Context) (k K, req *PushRequest, ok bool) {
+// Dequeue waits for the oldest pending connection and returns its request and when it was
+// queued; ok is false when ctx ended.
+func (q *pushQueue[K]) Dequeue(ctx context.Context) (k K, req *PushRequest, at time.Time, ok bool) {
 	for {
 		q.mu.Lock()
 		if len(q.order) > 0 {
@@ -41,16 +49,16 @@ func (q *pushQueue[K]) Dequeue(ctx context.Context) (k K, req *PushRequest, ok b
 			var zero K
 			q.order[0] = zero
 			q.order = q.order[1:]
-			req = q.pending[k]
+			p := q.pending[k]
 			delete(q.pending, k)
 			q.mu.Unlock()
-			return k, req, true
+			return k, p.req, p.at, true
 		}
 		wait := q.cond
 		q.mu.Unlock()
 		select {
 		case <-ctx.Done():
-			return k, nil, false
+			return k, nil, time.Time{}, false
 		case <-wait:
 		}
 	}

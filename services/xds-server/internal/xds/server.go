@@ -39,6 +39,8 @@ type Options struct {
 	DebugAccess func(ctx context.Context, peer string) error
 	// Replica names this server in debug responses (its pod name); Version is its version.
 	Replica, Version string
+	// Observers learn of connections, responses, ACKs and NACKs, and pushes, in this order.
+	Observers []Observer
 }
 
 // Server serves ADS. Feed it snapshots with Push and run its push workers with Run. Register it
@@ -50,6 +52,7 @@ type Server struct {
 	cache *cache
 	queue *pushQueue[*conn]
 	subs  *subscriptions
+	obs   observers
 
 	snap    atomic.Pointer[model.Snapshot]
 	stopped chan struct{}
@@ -77,6 +80,7 @@ func NewServer(opts Options) *Server {
 		cache:   newCache(opts.Logger, opts.CacheAssert, opts.OnCacheViolation),
 		queue:   newPushQueue[*conn](),
 		subs:    newSubscriptions(),
+		obs:     observers(opts.Observers),
 		stopped: make(chan struct{}),
 		conns:   map[*conn]struct{}{},
 	}
@@ -90,11 +94,13 @@ func (s *Server) Run(ctx context.Context) error {
 	for range s.opts.PushConcurrency {
 		wg.Go(func() {
 			for {
-				c, req, ok := s.queue.Dequeue(ctx)
+				c, req, queued, ok := s.queue.Dequeue(ctx)
 				if !ok {
 					return
 				}
-				c.deliver(req)
+				started := time.Now()
+				err := c.deliver(req)
+				s.obs.Pushed(Push{Stream: c.info, Request: req, Queued: queued, Started: started, Done: time.Now(), Err: err})
 			}
 		})
 	}
@@ -176,6 +182,7 @@ func serve[Req any](s *Server, c *conn, recv func() (Req, error), handle func(Re
 		s.removeConn(c)
 		if c.proxy != nil {
 			c.log.Debug("proxy disconnected")
+			s.obs.Disconnected(c.info)
 		}
 	}()
 	reqs := make(chan Req)
@@ -208,10 +215,10 @@ func serve[Req any](s *Server, c *conn, recv func() (Req, error), handle func(Re
 				return err
 			}
 		case item := <-c.pushes:
-			err := c.push(item.req)
+			item.err = c.push(item.req)
 			close(item.done)
-			if err != nil {
-				return err
+			if item.err != nil {
+				return item.err
 			}
 		case q := <-c.queries:
 			q()
@@ -221,8 +228,12 @@ func serve[Req any](s *Server, c *conn, recv func() (Req, error), handle func(Re
 
 type pushItem struct {
 	req  *PushRequest
+	err  error // set before done is closed
 	done chan struct{}
 }
+
+// errStreamClosed is a push's error when its stream ended before it was carried out.
+var errStreamClosed = status.Error(codes.Canceled, "stream closed")
 
 func (s *Server) peerIdentity(ctx context.Context) string {
 	if s.opts.PeerIdentity == nil {
@@ -235,7 +246,7 @@ func (s *Server) newConn(delta bool) *conn {
 	return &conn{
 		s: s, id: s.nextID.Add(1), delta: delta,
 		watches: map[string]*watch{},
-		pushes:  make(chan pushItem),
+		pushes:  make(chan *pushItem),
 		queries: make(chan func()),
 		done:    make(chan struct{}),
 		log:     s.log,
@@ -244,17 +255,24 @@ func (s *Server) newConn(delta bool) *conn {
 
 // deliver hands req to the connection's goroutine and waits until it was pushed, so workers
 // bound the number of pushes in flight.
-func (c *conn) deliver(req *PushRequest) {
-	item := pushItem{req: req, done: make(chan struct{})}
+func (c *conn) deliver(req *PushRequest) error {
+	item := &pushItem{req: req, done: make(chan struct{})}
 	select {
 	case c.pushes <- item:
 	case <-c.done:
-		return
+		return errStreamClosed
 	}
 	select {
 	case <-item.done:
 	case <-c.done:
+		// The stream closes item.done before it ends, if it took the push.
+		select {
+		case <-item.done:
+		default:
+			return errStreamClosed
+		}
 	}
+	return item.err
 }
 
 // affected reports whether req can change anything c watches.
