@@ -99,7 +99,8 @@ func (s *Server) Run(ctx context.Context) error {
 					return
 				}
 				started := time.Now()
-				err := c.deliver(req)
+				err := c.deliver(ctx, req)
+				s.queue.MarkDone(c)
 				s.obs.Pushed(Push{Stream: c.info, Request: req, Queued: queued, Started: started, Done: time.Now(), Err: err})
 			}
 		})
@@ -254,16 +255,21 @@ func (s *Server) newConn(delta bool) *conn {
 }
 
 // deliver hands req to the connection's goroutine and waits until it was pushed, so workers
-// bound the number of pushes in flight.
-func (c *conn) deliver(req *PushRequest) error {
+// bound the number of pushes in flight. It gives up when ctx ends: a stream stuck sending to a
+// client that stopped reading must not keep Run from returning.
+func (c *conn) deliver(ctx context.Context, req *PushRequest) error {
 	item := &pushItem{req: req, done: make(chan struct{})}
 	select {
 	case c.pushes <- item:
 	case <-c.done:
 		return errStreamClosed
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 	select {
 	case <-item.done:
+	case <-ctx.Done():
+		return ctx.Err()
 	case <-c.done:
 		// The stream closes item.done before it ends, if it took the push.
 		select {
