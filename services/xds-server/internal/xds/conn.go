@@ -42,6 +42,8 @@ type conn struct {
 	info StreamInfo
 	// pushing is the push being carried out, nil between pushes.
 	pushing *PushRequest
+	// building is when building the response being sent began.
+	building time.Time
 
 	// mu guards watches' subscriptions against Push's affected check, and their status
 	// against the debug types' readers; only the stream's goroutine writes.
@@ -383,6 +385,7 @@ func (c *conn) nextNonce() string {
 // single sends additions and removals in one response.
 func (c *conn) sync(snap *model.Snapshot, w *watch, onlyHosts map[string]struct{}, force map[string]bool,
 	single bool) ([]string, func() error, error) {
+	c.building = time.Now()
 	st := &set{typeURL: w.typeURL}
 	if c.gen != nil {
 		var err error
@@ -511,13 +514,25 @@ func (c *conn) record(w *watch, st *set, nonce, version string, sent []*entry, r
 	return r
 }
 
+// SendError is a response the stream failed to send.
+type SendError struct {
+	TypeURL string
+	Err     error
+}
+
+func (e *SendError) Error() string { return "sending " + e.TypeURL + ": " + e.Err.Error() }
+
+func (e *SendError) Unwrap() error { return e.Err }
+
 // sendResponse sends a response recorded as r and tells the observers.
 func (c *conn) sendResponse(w *watch, r *sentResponse, p *preparedResponse, nonce string, removed int) error {
+	built := time.Now()
 	if err := c.send(p); err != nil {
-		return fmt.Errorf("sending %s: %w", w.typeURL, err)
+		return &SendError{TypeURL: w.typeURL, Err: err}
 	}
 	r.resp = Response{Stream: c.info, TypeURL: w.typeURL, Nonce: nonce, Version: r.version,
-		Resources: len(p.entries), Removed: removed, Bytes: p.size, Push: c.pushing, Sent: time.Now()}
+		Resources: len(p.entries), Removed: removed, Bytes: p.size, Push: c.pushing,
+		Began: c.building, Built: built, Sent: time.Now()}
 	c.s.obs.Responded(r.resp)
 	return nil
 }
@@ -553,7 +568,10 @@ func (c *conn) syncDelta(w *watch, st *set, upserts []*entry, removed []string, 
 	if len(removed) == 0 {
 		return nil, nil
 	}
-	return func() error { return send(nil, removed) }, nil
+	return func() error {
+		c.building = time.Now()
+		return send(nil, removed)
+	}, nil
 }
 
 func (c *conn) syncSotW(w *watch, st *set, target, upserts []*entry, removed []string, needResponse, single bool) (func() error, error) {
@@ -596,7 +614,10 @@ func (c *conn) syncSotW(w *watch, st *set, target, upserts []*entry, removed []s
 			return nil, err
 		}
 	}
-	return func() error { return send(target, removed) }, nil
+	return func() error {
+		c.building = time.Now()
+		return send(target, removed)
+	}, nil
 }
 
 func cmpString(a, b string) int {

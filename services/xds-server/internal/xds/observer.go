@@ -35,7 +35,9 @@ type Response struct {
 	Resources, Removed      int
 	Bytes                   int          // encoded size of the response
 	Push                    *PushRequest // the push it belongs to; nil when it answers a request
-	Sent                    time.Time
+	// Began is when building it began (generation, from the cache or not), Built when it was
+	// built and its send began, Sent when the send returned.
+	Began, Built, Sent time.Time
 }
 
 // Answer is a proxy's ACK or NACK of a response.

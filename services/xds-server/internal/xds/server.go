@@ -122,7 +122,8 @@ func (s *Server) Connections() int {
 // Push makes snap current and queues a push to each connection ch can affect.
 func (s *Server) Push(snap *model.Snapshot, ch model.Change) {
 	first := s.snap.Swap(snap) == nil
-	req := &PushRequest{Full: ch.Full, Configs: ch.Configs, Endpoints: ch.Endpoints, Hosts: ch.Hosts, Forced: first, Start: time.Now()}
+	req := &PushRequest{Full: ch.Full, Configs: ch.Configs, Endpoints: ch.Endpoints, Hosts: ch.Hosts, Forced: first,
+		Start: cmp.Or(ch.Since, time.Now())}
 	s.mu.Lock()
 	conns := make([]*conn, 0, len(s.conns))
 	for c := range s.conns {
