@@ -555,7 +555,7 @@ func (c *conn) syncDelta(w *watch, st *set, upserts []*entry, removed []string, 
 		resp := &discoverygrpc.DeltaDiscoveryResponse{TypeUrl: w.typeURL, Nonce: c.nextNonce(), RemovedResources: rm,
 			SystemVersionInfo: strconv.FormatUint(st.version, 10)}
 		r := c.record(w, st, resp.Nonce, resp.SystemVersionInfo, up, rm)
-		return c.sendResponse(w, r, &preparedResponse{head: resp, delta: true, entries: up}, resp.Nonce, len(rm))
+		return c.sendResponse(w, r, &preparedResponse{head: resp, delta: true, entries: up, controlPlane: c.s.cp.delta}, resp.Nonce, len(rm))
 	}
 	if single {
 		return nil, send(upserts, removed)
@@ -584,7 +584,7 @@ func (c *conn) syncSotW(w *watch, st *set, target, upserts []*entry, removed []s
 		resp := &discoverygrpc.DiscoveryResponse{TypeUrl: w.typeURL, VersionInfo: version, Nonce: c.nextNonce()}
 		r := c.record(w, st, resp.Nonce, version, es, rm)
 		w.lastSet = st
-		return c.sendResponse(w, r, &preparedResponse{head: resp, entries: es}, resp.Nonce, len(rm))
+		return c.sendResponse(w, r, &preparedResponse{head: resp, entries: es, controlPlane: c.s.cp.sotw}, resp.Nonce, len(rm))
 	}
 	if !fullState(w.typeURL) {
 		// Routes and endpoints: only what changed; removal is the client unsubscribing.

@@ -37,7 +37,8 @@ type Options struct {
 	// (TypeSyncz, TypeConfigDump); an error, a gRPC status, refuses and ends the stream. Nil:
 	// debug types are refused.
 	DebugAccess func(ctx context.Context, peer string) error
-	// Replica names this server in debug responses (its pod name); Version is its version.
+	// Replica names this server in every response's control plane identifier (its pod name);
+	// Version is its version.
 	Replica, Version string
 	// Observers learn of connections, responses, ACKs and NACKs, and pushes, in this order.
 	Observers []Observer
@@ -53,6 +54,7 @@ type Server struct {
 	queue *pushQueue[*conn]
 	subs  *subscriptions
 	obs   observers
+	cp    controlPlane
 
 	snap    atomic.Pointer[model.Snapshot]
 	stopped chan struct{}
@@ -81,6 +83,7 @@ func NewServer(opts Options) *Server {
 		queue:   newPushQueue[*conn](),
 		subs:    newSubscriptions(),
 		obs:     observers(opts.Observers),
+		cp:      newControlPlane(opts.Replica, opts.Version),
 		stopped: make(chan struct{}),
 		conns:   map[*conn]struct{}{},
 	}
