@@ -16,6 +16,7 @@ import (
 	"time"
 
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -92,6 +93,9 @@ type Deps struct {
 	// SecureServices, when set, registers more services on the secure listener (hyper: the ca's
 	// CreateCertificate, on one port as istiod serves it).
 	SecureServices func(grpc.ServiceRegistrar)
+	// MeterProvider receives the xDS metrics (istiod's pilot_xds*, pilot_proxy_*); nil: the
+	// global one.
+	MeterProvider metric.MeterProvider
 }
 
 // Errors returned by New and Serve.
@@ -113,6 +117,7 @@ type Server struct {
 	log     *slog.Logger
 	store   *model.Store
 	xds     *xds.Server
+	metrics *xds.Metrics
 	bundles *trustBundles
 	jwks    *jwks.Resolver
 
@@ -159,6 +164,10 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		ready:   make(chan struct{}),
 	}
 	s.jwks = jwks.New(s.store, log.With("component", "jwks"), 0, 0, 0)
+	var err error
+	if s.metrics, err = xds.NewMetrics(deps.MeterProvider); err != nil {
+		return nil, err
+	}
 	s.xds = xds.NewServer(xds.Options{
 		Logger:          log.With("component", "ads"),
 		Generator:       generatorFor(log),
@@ -168,6 +177,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		DebugAccess:     s.debugAccess,
 		Replica:         cfg.PodName,
 		Version:         version.Get().Version,
+		Observers:       []xds.Observer{s.metrics},
 	})
 	return s, nil
 }
@@ -394,6 +404,11 @@ func (s *Server) push() {
 		return
 	}
 	s.xds.Push(snap, ch)
+	select {
+	case <-s.ready: // the first push, of the initial state, waited for the buses, not a debounce
+		s.metrics.Debounced(ch.Since)
+	default:
+	}
 	if ch.Full {
 		// Keys of new jwksUris are fetched, and come back as a change of their own.
 		s.jwks.Want(authz.JWKSURIs(snap))

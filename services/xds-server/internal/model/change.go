@@ -3,6 +3,7 @@ package model
 import (
 	"slices"
 	"strings"
+	"time"
 
 	networking "istio.io/api/networking/v1alpha3"
 
@@ -68,6 +69,9 @@ func ExportVisibility(ns string, exportTo []string) Visibility {
 type Change struct {
 	// Full is set when anything but endpoints changed.
 	Full bool
+	// Since is when the oldest of the merged changes was recorded: where debouncing and
+	// convergence times start.
+	Since time.Time
 	// Configs are the changed config and registry resources, each with the namespaces that
 	// could see its old or new version.
 	Configs map[ConfigKey]Visibility
@@ -121,6 +125,9 @@ func (c Change) Empty() bool { return !c.Full && len(c.Configs) == 0 && len(c.En
 // Merge adds o to c.
 func (c *Change) Merge(o Change) {
 	c.Full = c.Full || o.Full
+	if c.Since.IsZero() || (!o.Since.IsZero() && o.Since.Before(c.Since)) {
+		c.Since = o.Since
+	}
 	for k, v := range o.Configs {
 		c.addConfig(k, v)
 	}
@@ -129,6 +136,13 @@ func (c *Change) Merge(o Change) {
 	}
 	for k, h := range o.Hosts {
 		c.addHosts(k, h)
+	}
+}
+
+// seen starts Since, if it is not yet.
+func (c *Change) seen() {
+	if c.Since.IsZero() {
+		c.Since = time.Now()
 	}
 }
 
@@ -161,6 +175,7 @@ func (c *Change) addEndpoints(host string) {
 
 // record notes that a resource of kind went from old to updated (either may be nil).
 func (c *Change) record(kind schema.Kind, old, updated *bus.Resource) {
+	c.seen()
 	if kind.TypeURL == schema.Endpoints.TypeURL {
 		for _, r := range []*bus.Resource{old, updated} {
 			if r != nil {

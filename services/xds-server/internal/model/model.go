@@ -262,6 +262,7 @@ func (s *Store) SetJWKS(uri, keys string) {
 		s.jwks[uri] = keys
 	}
 	s.pending.Full = true
+	s.pending.seen()
 	s.pending.addConfig(ConfigKey{Kind: JWKSKind, Name: uri}, Visibility{All: true})
 	s.mu.Unlock()
 	select {

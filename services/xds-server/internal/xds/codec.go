@@ -55,6 +55,9 @@ const (
 	anyTypeURLField     = 1
 	anyValueField       = 2
 	requestNamesField   = 3 // DiscoveryRequest.resource_names
+	// DiscoveryResponse.control_plane and DeltaDiscoveryResponse.control_plane.
+	sotwControlPlaneField  = 6
+	deltaControlPlaneField = 7
 )
 
 // nameLists remembers recently decoded name lists by their encoding. State-of-the-world
@@ -168,6 +171,10 @@ type preparedResponse struct {
 	head    proto.Message
 	delta   bool
 	entries []*entry
+	// controlPlane is the encoded control_plane field, sent after head.
+	controlPlane []byte
+	// size is the encoded size, set when the codec marshals it.
+	size int
 }
 
 func (p *preparedResponse) marshal() (mem.BufferSlice, error) {
@@ -175,8 +182,11 @@ func (p *preparedResponse) marshal() (mem.BufferSlice, error) {
 	if err != nil {
 		return nil, fmt.Errorf("marshal discovery response: %w", err)
 	}
-	out := make(mem.BufferSlice, 0, 1+2*len(p.entries))
+	out := make(mem.BufferSlice, 0, 2+2*len(p.entries))
 	out = append(out, mem.SliceBuffer(rest))
+	if len(p.controlPlane) > 0 {
+		out = append(out, mem.SliceBuffer(p.controlPlane))
+	}
 	for _, e := range p.entries {
 		if p.delta {
 			out = append(out, mem.SliceBuffer(e.deltaPrefix))
@@ -187,6 +197,7 @@ func (p *preparedResponse) marshal() (mem.BufferSlice, error) {
 			out = append(out, mem.SliceBuffer(e.anyEnc))
 		}
 	}
+	p.size = out.Len()
 	return out, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -34,9 +35,15 @@ type conn struct {
 	// must be Codec().
 	send func(any) error
 
-	pushes chan pushItem
+	pushes chan *pushItem
 	done   chan struct{}
 	nonce  int
+	// info is the stream as observers see it, set when the proxy identifies itself.
+	info StreamInfo
+	// pushing is the push being carried out, nil between pushes.
+	pushing *PushRequest
+	// building is when building the response being sent began.
+	building time.Time
 
 	// mu guards watches' subscriptions against Push's affected check, and their status
 	// against the debug types' readers; only the stream's goroutine writes.
@@ -88,6 +95,7 @@ type sentResponse struct {
 	prev    []heldEntry // in recording order
 	sent    []*entry
 	version string
+	resp    Response // as observers were told
 }
 
 // heldEntry is what the client held under name; e nil: nothing.
@@ -128,6 +136,8 @@ func (c *conn) identify(node *corev3.Node) error {
 		c.log = c.log.With("peer", c.peer)
 	}
 	c.log.Debug("proxy connected", "type", p.Type, "delta", c.delta)
+	c.info = StreamInfo{ID: c.id, Delta: c.delta, Peer: c.peer, Proxy: p}
+	c.s.obs.Connected(c.info)
 	c.s.addConn(c)
 	return nil
 }
@@ -147,6 +157,7 @@ func (c *conn) ack(w *watch, nonce string, errDetail *status.Status) bool {
 	}
 	delete(w.outstanding, nonce)
 	c.answered(w, nonce, sent.version, errDetail)
+	c.s.obs.Answered(Answer{Stream: c.info, Response: sent.resp, Err: errDetail, At: time.Now()})
 	if errDetail != nil {
 		// The client kept its previous state: go back to it, and remember what it refused.
 		// In reverse, so a name recorded twice ends at its first, oldest version.
@@ -309,6 +320,8 @@ func (c *conn) push(req *PushRequest) error {
 	if c.s.pushHook != nil {
 		c.s.pushHook()
 	}
+	c.pushing = req
+	defer func() { c.pushing = nil }()
 	types := affectedTypes(c.proxy, req, snap)
 	var removals []func() error
 	var changedClusters []string
@@ -372,6 +385,7 @@ func (c *conn) nextNonce() string {
 // single sends additions and removals in one response.
 func (c *conn) sync(snap *model.Snapshot, w *watch, onlyHosts map[string]struct{}, force map[string]bool,
 	single bool) ([]string, func() error, error) {
+	c.building = time.Now()
 	st := &set{typeURL: w.typeURL}
 	if c.gen != nil {
 		var err error
@@ -451,7 +465,7 @@ func (c *conn) sync(snap *model.Snapshot, w *watch, onlyHosts map[string]struct{
 	return changed, removal, err
 }
 
-func (c *conn) record(w *watch, st *set, nonce, version string, sent []*entry, removed []string) {
+func (c *conn) record(w *watch, st *set, nonce, version string, sent []*entry, removed []string) *sentResponse {
 	c.sent(w, nonce, version)
 	r := &sentResponse{prev: make([]heldEntry, 0, len(sent)+len(removed)), sent: sent, version: version}
 	for _, e := range sent {
@@ -497,6 +511,30 @@ func (c *conn) record(w *watch, st *set, nonce, version string, sent []*entry, r
 	}
 	w.outstanding[nonce] = r
 	w.lastNonce = nonce
+	return r
+}
+
+// SendError is a response the stream failed to send.
+type SendError struct {
+	TypeURL string
+	Err     error
+}
+
+func (e *SendError) Error() string { return "sending " + e.TypeURL + ": " + e.Err.Error() }
+
+func (e *SendError) Unwrap() error { return e.Err }
+
+// sendResponse sends a response recorded as r and tells the observers.
+func (c *conn) sendResponse(w *watch, r *sentResponse, p *preparedResponse, nonce string, removed int) error {
+	built := time.Now()
+	if err := c.send(p); err != nil {
+		return &SendError{TypeURL: w.typeURL, Err: err}
+	}
+	r.resp = Response{Stream: c.info, TypeURL: w.typeURL, Nonce: nonce, Version: r.version,
+		Resources: len(p.entries), Removed: removed, Bytes: p.size, Push: c.pushing,
+		Began: c.building, Built: built, Sent: time.Now()}
+	c.s.obs.Responded(r.resp)
+	return nil
 }
 
 // covers reports whether sent is every entry of st (both sorted by name).
@@ -516,11 +554,8 @@ func (c *conn) syncDelta(w *watch, st *set, upserts []*entry, removed []string, 
 	send := func(up []*entry, rm []string) error {
 		resp := &discoverygrpc.DeltaDiscoveryResponse{TypeUrl: w.typeURL, Nonce: c.nextNonce(), RemovedResources: rm,
 			SystemVersionInfo: strconv.FormatUint(st.version, 10)}
-		c.record(w, st, resp.Nonce, resp.SystemVersionInfo, up, rm)
-		if err := c.send(&preparedResponse{head: resp, delta: true, entries: up}); err != nil {
-			return fmt.Errorf("sending %s: %w", w.typeURL, err)
-		}
-		return nil
+		r := c.record(w, st, resp.Nonce, resp.SystemVersionInfo, up, rm)
+		return c.sendResponse(w, r, &preparedResponse{head: resp, delta: true, entries: up, controlPlane: c.s.cp.delta}, resp.Nonce, len(rm))
 	}
 	if single {
 		return nil, send(upserts, removed)
@@ -533,7 +568,10 @@ func (c *conn) syncDelta(w *watch, st *set, upserts []*entry, removed []string, 
 	if len(removed) == 0 {
 		return nil, nil
 	}
-	return func() error { return send(nil, removed) }, nil
+	return func() error {
+		c.building = time.Now()
+		return send(nil, removed)
+	}, nil
 }
 
 func (c *conn) syncSotW(w *watch, st *set, target, upserts []*entry, removed []string, needResponse, single bool) (func() error, error) {
@@ -544,12 +582,9 @@ func (c *conn) syncSotW(w *watch, st *set, target, upserts []*entry, removed []s
 			return nil
 		}
 		resp := &discoverygrpc.DiscoveryResponse{TypeUrl: w.typeURL, VersionInfo: version, Nonce: c.nextNonce()}
-		c.record(w, st, resp.Nonce, version, es, rm)
+		r := c.record(w, st, resp.Nonce, version, es, rm)
 		w.lastSet = st
-		if err := c.send(&preparedResponse{head: resp, entries: es}); err != nil {
-			return fmt.Errorf("sending %s: %w", w.typeURL, err)
-		}
-		return nil
+		return c.sendResponse(w, r, &preparedResponse{head: resp, entries: es, controlPlane: c.s.cp.sotw}, resp.Nonce, len(rm))
 	}
 	if !fullState(w.typeURL) {
 		// Routes and endpoints: only what changed; removal is the client unsubscribing.
@@ -579,7 +614,10 @@ func (c *conn) syncSotW(w *watch, st *set, target, upserts []*entry, removed []s
 			return nil, err
 		}
 	}
-	return func() error { return send(target, removed) }, nil
+	return func() error {
+		c.building = time.Now()
+		return send(target, removed)
+	}, nil
 }
 
 func cmpString(a, b string) int {

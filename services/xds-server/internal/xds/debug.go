@@ -15,6 +15,8 @@ import (
 	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -88,9 +90,19 @@ func (c *conn) answered(w *watch, nonce, version string, errDetail *status.Statu
 	w.status.nackedVersion, w.status.nackedAt = version, time.Now()
 }
 
-// controlPlane names this replica in debug responses, as istiod does (its pod name), so that
-// istioctl shows which replica a proxy is connected to.
-func (s *Server) controlPlane() *corev3.ControlPlane {
+// controlPlane names this replica in every response, with istiod's identifier (its JSON
+// IstioControlPlaneInstance: component, pod name, version), so that istioctl and a proxy's
+// config dump show which replica and version served it. istiod sets it on its debug
+// responses only; a proxy's own responses carry it here too, encoded once: with several
+// replicas behind one address, "who sent this" is the first question of a debugging session.
+type controlPlane struct {
+	msg *corev3.ControlPlane
+	// sotw and delta are msg as the encoded control_plane field of a DiscoveryResponse and of
+	// a DeltaDiscoveryResponse.
+	sotw, delta []byte
+}
+
+func newControlPlane(replica, version string) controlPlane {
 	type info struct {
 		Version string `json:"version"`
 	}
@@ -98,8 +110,15 @@ func (s *Server) controlPlane() *corev3.ControlPlane {
 		Component string
 		ID        string
 		Info      info
-	}{ComponentName, s.opts.Replica, info{s.opts.Version}})
-	return &corev3.ControlPlane{Identifier: string(id)}
+	}{ComponentName, replica, info{version}})
+	cp := controlPlane{msg: &corev3.ControlPlane{Identifier: string(id)}}
+	enc, _ := proto.Marshal(cp.msg)
+	field := func(num protowire.Number) []byte {
+		b := protowire.AppendTag(nil, num, protowire.BytesType)
+		return protowire.AppendBytes(b, enc)
+	}
+	cp.sotw, cp.delta = field(sotwControlPlaneField), field(deltaControlPlaneField)
+	return cp
 }
 
 // isDebugType reports whether typeURL is one of Istio's debug types.
@@ -154,7 +173,7 @@ func (c *conn) handleDebugSotW(ctx context.Context, req *discoverygrpc.Discovery
 	return c.handleDebug(ctx, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetResourceNames(), func(a *debugAnswer, nonce string) error {
 		return c.send(&discoverygrpc.DiscoveryResponse{
 			TypeUrl: req.GetTypeUrl(), Nonce: nonce, VersionInfo: debugVersion(),
-			Resources: a.res, ControlPlane: c.s.controlPlane(),
+			Resources: a.res, ControlPlane: c.s.cp.msg,
 		})
 	})
 }
@@ -162,7 +181,7 @@ func (c *conn) handleDebugSotW(ctx context.Context, req *discoverygrpc.Discovery
 func (c *conn) handleDebugDelta(ctx context.Context, req *discoverygrpc.DeltaDiscoveryRequest) error {
 	return c.handleDebug(ctx, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetResourceNamesSubscribe(), func(a *debugAnswer, nonce string) error {
 		resp := &discoverygrpc.DeltaDiscoveryResponse{
-			TypeUrl: req.GetTypeUrl(), Nonce: nonce, SystemVersionInfo: debugVersion(), ControlPlane: c.s.controlPlane(),
+			TypeUrl: req.GetTypeUrl(), Nonce: nonce, SystemVersionInfo: debugVersion(), ControlPlane: c.s.cp.msg,
 		}
 		for i, r := range a.res {
 			resp.Resources = append(resp.Resources, &discoverygrpc.Resource{Name: a.names[i], Version: debugVersion(), Resource: r})

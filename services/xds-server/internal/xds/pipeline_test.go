@@ -3,7 +3,9 @@ package xds
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -122,18 +124,96 @@ func TestPushQueueMerges(t *testing.T) {
 		t.Fatalf("len = %d, want 2 (one per proxy)", q.Len())
 	}
 	ctx := context.Background()
-	k, req, _ := q.Dequeue(ctx)
+	k, req, _, _ := q.Dequeue(ctx)
 	if k != "a" || !req.Full || len(req.Endpoints) != 1 || len(req.Configs) != 1 {
 		t.Fatalf("first = %s %+v, want merged a", k, req)
 	}
-	k, _, _ = q.Dequeue(ctx)
+	k, _, _, _ = q.Dequeue(ctx)
 	if k != "b" {
 		t.Fatalf("second = %s", k)
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, _, ok := q.Dequeue(cctx); ok {
+	if _, _, _, ok := q.Dequeue(cctx); ok {
 		t.Fatal("Dequeue on an empty queue with a done context returned ok")
+	}
+}
+
+// A request for a connection being pushed waits until its push is done (MarkDone), merged
+// with any later one, while other connections are dequeued.
+func TestPushQueueMarkDone(t *testing.T) {
+	q := newPushQueue[string]()
+	ctx := context.Background()
+	q.Enqueue("a", &PushRequest{})
+	if k, _, _, _ := q.Dequeue(ctx); k != "a" {
+		t.Fatalf("first = %s", k)
+	}
+	q.Enqueue("a", &PushRequest{Endpoints: map[string]struct{}{"x": {}}})
+	q.Enqueue("b", &PushRequest{})
+	q.Enqueue("a", &PushRequest{Full: true})
+	if k, _, _, _ := q.Dequeue(ctx); k != "b" {
+		t.Fatalf("second = %s, want b: a is being pushed", k)
+	}
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if k, _, _, ok := q.Dequeue(done); ok {
+		t.Fatalf("dequeued %s while a is in progress", k)
+	}
+	q.MarkDone("a")
+	k, req, _, ok := q.Dequeue(done)
+	if !ok || k != "a" || !req.Full || len(req.Endpoints) != 1 {
+		t.Fatalf("after MarkDone = %s %+v, want a with both requests merged", k, req)
+	}
+	// Removed while in progress: nothing more comes of it.
+	q.Remove("a")
+	q.MarkDone("a")
+	q.MarkDone("b")
+	if q.Len() != 0 {
+		t.Fatalf("len = %d after removal", q.Len())
+	}
+}
+
+// A proxy that stops reading holds one push worker at most: with two workers, the others keep
+// being pushed change after change.
+func TestSlowProxyHoldsOneWorker(t *testing.T) {
+	// Enough clusters that one response outgrows what gRPC buffers for a client not reading
+	// (its 64 KiB flow-control window and write quota).
+	var hosts []string
+	for i := range 600 {
+		hosts = append(hosts, fmt.Sprintf("%s-%03d.demo", strings.Repeat("h", 200), i))
+	}
+	e := newEnv(t, Options{PushConcurrency: 2}, services("demo", hosts...))
+	stuck := newSotW(t, e.addr, node("stuck", "demo", false))
+	stuck.subscribe(cds) // and never reads
+	waitUntil(t, func() bool { return e.srv.Connections() == 1 })
+	var healthy []*sotw
+	for _, name := range []string{"a", "b", "c"} {
+		c := newSotW(t, e.addr, node(name, "demo", false))
+		c.subscribe(cds)
+		c.recvType(cds)
+		healthy = append(healthy, c)
+	}
+	for i := range 4 {
+		e.update(destinationRule("demo", fmt.Sprint("dr", i), hosts[i]))
+		for _, c := range healthy {
+			c.recvType(cds)
+		}
+	}
+	busy := func() (inProgress, waiting bool) {
+		e.srv.mu.Lock()
+		defer e.srv.mu.Unlock()
+		for c := range e.srv.conns {
+			if c.proxy.ID == "stuck.demo" {
+				e.srv.queue.mu.Lock()
+				defer e.srv.queue.mu.Unlock()
+				_, inProgress = e.srv.queue.inProgress[c]
+				_, waiting = e.srv.queue.pending[c]
+			}
+		}
+		return inProgress, waiting
+	}
+	if inProgress, waiting := busy(); !inProgress || !waiting {
+		t.Fatalf("stuck proxy: push in progress %t, another waiting %t; want both", inProgress, waiting)
 	}
 }
 

@@ -1,10 +1,12 @@
 package xds
 
 import (
+	"encoding/json"
 	"slices"
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
@@ -296,4 +298,37 @@ func TestRemovedWhenNoLongerNeeded(t *testing.T) {
 
 func meshConfig() *meshv1alpha1.MeshConfig {
 	return &meshv1alpha1.MeshConfig{RootNamespace: "istio-system", TrustDomain: "changed.local"}
+}
+
+// Every response names the replica that sent it, with istiod's control plane identifier: to a
+// request and in a push, state of the world and delta.
+func TestControlPlaneIdentifier(t *testing.T) {
+	check := func(t *testing.T, cp *corev3.ControlPlane) {
+		t.Helper()
+		var id struct {
+			Component, ID string
+			Info          struct{ Version string }
+		}
+		if err := json.Unmarshal([]byte(cp.GetIdentifier()), &id); err != nil || id.Component != ComponentName ||
+			id.ID != "xds-server-0" || id.Info.Version != "1.2.3" {
+			t.Errorf("control plane identifier %q (%v), want xds-server, xds-server-0, 1.2.3", cp.GetIdentifier(), err)
+		}
+	}
+	opts := Options{Replica: "xds-server-0", Version: "1.2.3"}
+	t.Run("sotw", func(t *testing.T) {
+		e := newEnv(t, opts, baseMesh()...)
+		c := newSotW(t, e.addr, node("p", "demo", false))
+		c.subscribe(cds)
+		check(t, c.recvType(cds).GetControlPlane())
+		e.update(destinationRule("demo", "a", "a.demo"))
+		check(t, c.recvType(cds).GetControlPlane())
+	})
+	t.Run("delta", func(t *testing.T) {
+		e := newEnv(t, opts, baseMesh()...)
+		c := newDelta(t, e.addr, node("p", "demo", false))
+		c.send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: cds})
+		check(t, c.recvType(cds).GetControlPlane())
+		e.update(destinationRule("demo", "a", "a.demo"))
+		check(t, c.recvType(cds).GetControlPlane())
+	})
 }

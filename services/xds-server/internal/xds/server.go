@@ -37,8 +37,11 @@ type Options struct {
 	// (TypeSyncz, TypeConfigDump); an error, a gRPC status, refuses and ends the stream. Nil:
 	// debug types are refused.
 	DebugAccess func(ctx context.Context, peer string) error
-	// Replica names this server in debug responses (its pod name); Version is its version.
+	// Replica names this server in every response's control plane identifier (its pod name);
+	// Version is its version.
 	Replica, Version string
+	// Observers learn of connections, responses, ACKs and NACKs, and pushes, in this order.
+	Observers []Observer
 }
 
 // Server serves ADS. Feed it snapshots with Push and run its push workers with Run. Register it
@@ -50,6 +53,8 @@ type Server struct {
 	cache *cache
 	queue *pushQueue[*conn]
 	subs  *subscriptions
+	obs   observers
+	cp    controlPlane
 
 	snap    atomic.Pointer[model.Snapshot]
 	stopped chan struct{}
@@ -77,6 +82,8 @@ func NewServer(opts Options) *Server {
 		cache:   newCache(opts.Logger, opts.CacheAssert, opts.OnCacheViolation),
 		queue:   newPushQueue[*conn](),
 		subs:    newSubscriptions(),
+		obs:     observers(opts.Observers),
+		cp:      newControlPlane(opts.Replica, opts.Version),
 		stopped: make(chan struct{}),
 		conns:   map[*conn]struct{}{},
 	}
@@ -90,11 +97,14 @@ func (s *Server) Run(ctx context.Context) error {
 	for range s.opts.PushConcurrency {
 		wg.Go(func() {
 			for {
-				c, req, ok := s.queue.Dequeue(ctx)
+				c, req, queued, ok := s.queue.Dequeue(ctx)
 				if !ok {
 					return
 				}
-				c.deliver(req)
+				started := time.Now()
+				err := c.deliver(ctx, req)
+				s.queue.MarkDone(c)
+				s.obs.Pushed(Push{Stream: c.info, Request: req, Queued: queued, Started: started, Done: time.Now(), Err: err})
 			}
 		})
 	}
@@ -115,7 +125,8 @@ func (s *Server) Connections() int {
 // Push makes snap current and queues a push to each connection ch can affect.
 func (s *Server) Push(snap *model.Snapshot, ch model.Change) {
 	first := s.snap.Swap(snap) == nil
-	req := &PushRequest{Full: ch.Full, Configs: ch.Configs, Endpoints: ch.Endpoints, Hosts: ch.Hosts, Forced: first, Start: time.Now()}
+	req := &PushRequest{Full: ch.Full, Configs: ch.Configs, Endpoints: ch.Endpoints, Hosts: ch.Hosts, Forced: first,
+		Start: cmp.Or(ch.Since, time.Now())}
 	s.mu.Lock()
 	conns := make([]*conn, 0, len(s.conns))
 	for c := range s.conns {
@@ -176,6 +187,7 @@ func serve[Req any](s *Server, c *conn, recv func() (Req, error), handle func(Re
 		s.removeConn(c)
 		if c.proxy != nil {
 			c.log.Debug("proxy disconnected")
+			s.obs.Disconnected(c.info)
 		}
 	}()
 	reqs := make(chan Req)
@@ -208,10 +220,10 @@ func serve[Req any](s *Server, c *conn, recv func() (Req, error), handle func(Re
 				return err
 			}
 		case item := <-c.pushes:
-			err := c.push(item.req)
+			item.err = c.push(item.req)
 			close(item.done)
-			if err != nil {
-				return err
+			if item.err != nil {
+				return item.err
 			}
 		case q := <-c.queries:
 			q()
@@ -221,8 +233,12 @@ func serve[Req any](s *Server, c *conn, recv func() (Req, error), handle func(Re
 
 type pushItem struct {
 	req  *PushRequest
+	err  error // set before done is closed
 	done chan struct{}
 }
+
+// errStreamClosed is a push's error when its stream ended before it was carried out.
+var errStreamClosed = status.Error(codes.Canceled, "stream closed")
 
 func (s *Server) peerIdentity(ctx context.Context) string {
 	if s.opts.PeerIdentity == nil {
@@ -235,7 +251,7 @@ func (s *Server) newConn(delta bool) *conn {
 	return &conn{
 		s: s, id: s.nextID.Add(1), delta: delta,
 		watches: map[string]*watch{},
-		pushes:  make(chan pushItem),
+		pushes:  make(chan *pushItem),
 		queries: make(chan func()),
 		done:    make(chan struct{}),
 		log:     s.log,
@@ -243,18 +259,30 @@ func (s *Server) newConn(delta bool) *conn {
 }
 
 // deliver hands req to the connection's goroutine and waits until it was pushed, so workers
-// bound the number of pushes in flight.
-func (c *conn) deliver(req *PushRequest) {
-	item := pushItem{req: req, done: make(chan struct{})}
+// bound the number of pushes in flight. It gives up when ctx ends: a stream stuck sending to a
+// client that stopped reading must not keep Run from returning.
+func (c *conn) deliver(ctx context.Context, req *PushRequest) error {
+	item := &pushItem{req: req, done: make(chan struct{})}
 	select {
 	case c.pushes <- item:
 	case <-c.done:
-		return
+		return errStreamClosed
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 	select {
 	case <-item.done:
+	case <-ctx.Done():
+		return ctx.Err()
 	case <-c.done:
+		// The stream closes item.done before it ends, if it took the push.
+		select {
+		case <-item.done:
+		default:
+			return errStreamClosed
+		}
 	}
+	return item.err
 }
 
 // affected reports whether req can change anything c watches.

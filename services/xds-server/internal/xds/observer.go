@@ -1,0 +1,104 @@
+package xds
+
+import (
+	"time"
+
+	"google.golang.org/grpc/status"
+
+	"sailplane.dev/services/xds-server/internal/model"
+)
+
+// Observer learns what happens on the server's streams, so that metrics, syncz, tracing, NACK
+// backoff and auth plug in without editing the connection code. Calls come from the stream's
+// goroutine (Connected, Disconnected, Responded, Answered) or from a push worker (Pushed) and
+// must not block.
+type Observer interface {
+	Connected(s StreamInfo)
+	Disconnected(s StreamInfo)
+	Responded(r Response) // a response was sent
+	Answered(a Answer)    // the client ACKed (a.Err == nil) or NACKed a response
+	Pushed(p Push)        // a push to one proxy finished: all its responses sent
+}
+
+// StreamInfo is a stream whose proxy identified itself.
+type StreamInfo struct {
+	ID    int64
+	Delta bool
+	Peer  string       // verified certificate identity, "" without one
+	Proxy *model.Proxy // identified proxy (never nil in these calls)
+}
+
+// Response is a response sent to a proxy.
+type Response struct {
+	Stream                  StreamInfo
+	TypeURL, Nonce, Version string
+	Resources, Removed      int
+	Bytes                   int          // encoded size of the response
+	Push                    *PushRequest // the push it belongs to; nil when it answers a request
+	// Began is when building it began (generation, from the cache or not), Built when it was
+	// built and its send began, Sent when the send returned.
+	Began, Built, Sent time.Time
+}
+
+// Answer is a proxy's ACK or NACK of a response.
+type Answer struct {
+	Stream   StreamInfo
+	Response Response       // the response being answered (as Responded reported it)
+	Err      *status.Status // nil: ACK
+	At       time.Time
+}
+
+// Push is a push to one proxy, done.
+type Push struct {
+	Stream          StreamInfo
+	Request         *PushRequest // Request.Start is when the change was first seen
+	Queued, Started time.Time    // when it entered the push queue and when a worker took it
+	Done            time.Time
+	Err             error
+}
+
+// NopObserver does nothing: embed it to implement only some of Observer.
+type NopObserver struct{}
+
+func (NopObserver) Connected(StreamInfo)    {}
+func (NopObserver) Disconnected(StreamInfo) {}
+func (NopObserver) Responded(Response)      {}
+func (NopObserver) Answered(Answer)         {}
+func (NopObserver) Pushed(Push)             {}
+
+var _ Observer = NopObserver{}
+
+// observers calls each of its observers in order.
+type observers []Observer
+
+var _ Observer = observers(nil)
+
+func (os observers) Connected(s StreamInfo) {
+	for _, o := range os {
+		o.Connected(s)
+	}
+}
+
+func (os observers) Disconnected(s StreamInfo) {
+	for _, o := range os {
+		o.Disconnected(s)
+	}
+}
+
+func (os observers) Responded(r Response) {
+	for _, o := range os {
+		o.Responded(r)
+	}
+}
+
+func (os observers) Answered(a Answer) {
+	for _, o := range os {
+		o.Answered(a)
+	}
+}
+
+func (os observers) Pushed(p Push) {
+	for _, o := range os {
+		o.Pushed(p)
+	}
+}
