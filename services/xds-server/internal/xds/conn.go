@@ -45,8 +45,8 @@ type conn struct {
 	// building is when building the response being sent began.
 	building time.Time
 
-	// mu guards watches' subscriptions against Push's affected check, and their status
-	// against the debug types' readers; only the stream's goroutine writes.
+	// mu guards watches and their subscriptions against Push's affected check and the debug
+	// types' readers; only the stream's goroutine writes.
 	mu      sync.Mutex
 	watches map[string]*watch
 
@@ -84,9 +84,6 @@ type watch struct {
 	needResponse bool
 	// newNames are delta subscriptions to answer, with a removal when they do not exist.
 	newNames map[string]struct{}
-
-	// status is what the debug types report of the watch; guarded by conn.mu.
-	status watchStatus
 }
 
 // sentResponse is kept until the client answers; slices rather than maps because every
@@ -156,7 +153,6 @@ func (c *conn) ack(w *watch, nonce string, errDetail *status.Status) bool {
 		return nonce == w.lastNonce
 	}
 	delete(w.outstanding, nonce)
-	c.answered(w, nonce, sent.version, errDetail)
 	c.s.obs.Answered(Answer{Stream: c.info, Response: sent.resp, Err: errDetail, At: time.Now()})
 	if errDetail != nil {
 		// The client kept its previous state: go back to it, and remember what it refused.
@@ -174,7 +170,6 @@ func (c *conn) ack(w *watch, nonce string, errDetail *status.Status) bool {
 		if !c.delta && fullState(w.typeURL) {
 			w.nackedVersion = sent.version
 		}
-		c.log.Warn("proxy rejected configuration", "type", w.typeURL, "nonce", nonce, "err", grpcserver.ClientText(errDetail.Message()))
 	}
 	return nonce == w.lastNonce
 }
@@ -466,7 +461,6 @@ func (c *conn) sync(snap *model.Snapshot, w *watch, onlyHosts map[string]struct{
 }
 
 func (c *conn) record(w *watch, st *set, nonce, version string, sent []*entry, removed []string) *sentResponse {
-	c.sent(w, nonce, version)
 	r := &sentResponse{prev: make([]heldEntry, 0, len(sent)+len(removed)), sent: sent, version: version}
 	for _, e := range sent {
 		r.prev = append(r.prev, heldEntry{e.name, w.client.held(e.name)})

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
@@ -70,24 +71,66 @@ func (ws *watchStatus) configStatus() statusv3.ConfigStatus {
 	}
 }
 
-// sent records a response about to go out.
-func (c *conn) sent(w *watch, nonce, version string) {
-	now := time.Now()
-	c.mu.Lock()
-	w.status.sentNonce, w.status.sentVersion, w.status.sentAt = nonce, version, now
-	c.mu.Unlock()
+// syncStatus is the Observer keeping what the debug types report of each stream: per type, its
+// last response and what the client made of it.
+type syncStatus struct {
+	NopObserver
+	mu      sync.Mutex
+	streams map[int64]map[string]*watchStatus // stream ID -> type URL ->
 }
 
-// answered records the client's ACK (errDetail nil) or NACK of the response nonce.
-func (c *conn) answered(w *watch, nonce, version string, errDetail *status.Status) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if errDetail == nil {
-		w.status.ackedNonce, w.status.ackedVersion, w.status.nackError = nonce, version, ""
+var _ Observer = (*syncStatus)(nil)
+
+func newSyncStatus() *syncStatus {
+	return &syncStatus{streams: map[int64]map[string]*watchStatus{}}
+}
+
+func (ss *syncStatus) Responded(r Response) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	types := ss.streams[r.Stream.ID]
+	if types == nil {
+		types = map[string]*watchStatus{}
+		ss.streams[r.Stream.ID] = types
+	}
+	ws := types[r.TypeURL]
+	if ws == nil {
+		ws = &watchStatus{}
+		types[r.TypeURL] = ws
+	}
+	ws.sentNonce, ws.sentVersion, ws.sentAt = r.Nonce, r.Version, r.Sent
+}
+
+func (ss *syncStatus) Answered(a Answer) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ws := ss.streams[a.Stream.ID][a.Response.TypeURL]
+	if ws == nil {
 		return
 	}
-	w.status.nackError = cmp.Or(grpcserver.ClientText(errDetail.Message()), "rejected without a message")
-	w.status.nackedVersion, w.status.nackedAt = version, time.Now()
+	if a.Err == nil {
+		ws.ackedNonce, ws.ackedVersion, ws.nackError = a.Response.Nonce, a.Response.Version, ""
+		return
+	}
+	ws.nackError = cmp.Or(grpcserver.ClientText(a.Err.Message()), "rejected without a message")
+	ws.nackedVersion, ws.nackedAt = a.Response.Version, a.At
+}
+
+func (ss *syncStatus) Disconnected(s StreamInfo) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	delete(ss.streams, s.ID)
+}
+
+// of is a copy of the status of stream id's types.
+func (ss *syncStatus) of(id int64) map[string]watchStatus {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	out := make(map[string]watchStatus, len(ss.streams[id]))
+	for t, ws := range ss.streams[id] {
+		out[t] = *ws
+	}
+	return out
 }
 
 // controlPlane names this replica in every response, with istiod's identifier (its JSON
@@ -236,9 +279,11 @@ func (c *conn) clientConfig() *statusv3.ClientConfig {
 	meta, _ := structpb.NewStruct(md)
 	cc := &statusv3.ClientConfig{Node: &corev3.Node{Id: p.ID, Metadata: meta}}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, t := range sortedKeys(c.watches) {
-		ws := c.watches[t].status
+	types := sortedKeys(c.watches)
+	c.mu.Unlock()
+	status := c.s.status.of(c.id)
+	for _, t := range types {
+		ws := status[t]
 		gc := &statusv3.ClientConfig_GenericXdsConfig{TypeUrl: t, ConfigStatus: ws.configStatus(), VersionInfo: ws.sentVersion}
 		if !ws.sentAt.IsZero() {
 			gc.LastUpdated = timestamppb.New(ws.sentAt)

@@ -46,24 +46,25 @@ func TestWatchStatus(t *testing.T) {
 		{"NACK then a new response ACKed", []event{{send: "1"}, {nack: "1"}, {send: "2"}, {ack: "2"}}, statusv3.ConfigStatus_SYNCED},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, w := &conn{}, newWatch(cds)
-			versions := map[string]string{}
+			ss, stream := newSyncStatus(), StreamInfo{ID: 1}
+			sent := map[string]Response{}
 			for _, ev := range tc.events {
 				switch {
 				case ev.send != "":
-					versions[ev.send] = "v" + ev.send
-					c.sent(w, ev.send, versions[ev.send])
+					sent[ev.send] = Response{Stream: stream, TypeURL: cds, Nonce: ev.send, Version: "v" + ev.send}
+					ss.Responded(sent[ev.send])
 				case ev.ack != "":
-					c.answered(w, ev.ack, versions[ev.ack], nil)
+					ss.Answered(Answer{Stream: stream, Response: sent[ev.ack]})
 				case ev.nack != "":
-					c.answered(w, ev.nack, versions[ev.nack], rejected)
+					ss.Answered(Answer{Stream: stream, Response: sent[ev.nack], Err: rejected})
 				}
 			}
-			if got := w.status.configStatus(); got != tc.want {
-				t.Fatalf("status %v, want %v (%+v)", got, tc.want, w.status)
+			ws := ss.of(stream.ID)[cds]
+			if got := ws.configStatus(); got != tc.want {
+				t.Fatalf("status %v, want %v (%+v)", got, tc.want, ws)
 			}
-			if tc.want == statusv3.ConfigStatus_ERROR && w.status.nackError != rejected.Message() {
-				t.Errorf("NACK detail %q, want %q", w.status.nackError, rejected.Message())
+			if tc.want == statusv3.ConfigStatus_ERROR && ws.nackError != rejected.Message() {
+				t.Errorf("NACK detail %q, want %q", ws.nackError, rejected.Message())
 			}
 		})
 	}

@@ -1,11 +1,13 @@
 package xds
 
 import (
+	"log/slog"
 	"time"
 
 	"google.golang.org/grpc/status"
 
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/shared/grpcserver"
 )
 
 // Observer learns what happens on the server's streams, so that metrics, syncz, tracing, NACK
@@ -67,6 +69,24 @@ func (NopObserver) Answered(Answer)         {}
 func (NopObserver) Pushed(Push)             {}
 
 var _ Observer = NopObserver{}
+
+// nackLogger logs NACKs: a proxy rejecting its configuration is what an operator must see.
+type nackLogger struct {
+	NopObserver
+	log *slog.Logger
+}
+
+func (l nackLogger) Answered(a Answer) {
+	if a.Err == nil {
+		return
+	}
+	attrs := []any{"node", grpcserver.ClientText(a.Stream.Proxy.NodeID), "conn", a.Stream.ID}
+	if a.Stream.Peer != "" {
+		attrs = append(attrs, "peer", a.Stream.Peer)
+	}
+	l.log.Warn("proxy rejected configuration", append(attrs, "type", a.Response.TypeURL, "nonce", a.Response.Nonce,
+		"version", a.Response.Version, "err", grpcserver.ClientText(a.Err.Message()))...)
+}
 
 // observers calls each of its observers in order.
 type observers []Observer

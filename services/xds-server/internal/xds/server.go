@@ -55,6 +55,8 @@ type Server struct {
 	subs  *subscriptions
 	obs   observers
 	cp    controlPlane
+	// status is what the debug types report of each stream (an observer).
+	status *syncStatus
 
 	snap    atomic.Pointer[model.Snapshot]
 	stopped chan struct{}
@@ -76,14 +78,16 @@ var _ discoverygrpc.AggregatedDiscoveryServiceServer = (*Server)(nil)
 func NewServer(opts Options) *Server {
 	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
 	opts.PushConcurrency = cmp.Or(opts.PushConcurrency, 16)
+	status := newSyncStatus()
 	return &Server{
 		opts:    opts,
 		log:     opts.Logger,
 		cache:   newCache(opts.Logger, opts.CacheAssert, opts.OnCacheViolation),
 		queue:   newPushQueue[*conn](),
 		subs:    newSubscriptions(),
-		obs:     observers(opts.Observers),
+		obs:     append(observers{nackLogger{log: opts.Logger}, status}, opts.Observers...),
 		cp:      newControlPlane(opts.Replica, opts.Version),
+		status:  status,
 		stopped: make(chan struct{}),
 		conns:   map[*conn]struct{}{},
 	}
