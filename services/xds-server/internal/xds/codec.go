@@ -172,7 +172,7 @@ type preparedResponse struct {
 	delta   bool
 	entries []*entry
 	// controlPlane is the encoded control_plane field, sent after head.
-	controlPlane []byte
+	controlPlane mem.Buffer
 	// size is the encoded size, set when the codec marshals it.
 	size int
 }
@@ -184,8 +184,8 @@ func (p *preparedResponse) marshal() (mem.BufferSlice, error) {
 	}
 	out := make(mem.BufferSlice, 0, 2+2*len(p.entries))
 	out = append(out, mem.SliceBuffer(rest))
-	if len(p.controlPlane) > 0 {
-		out = append(out, mem.SliceBuffer(p.controlPlane))
+	if p.controlPlane != nil {
+		out = append(out, p.controlPlane)
 	}
 	for _, e := range p.entries {
 		if p.delta {

@@ -15,6 +15,7 @@ import (
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -141,8 +142,8 @@ func (ss *syncStatus) of(id int64) map[string]watchStatus {
 type controlPlane struct {
 	msg *corev3.ControlPlane
 	// sotw and delta are msg as the encoded control_plane field of a DiscoveryResponse and of
-	// a DeltaDiscoveryResponse.
-	sotw, delta []byte
+	// a DeltaDiscoveryResponse, as buffers to send (made once: a conversion allocates).
+	sotw, delta mem.Buffer
 }
 
 func newControlPlane(replica, version string) controlPlane {
@@ -156,9 +157,9 @@ func newControlPlane(replica, version string) controlPlane {
 	}{ComponentName, replica, info{version}})
 	cp := controlPlane{msg: &corev3.ControlPlane{Identifier: string(id)}}
 	enc, _ := proto.Marshal(cp.msg)
-	field := func(num protowire.Number) []byte {
+	field := func(num protowire.Number) mem.Buffer {
 		b := protowire.AppendTag(nil, num, protowire.BytesType)
-		return protowire.AppendBytes(b, enc)
+		return mem.SliceBuffer(protowire.AppendBytes(b, enc))
 	}
 	cp.sotw, cp.delta = field(sotwControlPlaneField), field(deltaControlPlaneField)
 	return cp

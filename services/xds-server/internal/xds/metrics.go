@@ -44,8 +44,20 @@ type Metrics struct {
 	convergence metric.Float64Histogram   // pilot_proxy_convergence_time: change to proxy pushed
 	queueTime   metric.Float64Histogram   // pilot_proxy_queue_time: waiting for a push worker
 
-	// byType are the type label's options for the usual types, made once.
-	byType map[string]metric.MeasurementOption
+	// byType are the type label's options for the usual types, made once: a measurement
+	// then allocates nothing.
+	byType map[string]typeLabel
+}
+
+// typeLabel is istiod's type label, as options to pass.
+type typeLabel struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
+}
+
+func newTypeLabel(label string) typeLabel {
+	o := metric.WithAttributeSet(attribute.NewSet(attribute.String("type", label)))
+	return typeLabel{add: []metric.AddOption{o}, rec: []metric.RecordOption{o}}
 }
 
 var _ Observer = (*Metrics)(nil)
@@ -57,10 +69,10 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 		mp = otel.GetMeterProvider()
 	}
 	meter := mp.Meter(MeterName)
-	m := &Metrics{byType: map[string]metric.MeasurementOption{}}
+	m := &Metrics{byType: map[string]typeLabel{}}
 	for _, t := range []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType,
 		resourcev3.RouteType, resourcev3.SecretType} {
-		m.byType[t] = typeOption(metricType(t))
+		m.byType[t] = newTypeLabel(metricType(t))
 	}
 	var errs []error
 	var err error
@@ -120,15 +132,11 @@ func metricType(typeURL string) string {
 	return typeURL
 }
 
-func typeOption(label string) metric.MeasurementOption {
-	return metric.WithAttributeSet(attribute.NewSet(attribute.String("type", label)))
-}
-
-func (m *Metrics) typeOf(typeURL string) metric.MeasurementOption {
-	if o, ok := m.byType[typeURL]; ok {
-		return o
+func (m *Metrics) typeOf(typeURL string) typeLabel {
+	if l, ok := m.byType[typeURL]; ok {
+		return l
 	}
-	return typeOption(metricType(typeURL))
+	return newTypeLabel(metricType(typeURL))
 }
 
 func clientAttrs(s StreamInfo) metric.AddOption {
@@ -138,6 +146,9 @@ func clientAttrs(s StreamInfo) metric.AddOption {
 
 // Debounced records that changes first seen at since were queued for pushing.
 func (m *Metrics) Debounced(since time.Time) {
+	if since.IsZero() {
+		return
+	}
 	m.debounce.Record(bg, time.Since(since).Seconds())
 }
 
@@ -151,15 +162,15 @@ func (m *Metrics) Disconnected(s StreamInfo) {
 
 func (m *Metrics) Responded(r Response) {
 	t := m.typeOf(r.TypeURL)
-	m.pushes.Add(bg, 1, t)
-	m.pushTime.Record(bg, r.Sent.Sub(r.Began).Seconds(), t)
+	m.pushes.Add(bg, 1, t.add...)
+	m.pushTime.Record(bg, r.Sent.Sub(r.Began).Seconds(), t.rec...)
 	m.sendTime.Record(bg, r.Sent.Sub(r.Built).Seconds())
-	m.configSize.Record(bg, int64(r.Bytes), t)
+	m.configSize.Record(bg, int64(r.Bytes), t.rec...)
 }
 
 func (m *Metrics) Answered(a Answer) {
 	if a.Err != nil {
-		m.rejects.Add(bg, 1, m.typeOf(a.Response.TypeURL))
+		m.rejects.Add(bg, 1, m.typeOf(a.Response.TypeURL).add...)
 	}
 }
 
@@ -172,7 +183,7 @@ func (m *Metrics) Pushed(p Push) {
 	// As istiod, a stream closing (Unavailable, Canceled) is not a send error.
 	var send *SendError
 	if errors.As(p.Err, &send) && unexpected(send.Err) {
-		m.pushes.Add(bg, 1, typeOption(metricType(send.TypeURL)+"_senderr"))
+		m.pushes.Add(bg, 1, newTypeLabel(metricType(send.TypeURL)+"_senderr").add...)
 	}
 }
 

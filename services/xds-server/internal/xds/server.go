@@ -40,7 +40,8 @@ type Options struct {
 	// Replica names this server in every response's control plane identifier (its pod name);
 	// Version is its version.
 	Replica, Version string
-	// Observers learn of connections, responses, ACKs and NACKs, and pushes, in this order.
+	// Observers learn of connections, responses, ACKs and NACKs, and pushes; they are called
+	// in order, after the server's own (the debug types' sync status, the NACK log).
 	Observers []Observer
 }
 
