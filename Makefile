@@ -70,6 +70,7 @@ bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 5x ./shared/bus/...
 	$(GO) test -run '^$$' -bench . -benchmem ./services/endpoint-watcher/internal/serviceentry/...
 	$(GO) test -run '^$$' -bench CreateCertificate -benchtime 3000x ./services/ca/
+	$(GO) test -run '^$$' -bench Push -benchmem -benchtime 30x ./services/xds-server/internal/xds/
 	SAILPLANE_BENCH_SERVICES=5000 SAILPLANE_BENCH_PODS=20000 \
 		$(GO) test -run '^$$' -bench EndpointSliceUpdate -benchtime 1x -timeout 30m ./services/endpoint-watcher/internal/kube/
 
