@@ -2,11 +2,18 @@ package xds
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"maps"
 	"testing"
 
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"sailplane.dev/services/xds-server/internal/model"
 )
 
 // meterReader is an SDK MeterProvider with a reader to collect from, for one test.
@@ -117,5 +124,34 @@ func TestMetrics(t *testing.T) {
 	rec.waitLines(t, 7)
 	if ps := collect(t, reader)["pilot_xds"]; len(ps) != 1 || ps[0].value != 0 {
 		t.Errorf("pilot_xds after disconnecting = %+v, want 0", ps)
+	}
+}
+
+// A push that failed to send counts as istiod's <type>_senderr, unless the stream was closing.
+func TestMetricsSendErrors(t *testing.T) {
+	mp, reader := meterReader(t)
+	m, err := NewMetrics(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := StreamInfo{ID: 1, Proxy: &model.Proxy{Type: model.SidecarProxy}}
+	for _, err := range []error{
+		&SendError{TypeURL: lds, Err: status.Error(codes.Unavailable, "transport is closing")},
+		&SendError{TypeURL: lds, Err: status.Error(codes.Canceled, "context canceled")},
+		errStreamClosed,
+		&SendError{TypeURL: lds, Err: errors.New("connection reset")},
+		fmt.Errorf("push: %w", &SendError{TypeURL: cds, Err: status.Error(codes.ResourceExhausted, "too large")}),
+	} {
+		m.Pushed(Push{Stream: stream, Request: &PushRequest{}, Err: err})
+	}
+	got := map[string]float64{}
+	for _, p := range collect(t, reader)["pilot_xds_pushes"] {
+		got[p.labels] = p.value
+	}
+	if want := map[string]float64{"type=lds_senderr": 1, "type=cds_senderr": 1}; !maps.Equal(got, want) {
+		t.Errorf("pilot_xds_pushes = %v, want %v", got, want)
+	}
+	if ps := collect(t, reader)["pilot_proxy_convergence_time"]; len(ps) != 0 {
+		t.Errorf("failed pushes converged: %+v", ps)
 	}
 }
