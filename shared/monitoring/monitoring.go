@@ -1,7 +1,8 @@
 // Package monitoring serves a process's monitoring port (15014, as istiod's): GET /healthz/live
 // answers 200 while the process runs, GET /healthz/ready 200 only once every piece the process
 // serves has synced (503 before), for Kubernetes probes; GET /metrics the process's metrics
-// (package telemetry) for Prometheus. Other handlers (debug pages) plug in with Handle.
+// (package telemetry) for Prometheus. Other handlers plug in with Handle; debug endpoints and
+// the status page, for loopback callers only, with AddDebug.
 package monitoring
 
 import (
@@ -35,12 +36,15 @@ func (f *Flags) AddFlags(fs *pflag.FlagSet, def string) {
 		"address serving Prometheus /metrics, and /healthz/ready (200 once synced, else 503) and /healthz/live for probes; empty: off")
 }
 
-// Add adds the monitoring server (Server) to m as "monitoring", unless --monitoring-listen is
-// empty.
-func (f Flags) Add(m *component.Manager, log *slog.Logger, ready ...<-chan struct{}) {
-	if f.Listen != "" {
-		m.Add("monitoring", f.Server(log, ready...))
+// Add adds the monitoring server (Server) to m as "monitoring" and returns it (to add handlers
+// to), unless --monitoring-listen is empty: then nil.
+func (f Flags) Add(m *component.Manager, log *slog.Logger, ready ...<-chan struct{}) *Server {
+	if f.Listen == "" {
+		return nil
 	}
+	s := f.Server(log, ready...)
+	m.Add("monitoring", s)
+	return s
 }
 
 // Server is the monitoring server on --monitoring-listen, ready once every one of ready is

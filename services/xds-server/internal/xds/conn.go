@@ -27,6 +27,9 @@ type conn struct {
 	log   *slog.Logger
 	// peer is the client's verified certificate identity, "" without one.
 	peer string
+	// connectedAt is when the stream opened; address is the client's address.
+	connectedAt time.Time
+	address     string
 
 	proxy *model.Proxy
 	gen   Generator

@@ -241,21 +241,12 @@ func debugVersion() string { return strconv.FormatInt(time.Now().UnixNano(), 10)
 // proxyless gRPC clients included (istiod lists only proxies whose metadata has PROXY_CONFIG,
 // which gRPC clients lack; here they are half of what is served).
 func (s *Server) syncz() *debugAnswer {
-	s.mu.Lock()
-	conns := make([]*conn, 0, len(s.conns))
-	for c := range s.conns {
-		conns = append(conns, c)
-	}
-	s.mu.Unlock()
-	slices.SortFunc(conns, func(a, b *conn) int {
-		return cmp.Or(strings.Compare(a.proxy.ID, b.proxy.ID), cmp.Compare(a.id, b.id))
-	})
 	ans := &debugAnswer{}
-	for _, c := range conns {
-		cc := c.clientConfig()
+	for _, ps := range s.Proxies() {
+		cc := ps.clientConfig()
 		a, err := anypb.New(cc)
 		if err != nil {
-			s.log.Error("encoding a proxy's sync status", "node", c.proxy.NodeID, "err", err)
+			s.log.Error("encoding a proxy's sync status", "node", ps.Proxy.NodeID, "err", err)
 			continue
 		}
 		ans.names = append(ans.names, cc.GetNode().GetId())
@@ -264,12 +255,12 @@ func (s *Server) syncz() *debugAnswer {
 	return ans
 }
 
-// clientConfig is c's sync status, shaped as istiod's syncz shapes it (the node named by its
-// ID's "<pod>.<namespace>" part, with CLUSTER_ID, NAMESPACE and ISTIO_VERSION metadata). Each
-// type's xds_config is Sailplane's detail, a google.protobuf.Struct: nonceSent, nonceAcked,
-// versionAcked.
-func (c *conn) clientConfig() *statusv3.ClientConfig {
-	p := c.proxy
+// clientConfig is the proxy's sync status, shaped as istiod's syncz shapes it (the node named
+// by its ID's "<pod>.<namespace>" part, with CLUSTER_ID, NAMESPACE and ISTIO_VERSION metadata).
+// Each type's xds_config is Sailplane's detail, a google.protobuf.Struct: nonceSent,
+// nonceAcked, versionAcked.
+func (ps ProxySync) clientConfig() *statusv3.ClientConfig {
+	p := ps.Proxy
 	md := map[string]any{"CLUSTER_ID": p.ClusterID, "NAMESPACE": p.Namespace}
 	if p.IstioVersion != "" {
 		md["ISTIO_VERSION"] = p.IstioVersion
@@ -279,23 +270,18 @@ func (c *conn) clientConfig() *statusv3.ClientConfig {
 	}
 	meta, _ := structpb.NewStruct(md)
 	cc := &statusv3.ClientConfig{Node: &corev3.Node{Id: p.ID, Metadata: meta}}
-	c.mu.Lock()
-	types := sortedKeys(c.watches)
-	c.mu.Unlock()
-	status := c.s.status.of(c.id)
-	for _, t := range types {
-		ws := status[t]
-		gc := &statusv3.ClientConfig_GenericXdsConfig{TypeUrl: t, ConfigStatus: ws.configStatus(), VersionInfo: ws.sentVersion}
-		if !ws.sentAt.IsZero() {
-			gc.LastUpdated = timestamppb.New(ws.sentAt)
+	for _, ws := range ps.Watches {
+		gc := &statusv3.ClientConfig_GenericXdsConfig{TypeUrl: ws.TypeURL, ConfigStatus: ws.Status, VersionInfo: ws.SentVersion}
+		if !ws.SentAt.IsZero() {
+			gc.LastUpdated = timestamppb.New(ws.SentAt)
 		}
-		if ws.nackError != "" {
+		if ws.NackError != "" {
 			gc.ErrorState = &adminv3.UpdateFailureState{
-				LastUpdateAttempt: timestamppb.New(ws.nackedAt), Details: ws.nackError, VersionInfo: ws.nackedVersion,
+				LastUpdateAttempt: timestamppb.New(ws.NackedAt), Details: ws.NackError, VersionInfo: ws.NackedVersion,
 			}
 		}
 		detail, _ := structpb.NewStruct(map[string]any{
-			"nonceSent": ws.sentNonce, "nonceAcked": ws.ackedNonce, "versionAcked": ws.ackedVersion,
+			"nonceSent": ws.SentNonce, "nonceAcked": ws.AckedNonce, "versionAcked": ws.AckedVersion,
 		})
 		gc.XdsConfig, _ = anypb.New(detail)
 		cc.GenericXdsConfigs = append(cc.GenericXdsConfigs, gc)
@@ -321,14 +307,31 @@ func (s *Server) findProxy(name string) *conn {
 // Envoy admin ConfigDump; nothing when it is not connected here (another replica may have it).
 // caller is the stream asking.
 func (s *Server) configDump(ctx context.Context, caller *conn, name string) (*debugAnswer, error) {
-	c := s.findProxy(name)
+	c, dump, err := s.dumpOf(ctx, caller, name)
+	if c == nil || err != nil {
+		return &debugAnswer{}, err
+	}
+	return dumpAnswer(c, dump), nil
+}
+
+// ConfigDump is what the proxy named name (its "<pod>.<namespace>" ID or node ID) holds of what
+// this server sent it, as Envoy's admin config dump; nil when it is not connected here.
+func (s *Server) ConfigDump(ctx context.Context, name string) (*adminv3.ConfigDump, error) {
+	_, dump, err := s.dumpOf(ctx, nil, name)
+	return dump, err
+}
+
+// dumpOf reads the named proxy's config dump on its stream's goroutine (caller's own when it
+// is the one asking); c is nil when the proxy is not connected here.
+func (s *Server) dumpOf(ctx context.Context, caller *conn, name string) (c *conn, dump *adminv3.ConfigDump, err error) {
+	c = s.findProxy(name)
 	if c == nil {
 		s.log.Debug("config dump of a proxy not connected here", "proxy", grpcserver.ClientText(name))
-		return &debugAnswer{}, nil
+		return nil, nil, nil
 	}
 	if c == caller {
 		// Already on its goroutine.
-		return dumpAnswer(c, c.configDump()), nil
+		return c, c.configDump(), nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, configDumpWait)
 	defer cancel()
@@ -337,15 +340,15 @@ func (s *Server) configDump(ctx context.Context, caller *conn, name string) (*de
 	select {
 	case c.queries <- func() { result <- c.configDump() }:
 	case <-c.done:
-		return &debugAnswer{}, nil
+		return nil, nil, nil
 	case <-ctx.Done():
-		return nil, busy
+		return nil, nil, busy
 	}
 	select {
 	case dump := <-result:
-		return dumpAnswer(c, dump), nil
+		return c, dump, nil
 	case <-ctx.Done():
-		return nil, busy
+		return nil, nil, busy
 	}
 }
 

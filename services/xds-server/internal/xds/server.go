@@ -163,6 +163,7 @@ func (s *Server) StreamAggregatedResources(stream discoverygrpc.AggregatedDiscov
 	c := s.newConn(false)
 	c.send = stream.SendMsg
 	c.peer = s.peerIdentity(stream.Context())
+	c.address = peerAddress(stream.Context())
 	return serve(s, c, stream.Recv, func(req *discoverygrpc.DiscoveryRequest) error {
 		if isDebugType(req.GetTypeUrl()) {
 			return c.handleDebugSotW(stream.Context(), req)
@@ -176,6 +177,7 @@ func (s *Server) DeltaAggregatedResources(stream discoverygrpc.AggregatedDiscove
 	c := s.newConn(true)
 	c.send = stream.SendMsg
 	c.peer = s.peerIdentity(stream.Context())
+	c.address = peerAddress(stream.Context())
 	return serve(s, c, stream.Recv, func(req *discoverygrpc.DeltaDiscoveryRequest) error {
 		if isDebugType(req.GetTypeUrl()) {
 			return c.handleDebugDelta(stream.Context(), req)
@@ -254,7 +256,7 @@ func (s *Server) peerIdentity(ctx context.Context) string {
 
 func (s *Server) newConn(delta bool) *conn {
 	return &conn{
-		s: s, id: s.nextID.Add(1), delta: delta,
+		s: s, id: s.nextID.Add(1), delta: delta, connectedAt: time.Now(),
 		watches: map[string]*watch{},
 		pushes:  make(chan *pushItem),
 		queries: make(chan func()),
