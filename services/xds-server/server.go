@@ -120,6 +120,8 @@ type Server struct {
 	metrics *xds.Metrics
 	bundles *trustBundles
 	jwks    *jwks.Resolver
+	// pushes are the recent pushes, for the status page.
+	pushes pushLog
 
 	started atomic.Bool
 	// plaintextDebug: the plaintext listener serves the debug types (loopback, or

@@ -60,7 +60,9 @@ func main() {
 			}
 			m.Add("config-ingest", ingest)
 			m.Add("bus-server", busServer)
-			monitor.Add(&m, log, ingest.Ready())
+			if mon := monitor.Add(&m, log, ingest.Ready()); mon != nil {
+				mon.AddDebug("Sailplane config-ingest", ingest.Debug())
+			}
 			return cli.RunUntilSignal(&m)
 		},
 	}

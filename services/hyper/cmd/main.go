@@ -143,7 +143,9 @@ func newCommand() *cobra.Command {
 				m.Add("webhook", hook)
 				ready = append(ready, hook.Ready())
 			}
-			monitor.Add(&m, log, ready...)
+			if mon := monitor.Add(&m, log, ready...); mon != nil {
+				mon.AddDebug("Sailplane hyper "+xdsCfg.PodName, xds.Debug(), ingest.Debug())
+			}
 			if pprofAddr != "" {
 				m.Add("pprof", cli.Pprof{Addr: pprofAddr, Log: log})
 			}

@@ -71,7 +71,9 @@ func main() {
 			if pprofAddr != "" {
 				m.Add("pprof", cli.Pprof{Addr: pprofAddr, Log: log})
 			}
-			monitor.Add(&m, log, srv.Ready())
+			if mon := monitor.Add(&m, log, srv.Ready()); mon != nil {
+				mon.AddDebug("Sailplane xds-server "+cfg.PodName, srv.Debug())
+			}
 			return cli.RunUntilSignal(&m)
 		},
 	}

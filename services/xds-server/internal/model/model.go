@@ -510,3 +510,10 @@ func HostMatches(configHost, hostname string) bool {
 	}
 	return false
 }
+
+// Resources are the bus resources of a type the store holds, by name (for debug endpoints).
+func (s *Store) Resources(typeURL string) []*bus.Resource {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return sortedResources(s.state[typeURL])
+}

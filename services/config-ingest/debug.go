@@ -1,0 +1,37 @@
+package configingest
+
+import (
+	"errors"
+	"net/http"
+
+	"sailplane.dev/shared/config"
+	"sailplane.dev/shared/monitoring"
+)
+
+// Debug is what config-ingest shows on the monitoring port: its config problems, as JSON at
+// /debug/config_problems and on the status page.
+func (s *Service) Debug() monitoring.Debug {
+	return monitoring.Debug{
+		Endpoints: map[string]http.Handler{"/debug/config_problems": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			monitoring.WriteJSON(w, r, s.configProblems())
+		})},
+		Status: monitoring.StatusSources{Problems: s.configProblems},
+	}
+}
+
+// configProblems are Problems with where each is: file, document, resource and field for a
+// *config.Error; the whole message for the others (which name their file or source in it).
+func (s *Service) configProblems() []monitoring.ConfigProblem {
+	out := []monitoring.ConfigProblem{}
+	for _, err := range s.Problems() {
+		p := monitoring.ConfigProblem{Message: err.Error(), Error: err.Error()}
+		if ce, ok := errors.AsType[*config.Error](err); ok {
+			p.File, p.Document, p.Kind, p.Namespace, p.Name, p.Field = ce.File, ce.Doc, ce.Kind, ce.Namespace, ce.Name, ce.Field
+			if ce.Err != nil {
+				p.Message = ce.Err.Error()
+			}
+		}
+		out = append(out, p)
+	}
+	return out
+}
