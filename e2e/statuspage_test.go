@@ -111,8 +111,8 @@ func TestStatusPage(t *testing.T) {
 	framework.WaitServing(rpcCtx, t, client)
 	// A change pushed to the client: a point on the chart.
 	framework.WriteFile(t, dir, "etc/sailplane/conf/echo/traffic.yaml", trafficYAML(50, 50))
-	broken := filepath.Join(dir, "etc/sailplane/conf/broken.yaml")
-	framework.WriteFile(t, dir, "etc/sailplane/conf/broken.yaml", `apiVersion: networking.istio.io/v1
+	const broken = "etc/sailplane/conf/broken.yaml" // as hyper names it, relative to its folder
+	framework.WriteFile(t, dir, broken, `apiVersion: networking.istio.io/v1
 kind: VirtualService
 metadata: {name: broken, namespace: demo}
 spec:
