@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -245,5 +246,42 @@ spec:
 			proxies[0].Watches[0].Type != "LDS" || proxies[0].Watches[0].State != monitoring.Synced {
 			t.Errorf("status page proxies %+v, want debugged.demo with LDS SYNCED", proxies)
 		}
+
+		// A change pushed to the proxy is a point of the convergence chart.
+		before := len(srv.Debug().Status.Pushes())
+		for _, c := range changes(t, `
+apiVersion: sailplane.dev/v1
+kind: Service
+spec:
+  hostname: echo.demo.svc.cluster.local
+  namespace: demo
+  labels: {changed: "yes"}
+  ports: [{name: grpc, number: 7070, protocol: GRPC}]
+`) {
+			src.Push(c)
+		}
+		var pushes []monitoring.PushTiming
+		waitUntil(t, func() bool { pushes = srv.Debug().Status.Pushes(); return len(pushes) > before })
+		p := pushes[len(pushes)-1]
+		if p.Proxy != "debugged.demo" || p.Failed || p.Convergence <= 0 || p.Done.IsZero() {
+			t.Errorf("push recorded %+v, want debugged.demo's, done, with its convergence time", p)
+		}
 	})
+}
+
+// TestPushLogRing: the push log keeps the last pushLogSize pushes, oldest first.
+func TestPushLogRing(t *testing.T) {
+	var l pushLog
+	for i := range pushLogSize + 7 {
+		l.add(monitoring.PushTiming{Convergence: time.Duration(i)})
+	}
+	got := l.list()
+	if len(got) != pushLogSize || got[0].Convergence != 7 || got[len(got)-1].Convergence != pushLogSize+6 {
+		t.Fatalf("%d kept, from %v to %v; want %d, from 7 to %d", len(got), got[0].Convergence, got[len(got)-1].Convergence, pushLogSize, pushLogSize+6)
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i].Convergence != got[i-1].Convergence+1 {
+			t.Fatalf("out of order at %d: %v after %v", i, got[i].Convergence, got[i-1].Convergence)
+		}
+	}
 }

@@ -179,7 +179,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		DebugAccess:     s.debugAccess,
 		Replica:         cfg.PodName,
 		Version:         version.Get().Version,
-		Observers:       []xds.Observer{s.metrics},
+		Observers:       []xds.Observer{s.metrics, &s.pushes},
 	})
 	return s, nil
 }
