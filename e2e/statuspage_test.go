@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -24,12 +25,9 @@ const chromiumInstall = "apt-get update && apt-get install -y chromium"
 // ends, and the test checks that none of its processes is left.
 func browser(t *testing.T) context.Context {
 	t.Helper()
-	bin := os.Getenv("CHROMIUM")
-	if bin == "" {
-		var err error
-		if bin, err = exec.LookPath("chromium"); err != nil {
-			t.Fatalf("Chromium is needed to test the status page and was not found ($CHROMIUM, or chromium on PATH): install it with `%s`", chromiumInstall)
-		}
+	bin, err := exec.LookPath(cmp.Or(os.Getenv("CHROMIUM"), "chromium"))
+	if err != nil {
+		t.Fatalf("the status page is tested in Chromium, which was not found (%v): install it with `%s`, or set $CHROMIUM to its path", err, chromiumInstall)
 	}
 	profile := t.TempDir()
 	opts := append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]),
