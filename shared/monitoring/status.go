@@ -167,7 +167,7 @@ type chartTick struct {
 }
 
 func newChart(pushes []PushTiming) *chart {
-	c := &chart{Width: 760, Height: 260, Left: 60, Right: 740, Top: 16, Bottom: 230, Pushes: len(pushes)}
+	c := &chart{Width: 760, Height: 260, Left: 60, Right: 710, Top: 16, Bottom: 230, Pushes: len(pushes)}
 	if len(pushes) == 0 {
 		return c
 	}
@@ -182,10 +182,8 @@ func newChart(pushes []PushTiming) *chart {
 			c.Failed++
 		}
 	}
-	lo, hi = math.Floor(lo), math.Ceil(hi)
-	if hi <= lo {
-		hi = lo + 1
-	}
+	// Whole decades, with room so that no point sits on the plot's edge.
+	lo, hi = math.Floor(lo-0.1), math.Ceil(hi+0.1)
 	t0, t1 := pushes[0].Done, pushes[len(pushes)-1].Done
 	span := t1.Sub(t0)
 	if span <= 0 {
@@ -200,6 +198,7 @@ func newChart(pushes []PushTiming) *chart {
 		t := t0.Add(time.Duration(f * float64(span)))
 		c.XTicks = append(c.XTicks, chartTick{At: x(t), Label: t.Format(time.TimeOnly)})
 	}
+	c.Slowest = c.Slowest.Round(100 * time.Microsecond)
 	for _, p := range pushes {
 		title := fmt.Sprintf("%s: %v at %s", p.Proxy, p.Convergence.Round(100*time.Microsecond), p.Done.Format(time.TimeOnly))
 		if p.Failed {
