@@ -17,6 +17,7 @@ import (
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/xdstype"
 )
 
 // Debug is what the server shows on the monitoring port: istiod's JSON debug endpoints, in
@@ -375,7 +376,7 @@ func (s *Server) statusProxies() []monitoring.ProxyStatus {
 		st := monitoring.ProxyStatus{ID: p.ID, NodeID: p.NodeID, Type: string(p.Type), Cluster: p.ClusterID,
 			Version: p.IstioVersion, ConnectedAt: ps.ConnectedAt}
 		for _, ws := range ps.Watches {
-			st.Watches = append(st.Watches, monitoring.WatchStatus{Type: shortType(ws.TypeURL), TypeURL: ws.TypeURL,
+			st.Watches = append(st.Watches, monitoring.WatchStatus{Type: xdstype.Short(ws.TypeURL), TypeURL: ws.TypeURL,
 				State: watchState(ws.Status), Version: ws.SentVersion, Error: ws.NackError})
 		}
 		out = append(out, st)
@@ -394,23 +395,4 @@ func watchState(s statusv3.ConfigStatus) string {
 	default:
 		return monitoring.Stale
 	}
-}
-
-// shortType is istioctl's short name of a type URL (CDS, LDS, ...), else its last part.
-func shortType(typeURL string) string {
-	switch typeURL {
-	case resourcev3.ClusterType:
-		return "CDS"
-	case resourcev3.ListenerType:
-		return "LDS"
-	case resourcev3.EndpointType:
-		return "EDS"
-	case resourcev3.RouteType:
-		return "RDS"
-	case resourcev3.ExtensionConfigType:
-		return "ECDS"
-	case resourcev3.SecretType:
-		return "SDS"
-	}
-	return typeURL[strings.LastIndexAny(typeURL, "/.")+1:]
 }

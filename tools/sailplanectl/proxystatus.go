@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"sailplane.dev/shared/workloadcert"
+	"sailplane.dev/shared/xdstype"
 )
 
 // Istio's debug types, served by every xds-server replica for the proxies connected to it.
@@ -237,26 +238,6 @@ func proxyStatuses(answers []replicaAnswer) ([]proxyStatus, error) {
 	return out, nil
 }
 
-// shortTypes are the columns of the core types, in istioctl's order.
-var shortTypes = []struct{ url, short string }{
-	{"type.googleapis.com/envoy.config.cluster.v3.Cluster", "CDS"},
-	{"type.googleapis.com/envoy.config.listener.v3.Listener", "LDS"},
-	{"type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment", "EDS"},
-	{"type.googleapis.com/envoy.config.route.v3.RouteConfiguration", "RDS"},
-	{"type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig", "ECDS"},
-	{"type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret", "SDS"},
-}
-
-// shortType is istioctl's short name of a type URL, else the URL's last part.
-func shortType(url string) string {
-	for _, s := range shortTypes {
-		if s.url == url {
-			return s.short
-		}
-	}
-	return url[strings.LastIndexByte(url, '/')+1:]
-}
-
 // statusTable is istioctl proxy-status's table: one row per proxy and replica, a column per
 // type some proxy watches (CDS LDS EDS RDS first; a type a proxy does not watch is IGNORED).
 func statusTable(statuses []proxyStatus) table {
@@ -267,14 +248,14 @@ func statusTable(statuses []proxyStatus) table {
 			seen[ts.Type] = true
 		}
 	}
-	for _, s := range shortTypes[:4] {
-		types = append(types, s.url)
-		delete(seen, s.url)
+	for _, s := range xdstype.Core[:4] {
+		types = append(types, s.URL)
+		delete(seen, s.URL)
 	}
 	types = append(types, slices.Sorted(maps.Keys(seen))...)
 	t := table{header: []string{"NAME", "CLUSTER"}}
 	for _, u := range types {
-		t.header = append(t.header, shortType(u))
+		t.header = append(t.header, xdstype.Short(u))
 	}
 	t.header = append(t.header, "REPLICA", "VERSION")
 	for _, ps := range statuses {
@@ -310,7 +291,7 @@ func proxyDetailTable(statuses []proxyStatus) table {
 			if ts.Error != nil {
 				nack = ts.Error.Details
 			}
-			t.add(ps.Name, shortType(ts.Type), ts.Status, dash(ts.VersionSent), dash(ts.VersionAcked), last, ps.Replica, nack)
+			t.add(ps.Name, xdstype.Short(ts.Type), ts.Status, dash(ts.VersionSent), dash(ts.VersionAcked), last, ps.Replica, nack)
 		}
 	}
 	return t

@@ -12,6 +12,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"sailplane.dev/shared/xdstype"
 )
 
 // MeterName is the instrumentation scope of the xDS server's metrics.
@@ -72,7 +74,7 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 	m := &Metrics{byType: map[string]typeLabel{}}
 	for _, t := range []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType,
 		resourcev3.RouteType, resourcev3.SecretType} {
-		m.byType[t] = newTypeLabel(metricType(t))
+		m.byType[t] = newTypeLabel(xdstype.MetricLabel(t))
 	}
 	var errs []error
 	var err error
@@ -115,28 +117,11 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 	return m, nil
 }
 
-// metricType is istiod's type label: cds, eds, lds, rds, sds, else the type URL.
-func metricType(typeURL string) string {
-	switch typeURL {
-	case resourcev3.ClusterType:
-		return "cds"
-	case resourcev3.EndpointType:
-		return "eds"
-	case resourcev3.ListenerType:
-		return "lds"
-	case resourcev3.RouteType:
-		return "rds"
-	case resourcev3.SecretType:
-		return "sds"
-	}
-	return typeURL
-}
-
 func (m *Metrics) typeOf(typeURL string) typeLabel {
 	if l, ok := m.byType[typeURL]; ok {
 		return l
 	}
-	return newTypeLabel(metricType(typeURL))
+	return newTypeLabel(xdstype.MetricLabel(typeURL))
 }
 
 func clientAttrs(s StreamInfo) metric.AddOption {
@@ -183,7 +168,7 @@ func (m *Metrics) Pushed(p Push) {
 	// As istiod, a stream closing (Unavailable, Canceled) is not a send error.
 	var send *SendError
 	if errors.As(p.Err, &send) && unexpected(send.Err) {
-		m.pushes.Add(bg, 1, newTypeLabel(metricType(send.TypeURL)+"_senderr").add...)
+		m.pushes.Add(bg, 1, newTypeLabel(xdstype.MetricLabel(send.TypeURL)+"_senderr").add...)
 	}
 }
 
