@@ -143,7 +143,7 @@ func TestMakeBeforeBreak(t *testing.T) {
 		c.recvType(lds)
 		c.subscribe(rds, cluster("a.demo"), cluster("b.demo"))
 		c.recvType(rds)
-		e.update(services("demo", "c.demo"), removeService("demo", "a.demo"))
+		e.updatePushed(services("demo", "c.demo"), removeService("demo", "a.demo"))
 		got := c.drain()
 		want := []string{"Cluster", "Listener", "Listener", "Cluster"}
 		if !slices.Equal(types_(got), want) {
@@ -169,7 +169,7 @@ func TestMakeBeforeBreak(t *testing.T) {
 		}
 		e.update(endpoints("demo", "c.demo", "10.0.0.3"))
 		c.drain()
-		e.update(services("demo", "c.demo"), removeService("demo", "a.demo"))
+		e.updatePushed(services("demo", "c.demo"), removeService("demo", "a.demo"))
 		got := c.drain()
 		var order []string
 		for _, r := range got {
@@ -196,7 +196,7 @@ func TestClusterChangeFollowedByEndpoints(t *testing.T) {
 	c.recvType(cds)
 	c.subscribe(eds, cluster("a.demo"), cluster("b.demo"))
 	c.recvType(eds)
-	e.update(destinationRule("demo", "a", "a.demo"))
+	e.updatePushed(destinationRule("demo", "a", "a.demo"))
 	got := c.drain()
 	if !slices.Equal(types_(got), []string{"Cluster", "ClusterLoadAssignment"}) {
 		t.Fatalf("responses = %v", types_(got))

@@ -225,7 +225,7 @@ func TestSidecarScopedPushServer(t *testing.T) {
 	if got := c.drain(); len(got) != 0 {
 		t.Fatalf("pushed %v for a service its Sidecar does not import", types_(got))
 	}
-	e.update(services("a", "new.a.svc.cluster.local"))
+	e.updatePushed(services("a", "new.a.svc.cluster.local"))
 	if got := c.drain(); len(got) == 0 {
 		t.Fatal("not pushed for a service its Sidecar imports")
 	}
