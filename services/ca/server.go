@@ -121,6 +121,7 @@ func (cs *certService) CreateCertificate(ctx context.Context, req *pb.IstioCerti
 		return nil, s.refuse(c, code, err)
 	}
 	c.id.TrustDomain = s.cfg.TrustDomain // the ca names identities in its own trust domain
+	grpcserver.SetPeerIdentity(ctx, c.id.String())
 
 	if n := len(req.GetCsr()); n > MaxCSRBytes {
 		return nil, s.refuse(c, codes.InvalidArgument, fmt.Errorf("CSR of %d bytes exceeds the limit of %d", n, MaxCSRBytes))

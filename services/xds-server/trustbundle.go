@@ -12,6 +12,7 @@ import (
 
 	securityv1 "sailplane.dev/proto/security/v1"
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/grpcserver"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/spiffe"
 )
@@ -63,7 +64,8 @@ func (s *Server) TrustBundle(trustDomain string) *securityv1.TrustBundle {
 
 // peerIdentity is the SPIFFE ID of the certificate the stream's client presented, verified
 // against the trust bundles held; "" when it presented none, or one they do not verify. It names
-// the proxy in the logs, and the node's namespace and service account must be its own.
+// the proxy in the logs (the stream's own log lines too: grpcserver.SetPeerIdentity), and the
+// node's namespace and service account must be its own.
 func (s *Server) peerIdentity(ctx context.Context) string {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
@@ -95,6 +97,7 @@ func (s *Server) peerIdentity(ctx context.Context) string {
 	}
 	for _, u := range leaf.URIs {
 		if id, err := spiffe.FromURL(u); err == nil {
+			grpcserver.SetPeerIdentity(ctx, id.String())
 			return id.String()
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"sailplane.dev/shared/grpcserver"
 	"sailplane.dev/shared/spiffe"
 	"sailplane.dev/shared/workloadcert"
 )
@@ -94,6 +95,7 @@ func peerAuthorizer(peers []spiffe.ID, log *slog.Logger) func(context.Context) (
 		if err != nil {
 			return nil, status.Errorf(codes.Unauthenticated, "bus: %v", err)
 		}
+		grpcserver.SetPeerIdentity(ctx, id.String()) // verified in the handshake
 		if slices.Contains(peers, id) {
 			return ctx, nil
 		}

@@ -11,13 +11,17 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats/opentelemetry"
 	"google.golang.org/grpc/status"
 
 	"sailplane.dev/shared/version"
@@ -41,19 +45,35 @@ const (
 	ComponentHeader = "sailplane-component"
 )
 
-// New returns a gRPC server that turns a handler panic into an Internal error instead of a crash,
-// accepts the keepalive pings xDS clients send on long-lived streams, refuses requests over
-// MaxRecvMsgSize, and sends its version headers (VersionHeader, ComponentHeader) on every RPC.
+// New returns a gRPC server that logs each call (at Debug when it ends well: SetPeerIdentity),
+// turns a handler panic into an Internal error instead of a crash, records grpc-go's
+// OpenTelemetry server metrics (grpc.server.call.duration, …) on the global MeterProvider
+// (WithMeterProvider), accepts the keepalive pings xDS clients send on long-lived streams,
+// refuses requests over MaxRecvMsgSize, and sends its version headers (VersionHeader,
+// ComponentHeader) on every RPC. Interceptors in opts run after these, so the calls they refuse
+// are logged and measured too.
 func New(log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
 	onPanic := recovery.WithRecoveryHandler(func(p any) error {
 		log.Error("panic in gRPC handler", "panic", p)
 		return status.Errorf(codes.Internal, "internal error")
 	})
+	var meters metric.MeterProvider = otel.GetMeterProvider()
+	for _, o := range opts {
+		if m, ok := o.(meterProviderOption); ok {
+			meters = m.provider
+		}
+	}
 	v := version.Get()
 	header := metadata.Pairs(VersionHeader, v.Version, ComponentHeader, v.Component)
+	calls := callLogger(log)
 	base := []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(onPanic), unaryHeader(header)),
-		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(onPanic), streamHeader(header)),
+		opentelemetry.ServerOption(opentelemetry.Options{MetricsOptions: opentelemetry.MetricsOptions{MeterProvider: meters}}),
+		grpc.ChainUnaryInterceptor(unaryCall,
+			logging.UnaryServerInterceptor(calls, callLogOptions(logging.FinishCall)...),
+			recovery.UnaryServerInterceptor(onPanic), unaryHeader(header)),
+		grpc.ChainStreamInterceptor(streamCall,
+			logging.StreamServerInterceptor(calls, callLogOptions(logging.StartCall, logging.FinishCall)...),
+			recovery.StreamServerInterceptor(onPanic), streamHeader(header)),
 		// A method the server does not serve still goes through the interceptors, so that it
 		// carries the version headers too; the answer stays Unimplemented.
 		grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
@@ -66,6 +86,17 @@ func New(log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
 		grpc.MaxConcurrentStreams(MaxConcurrentStreams),
 	}
 	return grpc.NewServer(append(base, opts...)...)
+}
+
+// WithMeterProvider is a New option recording the server's metrics with mp instead of the
+// global MeterProvider (tests read them from their own).
+func WithMeterProvider(mp metric.MeterProvider) grpc.ServerOption {
+	return meterProviderOption{provider: mp}
+}
+
+type meterProviderOption struct {
+	grpc.EmptyServerOption
+	provider metric.MeterProvider
 }
 
 // unaryHeader sets header on every unary response; it is sent with the response or the error.
