@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
@@ -22,30 +23,47 @@ import (
 type LogOptions struct {
 	Level  string
 	Format string
+
+	levels *Levels
 }
 
 // AddFlags registers --log-level and --log-format.
 func (o *LogOptions) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.Level, "log-level", "info", "log level: debug, info, warn, error")
-	fs.StringVar(&o.Format, "log-format", "text", "log format: text or json")
+	fs.StringVar(&o.Level, "log-level", "info",
+		"log level: debug, info, warn, error or none, for every component or by component as in default:info,xds-server:debug,bus:warn (components: "+
+			strings.Join(Components, ", ")+"; grpc is at warn unless named)")
+	fs.StringVar(&o.Format, "log-format", "text", "log format: text or json, for every line the process logs (client-go's and grpc-go's included)")
 }
 
-// Logger builds the process logger; component loggers derive from it with .With("component", …).
-func (o LogOptions) Logger() (*slog.Logger, error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.Level)); err != nil {
+// Logger builds the process logger; component loggers derive from it with .With("component", …)
+// and follow the component's level (Levels). It becomes slog's default, so that lines of the
+// standard log package (net/http's) take its format, and the libraries' own logs go to it:
+// grpc-go's, and those RouteLibraryLogs names (client-go's, when the binary links it).
+func (o *LogOptions) Logger() (*slog.Logger, error) {
+	levels, err := ParseLevels(o.Level)
+	if err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	// The handler lets every level through: levels decides.
+	opts := &slog.HandlerOptions{Level: slog.Level(math.MinInt32)}
+	var h slog.Handler
 	switch strings.ToLower(o.Format) {
 	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+		h = slog.NewTextHandler(os.Stderr, opts)
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+		h = slog.NewJSONHandler(os.Stderr, opts)
 	default:
 		return nil, fmt.Errorf("--log-format: %q is neither text nor json", o.Format)
 	}
+	log := slog.New(levels.Handler(h))
+	o.levels = levels
+	useProcessLogger(log)
+	return log, nil
 }
+
+// Levels are the log levels Logger set up, which may change while the process runs (serve them
+// with Levels.ServeHTTP); nil before Logger.
+func (o *LogOptions) Levels() *Levels { return o.levels }
 
 // SignalContext is cancelled on SIGINT or SIGTERM, starting a graceful shutdown.
 func SignalContext() (context.Context, context.CancelFunc) {
@@ -60,7 +78,11 @@ func Execute(cmd *cobra.Command) {
 	WithVersion(cmd)
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true
 	if err := cmd.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
+		if log := processLogger.Load(); log != nil {
+			log.Error("exiting", "error", err) // in the format asked for
+		} else {
+			fmt.Fprintln(os.Stderr, "error:", err)
+		}
 		os.Exit(1)
 	}
 }

@@ -10,6 +10,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if addr := os.Getenv(libraryLogsChild); addr != "" {
+		libraryLogs(addr)
+		return
+	}
 	goleak.VerifyTestMain(m)
 }
 
