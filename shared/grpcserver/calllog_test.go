@@ -3,7 +3,6 @@ package grpcserver
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -14,16 +13,14 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"sailplane.dev/shared/telemetry/telemetrytest"
 	"sailplane.dev/shared/testlog"
-	"sailplane.dev/shared/testwait"
 )
 
 // record is one log line a test kept.
@@ -173,49 +170,24 @@ func TestCallLog(t *testing.T) {
 	}
 }
 
-// TestCallMetrics: an RPC moves grpc-go's OpenTelemetry server metrics, grpc.server.call.duration
-// among them, on the MeterProvider given.
+// TestCallMetrics: an RPC moves grpc-go's OpenTelemetry server metrics on the MeterProvider
+// given, as Prometheus reads them: grpc.server.call.duration is grpc_server_call_duration.
 func TestCallMetrics(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(context.Background())
-	gs := New(testlog.New(t, slog.LevelInfo), WithMeterProvider(mp))
+	metrics := telemetrytest.New(t)
+	gs := New(testlog.New(t, slog.LevelInfo), WithMeterProvider(metrics.Provider()))
 	healthpb.RegisterHealthServer(gs, health.NewServer())
 	conn := dial(t, serve(t, gs))
-	defer gs.Stop()
 
-	calls := func() uint64 {
-		var rm metricdata.ResourceMetrics
-		if err := reader.Collect(t.Context(), &rm); err != nil {
-			t.Fatal(err)
-		}
-		var n uint64
-		for _, sm := range rm.ScopeMetrics {
-			for _, m := range sm.Metrics {
-				if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == "grpc.server.call.duration" {
-					for _, p := range h.DataPoints {
-						if method, _ := p.Attributes.Value("grpc.method"); method.AsString() == "grpc.health.v1.Health/Check" {
-							n += p.Count
-						}
-					}
-				}
-			}
-		}
-		return n
-	}
-	before := calls()
+	const name, method = "grpc_server_call_duration", "grpc.health.v1.Health/Check"
+	labels := []string{"grpc_method", method, "grpc_status", "OK"}
+	before := metrics.Value(name, labels...)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	// The server records the call when it ends, which may be just after the client has its answer.
-	testwait.For(t, 30*time.Second, "the call in grpc.server.call.duration", func() error {
-		if n := calls(); n != before+1 {
-			return fmt.Errorf("it counts %d Health/Check calls, want %d", n, before+1)
-		}
-		return nil
-	})
+	metrics.WaitValue(before+1, name, labels...)
 }
 
 func serve(t *testing.T, gs *grpc.Server) string {
