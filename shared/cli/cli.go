@@ -23,8 +23,6 @@ import (
 type LogOptions struct {
 	Level  string
 	Format string
-
-	levels *Levels
 }
 
 // AddFlags registers --log-level and --log-format.
@@ -56,14 +54,9 @@ func (o *LogOptions) Logger() (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-format: %q is neither text nor json", o.Format)
 	}
 	log := slog.New(levels.Handler(h))
-	o.levels = levels
-	useProcessLogger(log)
+	useProcessLogger(log, levels)
 	return log, nil
 }
-
-// Levels are the log levels Logger set up, which may change while the process runs (serve them
-// with Levels.ServeHTTP); nil before Logger.
-func (o *LogOptions) Levels() *Levels { return o.levels }
 
 // SignalContext is cancelled on SIGINT or SIGTERM, starting a graceful shutdown.
 func SignalContext() (context.Context, context.CancelFunc) {

@@ -15,6 +15,13 @@ import (
 // format asked for.
 var processLogger atomic.Pointer[slog.Logger]
 
+// processLevels are its levels (ProcessLogLevels).
+var processLevels atomic.Pointer[Levels]
+
+// ProcessLogLevels are the levels of the process logger (LogOptions.Logger), which the
+// monitoring port serves so that they change without a restart; nil before Logger.
+func ProcessLogLevels() *Levels { return processLevels.Load() }
+
 var (
 	librariesMu sync.Mutex
 	libraries   = map[string]func(*slog.Logger){}
@@ -32,8 +39,9 @@ func RouteLibraryLogs(component string, route func(*slog.Logger)) {
 
 // useProcessLogger makes log the process's: slog's default (and so the standard log package's),
 // grpc-go's, and the registered libraries'.
-func useProcessLogger(log *slog.Logger) {
+func useProcessLogger(log *slog.Logger, levels *Levels) {
 	processLogger.Store(log)
+	processLevels.Store(levels)
 	slog.SetDefault(log)
 	grpclog.SetLoggerV2(grpcLogger{log.With("component", "grpc")})
 	librariesMu.Lock()

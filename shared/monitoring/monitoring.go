@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/telemetry"
 )
@@ -48,13 +49,17 @@ func (f Flags) Add(m *component.Manager, log *slog.Logger, ready ...<-chan struc
 }
 
 // Server is the monitoring server on --monitoring-listen, ready once every one of ready is
-// closed and serving the process's metrics (telemetry.Global, installed by the first call).
+// closed, serving the process's metrics (telemetry.Global, installed by the first call) and its
+// log levels (cli.ProcessLogLevels).
 func (f Flags) Server(log *slog.Logger, ready ...<-chan struct{}) *Server {
 	s := New(f.Listen, log, ready...)
 	if metrics, err := telemetry.Global(); err != nil {
 		log.Error("metrics off", "err", err)
 	} else {
 		s.Handle("GET /metrics", metrics.Handler())
+	}
+	if levels := cli.ProcessLogLevels(); levels != nil {
+		s.Handle("/debug/loglevel", levels) // GET shows, PUT (from loopback) sets --log-level
 	}
 	return s
 }
