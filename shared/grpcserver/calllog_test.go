@@ -190,7 +190,7 @@ func TestCallMetrics(t *testing.T) {
 	metrics.WaitValue(before+1, name, labels...)
 }
 
-func serve(t *testing.T, gs *grpc.Server) string {
+func serve(t testing.TB, gs *grpc.Server) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -88,7 +88,7 @@ func TestStreamHeader(t *testing.T) {
 	}
 }
 
-func dial(t *testing.T, addr string) *grpc.ClientConn {
+func dial(t testing.TB, addr string) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
