@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -50,4 +51,11 @@ current-context: x
 		}
 	}
 	t.Logf("%d lines", strings.Count(out, "\n"))
+
+	// A binary that fails after its flags are parsed says why in JSON too.
+	fail, err := exec.Command(framework.Binary(t, "endpoint-watcher"), "--log-format=json", "--kubernetes=maybe").CombinedOutput()
+	var exit struct{ Msg, Error string }
+	if err == nil || json.Unmarshal(fail, &exit) != nil || !strings.Contains(exit.Error, "--kubernetes") {
+		t.Errorf("a failed start printed %q (%v), want one JSON line naming --kubernetes", fail, err)
+	}
 }
