@@ -93,8 +93,8 @@ type Deps struct {
 	// SecureServices, when set, registers more services on the secure listener (hyper: the ca's
 	// CreateCertificate, on one port as istiod serves it).
 	SecureServices func(grpc.ServiceRegistrar)
-	// MeterProvider receives the xDS metrics (istiod's pilot_xds*, pilot_proxy_*); nil: the
-	// global one.
+	// MeterProvider receives the xDS metrics (istiod's pilot_xds*, pilot_proxy_*) and the gRPC
+	// server's (grpc.server.call.*); nil: the global one.
 	MeterProvider metric.MeterProvider
 }
 
@@ -299,6 +299,7 @@ func (s *Server) serve(ctx context.Context, plain, secure net.Listener) error {
 			// Responses reference the cached encodings instead of copying them per connection.
 			grpc.ForceServerCodecV2(xds.Codec()),
 			grpc.KeepaliveParams(ka),
+			grpcserver.WithMeterProvider(s.deps.MeterProvider),
 		}, opts...)...)
 		discoverygrpc.RegisterAggregatedDiscoveryServiceServer(gs, syncGate{s.xds, s.ready})
 		healthpb.RegisterHealthServer(gs, hs)

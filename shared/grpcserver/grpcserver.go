@@ -45,8 +45,8 @@ const (
 	ComponentHeader = "sailplane-component"
 )
 
-// New returns a gRPC server that logs each call (at Debug when it ends well: SetPeerIdentity),
-// turns a handler panic into an Internal error instead of a crash, records grpc-go's
+// New returns a gRPC server that logs each call with its peer (SetPeerIdentity), at Debug when it
+// ends well, turns a handler panic into an Internal error instead of a crash, records grpc-go's
 // OpenTelemetry server metrics (grpc.server.call.duration, …) on the global MeterProvider
 // (WithMeterProvider), accepts the keepalive pings xDS clients send on long-lived streams,
 // refuses requests over MaxRecvMsgSize, and sends its version headers (VersionHeader,
@@ -59,7 +59,7 @@ func New(log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
 	})
 	var meters metric.MeterProvider = otel.GetMeterProvider()
 	for _, o := range opts {
-		if m, ok := o.(meterProviderOption); ok {
+		if m, ok := o.(meterProviderOption); ok && m.provider != nil {
 			meters = m.provider
 		}
 	}
@@ -89,7 +89,7 @@ func New(log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
 }
 
 // WithMeterProvider is a New option recording the server's metrics with mp instead of the
-// global MeterProvider (tests read them from their own).
+// global MeterProvider (tests read them from their own); nil keeps the global one.
 func WithMeterProvider(mp metric.MeterProvider) grpc.ServerOption {
 	return meterProviderOption{provider: mp}
 }
