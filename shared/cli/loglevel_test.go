@@ -213,7 +213,7 @@ func TestComponentsListed(t *testing.T) {
 	}
 	for name, path := range found {
 		if !slices.Contains(Components, name) {
-			t.Errorf("component %q (%s) is not in cli.Components", name, path)
+			t.Errorf("component %q (%s) is not in cli.Components: add it there, so that --log-level accepts it", name, path)
 		}
 	}
 	for _, name := range Components {
