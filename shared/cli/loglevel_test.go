@@ -156,16 +156,10 @@ func TestComponentLevels(t *testing.T) {
 		}
 	})
 	t.Run("ServeHTTP", func(t *testing.T) {
-		putFrom := func(remote, body string) *httptest.ResponseRecorder {
+		put := func(body string) *httptest.ResponseRecorder {
 			w := httptest.NewRecorder()
-			r := httptest.NewRequest(http.MethodPut, "/debug/loglevel", strings.NewReader(body))
-			r.RemoteAddr = remote
-			levels.ServeHTTP(w, r)
+			levels.ServeHTTP(w, httptest.NewRequest(http.MethodPut, "/debug/loglevel", strings.NewReader(body)))
 			return w
-		}
-		put := func(body string) *httptest.ResponseRecorder { return putFrom("127.0.0.1:40000", body) }
-		if w := putFrom("10.1.2.3:40000", "debug"); w.Code != http.StatusForbidden || levels.String() == "debug" {
-			t.Errorf("PUT from another host: %d, levels %q", w.Code, levels.String())
 		}
 		if w := put("info,bus:debug\n"); w.Code != http.StatusOK || w.Body.String() != "info,bus:debug\n" {
 			t.Errorf("PUT: %d %q", w.Code, w.Body)

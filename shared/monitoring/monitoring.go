@@ -59,7 +59,7 @@ func (f Flags) Server(log *slog.Logger, ready ...<-chan struct{}) *Server {
 		s.Handle("GET /metrics", metrics.Handler())
 	}
 	if levels := cli.ProcessLogLevels(); levels != nil {
-		s.Handle("/debug/loglevel", levels) // GET shows, PUT (from loopback) sets --log-level
+		s.HandleDebug("/debug/loglevel", levels) // GET shows, PUT sets --log-level
 	}
 	return s
 }
