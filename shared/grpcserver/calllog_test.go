@@ -170,6 +170,29 @@ func TestCallLog(t *testing.T) {
 	}
 }
 
+// TestUnaryCallLog: a unary call is logged once, when it ends.
+func TestUnaryCallLog(t *testing.T) {
+	log, lines := newRecords(t)
+	gs := New(log)
+	healthpb.RegisterHealthServer(gs, health.NewServer())
+	conn := dial(t, serve(t, gs))
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	gs.Stop()
+	var calls []record
+	for _, l := range lines() {
+		if l.attrs["grpc.method"] == "Check" {
+			calls = append(calls, l)
+		}
+	}
+	if len(calls) != 1 || calls[0].msg != "gRPC finished call" || calls[0].level != slog.LevelDebug || calls[0].attrs["grpc.code"] != "OK" {
+		t.Errorf("lines for the call: %v, want one DEBUG %q with code OK", calls, "gRPC finished call")
+	}
+}
+
 // TestCallMetrics: an RPC moves grpc-go's OpenTelemetry server metrics on the MeterProvider
 // given, as Prometheus reads them: grpc.server.call.duration is grpc_server_call_duration.
 func TestCallMetrics(t *testing.T) {
