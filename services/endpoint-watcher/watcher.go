@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sync"
 
+	"go.opentelemetry.io/otel/metric"
 	"k8s.io/client-go/rest"
 
 	"sailplane.dev/services/endpoint-watcher/internal/consul"
@@ -87,6 +88,9 @@ type Deps struct {
 	// Publisher receives Service and Endpoints resources. Required. The Watcher only Upserts and
 	// Deletes its own names, so other registries may publish to the same Publisher.
 	Publisher bus.Publisher
+	// MeterProvider receives the registries' metrics (pilot_k8s_reg_events, watch errors); the
+	// global provider when nil.
+	MeterProvider metric.MeterProvider
 }
 
 // Watcher translates ServiceEntries and WorkloadEntries into the registry.
@@ -137,7 +141,7 @@ func New(cfg Config, deps Deps) (*Watcher, error) {
 			Logger: log.With("registry", kube.Registry), Kube: cfg.Kube, Publisher: deps.Publisher,
 			// Cross-registry selection, as istiod does: Services select WorkloadEntries and
 			// ServiceEntries select Pods.
-			WorkloadEntries: w.index, Workloads: seWorkloads{w},
+			WorkloadEntries: w.index, Workloads: seWorkloads{w}, MeterProvider: deps.MeterProvider,
 		})
 		if err != nil {
 			return nil, err
@@ -149,6 +153,7 @@ func New(cfg Config, deps Deps) (*Watcher, error) {
 		c, err := consul.New(consul.Config{
 			Address: cc.Address, Token: cc.Token, Datacenter: cc.Datacenter,
 			HostSuffix: cc.HostSuffix, Namespace: cc.Namespace, ClusterID: cfg.ClusterID,
+			MeterProvider: deps.MeterProvider,
 		}, deps.Publisher, log.With("registry", consul.Registry))
 		if err != nil {
 			return nil, err

@@ -30,11 +30,13 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/protobuf/proto"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/telemetry"
 )
 
 // Defaults of Config.
@@ -86,6 +88,8 @@ type Config struct {
 	// Consul recommends for blocking queries (a hot key otherwise turns them into a busy loop);
 	// DefaultMinWait when zero, none when negative.
 	MinWait time.Duration
+	// MeterProvider receives sailplane_consul_watch_errors_total; the global provider when nil.
+	MeterProvider metric.MeterProvider
 }
 
 func (c *Config) setDefaults() error {
@@ -124,6 +128,8 @@ type Source struct {
 	client    *api.Client
 	transport *http.Transport
 	token     string // only to redact it from errors
+	// watchErrors is sailplane_consul_watch_errors_total{query}.
+	watchErrors metric.Int64Counter
 
 	runOnce   sync.Once
 	ready     chan struct{}
@@ -159,14 +165,18 @@ func New(cfg Config, pub bus.Publisher, log *slog.Logger) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, redact(err, token))
 	}
+	watchErrors, err := telemetry.Meter(cfg.MeterProvider, "sailplane.dev/consul").Int64Counter("sailplane_consul_watch_errors_total",
+		metric.WithDescription("Consul blocking queries that failed, by query: the service list (services) or one service's instances (service)."))
+	telemetry.Handle(err)
 	return &Source{
-		cfg:       cfg,
-		pub:       pub,
-		log:       log.With("registry", Registry, "consul", ac.Address),
-		client:    client,
-		transport: ac.Transport,
-		token:     token,
-		ready:     make(chan struct{}),
+		watchErrors: watchErrors,
+		cfg:         cfg,
+		pub:         pub,
+		log:         log.With("registry", Registry, "consul", ac.Address),
+		client:      client,
+		transport:   ac.Transport,
+		token:       token,
+		ready:       make(chan struct{}),
 	}, nil
 }
 
@@ -189,6 +199,9 @@ type published struct {
 	svc *discoveryv1.Service
 	eps *discoveryv1.Endpoints
 }
+
+// serviceListQuery names the watch of the service list, in logs and metrics.
+const serviceListQuery = "service list"
 
 // ErrAlreadyRun is returned by Run when called a second time.
 var ErrAlreadyRun = errors.New("consul: Source.Run called twice")
@@ -215,7 +228,7 @@ func (s *Source) Run(ctx context.Context) error {
 	lists := make(chan map[string][]string)
 	updates := make(chan instances)
 	wg.Go(func() {
-		watch(ctx, s, "service list", false, func(q *api.QueryOptions) (map[string][]string, *api.QueryMeta, error) {
+		watch(ctx, s, serviceListQuery, false, func(q *api.QueryOptions) (map[string][]string, *api.QueryMeta, error) {
 			return s.client.Catalog().Services(q)
 		}, func(v map[string][]string) bool { return send(ctx, lists, v) })
 	})

@@ -23,6 +23,7 @@ import (
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/telemetry/telemetrytest"
 	"sailplane.dev/shared/testwait"
 	"sailplane.dev/tools/testenv"
 )
@@ -501,10 +502,12 @@ func TestUnreachable(t *testing.T) {
 
 	const token = "s3cr3t-test-token-4f1c"
 	pub := newRecorder()
+	metrics := telemetrytest.New(t)
 	_, logs := runSource(t, Config{
 		Address: p.addr(), Token: token, ClusterID: "test-cluster",
 		Backoff:  Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond},
 		WaitTime: 2 * time.Second, MinWait: 10 * time.Millisecond,
+		MeterProvider: metrics.Provider(),
 	}, pub)
 	// A second Source talks to the agent directly, to see what a stopped agent looks like
 	// without the proxy in between (connection refused rather than a closed connection).
@@ -524,8 +527,15 @@ func TestUnreachable(t *testing.T) {
 
 	t.Run("outage keeps the state and retries", func(t *testing.T) {
 		mark, before := pub.mark(), failed()
+		if n := metrics.Value("sailplane_consul_watch_errors_total"); n != 0 {
+			t.Errorf("%v watch errors counted before the outage", n)
+		}
 		p.setDown(true)
 		eventually(t, "two logged retries", func() bool { return failed() >= before+2 })
+		eventually(t, "the failed queries counted", func() bool {
+			return metrics.Value("sailplane_consul_watch_errors_total", "query", "services") >= 2 &&
+				metrics.Value("sailplane_consul_watch_errors_total", "query", "service") >= 2
+		})
 		// Deregistered behind the Source's back: it must not learn of it until Consul is back.
 		deregister(t, c, "gone-1")
 		eventually(t, "more logged retries", func() bool { return failed() >= before+4 })

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // watch runs one blocking query until ctx is done, calling deliver with every result whose index
@@ -44,6 +46,7 @@ func watch[T any](ctx context.Context, s *Source, what string, quiet bool,
 			err = errors.New("no query metadata in the answer")
 		}
 		if err != nil {
+			s.watchFailed(what)
 			failures++
 			delay := backoff(s.cfg.Backoff, failures)
 			level := s.log.Warn
@@ -80,6 +83,17 @@ func watch[T any](ctx context.Context, s *Source, what string, quiet bool,
 			return
 		}
 	}
+}
+
+// watchFailed counts a failed query in sailplane_consul_watch_errors_total: "services" for the
+// service list, "service" for one service's instances (a label per service would grow with the
+// catalog).
+func (s *Source) watchFailed(what string) {
+	query := "service"
+	if what == serviceListQuery {
+		query = "services"
+	}
+	s.watchErrors.Add(context.Background(), 1, metric.WithAttributes(attribute.String("query", query)))
 }
 
 // backoff is the delay before retry number failures (1-based): Initial doubling up to Max,

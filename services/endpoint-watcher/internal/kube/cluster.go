@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sync"
 
+	"go.opentelemetry.io/otel/attribute"
 	corev1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -75,6 +76,7 @@ func (c *Controller) newCluster(id, secret string, cfg *rest.Config) (*cluster, 
 	}
 	outages := sharedkube.NewOutages(cfg.Host, c.log.With("cluster", id))
 	cfg.Wrap(outages.Wrap)
+	sharedkube.CountWatchErrors(cfg, c.meters, attribute.String("cluster", id))
 	// Our own HTTP client, so that stopping a cluster closes its connections (client-go's
 	// shared transport cache would keep them open for the life of the process).
 	hc, err := rest.HTTPClientFor(cfg)
@@ -116,30 +118,31 @@ func (c *Controller) newCaches(cl *cluster) (*caches, error) {
 		}
 	}
 
+	// Each informer's events count in istiod's pilot_k8s_reg_events, under istiod's type names.
 	reg := []struct {
 		inf cache.SharedIndexInformer
 		h   cache.ResourceEventHandlerFuncs
 	}{
-		{svcInf.Informer(), cache.ResourceEventHandlerFuncs{
+		{svcInf.Informer(), c.events.Counted("Services", cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { c.onService(cl, g, nil, o) },
 			UpdateFunc: func(o, n any) { c.onService(cl, g, o, n) },
 			DeleteFunc: func(o any) { c.onService(cl, g, untomb(o), nil) },
-		}},
-		{sliceInf.Informer(), cache.ResourceEventHandlerFuncs{
+		})},
+		{sliceInf.Informer(), c.events.Counted("EndpointSlice", cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { c.onSlice(cl, g, nil, o) },
 			UpdateFunc: func(o, n any) { c.onSlice(cl, g, o, n) },
 			DeleteFunc: func(o any) { c.onSlice(cl, g, untomb(o), nil) },
-		}},
-		{podInf.Informer(), cache.ResourceEventHandlerFuncs{
+		})},
+		{podInf.Informer(), c.events.Counted("Pods", cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { c.onPod(cl, g, o, false) },
 			UpdateFunc: func(_, n any) { c.onPod(cl, g, n, false) },
 			DeleteFunc: func(o any) { c.onPod(cl, g, untomb(o), true) },
-		}},
-		{nodeInf.Informer(), cache.ResourceEventHandlerFuncs{
+		})},
+		{nodeInf.Informer(), c.events.Counted("Nodes", cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { c.onNode(cl, g, nil, o) },
 			UpdateFunc: func(o, n any) { c.onNode(cl, g, o, n) },
 			DeleteFunc: func(o any) { c.onNode(cl, g, untomb(o), nil) },
-		}},
+		})},
 	}
 	for _, r := range reg {
 		// Say in our log, where an operator looks, instead of only in klog's.

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -73,6 +74,9 @@ type Deps struct {
 	// WorkloadEntries and Workloads connect to the ServiceEntry registry; optional.
 	WorkloadEntries WorkloadEntrySelector
 	Workloads       WorkloadSink
+	// MeterProvider receives pilot_k8s_reg_events and sailplane_kube_watch_errors_total; the
+	// global provider when nil.
+	MeterProvider metric.MeterProvider
 }
 
 // svcKey is a Kubernetes Service: the unit merged across clusters.
@@ -89,6 +93,9 @@ type Controller struct {
 	wes   WorkloadEntrySelector
 	sink  WorkloadSink
 	ready chan struct{}
+	// meters is where every cluster's informers report; events counts their events.
+	meters metric.MeterProvider
+	events sharedkube.EventCounter
 
 	// secretMu serializes syncSecret, which starts and stops clusters outside mu.
 	secretMu sync.Mutex
@@ -126,6 +133,7 @@ func New(cfg Config, deps Deps) (*Controller, error) {
 	return &Controller{
 		cfg: cfg, log: log, rest: deps.Kube, pub: deps.Publisher,
 		wes: deps.WorkloadEntries, sink: deps.Workloads,
+		meters: deps.MeterProvider, events: sharedkube.RegistryEvents(deps.MeterProvider),
 		ready:     make(chan struct{}),
 		clusters:  map[string]*cluster{},
 		bySecret:  map[string]map[string]*cluster{},
