@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	"k8s.io/client-go/rest"
 
@@ -24,6 +25,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/telemetry"
 )
 
 // ErrDuplicate marks a problem where two documents define the same kind/namespace/name; the
@@ -89,6 +91,9 @@ type Config struct {
 type Deps struct {
 	Logger    *slog.Logger
 	Publisher bus.Publisher
+	// MeterProvider receives sailplane_config_problems and, in Kubernetes mode,
+	// pilot_k8s_cfg_events and sailplane_kube_watch_errors_total; the global provider when nil.
+	MeterProvider metric.MeterProvider
 }
 
 // Service is config-ingest.
@@ -98,6 +103,7 @@ type Service struct {
 	pub   bus.Publisher
 	ready chan struct{}
 	kube  *kubesource.Source // Kubernetes mode; nil for files
+	meter metric.Meter
 
 	mu           sync.Mutex
 	treeProblems []error
@@ -123,12 +129,15 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if cfg.Settle <= 0 {
 		cfg.Settle = tree.DefaultSettle
 	}
-	s := &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, ready: make(chan struct{}), busProblems: map[tree.Key]error{}}
+	s := &Service{
+		cfg: cfg, log: deps.Logger, pub: deps.Publisher, ready: make(chan struct{}), busProblems: map[tree.Key]error{},
+		meter: telemetry.Meter(deps.MeterProvider, "sailplane.dev/config-ingest"),
+	}
 	if cfg.Kube != nil {
 		src, err := kubesource.New(cfg.Kube, kubesource.Config{
 			Namespace: cfg.Namespace, Identity: cfg.PodName, MeshFile: cfg.MeshFile, Debounce: cfg.Debounce,
 			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
-			StateDir: cfg.StateDir,
+			StateDir: cfg.StateDir, MeterProvider: deps.MeterProvider,
 		}, deps.Publisher, deps.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("config-ingest: %w", err)
@@ -188,6 +197,8 @@ func (s *Service) Problems() []error {
 // riding out its outages (nothing is deleted while it is unreachable); it fails only when a
 // MeshFile cannot be loaded at start.
 func (s *Service) Run(ctx context.Context) error {
+	stop := s.countProblems()
+	defer stop()
 	if s.kube != nil {
 		return s.kube.Run(ctx)
 	}

@@ -20,6 +20,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/telemetry/telemetrytest"
 	"sailplane.dev/shared/testlog"
 	"sailplane.dev/shared/testwait"
 )
@@ -135,13 +136,15 @@ type env struct {
 	mesh string // the mesh file
 	rec  *recorder
 	svc  *configingest.Service
+	// metrics is what the service reports.
+	metrics *telemetrytest.Metrics
 }
 
 // start runs a Service over dir/conf with the mesh file dir/mesh.yaml (written by setup first).
 func start(t *testing.T, setup func(e *env)) *env {
 	t.Helper()
 	root := t.TempDir()
-	e := &env{t: t, dir: filepath.Join(root, "conf"), mesh: filepath.Join(root, "mesh.yaml"), rec: newRecorder()}
+	e := &env{t: t, dir: filepath.Join(root, "conf"), mesh: filepath.Join(root, "mesh.yaml"), rec: newRecorder(), metrics: telemetrytest.New(t)}
 	if err := os.MkdirAll(e.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +154,7 @@ func start(t *testing.T, setup func(e *env)) *env {
 	}
 	log := testlog.New(t, slog.LevelDebug)
 	svc, err := configingest.New(configingest.Config{MeshFile: e.mesh, Debounce: 20 * time.Millisecond},
-		configingest.Deps{Logger: log, Publisher: e.rec})
+		configingest.Deps{Logger: log, Publisher: e.rec, MeterProvider: e.metrics.Provider()})
 	if err != nil {
 		t.Fatal(err)
 	}

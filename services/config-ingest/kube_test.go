@@ -29,6 +29,7 @@ import (
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/telemetry/telemetrytest"
 	"sailplane.dev/shared/testlog"
 	"sailplane.dev/shared/testwait"
 	"sailplane.dev/tools/testenv"
@@ -103,10 +104,11 @@ func (e *kenv) ns(prefix string, labels map[string]string) string {
 }
 
 type kingest struct {
-	svc  *configingest.Service
-	rec  *recorder
-	logs *testlog.Messages
-	stop func() // cancels Run and waits for it
+	svc     *configingest.Service
+	rec     *recorder
+	logs    *testlog.Messages
+	metrics *telemetrytest.Metrics
+	stop    func() // cancels Run and waits for it
 }
 
 // start runs a Kubernetes-mode Service with short leader election timings.
@@ -122,7 +124,8 @@ func (e *kenv) start(podName string, edit func(*configingest.Config)) *kingest {
 	log, logs := testlog.NewRecording(e.t, slog.LevelDebug)
 	log = log.With("pod", podName)
 	rec := newRecorder()
-	svc, err := configingest.New(cfg, configingest.Deps{Logger: log, Publisher: rec})
+	metrics := telemetrytest.New(e.t)
+	svc, err := configingest.New(cfg, configingest.Deps{Logger: log, Publisher: rec, MeterProvider: metrics.Provider()})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -146,7 +149,7 @@ func (e *kenv) start(podName string, edit func(*configingest.Config)) *kingest {
 	case <-time.After(30 * time.Second):
 		e.t.Fatal("not ready")
 	}
-	return &kingest{svc: svc, rec: rec, logs: logs, stop: stop}
+	return &kingest{svc: svc, rec: rec, logs: logs, metrics: metrics, stop: stop}
 }
 
 // waitFor polls cond until it holds, failing t after 30s (leader failover and API server
@@ -298,7 +301,11 @@ func TestKubeConfigPublished(t *testing.T) {
 		t.Error("no mesh config published")
 	}
 
-	// A new resource, an update and a delete propagate.
+	// A new resource, an update and a delete propagate, each counted as istiod counts them.
+	events := func(kind, event string) float64 {
+		return in.metrics.Value("pilot_k8s_cfg_events", "type", kind, "event", event)
+	}
+	adds, updates, deletes := events("VirtualService", "add"), events("VirtualService", "update"), events("Gateway", "delete")
 	e.createVS(nsA, "ratings", vsSpec("ratings", 0))
 	waitFor(t, "new VirtualService", func() bool { return rec.get(schema.VirtualService, nsA+"/ratings") != nil })
 	e.updateVS(nsB, "reviews", vsSpec("reviews-v2", 0))
@@ -309,6 +316,15 @@ func TestKubeConfigPublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "deleted Gateway", func() bool { return rec.get(schema.Gateway, nsA+"/gw") == nil })
+	if n := events("VirtualService", "add") - adds; n != 1 {
+		t.Errorf("pilot_k8s_cfg_events{type=VirtualService,event=add} moved by %v for one creation, want 1", n)
+	}
+	if n := events("VirtualService", "update") - updates; n < 1 {
+		t.Errorf("pilot_k8s_cfg_events{type=VirtualService,event=update} moved by %v for an update, want at least 1", n)
+	}
+	if n := events("Gateway", "delete") - deletes; n != 1 {
+		t.Errorf("pilot_k8s_cfg_events{type=Gateway,event=delete} moved by %v for one deletion, want 1", n)
+	}
 	if rec.get(schema.Gateway, nsB+"/gw") == nil {
 		t.Error("the other namespace's Gateway was deleted too")
 	}
@@ -603,6 +619,9 @@ func TestKubeAPIServerRestart(t *testing.T) {
 		return slices.ContainsFunc(in.svc.Problems(), func(err error) bool { return errors.Is(err, configingest.ErrKubernetes) })
 	}
 	waitFor(t, "API server problem reported", kubeProblem)
+	waitFor(t, "failed watches counted", func() bool {
+		return in.metrics.Value("sailplane_kube_watch_errors_total", "resource", "virtualservices") > 0
+	})
 	seen := failed.Load()
 	waitFor(t, "failed retries", func() bool { return failed.Load() >= seen+5 })
 	if r, d := rec.calls(); r != replaced || d != deletes {

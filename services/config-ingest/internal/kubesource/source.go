@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/protobuf/proto"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	istioinformers "istio.io/client-go/pkg/informers/externalversions"
@@ -70,6 +71,9 @@ type Config struct {
 	// StateDir, when set, is the folder where the last valid version of every resource that is
 	// invalid in the API server is saved (StateFile), so that a restart still serves it.
 	StateDir string
+	// MeterProvider receives pilot_k8s_cfg_events and sailplane_kube_watch_errors_total; the
+	// global provider when nil.
+	MeterProvider metric.MeterProvider
 }
 
 // Source is the Kubernetes config source.
@@ -88,6 +92,8 @@ type Source struct {
 	outages *kube.Outages
 	// retired tracks the stopping of informers replaced by resync.
 	retired sync.WaitGroup
+	// events counts the informers' events, as istiod's pilot_k8s_cfg_events.
+	events kube.EventCounter
 
 	mu        sync.Mutex
 	synced    bool // the initial state was published: from now on, publish every change
@@ -154,10 +160,12 @@ func New(restCfg *rest.Config, cfg Config, pub bus.Publisher, log *slog.Logger) 
 		cfg: cfg, log: log, pub: pub,
 		ready: make(chan struct{}), probeNow: make(chan struct{}, 1),
 		watchProb: map[string]error{},
+		events:    kube.ConfigEvents(cfg.MeterProvider),
 	}
 	s.outages = kube.NewOutages(restCfg.Host, log)
 	restCfg = rest.CopyConfig(restCfg)
 	restCfg.Wrap(s.outages.Wrap)
+	kube.CountWatchErrors(restCfg, cfg.MeterProvider)
 	clients, err := kube.NewClients(restCfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubesource: %w", err)
@@ -454,11 +462,11 @@ func (s *Source) handle(g *caches, inf cache.SharedIndexInformer, name string, f
 		}
 		fn(k)
 	}
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	_, _ = inf.AddEventHandler(s.events.Counted(name, cache.ResourceEventHandlerFuncs{
 		AddFunc:    key,
 		UpdateFunc: func(_, obj any) { key(obj) },
 		DeleteFunc: key,
-	})
+	}))
 	// Set before the informer starts, as client-go requires; it replaces client-go's default
 	// handler, which only logs.
 	_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {

@@ -1,0 +1,80 @@
+package configingest
+
+import (
+	"context"
+	"errors"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/config"
+	"sailplane.dev/shared/telemetry"
+)
+
+// countProblems reports the current Problems as sailplane_config_problems{kind, reason}, read
+// at each collection, until stop is called: the gauge is what an alert on broken config watches.
+func (s *Service) countProblems() (stop func()) {
+	gauge, err := s.meter.Int64ObservableGauge("sailplane_config_problems",
+		metric.WithDescription("Current config problems (each served from its last good version, or not served), by resource kind and reason."))
+	telemetry.Handle(err)
+	reg, err := s.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		type key struct{ kind, reason string }
+		counts := map[key]int64{}
+		for _, p := range s.Problems() {
+			counts[key{problemKind(p), problemReason(p)}]++
+		}
+		for k, n := range counts {
+			o.ObserveInt64(gauge, n, metric.WithAttributes(attribute.String("kind", k.kind), attribute.String("reason", k.reason)))
+		}
+		return nil
+	}, gauge)
+	telemetry.Handle(err)
+	return func() {
+		if reg != nil {
+			telemetry.Handle(reg.Unregister())
+		}
+	}
+}
+
+// problemKind is the kind of the resource at fault ("VirtualService"), "" when the problem is
+// not one resource's (an unreadable folder, the API server).
+func problemKind(err error) string {
+	var ce *config.Error
+	if errors.As(err, &ce) {
+		return ce.Kind
+	}
+	return ""
+}
+
+// problemReason names what kind of problem err is, from the most specific cause.
+func problemReason(err error) string {
+	var tooLarge *bus.TooLargeError
+	switch {
+	case errors.As(err, &tooLarge), errors.Is(err, config.ErrTooLarge):
+		return "too_large"
+	case errors.Is(err, ErrDuplicate):
+		return "duplicate"
+	case errors.Is(err, ErrUnreadable):
+		return "unreadable"
+	case errors.Is(err, ErrEmpty):
+		return "empty"
+	case errors.Is(err, ErrSettling):
+		return "settling"
+	case errors.Is(err, ErrKubernetes):
+		return "kubernetes"
+	case errors.Is(err, ErrMeshConfigMap):
+		return "mesh_configmap"
+	case errors.Is(err, config.ErrMalformed):
+		return "malformed"
+	case errors.Is(err, config.ErrUnknownKind):
+		return "unknown_kind"
+	case errors.Is(err, config.ErrSchema):
+		return "schema"
+	}
+	var ce *config.Error
+	if errors.As(err, &ce) {
+		return "invalid"
+	}
+	return "other"
+}
