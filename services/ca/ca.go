@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -112,6 +113,9 @@ type Deps struct {
 	// Publisher, when set, receives the trust bundle (schema.TrustBundle) once the root is
 	// loaded, before Ready.
 	Publisher bus.Publisher
+	// MeterProvider receives the CSR metrics (istiod's citadel_server_*); the global provider
+	// when nil.
+	MeterProvider metric.MeterProvider
 }
 
 // ErrStoredCA marks a root of trust that exists but cannot be used (corrupt, partly missing,
@@ -140,7 +144,8 @@ type Service struct {
 	reviewerOnce sync.Once
 	reviewer     *tokenReviewer
 
-	stats stats
+	stats   stats
+	metrics csrMetrics
 }
 
 // New checks cfg; nothing is read or generated before Run.
@@ -164,7 +169,10 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if a := cfg.KeyAlgorithm; a != "" && a != pki.ECDSAP256 && a != pki.RSA2048 {
 		return nil, fmt.Errorf("ca: key algorithm %q: want %s or %s", cfg.KeyAlgorithm, pki.ECDSAP256, pki.RSA2048)
 	}
-	s := &Service{cfg: cfg, log: deps.Logger, pub: deps.Publisher, mesh: deps.Mesh, ready: make(chan struct{}), rotated: make(chan struct{})}
+	s := &Service{
+		cfg: cfg, log: deps.Logger, pub: deps.Publisher, mesh: deps.Mesh, ready: make(chan struct{}), rotated: make(chan struct{}),
+		metrics: newCSRMetrics(deps.MeterProvider),
+	}
 	if cfg.Kube != nil {
 		c, err := kubernetes.NewForConfig(kube.WithRateLimits(cfg.Kube))
 		if err != nil {

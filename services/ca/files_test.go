@@ -22,6 +22,7 @@ import (
 
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/shared/telemetry/telemetrytest"
 )
 
 var app = spiffe.ID{TrustDomain: "cluster.local", Namespace: "app", ServiceAccount: "web"}
@@ -192,7 +193,11 @@ func TestPluggedFolderSignsThroughIntermediate(t *testing.T) {
 
 func TestCertificateAuthErrors(t *testing.T) {
 	dir := t.TempDir()
-	r := startCA(t, Config{CertDir: dir, MaxCertTTL: 48 * time.Hour})
+	metrics := telemetrytest.New(t)
+	r, err := tryStartCAWith(t, Config{CertDir: dir, MaxCertTTL: 48 * time.Hour}, Deps{MeterProvider: metrics.Provider()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	roots := r.RootsPEM()
 	auth := loadDir(t, dir)
 	good := issueClient(t, dir, app, pki.ECDSAP256)
@@ -250,6 +255,25 @@ func TestCertificateAuthErrors(t *testing.T) {
 	if got := r.Stats(); got.Unauthenticated != 4 || got.PermissionDenied != 1 || got.InvalidArgument != 3 || got.Signed != 0 {
 		t.Fatalf("stats %+v", got)
 	}
+	// The same, as istiod's metrics and Sailplane's (the oversized request never reaches the ca).
+	scrape := metrics.Scrape()
+	for _, want := range []struct {
+		name   string
+		labels []string
+		value  float64
+	}{
+		{"citadel_server_csr_count", nil, 8},
+		{"citadel_server_authentication_failure_count", nil, 4},
+		{"citadel_server_csr_parsing_err_count", nil, 3},
+		{"sailplane_ca_csr_refused_total", []string{"code", "PermissionDenied"}, 1},
+		{"sailplane_ca_csr_refused_total", []string{"code", "Unauthenticated"}, 4},
+		{"sailplane_ca_csr_duration_seconds", []string{"code", "InvalidArgument"}, 3},
+		{"citadel_server_success_cert_issuance_count", nil, 0},
+	} {
+		if got, _ := scrape.Value(want.name, want.labels...); got != want.value {
+			t.Errorf("%s%v = %v, want %v", want.name, want.labels, got, want.value)
+		}
+	}
 
 	// The trust domain of the CSR may be stale; the certificate is in the ca's.
 	for _, tc := range []struct {
@@ -273,6 +297,12 @@ func TestCertificateAuthErrors(t *testing.T) {
 				t.Fatalf("lifetime %s, want %s", got, tc.want)
 			}
 		})
+	}
+	if got := metrics.Value("citadel_server_success_cert_issuance_count"); got != 4 {
+		t.Errorf("citadel_server_success_cert_issuance_count = %v after 4 certificates, want 4", got)
+	}
+	if sum := metrics.Scrape().Sum("sailplane_ca_csr_duration_seconds", "code", "OK"); sum <= 0 {
+		t.Errorf("no time recorded for the certificates issued: %v", sum)
 	}
 }
 

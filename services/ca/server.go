@@ -107,6 +107,13 @@ func (s *Service) serve(ctx context.Context) error {
 
 // CreateCertificate signs the CSR for the caller's identity, whatever identity the CSR names.
 func (cs *certService) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
+	start := time.Now()
+	resp, err := cs.createCertificate(ctx, req)
+	cs.s.metrics.answered(status.Code(err), time.Since(start))
+	return resp, err
+}
+
+func (cs *certService) createCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
 	s := cs.s
 	auth := s.authority()
 	if auth == nil {
