@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"mime"
 	"net/http"
+	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,19 +24,26 @@ var reviewVersions = map[string]bool{"admission.k8s.io/v1": true, "admission.k8s
 // admitFunc decides one admission request.
 type admitFunc func(*admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse
 
+// answeredFunc observes how an admission request was answered, after took: resp is nil and
+// status the HTTP error for a body that is no admission review.
+type answeredFunc func(resp *admissionv1.AdmissionResponse, status int, took time.Duration)
+
 // admission serves admit over the AdmissionReview protocol. A body that is no admission review
 // (wrong method or media type, too large, malformed, without a request) is refused with an HTTP
 // error saying why: the API server never sends one, so it is a client to tell, not an object to
 // judge. A panic in admit refuses that request and leaves the server running.
-func (s *Server) admission(admit admitFunc) http.Handler {
+func (s *Server) admission(admit admitFunc, answered answeredFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
 		review, status, err := readReview(w, r)
 		if err != nil {
 			s.log.Info("bad admission request", "path", r.URL.Path, "from", r.RemoteAddr, "status", status, "error", err)
 			http.Error(w, err.Error(), status)
+			answered(nil, status, time.Since(start))
 			return
 		}
 		resp := s.admitRecovered(admit, review.Request)
+		defer func() { answered(resp, http.StatusOK, time.Since(start)) }()
 		resp.UID = review.Request.UID
 		out, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: resp})
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,11 +105,18 @@ func review(t *testing.T, op admissionv1.Operation, namespace, objYAML string) [
 		}
 		req.Object = runtime.RawExtension{Raw: js}
 		var meta struct {
-			Kind     string            `json:"kind"`
-			Metadata metav1.ObjectMeta `json:"metadata"`
+			APIVersion string            `json:"apiVersion"`
+			Kind       string            `json:"kind"`
+			Metadata   metav1.ObjectMeta `json:"metadata"`
 		}
 		_ = json.Unmarshal(js, &meta)
 		req.Kind.Kind, req.Name = meta.Kind, meta.Metadata.Name
+		// As the API server fills it in: the resource is the kind's plural.
+		group, version, found := strings.Cut(meta.APIVersion, "/")
+		if !found {
+			group, version = "", meta.APIVersion
+		}
+		req.Resource = metav1.GroupVersionResource{Group: group, Version: version, Resource: strings.ToLower(meta.Kind) + "s"}
 	}
 	out, err := json.Marshal(admissionv1.AdmissionReview{
 		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"}, Request: req,

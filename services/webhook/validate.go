@@ -23,33 +23,49 @@ const ReadinessCheckAnnotation = "sailplane.dev/webhook-readiness-check"
 // Sailplane does not read is refused as istiod refuses a type it does not know (the
 // configurations send only the kinds it reads).
 func (s *Server) validate(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+	resp, failure := s.judge(req)
+	s.metrics.validated(req, failure)
+	return resp
+}
+
+// judge is validate's decision, and for a refusal (or, as istiod counts it, an operation not
+// judged) the reason galley_validation_failed counts it under.
+func (s *Server) judge(req *admissionv1.AdmissionRequest) (resp *admissionv1.AdmissionResponse, failure string) {
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
-		return &admissionv1.AdmissionResponse{Allowed: true}
+		return &admissionv1.AdmissionResponse{Allowed: true}, reasonUnsupportedOperation
 	}
 	raw := req.Object.Raw
 	switch {
 	case len(raw) == 0:
-		return deny("the admission request carries no object")
+		return deny("the admission request carries no object"), reasonYAMLDecodeError
 	case len(raw) > config.MaxResourceBytes:
 		return deny(fmt.Sprintf("%s %s/%s: the object is %d bytes, more than the %d bytes (1.5 MiB) a resource may have",
-			req.Kind.Kind, req.Namespace, req.Name, len(raw), config.MaxResourceBytes))
+			req.Kind.Kind, req.Namespace, req.Name, len(raw), config.MaxResourceBytes)), reasonInvalidConfig
 	}
 	cfgs, errs := config.ParseYAML("", withKnownVersion(raw), req.Namespace)
 	if len(errs) > 0 {
-		return deny(messages(errors.Join(errs...)))
+		err := errors.Join(errs...)
+		failure = reasonInvalidConfig
+		switch {
+		case errors.Is(err, config.ErrMalformed):
+			failure = reasonYAMLDecodeError
+		case errors.Is(err, config.ErrUnknownKind):
+			failure = reasonUnknownType
+		}
+		return deny(messages(err)), failure
 	}
 	if len(cfgs) != 1 {
-		return deny("the admission request's object is not one resource")
+		return deny("the admission request's object is not one resource"), reasonYAMLDecodeError
 	}
 	c := cfgs[0]
 	c.Source = config.Source{}
 	if rev, ok := c.Annotations[ReadinessCheckAnnotation]; ok && rev == s.cfg.Revision {
-		return deny(fmt.Sprintf("%s: the readiness check of revision %s is always refused", ReadinessCheckAnnotation, rev))
+		return deny(fmt.Sprintf("%s: the readiness check of revision %s is always refused", ReadinessCheckAnnotation, rev)), reasonInvalidConfig
 	}
 	warnings, err := config.Validate(c)
-	resp := &admissionv1.AdmissionResponse{Allowed: err == nil}
+	resp = &admissionv1.AdmissionResponse{Allowed: err == nil}
 	if err != nil {
-		resp = deny(messages(err))
+		resp, failure = deny(messages(err)), reasonInvalidConfig
 	}
 	for _, w := range warnings {
 		resp.Warnings = append(resp.Warnings, w.String())
@@ -57,7 +73,7 @@ func (s *Server) validate(req *admissionv1.AdmissionRequest) *admissionv1.Admiss
 	if err != nil {
 		s.log.Debug("refused invalid config", "kind", c.Kind.Kind, "namespace", c.Namespace, "name", c.Name, "error", err)
 	}
-	return resp
+	return resp, failure
 }
 
 // messages renders config errors one per line, without the document number ParseYAML gives

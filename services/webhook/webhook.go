@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -82,6 +83,9 @@ type Deps struct {
 	// Mesh, when set, carries the mesh config (schema.MeshConfig, from config-ingest), whose
 	// defaultConfig is the base of every injected pod's ProxyConfig; without it, Istio's defaults.
 	Mesh bus.Source
+	// MeterProvider receives the admission metrics (istiod's sidecar_injection_* and
+	// galley_validation_*); the global provider when nil.
+	MeterProvider metric.MeterProvider
 }
 
 // injector answers pod admission requests with the sidecar patch, once its templates are loaded.
@@ -104,8 +108,9 @@ type Server struct {
 	injector injector // internal/inject's; an interface so that tests can put another in
 	mesh     *meshHolder
 
-	ready chan struct{}
-	addr  atomic.Pointer[net.Addr]
+	ready   chan struct{}
+	addr    atomic.Pointer[net.Addr]
+	metrics webhookMetrics
 }
 
 // New checks cfg; nothing is served before Run.
@@ -120,7 +125,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: log, cert: deps.Certificate, ready: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log, cert: deps.Certificate, ready: make(chan struct{}), metrics: newWebhookMetrics(deps.MeterProvider)}
 	if s.cert == nil {
 		host, _, _ := net.SplitHostPort(cfg.Listen)
 		cert, err := SelfManaged(append(DNSNames(cfg.Namespace), host))
@@ -257,8 +262,14 @@ func (s *Server) serve(ctx context.Context, lis net.Listener) error {
 // Ready, else 503).
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /validate", s.admission(s.validate))
-	mux.Handle("POST /inject", s.admission(s.injector.Admit))
+	mux.Handle("POST /validate", s.admission(s.validate, func(resp *admissionv1.AdmissionResponse, status int, _ time.Duration) {
+		if resp == nil {
+			s.metrics.validationHTTPErrorAnswered(status)
+		}
+	}))
+	mux.Handle("POST /inject", s.admission(s.injector.Admit, func(resp *admissionv1.AdmissionResponse, _ int, took time.Duration) {
+		s.metrics.injectionAnswered(resp, took)
+	}))
 	mux.HandleFunc("GET /ready", func(w http.ResponseWriter, _ *http.Request) {
 		select {
 		case <-s.ready:
