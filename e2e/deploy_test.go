@@ -551,6 +551,10 @@ func TestDeployTopology(t *testing.T) {
 						for _, problem := range monitoringProbeProblems(c) {
 							t.Errorf("deploy/%s: %s container %s: %s", overlay, key, c.Name, problem)
 						}
+						// Prometheus scrapes /metrics there, as it finds istiod's.
+						if tmpl.Annotations["prometheus.io/scrape"] != "true" || tmpl.Annotations["prometheus.io/port"] != "15014" {
+							t.Errorf("deploy/%s: pods of %s lack istiod's prometheus.io/scrape and prometheus.io/port (15014) annotations: %v", overlay, key, tmpl.Annotations)
+						}
 					}
 					for _, p := range c.Ports {
 						open, sailplaneOnly := admitted(policies, ns, tmpl.Labels, p.ContainerPort)
