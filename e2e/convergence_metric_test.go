@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"mime"
 	"net/http"
 	"testing"
 	"time"
@@ -11,7 +12,8 @@ import (
 	"sailplane.dev/shared/telemetry/telemetrytest"
 )
 
-// scrapeMetrics reads a process's /metrics, as Prometheus does.
+// scrapeMetrics reads a process's /metrics, as Prometheus does: the text exposition format,
+// parsed with prometheus/common/expfmt.
 func scrapeMetrics(ctx context.Context, addr string) (telemetrytest.Families, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 	if err != nil {
@@ -24,6 +26,9 @@ func scrapeMetrics(ctx context.Context, addr string) (telemetrytest.Families, er
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	if mt, params, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/plain" || params["version"] != "0.0.4" {
+		return nil, fmt.Errorf("GET /metrics: Content-Type %q, want the Prometheus text format 0.0.4", resp.Header.Get("Content-Type"))
 	}
 	return telemetrytest.Parse(resp.Body)
 }

@@ -5,7 +5,6 @@ go 1.26.0
 require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
-	github.com/prometheus/common v0.70.1
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sys v0.48.0
 	google.golang.org/grpc v1.85.0
@@ -65,6 +64,7 @@ require (
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 	github.com/prometheus/client_golang v1.24.1 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/common v0.70.1 // indirect
 	github.com/prometheus/otlptranslator v1.0.0 // indirect
 	github.com/prometheus/procfs v0.21.1 // indirect
 	github.com/spf13/cobra v1.10.2 // indirect

@@ -2,14 +2,9 @@ package e2e
 
 import (
 	"fmt"
-	"mime"
-	"net/http"
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"sailplane.dev/e2e/framework"
 	"sailplane.dev/shared/telemetry/telemetrytest"
@@ -87,24 +82,12 @@ spec:
 	}
 }
 
-// scrape GETs p's /metrics and parses it as Prometheus does (the text exposition format).
+// scrape is p's /metrics (scrapeMetrics); an error fails the test.
 func scrape(t *testing.T, p *framework.Process) telemetrytest.Families {
 	t.Helper()
-	resp, err := http.Get("http://" + p.Monitoring + "/metrics")
+	families, err := scrapeMetrics(t.Context(), p.Monitoring)
 	if err != nil {
-		t.Fatalf("%s: GET /metrics: %v", p.Name, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%s: GET /metrics: %s", p.Name, resp.Status)
-	}
-	if mt, params, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/plain" || params["version"] != "0.0.4" {
-		t.Fatalf("%s: /metrics Content-Type %q, want Prometheus text format 0.0.4", p.Name, resp.Header.Get("Content-Type"))
-	}
-	parser := expfmt.NewTextParser(model.LegacyValidation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("%s: /metrics is not the Prometheus text format: %v", p.Name, err)
+		t.Fatalf("%s: %v", p.Name, err)
 	}
 	return families
 }
