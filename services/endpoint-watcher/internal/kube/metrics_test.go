@@ -3,9 +3,12 @@ package kube
 import (
 	"testing"
 
+	"go.opentelemetry.io/otel/attribute"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 
+	sharedkube "sailplane.dev/shared/kube"
 	"sailplane.dev/shared/telemetry/telemetrytest"
 )
 
@@ -49,4 +52,25 @@ func TestMetrics(t *testing.T) {
 	})
 	t.Logf("watch errors by resource: services %v, pods %v",
 		m.Value("sailplane_kube_watch_errors_total", "resource", "services"), m.Value("sailplane_kube_watch_errors_total", "resource", "pods"))
+}
+
+// TestWatchErrorStatus: a list the API server refuses (an identity without RBAC rights) counts
+// as a watch error of its resource; a request that is no list or watch does not.
+func TestWatchErrorStatus(t *testing.T) {
+	cfg := rest.AnonymousClientConfig(sharedKube(t).RestConfig())
+	m := telemetrytest.New(t)
+	sharedkube.CountWatchErrors(cfg, m.Provider(), attribute.String("cluster", "c1"))
+	cs := clientFor(t, cfg)
+	if _, err := cs.CoreV1().Pods("").List(ctxFor(t), metav1.ListOptions{Limit: 10}); err == nil {
+		t.Fatal("an anonymous list of every pod was allowed")
+	}
+	if _, err := cs.CoreV1().Nodes().Get(ctxFor(t), "any", metav1.GetOptions{}); err == nil {
+		t.Fatal("an anonymous get of a node was allowed")
+	}
+	if n := m.Value("sailplane_kube_watch_errors_total", "resource", "pods", "cluster", "c1"); n != 1 {
+		t.Errorf("sailplane_kube_watch_errors_total{resource=pods} = %v for one refused list, want 1", n)
+	}
+	if n, ok := m.Scrape().Value("sailplane_kube_watch_errors_total", "resource", "nodes"); ok {
+		t.Errorf("a refused get counted as %v watch errors", n)
+	}
 }
