@@ -36,7 +36,6 @@ import (
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
-	"sailplane.dev/shared/telemetry"
 )
 
 // Defaults of Config.
@@ -165,11 +164,8 @@ func New(cfg Config, pub bus.Publisher, log *slog.Logger) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, redact(err, token))
 	}
-	watchErrors, err := telemetry.Meter(cfg.MeterProvider, "sailplane.dev/consul").Int64Counter("sailplane_consul_watch_errors_total",
-		metric.WithDescription("Consul blocking queries that failed, by query: the service list (services) or one service's instances (service)."))
-	telemetry.Handle(err)
 	return &Source{
-		watchErrors: watchErrors,
+		watchErrors: newWatchErrors(cfg.MeterProvider),
 		cfg:         cfg,
 		pub:         pub,
 		log:         log.With("registry", Registry, "consul", ac.Address),

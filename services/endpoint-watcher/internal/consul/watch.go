@@ -10,6 +10,8 @@ import (
 	"github.com/hashicorp/consul/api"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"sailplane.dev/shared/telemetry"
 )
 
 // watch runs one blocking query until ctx is done, calling deliver with every result whose index
@@ -83,6 +85,14 @@ func watch[T any](ctx context.Context, s *Source, what string, quiet bool,
 			return
 		}
 	}
+}
+
+// newWatchErrors is sailplane_consul_watch_errors_total{query}.
+func newWatchErrors(provider metric.MeterProvider) metric.Int64Counter {
+	c, err := telemetry.Meter(provider, "sailplane.dev/consul").Int64Counter("sailplane_consul_watch_errors_total",
+		metric.WithDescription("Consul blocking queries that failed, by query: the service list (services) or one service's instances (service)."))
+	telemetry.Handle(err)
+	return c
 }
 
 // watchFailed counts a failed query in sailplane_consul_watch_errors_total: "services" for the

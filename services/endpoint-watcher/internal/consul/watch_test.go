@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+
+	"sailplane.dev/shared/telemetry/telemetrytest"
 )
 
 // TestWatchIndexHandling drives watch with scripted answers to check the blocking-query rules
@@ -31,9 +33,11 @@ func TestWatchIndexHandling(t *testing.T) {
 		{index: 12, value: "after error"},
 	}
 	logs := &logCapture{t: t}
+	metrics := telemetrytest.New(t)
 	s := &Source{
-		cfg: Config{Backoff: Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond}, WaitTime: time.Second, MinWait: -1},
-		log: slog.New(slog.NewTextHandler(logs, nil)),
+		cfg:         Config{Backoff: Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond}, WaitTime: time.Second, MinWait: -1},
+		log:         slog.New(slog.NewTextHandler(logs, nil)),
+		watchErrors: newWatchErrors(metrics.Provider()),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -84,6 +88,9 @@ func TestWatchIndexHandling(t *testing.T) {
 	}
 	if !logs.contains("level=WARN", "consul query failed", "connection refused") {
 		t.Errorf("the failure was not logged at WARN:\n%s", logs.String())
+	}
+	if n := metrics.Value("sailplane_consul_watch_errors_total", "query", "service"); n != 1 {
+		t.Errorf("sailplane_consul_watch_errors_total{query=service} = %v after one failure, want 1", n)
 	}
 }
 
