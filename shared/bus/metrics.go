@@ -2,6 +2,7 @@ package bus
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -68,6 +69,16 @@ func typeLabel(typeURL string) string {
 	return typeURL
 }
 
+// typeAttrs holds typeAttr's options by type URL: building an attribute set on every change
+// would cost about as much as the rest of a local delivery. Only published types are measured
+// (a consumer's subscription to an unknown type records nothing), so it stays small.
+var typeAttrs sync.Map
+
+// typeAttr is the measurement option of the type label of typeURL.
 func typeAttr(typeURL string) metric.MeasurementOption {
-	return metric.WithAttributes(attribute.String("type", typeLabel(typeURL)))
+	if o, ok := typeAttrs.Load(typeURL); ok {
+		return o.(metric.MeasurementOption)
+	}
+	o, _ := typeAttrs.LoadOrStore(typeURL, metric.WithAttributes(attribute.String("type", typeLabel(typeURL))))
+	return o.(metric.MeasurementOption)
 }
