@@ -258,6 +258,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	s.log.Info("root of trust", "subject", auth.Cert.Subject.String(), "self-signed", auth.SelfSigned(),
 		"root-expires", auth.Roots[0].NotAfter.UTC().Format(time.RFC3339), "rotation", st.rotation.Phase)
+	defer s.metrics.observeExpiry(s.authority)()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)

@@ -304,6 +304,12 @@ func TestCertificateAuthErrors(t *testing.T) {
 	if sum := metrics.Scrape().Sum("sailplane_ca_csr_duration_seconds", "code", "OK"); sum <= 0 {
 		t.Errorf("no time recorded for the certificates issued: %v", sum)
 	}
+	if got, want := metrics.Value("citadel_server_root_cert_expiry_timestamp"), float64(auth.Roots[0].NotAfter.Unix()); got != want {
+		t.Errorf("citadel_server_root_cert_expiry_timestamp = %v, want the root's expiry %v", got, want)
+	}
+	if got, want := metrics.Value("citadel_server_cert_chain_expiry_timestamp"), float64(auth.Cert.NotAfter.Unix()); got != want {
+		t.Errorf("citadel_server_cert_chain_expiry_timestamp = %v, want the signing certificate's expiry %v", got, want)
+	}
 }
 
 // The listener is TLS, so the plaintext refusal is checked on a plaintext server with the same handler.

@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc/codes"
 
+	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/telemetry"
 )
 
@@ -20,6 +21,7 @@ type csrMetrics struct {
 	refused metric.Int64Counter
 	// duration is sailplane_ca_csr_duration_seconds{code}.
 	duration metric.Float64Histogram
+	meter    metric.Meter
 }
 
 func newCSRMetrics(provider metric.MeterProvider) csrMetrics {
@@ -41,6 +43,33 @@ func newCSRMetrics(provider metric.MeterProvider) csrMetrics {
 		issued:        counter("citadel_server_success_cert_issuance_count", "The number of certificates issuances that have succeeded."),
 		refused:       counter("sailplane_ca_csr_refused_total", "CreateCertificate requests refused, by gRPC code."),
 		duration:      duration,
+		meter:         meter,
+	}
+}
+
+// observeExpiry reports, at each collection until stop is called, istiod's expiry gauges of
+// the authority in use: citadel_server_root_cert_expiry_timestamp (the first root, as istiod)
+// and citadel_server_cert_chain_expiry_timestamp (the signing certificate), in Unix seconds,
+// what an alert on a root about to expire watches.
+func (m csrMetrics) observeExpiry(authority func() *pki.Authority) (stop func()) {
+	root, err := m.meter.Float64ObservableGauge("citadel_server_root_cert_expiry_timestamp",
+		metric.WithDescription("The unix timestamp, in seconds, when the root cert will expire."))
+	telemetry.Handle(err)
+	chain, err := m.meter.Float64ObservableGauge("citadel_server_cert_chain_expiry_timestamp",
+		metric.WithDescription("The unix timestamp, in seconds, when Istio generated cert chain will expire."))
+	telemetry.Handle(err)
+	reg, err := m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		if auth := authority(); auth != nil {
+			o.ObserveFloat64(root, float64(auth.Roots[0].NotAfter.Unix()))
+			o.ObserveFloat64(chain, float64(auth.Cert.NotAfter.Unix()))
+		}
+		return nil
+	}, root, chain)
+	telemetry.Handle(err)
+	return func() {
+		if reg != nil {
+			telemetry.Handle(reg.Unregister())
+		}
 	}
 }
 
