@@ -3,6 +3,7 @@ package ca
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,17 +23,19 @@ func TestServiceCertFolders(t *testing.T) {
 	dir := t.TempDir()
 	r := startCA(t, Config{CertDir: filepath.Join(dir, "root"), ServiceCertDir: filepath.Join(dir, "services")})
 	folder := filepath.Join(dir, "services", "xds-server")
+	// The folders are written one after the other: wait for the last.
 	waitFor(t, func() error {
-		_, err := os.Stat(filepath.Join(folder, workloadcert.RootCertFile))
-		return err
+		for _, sa := range ServiceAccounts {
+			for _, f := range []string{workloadcert.RootCertFile, workloadcert.CertChainFile} {
+				if _, err := os.Stat(filepath.Join(dir, "services", sa, f)); err != nil {
+					return fmt.Errorf("%s: %w", sa, err)
+				}
+			}
+		}
+		return nil
 	})
 	if fi, err := os.Stat(filepath.Join(folder, workloadcert.KeyFile)); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("key file: %v, mode %v, want 0600", err, fi.Mode())
-	}
-	for _, sa := range ServiceAccounts {
-		if _, err := os.Stat(filepath.Join(dir, "services", sa, workloadcert.CertChainFile)); err != nil {
-			t.Errorf("%s: %v", sa, err)
-		}
 	}
 	provisioned, err := os.ReadFile(filepath.Join(folder, workloadcert.CertChainFile))
 	if err != nil {
