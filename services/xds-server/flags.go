@@ -17,6 +17,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.PushConcurrency, "push-concurrency", 16, "proxies pushed at once")
 	fs.DurationVar(&c.MaxConnectionAge, "max-connection-age", 30*time.Minute,
 		"close client connections after this age (±10%) so they spread over replicas; 0 = never")
+	c.Overload.AddFlags(fs)
 	cli.NamespaceVar(fs, &c.Namespace)
 	cli.PodNameVar(fs, &c.PodName, "this replica's name: its identity in the status Lease and, in xds-server, in proxy status (default: $POD_NAME, else the host name)")
 	fs.BoolVar(&c.DebugPlaintext, "debug-plaintext", false,

@@ -74,6 +74,8 @@ type Config struct {
 	CacheAssert bool
 	// Clock drives the debouncer; nil is the wall clock. For tests.
 	Clock xds.Clock
+	// Overload configures admission control, send timeouts and rebalancing (overload.go).
+	Overload Overload
 }
 
 // Deps are the server's collaborators. Config and Registry may be the same Source.
@@ -122,6 +124,9 @@ type Server struct {
 	jwks    *jwks.Resolver
 	// pushes are the recent pushes, for the status page.
 	pushes pushLog
+	// conns are the client connections, admission the ADS streams (overload.go).
+	conns     *connTracker
+	admission *admission
 
 	started atomic.Bool
 	// plaintextDebug: the plaintext listener serves the debug types (loopback, or
@@ -155,6 +160,10 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if cfg.PodName == "" {
 		cfg.PodName, _ = os.Hostname()
 	}
+	var err error
+	if cfg.Overload, err = cfg.Overload.withDefaults(); err != nil {
+		return nil, err
+	}
 	log := deps.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -164,9 +173,10 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		store:   model.NewStore(),
 		bundles: newTrustBundles(),
 		ready:   make(chan struct{}),
+		conns:   newConnTracker(),
 	}
+	s.admission = newAdmission(cfg.Overload, log.With("component", "admission"), s.conns)
 	s.jwks = jwks.New(s.store, log.With("component", "jwks"), 0, 0, 0)
-	var err error
 	if s.metrics, err = xds.NewMetrics(deps.MeterProvider); err != nil {
 		return nil, err
 	}
@@ -295,19 +305,21 @@ func (s *Server) serve(ctx context.Context, plain, secure net.Listener) error {
 	newGRPC := func(opts ...grpc.ServerOption) *grpc.Server {
 		// Sailplane's server defaults (panic recovery, permissive keepalive enforcement for
 		// clients that hold ADS streams for hours), plus the connection age.
-		gs := grpcserver.New(s.log, append([]grpc.ServerOption{
+		gs := grpcserver.New(s.log, append(append([]grpc.ServerOption{
 			// Responses reference the cached encodings instead of copying them per connection.
 			grpc.ForceServerCodecV2(xds.Codec()),
 			grpc.KeepaliveParams(ka),
 			grpcserver.WithMeterProvider(s.deps.MeterProvider),
-		}, opts...)...)
+		}, s.overloadOptions()...), opts...)...)
 		discoverygrpc.RegisterAggregatedDiscoveryServiceServer(gs, syncGate{s.xds, s.ready})
 		healthpb.RegisterHealthServer(gs, hs)
+		s.registerLoad(gs)
 		return gs
 	}
 	var servers []*grpc.Server
 	serveOn := func(gs *grpc.Server, lis net.Listener) {
 		servers = append(servers, gs)
+		lis = s.conns.listener(lis)
 		wg.Go(func() {
 			if err := gs.Serve(lis); err != nil {
 				errc <- fmt.Errorf("xdsserver: serve %s: %w", lis.Addr(), err)
@@ -317,6 +329,7 @@ func (s *Server) serve(ctx context.Context, plain, secure net.Listener) error {
 	// The ADS streams end when the push workers stop with ctx, which lets GracefulStop finish.
 	wg.Go(func() { _ = s.xds.Run(ctx) })
 	wg.Go(func() { _ = s.jwks.Run(ctx) })
+	s.runOverload(ctx, &wg)
 	if plain != nil {
 		serveOn(newGRPC(), plain)
 	}

@@ -1,0 +1,336 @@
+package xdsserver
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/peer"
+
+	"sailplane.dev/shared/grpcserver"
+)
+
+// Admission control for ADS streams. istiod lets PILOT_MAX_REQUESTS_PER_SECOND (25/s on two
+// cores) new streams in and refuses the rest after a second, however fast it could serve them.
+// Here the bound is the work itself: at most MaxInitializing streams are in their initial push
+// at once, so the server admits as fast as it finishes initial pushes; a stream that finds no
+// free place waits up to AdmissionWait in line, and past that (or when the line is full) it is
+// refused with Unavailable and a retry delay worked out from the measured rate of initial pushes
+// finishing, so the refused come back about when there is room. A token bucket
+// (AdmissionRate) bounds how fast streams may open at all, against floods of short streams.
+
+// The two ADS methods; other methods (health, load reports, certificates) are not admitted.
+const (
+	sotwMethod  = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+	deltaMethod = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
+)
+
+// Admission defaults; see Config.
+const (
+	defaultAdmissionWait      = time.Second
+	defaultInitialPushTimeout = 10 * time.Second
+	defaultSendTimeout        = 30 * time.Second
+	// maxRetryHint bounds the delay a refused stream is told to wait.
+	maxRetryHint = 15 * time.Second
+)
+
+// defaultMaxInitializing is per core: the initial push is CPU work (generating, encoding and
+// framing the config), so more at once only makes each slower.
+func defaultMaxInitializing() int { return 50 * runtime.GOMAXPROCS(0) }
+
+// defaultAdmissionRate (streams/s) is well above what initial pushes allow (about 400/s on two
+// cores at Istio's load-test size, docs/benchmarks.md): it stops floods of streams that end at
+// once, never a connect storm the server can serve.
+func defaultAdmissionRate() float64 { return 500 * float64(runtime.GOMAXPROCS(0)) }
+
+// admission decides which ADS streams start now, tracks them, and closes those stuck sending.
+type admission struct {
+	log                *slog.Logger
+	maxInitializing    int
+	maxWaiting         int
+	wait               time.Duration
+	initialPushTimeout time.Duration
+	sendTimeout        time.Duration
+	limiter            *rate.Limiter // nil: no rate limit
+	conns              *connTracker
+
+	mu           sync.Mutex
+	initializing int
+	waiting      []chan struct{} // FIFO; closed when handed a place
+	streams      map[*admittedStream]struct{}
+	finished     int     // initial pushes finished since the last rate update
+	finishRate   float64 // initial pushes finishing per second, smoothed
+	refused      atomic.Int64
+	peak         int // most streams in their initial push at once, for tests
+}
+
+func newAdmission(o Overload, log *slog.Logger, conns *connTracker) *admission {
+	a := &admission{
+		log:                log,
+		maxInitializing:    o.MaxInitializing,
+		maxWaiting:         4 * o.MaxInitializing,
+		wait:               o.AdmissionWait,
+		initialPushTimeout: o.InitialPushTimeout,
+		sendTimeout:        o.SendTimeout,
+		conns:              conns,
+		streams:            map[*admittedStream]struct{}{},
+	}
+	if o.AdmissionRate > 0 {
+		a.limiter = rate.NewLimiter(rate.Limit(o.AdmissionRate), max(int(o.AdmissionRate), 1))
+	}
+	return a
+}
+
+// intercept admits ADS streams and passes every other stream through.
+func (a *admission) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if info.FullMethod != sotwMethod && info.FullMethod != deltaMethod {
+		return handler(srv, ss)
+	}
+	if hint, err := a.admit(ss.Context()); err != nil {
+		if hint > 0 {
+			grpcserver.PushbackTrailer(ss, hint)
+		}
+		return err
+	}
+	s := &admittedStream{ServerStream: ss, a: a, opened: time.Now()}
+	if p, ok := peer.FromContext(ss.Context()); ok && p.Addr != nil {
+		s.peer = p.Addr.String()
+	}
+	a.mu.Lock()
+	a.streams[s] = struct{}{}
+	a.mu.Unlock()
+	defer func() {
+		s.initialized()
+		a.mu.Lock()
+		delete(a.streams, s)
+		a.mu.Unlock()
+	}()
+	return handler(srv, s)
+}
+
+// admit waits for a place among the streams in their initial push; it returns the retry delay
+// and the error to refuse with when none came in time.
+func (a *admission) admit(ctx context.Context) (time.Duration, error) {
+	if a.limiter != nil {
+		// Like istiod's limiter, but it fails at once when the token is further away than the
+		// wait instead of sleeping first.
+		wctx, cancel := context.WithTimeout(ctx, a.wait)
+		err := a.limiter.Wait(wctx)
+		cancel()
+		if err != nil {
+			return a.refuse("new ADS streams arrive faster than --xds-admission-rate", 0)
+		}
+	}
+	a.mu.Lock()
+	if a.initializing < a.maxInitializing && len(a.waiting) == 0 {
+		a.enterLocked()
+		a.mu.Unlock()
+		return 0, nil
+	}
+	if len(a.waiting) >= a.maxWaiting {
+		hint := a.hintLocked(len(a.waiting))
+		a.mu.Unlock()
+		return a.refuse(fmt.Sprintf("%d ADS streams in their initial push and %d waiting", a.maxInitializing, a.maxWaiting), hint)
+	}
+	turn := make(chan struct{})
+	a.waiting = append(a.waiting, turn)
+	a.mu.Unlock()
+
+	t := time.NewTimer(a.wait)
+	defer t.Stop()
+	select {
+	case <-turn:
+		return 0, nil
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	a.mu.Lock()
+	i := slices.Index(a.waiting, turn)
+	if i < 0 {
+		// Handed a place just as the wait ended: take it.
+		a.mu.Unlock()
+		return 0, nil
+	}
+	a.waiting = slices.Delete(a.waiting, i, i+1)
+	hint := a.hintLocked(i)
+	a.mu.Unlock()
+	if ctx.Err() != nil {
+		return 0, ctx.Err()
+	}
+	return a.refuse(fmt.Sprintf("%d ADS streams in their initial push, none finished within %s", a.maxInitializing, a.wait), hint)
+}
+
+func (a *admission) refuse(why string, hint time.Duration) (time.Duration, error) {
+	if hint == 0 {
+		hint = a.hint(0)
+	}
+	if a.refused.Add(1)%1000 == 1 {
+		a.log.Warn("refusing ADS streams: overloaded", "why", why, "retry_after", hint, "refused", a.refused.Load())
+	}
+	return hint, grpcserver.Overloaded("xds-server: overloaded: "+why, hint)
+}
+
+func (a *admission) hint(ahead int) time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.hintLocked(ahead)
+}
+
+// hintLocked is the retry delay of a stream refused with ahead streams waiting before it: the
+// time the measured rate of initial pushes needs for them and the full line behind them,
+// spread by jitter so that refused streams do not all come back at once.
+func (a *admission) hintLocked(ahead int) time.Duration {
+	perSecond := max(a.finishRate, 1)
+	d := time.Duration(float64(ahead+len(a.waiting)+a.maxInitializing) / perSecond * float64(time.Second))
+	d = min(max(d, a.wait), maxRetryHint)
+	return d + rand.N(d/2+1)
+}
+
+func (a *admission) enterLocked() {
+	a.initializing++
+	a.peak = max(a.peak, a.initializing)
+}
+
+// leave frees a place: the oldest waiting stream takes it.
+func (a *admission) leave() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.finished++
+	if len(a.waiting) > 0 {
+		close(a.waiting[0])
+		a.waiting = slices.Delete(a.waiting, 0, 1)
+		return
+	}
+	a.initializing--
+}
+
+// Run measures the rate of initial pushes (for retry delays), ends initial pushes that take
+// too long (a client that never answers), and closes the connections of streams stuck sending
+// (a client that stopped reading), until ctx ends.
+func (a *admission) Run(ctx context.Context) error {
+	const tick = 250 * time.Millisecond
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		now := time.Now()
+		var stuck, slow []*admittedStream
+		a.mu.Lock()
+		// Smoothed over about a second.
+		a.finishRate = 0.75*a.finishRate + 0.25*float64(a.finished)*float64(time.Second/tick)
+		a.finished = 0
+		for s := range a.streams {
+			if since := s.sendingSince.Load(); since != 0 && a.sendTimeout > 0 && now.Sub(time.Unix(0, since)) > a.sendTimeout {
+				stuck = append(stuck, s)
+			}
+			if !s.done.Load() && now.Sub(s.opened) > a.initialPushTimeout {
+				slow = append(slow, s)
+			}
+		}
+		a.mu.Unlock()
+		for _, s := range slow {
+			s.initialized()
+		}
+		for _, s := range stuck {
+			// The client's flow-control window stays shut: its stream cannot end cleanly, its
+			// connection can. It reconnects, as after any connection loss.
+			if a.conns.close(s.peer) {
+				a.log.Warn("closing connection: an xDS response could not be sent within the send timeout (the client does not read)",
+					"peer", s.peer, "timeout", a.sendTimeout)
+			}
+		}
+	}
+}
+
+// newest returns up to n streams that finished their initial push, newest first.
+func (a *admission) newest(n int) []*admittedStream {
+	a.mu.Lock()
+	var done []*admittedStream
+	for s := range a.streams {
+		if s.done.Load() {
+			done = append(done, s)
+		}
+	}
+	a.mu.Unlock()
+	slices.SortFunc(done, func(x, y *admittedStream) int { return y.opened.Compare(x.opened) })
+	return done[:min(n, len(done))]
+}
+
+// Streams counts the ADS streams admitted and open.
+func (a *admission) Streams() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.streams)
+}
+
+// admittedStream watches an admitted ADS stream: its initial push is over once every response
+// sent was answered and every request that asks for something new was answered (or after
+// InitialPushTimeout); a SendMsg still blocked after SendTimeout closes its connection.
+type admittedStream struct {
+	grpc.ServerStream
+	a      *admission
+	peer   string
+	opened time.Time
+
+	sendingSince atomic.Int64 // unix ns when the SendMsg in progress started; 0: none
+	done         atomic.Bool  // initial push over, place given back
+
+	mu          sync.Mutex
+	asked, sent int // requests without a nonce (asking anew), responses sent
+	answered    int // requests carrying a nonce (ACK or NACK)
+}
+
+func (s *admittedStream) SendMsg(m any) error {
+	// Counted first: the answer may come before SendMsg returns.
+	s.mu.Lock()
+	s.sent++
+	s.mu.Unlock()
+	s.sendingSince.Store(time.Now().UnixNano())
+	err := s.ServerStream.SendMsg(m)
+	s.sendingSince.Store(0)
+	return err
+}
+
+func (s *admittedStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if s.done.Load() {
+		return nil
+	}
+	req, ok := m.(interface{ GetResponseNonce() string })
+	if !ok {
+		return nil
+	}
+	s.mu.Lock()
+	if req.GetResponseNonce() == "" {
+		s.asked++
+	} else {
+		s.answered++
+	}
+	settled := s.sent > 0 && s.answered >= s.sent && s.sent >= s.asked
+	s.mu.Unlock()
+	if settled {
+		s.initialized()
+	}
+	return nil
+}
+
+// initialized gives the stream's place back, once.
+func (s *admittedStream) initialized() {
+	if s.done.CompareAndSwap(false, true) {
+		s.a.leave()
+	}
+}
