@@ -188,7 +188,8 @@ func (a *admission) hint(ahead int) time.Duration {
 // time the measured rate of initial pushes needs for them and the full line behind them,
 // spread by jitter so that refused streams do not all come back at once.
 func (a *admission) hintLocked(ahead int) time.Duration {
-	perSecond := max(a.finishRate, 1)
+	// Until measured, assume every place turns over once per wait.
+	perSecond := max(a.finishRate, float64(a.maxInitializing)/a.wait.Seconds())
 	d := time.Duration(float64(ahead+len(a.waiting)+a.maxInitializing) / perSecond * float64(time.Second))
 	d = min(max(d, a.wait), maxRetryHint)
 	return d + rand.N(d/2+1)

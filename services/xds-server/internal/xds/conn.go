@@ -392,6 +392,13 @@ func (c *conn) sync(snap *model.Snapshot, w *watch, onlyHosts map[string]struct{
 			return nil, nil, nil // keep the client on its last good config
 		}
 	}
+	// Rejected resources that no longer exist are forgotten: a proxy rejecting everything
+	// must not hold every name it was ever sent.
+	for name := range w.nacked {
+		if st.entries[name] == nil {
+			delete(w.nacked, name)
+		}
+	}
 	inScope := func(name string) bool {
 		if w.wildcard {
 			return true

@@ -1,0 +1,367 @@
+package xdsserver
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"sailplane.dev/services/xds-server/internal/fakebus"
+	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/grpcserver"
+	"sailplane.dev/shared/testwait"
+)
+
+// manyServices is n services of one endpoint each, besides the echo service: a CDS response
+// of tens of kilobytes.
+func manyServices(n int) string {
+	var b strings.Builder
+	b.WriteString(registry(10001, 10002))
+	for i := range n {
+		fmt.Fprintf(&b, `---
+apiVersion: sailplane.dev/v1
+kind: Service
+spec:
+  hostname: svc-%d.demo.svc.cluster.local
+  namespace: demo
+  ports: [{name: grpc, number: 7070, protocol: GRPC}]
+---
+apiVersion: sailplane.dev/v1
+kind: Endpoints
+spec:
+  hostname: svc-%d.demo.svc.cluster.local
+  namespace: demo
+  endpoints: [{address: 127.0.0.1, ports: {grpc: 10003}}]
+`, i, i)
+	}
+	return b.String()
+}
+
+// subsetChange is a DestinationRule on echo with subset name: every cluster response changes.
+func subsetChange(t *testing.T, name string) bus.Change {
+	t.Helper()
+	return changes(t, fmt.Sprintf(`
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: echo, namespace: demo}
+spec:
+  host: echo
+  subsets: [{name: %s, labels: {version: %s}}]
+`, name, name))[0]
+}
+
+// A connect storm: 400 streams at once against a server taking 4 initial pushes at a time.
+// Streams beyond what fits are refused with Unavailable and a retry delay (RetryInfo and
+// gRPC's pushback trailer); retrying after it, every one is served, and never more than 4
+// were in their initial push at once.
+func TestAdmissionStorm(t *testing.T) {
+	const streams, conns, places = 400, 8, 4
+	src := fakebus.New(changes(t, registry(10001, 10002))...)
+	r := startReplica(t, Config{Overload: Overload{MaxInitializing: places, AdmissionWait: 20 * time.Millisecond, AdmissionRate: -1}}, src)
+
+	clients := make([]discoverygrpc.AggregatedDiscoveryServiceClient, conns)
+	for i := range clients {
+		cc, err := grpc.NewClient(r.srv.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cc.Close() })
+		clients[i] = discoverygrpc.NewAggregatedDiscoveryServiceClient(cc)
+	}
+	ctx, cancel := context.WithCancel(streamContext(t))
+	defer cancel()
+	var refused, served atomic.Int64
+	errc := make(chan error, streams)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	start := make(chan struct{})
+	for i := range streams {
+		wg.Go(func() {
+			<-start
+			b := grpcserver.Backoff{Initial: 10 * time.Millisecond, Max: time.Second}
+			for {
+				err := admittedSession(ctx, clients[i%conns], fmt.Sprintf("storm-%d", i), &served)
+				if ctx.Err() != nil {
+					return
+				}
+				hint, ok := grpcserver.RetryAfter(err)
+				if !ok || hint <= 0 || !strings.Contains(status.Convert(err).Message(), "overloaded") {
+					errc <- fmt.Errorf("stream %d: %v, want Unavailable with a retry delay", i, err)
+					return
+				}
+				refused.Add(1)
+				select {
+				case <-time.After(b.Next(err)):
+				case <-ctx.Done():
+					return
+				}
+			}
+		})
+	}
+	close(start)
+	testwait.Until(t, waitFor, "every stream served", func() bool {
+		select {
+		case err := <-errc:
+			t.Fatal(err)
+		default:
+		}
+		return served.Load() == streams
+	})
+	if refused.Load() == 0 {
+		t.Fatal("no stream was refused: the storm did not exceed the bound")
+	}
+	r.srv.admission.mu.Lock()
+	peak := r.srv.admission.peak
+	r.srv.admission.mu.Unlock()
+	if peak > places {
+		t.Fatalf("%d streams in their initial push at once, bound %d", peak, places)
+	}
+	t.Logf("%d streams served, %d refusals, at most %d in their initial push", served.Load(), refused.Load(), peak)
+}
+
+// admittedSession asks for clusters, ACKs the answer and holds the stream until ctx ends; it
+// returns the error that ended the stream before it was answered.
+func admittedSession(ctx context.Context, client discoverygrpc.AggregatedDiscoveryServiceClient, node string, served *atomic.Int64) error {
+	stream, err := client.StreamAggregatedResources(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&discoverygrpc.DiscoveryRequest{Node: testNode(node), TypeUrl: resource.ClusterType}); err != nil {
+		_, err = stream.Recv() // the status says why
+		return err
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	served.Add(1)
+	if err := stream.Send(&discoverygrpc.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: resp.GetVersionInfo(),
+		ResponseNonce: resp.GetNonce()}); err != nil {
+		return nil
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// stuckClient opens a stream asking for every cluster and never reads: once the response
+// fills its flow-control window, the server's next send blocks.
+func stuckClient(t *testing.T, addr string) {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	stream, err := discoverygrpc.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(streamContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&discoverygrpc.DiscoveryRequest{Node: testNode("stuck"), TypeUrl: resource.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// blockedSending counts the streams whose send is blocked.
+func (a *admission) blockedSending() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for s := range a.streams {
+		if s.sendingSince.Load() != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// blockSending connects a client that never reads and pushes changes until the server's send
+// to it blocks.
+func blockSending(t *testing.T, r *replica, src *fakebus.Source) {
+	t.Helper()
+	stuckClient(t, r.srv.Addr().String())
+	n, last := 0, time.Time{}
+	testwait.Until(t, waitFor, "the send to a client that does not read blocked", func() bool {
+		if r.srv.admission.blockedSending() > 0 {
+			return true
+		}
+		if time.Since(last) > 50*time.Millisecond {
+			n++
+			src.Push(subsetChange(t, fmt.Sprintf("block%d", n)))
+			last = time.Now()
+		}
+		return false
+	})
+}
+
+// converge connects n clients, waits until they hold the same clusters, then makes the given
+// number of changes and waits until every client holds each.
+func converge(t *testing.T, r *replica, src *fakebus.Source, n, changes int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	clients := make([]*client, n)
+	for i := range clients {
+		clients[i] = &client{}
+		wg.Go(func() { clients[i].run(ctx, 1000+i, []string{r.srv.Addr().String()}) })
+	}
+	convergedOn := func(before string) func() bool {
+		return func() bool {
+			first, _ := clients[0].state()
+			for _, c := range clients {
+				if v, _ := c.state(); v == "" || v == before || v != first {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	waitUntil(t, convergedOn(""))
+	for i := range changes {
+		before, _ := clients[0].state()
+		src.Push(subsetChange(t, fmt.Sprintf("change%d", i)))
+		waitUntil(t, convergedOn(before))
+	}
+}
+
+// A client that stops reading blocks the server's sends to it, and only to it: the other
+// proxies keep converging on every change.
+func TestStuckClientDoesNotHoldOthers(t *testing.T) {
+	src := fakebus.New(changes(t, manyServices(300))...)
+	r := startReplica(t, Config{Overload: Overload{SendTimeout: -1}}, src)
+	blockSending(t, r, src)
+	converge(t, r, src, 10, 5)
+	if r.srv.admission.blockedSending() != 1 {
+		t.Fatal("the stuck client's send is no longer blocked")
+	}
+}
+
+// Past the send timeout, the connection of a client that stopped reading is closed: its
+// stream ends, and the push worker it held is free.
+func TestSendTimeoutClosesStuckConnection(t *testing.T) {
+	src := fakebus.New(changes(t, manyServices(300))...)
+	r := startReplica(t, Config{Overload: Overload{SendTimeout: 300 * time.Millisecond}}, src)
+	blockSending(t, r, src)
+	testwait.Until(t, waitFor, "the stuck stream closed", func() bool {
+		return r.srv.admission.Streams() == 0 && r.srv.xds.Connections() == 0
+	})
+	converge(t, r, src, 3, 1)
+}
+
+// manySubsets is a DestinationRule on echo with n subsets named after version: each version
+// is a new set of clusters.
+func manySubsets(t *testing.T, version, n int) bus.Change {
+	t.Helper()
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "  - {name: v%d-%s-%d, labels: {version: v%d}}\n", version, strings.Repeat("x", 100), i, i)
+	}
+	return changes(t, `
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: echo, namespace: demo}
+spec:
+  host: echo
+  subsets:
+`+b.String())[0]
+}
+
+// unansweringClient reads every cluster response and never ACKs (nack false) or NACKs every
+// one (nack true); last is the latest response it got.
+func unansweringClient(t *testing.T, addr net.Addr, name string, nack bool, last *atomic.Pointer[discoverygrpc.DiscoveryResponse]) {
+	t.Helper()
+	stream, err := adsClient(t, addr).StreamAggregatedResources(streamContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&discoverygrpc.DiscoveryRequest{Node: testNode(name), TypeUrl: resource.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			last.Store(resp)
+			if nack {
+				_ = stream.Send(&discoverygrpc.DiscoveryRequest{TypeUrl: resource.ClusterType, ResponseNonce: resp.GetNonce(),
+					ErrorDetail: &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: "rejected by the test"}})
+			}
+		}
+	}()
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// A proxy that never answers, and one that rejects everything, cost bounded memory however
+// many pushes they get: what the server keeps per response sent is bounded, and rejected
+// names that no longer exist are forgotten.
+func TestUnansweringClientsBoundedMemory(t *testing.T) {
+	const subsets = 40
+	src := fakebus.New(changes(t, registry(10001, 10002))...)
+	// Not startReplica: the cache's assert mode remembers every value it checked.
+	srv, err := New(Config{Debounce: 5 * time.Millisecond}, Deps{Logger: testLogger(t), Config: src, Registry: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve(t, srv)
+	<-srv.Ready()
+	r := &replica{srv: srv}
+	var silent, nacker atomic.Pointer[discoverygrpc.DiscoveryResponse]
+	unansweringClient(t, r.srv.Addr(), "silent", false, &silent)
+	unansweringClient(t, r.srv.Addr(), "nacker", true, &nacker)
+	push := func(version int) int {
+		src.Push(manySubsets(t, version, subsets))
+		want := fmt.Sprintf("v%d-", version)
+		size := 0
+		testwait.Until(t, waitFor, fmt.Sprintf("version %d at both clients", version), func() bool {
+			for _, last := range []*atomic.Pointer[discoverygrpc.DiscoveryResponse]{&silent, &nacker} {
+				resp := last.Load()
+				if resp == nil || len(resp.GetResources()) != subsets+1 || !strings.Contains(string(resp.GetResources()[1].GetValue()), want) {
+					return false
+				}
+				size = proto.Size(resp)
+			}
+			return true
+		})
+		return size
+	}
+	var size int
+	for v := range 10 {
+		size = push(v)
+	}
+	before := heapInUse()
+	const pushes = 400
+	for v := 10; v < 10+pushes; v++ {
+		push(v)
+	}
+	grown := int64(heapInUse()) - int64(before)
+	// Keeping something of every push would grow by about pushes × size.
+	t.Logf("heap grew by %d KiB over %d pushes of %d KiB", grown>>10, pushes, size>>10)
+	if limit := int64(pushes * size / 4); grown > limit {
+		t.Fatalf("heap grew by %d KiB over %d pushes of %d KiB each, more than %d KiB: per-push state is kept", grown>>10, pushes, size>>10, limit>>10)
+	}
+}
