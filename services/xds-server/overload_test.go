@@ -3,6 +3,7 @@ package xdsserver
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"runtime"
 	"strings"
@@ -364,4 +365,76 @@ func TestUnansweringClientsBoundedMemory(t *testing.T) {
 	if limit := int64(pushes * size / 4); grown > limit {
 		t.Fatalf("heap grew by %d KiB over %d pushes of %d KiB each, more than %d KiB: per-push state is kept", grown>>10, pushes, size>>10, limit>>10)
 	}
+}
+
+// serviceClient is a proxy behind a Kubernetes Service: each connection lands on a random
+// replica of those listed.
+func serviceClient(ctx context.Context, id int, replicas *atomic.Pointer[[]string]) {
+	c := &client{}
+	for ctx.Err() == nil {
+		addrs := *replicas.Load()
+		c.session(ctx, id, addrs[rand.N(len(addrs))])
+		t := time.NewTimer(5 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// Two replicas that know each other (each lists both addresses, as a headless Service's name
+// would): all 40 proxies start on the first; once the second is up, the first closes its
+// newest connections round by round until both hold about half.
+func TestRebalanceAcrossReplicas(t *testing.T) {
+	const proxies = 40
+	src := fakebus.New(changes(t, registry(10001, 10002))...)
+	var lis [2]net.Listener
+	var addrs []string
+	for i := range lis {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lis[i] = l
+		addrs = append(addrs, l.Addr().String())
+	}
+	start := func(i int) *Server {
+		srv, err := New(Config{Debounce: 5 * time.Millisecond, PodName: fmt.Sprintf("replica-%d", i),
+			Overload: Overload{Peers: addrs, RebalanceInterval: 100 * time.Millisecond}},
+			Deps{Logger: testLogger(t).With("replica", i), Config: src, Registry: src})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- srv.Serve(ctx, lis[i]) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-errc; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		})
+		<-srv.Ready()
+		return srv
+	}
+	a := start(0)
+	var replicas atomic.Pointer[[]string]
+	replicas.Store(&[]string{addrs[0]})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for i := range proxies {
+		wg.Go(func() { serviceClient(ctx, i, &replicas) })
+	}
+	waitUntil(t, func() bool { return a.admission.Streams() == proxies })
+
+	b := start(1)
+	replicas.Store(&addrs)
+	testwait.Until(t, waitFor, "connections spread over both replicas", func() bool {
+		na, nb := a.admission.Streams(), b.admission.Streams()
+		return na+nb == proxies && na >= proxies/2-4 && nb >= proxies/2-4
+	})
+	t.Logf("replicas hold %d and %d connections", a.admission.Streams(), b.admission.Streams())
 }
