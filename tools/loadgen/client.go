@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 	"sync"
@@ -28,6 +30,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"sailplane.dev/shared/grpcserver"
 )
 
 // xDS type URLs the simulated sidecars use.
@@ -57,6 +61,10 @@ type ProxyConfig struct {
 	// Shared is state shared by every proxy of a run (decode cache, markers, counters);
 	// nil gives the proxy its own.
 	Shared *Shared
+	// SourceIP, when set, is the local address the proxy connects from: spreading thousands
+	// of connections over several loopback addresses keeps each address's ephemeral ports
+	// from running out.
+	SourceIP string
 }
 
 // ProxyIP is the address of proxy i: 198.18.0.0/15 is set aside for benchmarks.
@@ -79,6 +87,9 @@ type Shared struct {
 
 	BytesReceived atomic.Int64
 	Responses     atomic.Int64
+	// Retries counts streams opened again after ending before their first response, Refused
+	// those of them the server refused as overloaded (Unavailable with a retry delay).
+	Retries, Refused atomic.Int64
 
 	codec *requestCodec
 }
@@ -205,26 +216,56 @@ func (p *Proxy) Names(typeURL string) []string {
 	return nil
 }
 
-// Run connects and serves the proxy's ADS stream until ctx ends (nil) or the stream fails.
+// Run connects and serves the proxy's ADS stream until ctx ends (nil) or the stream fails after
+// it got a response. A stream that ends before its first response (an overloaded server's
+// Unavailable, a connection that could not be made) is opened again with backoff, as Envoy and
+// gRPC's xDS client do, never sooner than the server's retry delay.
 func (p *Proxy) Run(ctx context.Context) error {
 	p.started = time.Now()
-	cc, err := grpc.NewClient(p.cfg.Addr,
+	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30), grpc.ForceCodecV2(p.shared.codec)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30), grpc.ForceCodecV2(p.shared.codec)),
+		// Thousands of connections in one process: buffers only while writing, smaller reads.
+		grpc.WithSharedWriteBuffer(true),
+		grpc.WithReadBufferSize(16 << 10),
+	}
+	if p.cfg.SourceIP != "" {
+		local := &net.TCPAddr{IP: net.ParseIP(p.cfg.SourceIP)}
+		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return (&net.Dialer{LocalAddr: local}).DialContext(ctx, "tcp", addr)
+		}))
+	}
+	cc, err := grpc.NewClient(p.cfg.Addr, opts...)
 	if err != nil {
 		return fmt.Errorf("loadgen: dial %s: %w", p.cfg.Addr, err)
 	}
 	defer cc.Close()
 	client := discoverygrpc.NewAggregatedDiscoveryServiceClient(cc)
-	if p.cfg.Delta {
-		err = p.runDelta(ctx, client)
-	} else {
-		err = p.runSotW(ctx, client)
+	b := grpcserver.Backoff{Initial: 100 * time.Millisecond, Max: 10 * time.Second}
+	for {
+		if p.cfg.Delta {
+			err = p.runDelta(ctx, client)
+		} else {
+			err = p.runSotW(ctx, client)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if p.bytes.Load() > 0 {
+			return err
+		}
+		p.shared.Retries.Add(1)
+		if _, ok := grpcserver.RetryAfter(err); ok {
+			p.shared.Refused.Add(1)
+		}
+		t := time.NewTimer(b.Next(err))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
 	}
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
 }
 
 func (p *Proxy) state(typeURL string) *typeState {
@@ -296,7 +337,7 @@ func (p *Proxy) runSotW(ctx context.Context, client discoverygrpc.AggregatedDisc
 			req.Node, first = p.node, false
 		}
 		if err := stream.Send(req); err != nil {
-			return fmt.Errorf("loadgen: send %s: %w", typeURL, err)
+			return fmt.Errorf("loadgen: send %s: %w", typeURL, streamStatus(stream, err))
 		}
 		return nil
 	}
@@ -411,7 +452,7 @@ func (p *Proxy) runDelta(ctx context.Context, client discoverygrpc.AggregatedDis
 			req.Node, first = p.node, false
 		}
 		if err := stream.Send(req); err != nil {
-			return fmt.Errorf("loadgen: send %s: %w", req.GetTypeUrl(), err)
+			return fmt.Errorf("loadgen: send %s: %w", req.GetTypeUrl(), streamStatus(stream, err))
 		}
 		return nil
 	}
@@ -501,6 +542,17 @@ func (p *Proxy) runDelta(ctx context.Context, client discoverygrpc.AggregatedDis
 		st.responded = true
 		p.checkSynced()
 	}
+}
+
+// streamStatus is why a stream ended when Send says only io.EOF: the status Recv returns.
+func streamStatus(stream interface{ RecvMsg(any) error }, err error) error {
+	if !errors.Is(err, io.EOF) {
+		return err
+	}
+	if rerr := stream.RecvMsg(new(discoverygrpc.DiscoveryResponse)); rerr != nil {
+		return rerr
+	}
+	return err
 }
 
 func joinNames(ns []string) string {

@@ -188,3 +188,74 @@ func TestPercentile(t *testing.T) {
 		t.Errorf("percentiles: %v %v %v", Percentile(d, .5), Percentile(d, .99), Percentile(d, 1))
 	}
 }
+
+// Against a server that takes one initial push at a time, a connect storm is refused in part
+// (Unavailable with a retry delay); the proxies retry after the delay, from several loopback
+// addresses, until every one holds its configuration.
+func TestProxiesRetryWhenRefused(t *testing.T) {
+	mesh := Mesh{Namespace: "load", Services: 5, Endpoints: 2}
+	store := bus.NewStore()
+	for i := range mesh.Services {
+		svc, eps := registry(mesh, i)
+		store.Upsert(schema.Service.TypeURL, svc)
+		store.Upsert(schema.Endpoints.TypeURL, eps)
+	}
+	src := bus.Local(store)
+	srv, err := xdsserver.New(xdsserver.Config{Debounce: 5 * time.Millisecond,
+		Overload: xdsserver.Overload{MaxInitializing: 1, AdmissionWait: time.Millisecond, AdmissionRate: -1}},
+		xdsserver.Deps{Logger: testLogger(t), Config: src, Registry: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() {
+		if err := srv.Serve(ctx, lis); err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	wait(t, "server ready", srv.Ready())
+	shared := NewShared()
+	var proxies []*Proxy
+	for i := range 20 {
+		addr := srv.Addr().String()
+		p := NewProxy(ProxyConfig{Addr: addr, Index: i, Namespace: mesh.Namespace, IP: mesh.IPOf(i), Labels: mesh.Labels(i),
+			Shared: shared, Logger: testLogger(t), SourceIP: SourceIP(addr, i)})
+		proxies = append(proxies, p)
+		wg.Go(func() {
+			if err := p.Run(ctx); err != nil {
+				t.Errorf("proxy %d: %v", i, err)
+			}
+		})
+	}
+	for _, p := range proxies {
+		wait(t, "proxy synced", p.Synced())
+	}
+	if shared.Refused.Load() == 0 {
+		t.Error("no stream was refused: the storm did not exceed one initial push")
+	}
+}
+
+func TestSourceIP(t *testing.T) {
+	for _, tc := range []struct {
+		server string
+		i      int
+		want   string
+	}{
+		{"127.0.0.1:15010", 0, "127.0.0.1"},
+		{"127.0.0.1:15010", 205, "127.0.0.6"},
+		{"10.0.0.1:15010", 3, ""},
+		{"[::1]:15010", 3, ""},
+		{"xds:15010", 3, ""},
+	} {
+		if got := SourceIP(tc.server, tc.i); got != tc.want {
+			t.Errorf("SourceIP(%q, %d) = %q, want %q", tc.server, tc.i, got, tc.want)
+		}
+	}
+}

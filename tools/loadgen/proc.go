@@ -145,3 +145,28 @@ func WaitListening(ctx context.Context, addr string, exited <-chan struct{}) err
 		}
 	}
 }
+
+// SourceIP is the loopback address proxy i connects from when the server is on loopback
+// (127.0.0.1 to 127.0.0.100, so 10,000 connections take 100 ports per address), else "".
+func SourceIP(server string, i int) string {
+	host, _, err := net.SplitHostPort(server)
+	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() || ip.To4() == nil {
+		return ""
+	}
+	return fmt.Sprintf("127.0.0.%d", 1+i%100)
+}
+
+// RaiseFileLimit raises the open-file limit to its hard maximum, for this process and the
+// control-plane processes it starts (they inherit it), and returns it: every simulated proxy
+// holds a connection, and so does the server for each.
+func RaiseFileLimit() (uint64, error) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0, err
+	}
+	lim.Cur = lim.Max
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0, err
+	}
+	return lim.Cur, nil
+}

@@ -108,6 +108,10 @@ type Result struct {
 	// XDSProcess names the process serving xDS (hyper or xds-server).
 	XDSProcess string `json:"xds_process"`
 	BytesSent  int64  `json:"bytes_sent"`
+	// Retries counts streams the proxies opened again after one ended before its first
+	// response; Refused those the server refused as overloaded (admission control).
+	Retries int64 `json:"stream_retries"`
+	Refused int64 `json:"refused_overloaded"`
 }
 
 // Run runs the scenario; it stops by itself, on error or when ctx ends.
@@ -196,7 +200,7 @@ func (s Scenario) Run(ctx context.Context) (*Result, error) {
 	proxies := make([]*Proxy, s.Proxies)
 	for i := range proxies {
 		proxies[i] = NewProxy(ProxyConfig{Addr: addr, Delta: s.Delta, Index: i, Namespace: s.Mesh.Namespace,
-			IP: s.Mesh.IPOf(i), Labels: s.Mesh.Labels(i), Shared: shared, Logger: log})
+			IP: s.Mesh.IPOf(i), Labels: s.Mesh.Labels(i), Shared: shared, Logger: log, SourceIP: SourceIP(addr, i)})
 	}
 	var wg sync.WaitGroup
 	var failedMu sync.Mutex
@@ -255,7 +259,8 @@ func (s Scenario) Run(ctx context.Context) (*Result, error) {
 	res.Phases["connect"] = meter.end()
 	stopProfile()
 	s.profile(ctx, "heap", fmt.Sprintf("heap-connect-%d.pprof", s.Proxies))
-	log.Info("connect storm", "all_synced", time.Since(stormStart).Round(time.Millisecond), "missing", missing)
+	log.Info("connect storm", "all_synced", time.Since(stormStart).Round(time.Millisecond), "missing", missing,
+		"retries", shared.Retries.Load(), "refused_overloaded", shared.Refused.Load())
 	if stormErr != nil {
 		s.finish(res, procs, shared, &failedMu, &failed)
 		return res, stormErr
@@ -329,6 +334,7 @@ func (s Scenario) finish(res *Result, procs []*Process, shared *Shared, mu *sync
 		}
 	}
 	res.BytesSent = shared.BytesReceived.Load()
+	res.Retries, res.Refused = shared.Retries.Load(), shared.Refused.Load()
 	mu.Lock()
 	res.Failed = *failed
 	mu.Unlock()

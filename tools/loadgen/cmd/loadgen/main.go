@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -65,6 +66,11 @@ times, measuring when every proxy has the change, then stops everything.`,
 					}
 					ns = append(ns, n)
 				}
+			}
+			if limit, err := loadgen.RaiseFileLimit(); err != nil {
+				sc.Logger.Warn("open-file limit not raised", "err", err)
+			} else if need := uint64(slices.Max(ns)) + 1000; limit < need {
+				sc.Logger.Warn("open-file limit below one descriptor per proxy: raise the hard limit (ulimit -Hn)", "limit", limit, "want", need)
 			}
 			if sc.XDS != "" && !cmd.Flags().Changed("topology") {
 				topos = loadgen.TopologyExternal
