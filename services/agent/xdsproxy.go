@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
@@ -107,69 +109,130 @@ func (p *xdsProxy) StreamAggregatedResources(down discoveryv3.AggregatedDiscover
 	if err := p.upstreamCtx(down.Context()); err != nil {
 		return err
 	}
-	up, err := discoveryv3.NewAggregatedDiscoveryServiceClient(p.conn).StreamAggregatedResources(down.Context())
-	if err != nil {
-		return upstreamError(err)
-	}
-	return forward(down, up)
+	client := discoveryv3.NewAggregatedDiscoveryServiceClient(p.conn)
+	return forward(down.Context(), p.a.log, down, func(ctx context.Context) (upstream[*discoveryv3.DiscoveryRequest, *discoveryv3.DiscoveryResponse], error) {
+		return client.StreamAggregatedResources(ctx)
+	})
 }
 
 func (p *xdsProxy) DeltaAggregatedResources(down discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
 	if err := p.upstreamCtx(down.Context()); err != nil {
 		return err
 	}
-	up, err := discoveryv3.NewAggregatedDiscoveryServiceClient(p.conn).DeltaAggregatedResources(down.Context())
-	if err != nil {
-		return upstreamError(err)
-	}
-	return forward(down, up)
+	client := discoveryv3.NewAggregatedDiscoveryServiceClient(p.conn)
+	return forward(down.Context(), p.a.log, down, func(ctx context.Context) (upstream[*discoveryv3.DeltaDiscoveryRequest, *discoveryv3.DeltaDiscoveryResponse], error) {
+		return client.DeltaAggregatedResources(ctx)
+	})
 }
 
-// forward copies requests up and responses down until either side ends; the upstream stream
-// shares the downstream's context, so it ends with the handler.
+// upstream is the xDS server's side of a forwarded stream.
+type upstream[Req, Resp any] interface {
+	Send(Req) error
+	Recv() (Resp, error)
+	CloseSend() error
+}
+
+// forward copies requests up and responses down until either side ends; ctx is the downstream
+// stream's, so the upstream ends with the handler. An upstream stream that the xDS server
+// refuses as overloaded before its first response (Unavailable with a retry delay) is opened
+// again after the delay, with backoff, and sent again what the proxy asked for: the proxy
+// sees a late answer instead of a failure.
 func forward[Req, Resp any](
+	ctx context.Context,
+	log *slog.Logger,
 	down interface {
 		Recv() (Req, error)
 		Send(Resp) error
 	},
-	up interface {
-		Send(Req) error
-		Recv() (Resp, error)
-		CloseSend() error
-	},
+	open func(context.Context) (upstream[Req, Resp], error),
 ) error {
-	errc := make(chan error, 2)
+	reqs := make(chan Req)
+	downErr := make(chan error, 1)
 	go func() {
 		for {
 			req, err := down.Recv()
 			if err != nil {
+				downErr <- err
+				return
+			}
+			select {
+			case reqs <- req:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var unanswered []Req // sent up before the first response: replayed on a retry
+	// session forwards over one upstream stream; retry says it was refused as overloaded.
+	session := func() (retry bool, err error) {
+		upCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		up, err := open(upCtx)
+		if err != nil {
+			return false, upstreamError(err)
+		}
+		for _, req := range unanswered {
+			_ = up.Send(req) // a failure ends the stream: Recv says why
+		}
+		resps := make(chan Resp)
+		upErr := make(chan error, 1)
+		go func() {
+			for {
+				resp, err := up.Recv()
+				if err != nil {
+					upErr <- err
+					return
+				}
+				select {
+				case resps <- resp:
+				case <-upCtx.Done():
+					return
+				}
+			}
+		}()
+		answered := false
+		for {
+			select {
+			case req := <-reqs:
+				if !answered {
+					unanswered = append(unanswered, req)
+				}
+				_ = up.Send(req)
+			case resp := <-resps:
+				answered, unanswered = true, nil
+				if err := down.Send(resp); err != nil {
+					return false, err
+				}
+			case err := <-upErr:
+				if _, overloaded := grpcserver.RetryAfter(err); overloaded && !answered {
+					return true, err
+				}
+				return false, upstreamError(err)
+			case err := <-downErr:
 				_ = up.CloseSend()
 				if errors.Is(err, io.EOF) {
 					err = nil
 				}
-				errc <- err
-				return
-			}
-			if err := up.Send(req); err != nil {
-				errc <- upstreamError(err)
-				return
+				return false, err
 			}
 		}
-	}()
-	go func() {
-		for {
-			resp, err := up.Recv()
-			if err != nil {
-				errc <- upstreamError(err)
-				return
-			}
-			if err := down.Send(resp); err != nil {
-				errc <- err
-				return
-			}
+	}
+	b := grpcserver.Backoff{Initial: 100 * time.Millisecond, Max: 30 * time.Second}
+	for {
+		retry, err := session()
+		if !retry {
+			return err
 		}
-	}()
-	return <-errc
+		d := b.Next(err)
+		log.Info("xDS server overloaded: retrying the proxy's stream", "in", d, "err", status.Convert(err).Message())
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return status.FromContextError(ctx.Err()).Err()
+		case <-t.C:
+		}
+	}
 }
 
 // upstreamError keeps the xDS server's status; a stream ending cleanly stays clean.

@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	ca "sailplane.dev/services/ca"
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/grpcserver"
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/workloadcert"
@@ -94,6 +96,46 @@ func TestXDSProxy(t *testing.T) {
 	}
 }
 
+// An xDS server that refuses streams as overloaded (Unavailable with a retry delay): the agent
+// opens the stream again after the delay and sends the proxy's request again; the proxy sees
+// only the answer.
+func TestXDSProxyRetriesWhenOverloaded(t *testing.T) {
+	var streams atomic.Int32
+	refuseTwice := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if streams.Add(1) <= 2 {
+			return grpcserver.Overloaded("test server: overloaded", 20*time.Millisecond)
+		}
+		return handler(srv, ss)
+	})
+	caDir := t.TempDir()
+	c := startCA(t, ca.Config{CertDir: caDir})
+	up := startXDSServer(t, testenv.CAFromFolder(t, caDir), false, refuseTwice)
+	cfg := Config{
+		Config:         workloadcert.Config{CAAddress: c.Addr(), RootCertFile: c.RootFile, ProvisionedCertDir: testenv.ProvisionCert(t, caDir, web)},
+		XDSProxySocket: filepath.Join(t.TempDir(), "XDS"), XDSAddress: up.addr,
+	}
+	startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sotw, err := discoveryv3.NewAggregatedDiscoveryServiceClient(dialSDS(t, cfg.XDSProxySocket)).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sotw.Send(&discoveryv3.DiscoveryRequest{Node: envoyNode, TypeUrl: schema.VirtualService.TypeURL}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := sotw.Recv()
+	if err != nil {
+		t.Fatalf("SotW through the proxy, the server refusing twice: %v", err)
+	}
+	if len(resp.GetResources()) != 1 {
+		t.Errorf("%d resources, want 1", len(resp.GetResources()))
+	}
+	if n := streams.Load(); n != 3 {
+		t.Errorf("the server saw %d streams, want 3 (two refused)", n)
+	}
+}
+
 // xdsServer is a real ADS server (the bus serves the xDS protocol) holding one VirtualService;
 // over TLS it requires a client certificate from the ca and records the caller's URI SAN.
 type xdsServer struct {
@@ -108,7 +150,7 @@ func (s *xdsServer) peerIDs() []string {
 	return append([]string(nil), s.peers...)
 }
 
-func startXDSServer(t *testing.T, auth *pki.Authority, overTLS bool) *xdsServer {
+func startXDSServer(t *testing.T, auth *pki.Authority, overTLS bool, extra ...grpc.ServerOption) *xdsServer {
 	t.Helper()
 	store := bus.NewStore()
 	if err := store.Upsert(schema.VirtualService.TypeURL, &bus.Resource{Name: "demo/reviews", Body: &networking.VirtualService{Hosts: []string{"reviews"}}}); err != nil {
@@ -143,7 +185,7 @@ func startXDSServer(t *testing.T, auth *pki.Authority, overTLS bool) *xdsServer 
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer(opts...)
+	gs := grpc.NewServer(append(opts, extra...)...)
 	bus.NewServer(store).Register(gs)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = gs.Serve(lis) }()
