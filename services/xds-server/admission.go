@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
@@ -23,9 +22,11 @@ import (
 // Here the bound is the work itself: at most MaxInitializing streams are in their initial push
 // at once, so the server admits as fast as it finishes initial pushes; a stream that finds no
 // free place waits up to AdmissionWait in line, and past that (or when the line is full) it is
-// refused with Unavailable and a retry delay worked out from the measured rate of initial pushes
-// finishing, so the refused come back about when there is room. A token bucket
-// (AdmissionRate) bounds how fast streams may open at all, against floods of short streams.
+// refused with Unavailable and a retry delay. The delays are handed out in turn, spaced at the
+// measured rate of initial pushes finishing: the refused come back one after the other about
+// when there is room for them, not all at once, and not long after the server went idle. A
+// token bucket (AdmissionRate) bounds how fast streams may open at all, against floods of short
+// streams.
 
 // The two ADS methods; other methods (health, load reports, certificates) are not admitted.
 const (
@@ -35,16 +36,18 @@ const (
 
 // Admission defaults; see Config.
 const (
-	defaultAdmissionWait      = time.Second
+	defaultAdmissionWait      = 5 * time.Second
 	defaultInitialPushTimeout = 10 * time.Second
 	defaultSendTimeout        = 30 * time.Second
-	// maxRetryHint bounds the delay a refused stream is told to wait.
+	// A refused stream is told to wait between these.
+	minRetryHint = 20 * time.Millisecond
 	maxRetryHint = 15 * time.Second
 )
 
 // defaultMaxInitializing is per core: the initial push is CPU work (generating, encoding and
-// framing the config), so more at once only makes each slower.
-func defaultMaxInitializing() int { return 50 * runtime.GOMAXPROCS(0) }
+// framing the config), so more at once only makes each slower. 200 on two cores is about half
+// a second of initial pushes at Istio's load-test size (docs/benchmarks.md).
+func defaultMaxInitializing() int { return 100 * runtime.GOMAXPROCS(0) }
 
 // defaultAdmissionRate (streams/s) is well above what initial pushes allow (about 400/s on two
 // cores at Istio's load-test size, docs/benchmarks.md): it stops floods of streams that end at
@@ -66,17 +69,22 @@ type admission struct {
 	initializing int
 	waiting      []chan struct{} // FIFO; closed when handed a place
 	streams      map[*admittedStream]struct{}
-	finished     int     // initial pushes finished since the last rate update
-	finishRate   float64 // initial pushes finishing per second, smoothed
-	refused      atomic.Int64
-	peak         int // most streams in their initial push at once, for tests
+	// pushTime is how long an initial push takes, smoothed: with maxInitializing at once,
+	// places free up at maxInitializing/pushTime per second (measured this way, the rate does
+	// not drop when few streams arrive, as a count of pushes finished would).
+	pushTime time.Duration
+	// nextTurn is the retry time handed to the last stream refused: each refused stream gets
+	// the next turn, spaced at the rate places free up, so that they come back one by one.
+	nextTurn time.Time
+	refused  atomic.Int64
+	peak     int // most streams in their initial push at once, for tests
 }
 
 func newAdmission(o Overload, log *slog.Logger, conns *connTracker) *admission {
 	a := &admission{
 		log:                log,
 		maxInitializing:    o.MaxInitializing,
-		maxWaiting:         4 * o.MaxInitializing,
+		maxWaiting:         10 * o.MaxInitializing,
 		wait:               o.AdmissionWait,
 		initialPushTimeout: o.InitialPushTimeout,
 		sendTimeout:        o.SendTimeout,
@@ -108,7 +116,7 @@ func (a *admission) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamSe
 	a.streams[s] = struct{}{}
 	a.mu.Unlock()
 	defer func() {
-		s.initialized()
+		s.initialized(false)
 		a.mu.Lock()
 		delete(a.streams, s)
 		a.mu.Unlock()
@@ -126,7 +134,7 @@ func (a *admission) admit(ctx context.Context) (time.Duration, error) {
 		err := a.limiter.Wait(wctx)
 		cancel()
 		if err != nil {
-			return a.refuse("new ADS streams arrive faster than --xds-admission-rate", 0)
+			return a.refuse("new ADS streams arrive faster than --xds-admission-rate")
 		}
 	}
 	a.mu.Lock()
@@ -136,9 +144,8 @@ func (a *admission) admit(ctx context.Context) (time.Duration, error) {
 		return 0, nil
 	}
 	if len(a.waiting) >= a.maxWaiting {
-		hint := a.hintLocked(len(a.waiting))
 		a.mu.Unlock()
-		return a.refuse(fmt.Sprintf("%d ADS streams in their initial push and %d waiting", a.maxInitializing, a.maxWaiting), hint)
+		return a.refuse(fmt.Sprintf("%d ADS streams in their initial push and %d waiting", a.maxInitializing, a.maxWaiting))
 	}
 	turn := make(chan struct{})
 	a.waiting = append(a.waiting, turn)
@@ -160,39 +167,38 @@ func (a *admission) admit(ctx context.Context) (time.Duration, error) {
 		return 0, nil
 	}
 	a.waiting = slices.Delete(a.waiting, i, i+1)
-	hint := a.hintLocked(i)
 	a.mu.Unlock()
 	if ctx.Err() != nil {
 		return 0, ctx.Err()
 	}
-	return a.refuse(fmt.Sprintf("%d ADS streams in their initial push, none finished within %s", a.maxInitializing, a.wait), hint)
+	return a.refuse(fmt.Sprintf("%d ADS streams in their initial push, none finished within %s", a.maxInitializing, a.wait))
 }
 
-func (a *admission) refuse(why string, hint time.Duration) (time.Duration, error) {
-	if hint == 0 {
-		hint = a.hint(0)
-	}
-	if a.refused.Add(1)%1000 == 1 {
-		a.log.Warn("refusing ADS streams: overloaded", "why", why, "retry_after", hint, "refused", a.refused.Load())
+// refuse answers Unavailable with the stream's turn to retry.
+func (a *admission) refuse(why string) (time.Duration, error) {
+	a.mu.Lock()
+	// Optimistic by half: a turn too early costs the stream one more refusal, a turn too late
+	// leaves places empty. The line ahead is half gone by the first turn.
+	interval := time.Duration(float64(time.Second) / (1.5 * a.placesPerSecond()))
+	now := time.Now()
+	after := max(a.nextTurn.Sub(now), time.Duration(len(a.waiting)/2)*interval) + interval
+	hint := min(max(after, minRetryHint), maxRetryHint)
+	a.nextTurn = now.Add(hint)
+	a.mu.Unlock()
+	if n := a.refused.Add(1); n%1000 == 1 {
+		a.log.Warn("refusing ADS streams: overloaded", "why", why, "retry_after", hint, "refused", n)
 	}
 	return hint, grpcserver.Overloaded("xds-server: overloaded: "+why, hint)
 }
 
-func (a *admission) hint(ahead int) time.Duration {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.hintLocked(ahead)
-}
-
-// hintLocked is the retry delay of a stream refused with ahead streams waiting before it: the
-// time the measured rate of initial pushes needs for them and the full line behind them,
-// spread by jitter so that refused streams do not all come back at once.
-func (a *admission) hintLocked(ahead int) time.Duration {
-	// Until measured, assume every place turns over once per wait.
-	perSecond := max(a.finishRate, float64(a.maxInitializing)/a.wait.Seconds())
-	d := time.Duration(float64(ahead+len(a.waiting)+a.maxInitializing) / perSecond * float64(time.Second))
-	d = min(max(d, a.wait), maxRetryHint)
-	return d + rand.N(d/2+1)
+// placesPerSecond is how fast places free up: maxInitializing per initial push time, or a
+// guess until that was measured (each place turning over in 10ms: a guess too high costs
+// streams one more refusal, by when it is measured).
+func (a *admission) placesPerSecond() float64 {
+	if a.pushTime <= 0 {
+		return 100 * float64(a.maxInitializing)
+	}
+	return float64(a.maxInitializing) / a.pushTime.Seconds()
 }
 
 func (a *admission) enterLocked() {
@@ -201,10 +207,15 @@ func (a *admission) enterLocked() {
 }
 
 // leave frees a place: the oldest waiting stream takes it.
-func (a *admission) leave() {
+func (a *admission) leave(took time.Duration, measured bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.finished++
+	if measured {
+		if a.pushTime == 0 {
+			a.pushTime = took
+		}
+		a.pushTime = (7*a.pushTime + took) / 8
+	}
 	if len(a.waiting) > 0 {
 		close(a.waiting[0])
 		a.waiting = slices.Delete(a.waiting, 0, 1)
@@ -230,8 +241,6 @@ func (a *admission) Run(ctx context.Context) error {
 		var stuck, slow []*admittedStream
 		a.mu.Lock()
 		// Smoothed over about a second.
-		a.finishRate = 0.75*a.finishRate + 0.25*float64(a.finished)*float64(time.Second/tick)
-		a.finished = 0
 		for s := range a.streams {
 			if since := s.sendingSince.Load(); since != 0 && a.sendTimeout > 0 && now.Sub(time.Unix(0, since)) > a.sendTimeout {
 				stuck = append(stuck, s)
@@ -242,7 +251,7 @@ func (a *admission) Run(ctx context.Context) error {
 		}
 		a.mu.Unlock()
 		for _, s := range slow {
-			s.initialized()
+			s.initialized(true)
 		}
 		for _, s := range stuck {
 			// The client's flow-control window stays shut: its stream cannot end cleanly, its
@@ -324,14 +333,15 @@ func (s *admittedStream) RecvMsg(m any) error {
 	settled := s.sent > 0 && s.answered >= s.sent && s.sent >= s.asked
 	s.mu.Unlock()
 	if settled {
-		s.initialized()
+		s.initialized(true)
 	}
 	return nil
 }
 
-// initialized gives the stream's place back, once.
-func (s *admittedStream) initialized() {
+// initialized gives the stream's place back, once; measured says its initial push ended
+// (answered, or timed out) rather than the stream.
+func (s *admittedStream) initialized(measured bool) {
 	if s.done.CompareAndSwap(false, true) {
-		s.a.leave()
+		s.a.leave(time.Since(s.opened), measured)
 	}
 }

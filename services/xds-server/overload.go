@@ -15,11 +15,12 @@ import (
 // Overload configures admission control, send timeouts and rebalancing across replicas
 // (admission.go, rebalance.go). The zero value takes the defaults.
 type Overload struct {
-	// MaxInitializing bounds the ADS streams in their initial push at once; default 50 per
-	// core.
+	// MaxInitializing bounds the ADS streams in their initial push at once; default 100 per
+	// core. Ten times as many may wait for a place.
 	MaxInitializing int
 	// AdmissionWait is how long a new stream waits for a place before it is refused with
-	// Unavailable and a retry delay; default 1s.
+	// Unavailable and a retry delay; default 5s (well within the 15s that Envoy and gRPC wait
+	// for a first response before they give up on a resource).
 	AdmissionWait time.Duration
 	// AdmissionRate bounds new ADS streams per second (a token bucket, burst one second's
 	// worth); default 500 per core, negative: no bound.
@@ -44,7 +45,7 @@ type Overload struct {
 // AddFlags registers the overload flags.
 func (o *Overload) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxInitializing, "xds-max-initializing", 0,
-		"ADS streams in their initial push at once; more wait (--xds-admission-wait), then are refused with Unavailable and a retry delay (default 50 per core)")
+		"ADS streams in their initial push at once; ten times as many wait up to --xds-admission-wait, the rest are refused with Unavailable and a retry delay (default 100 per core)")
 	fs.DurationVar(&o.AdmissionWait, "xds-admission-wait", defaultAdmissionWait, "how long a new ADS stream waits for a place before it is refused")
 	fs.Float64Var(&o.AdmissionRate, "xds-admission-rate", 0, "new ADS streams accepted per second (default 500 per core; negative: unbounded)")
 	fs.DurationVar(&o.InitialPushTimeout, "xds-initial-push-timeout", defaultInitialPushTimeout,

@@ -49,7 +49,9 @@ func RetryAfter(err error) (time.Duration, bool) {
 }
 
 // Backoff paces a client's reconnections: jittered exponential delays between Initial and Max,
-// never shorter than what the server asked for (RetryAfter). The zero value uses 100ms and 30s.
+// except after a refusal that says when to come back (RetryAfter): then that delay, as gRPC's
+// server pushback (gRFC A6) replaces the client's own backoff, the server spacing its clients.
+// The zero value uses 100ms and 30s.
 type Backoff struct {
 	Initial, Max time.Duration
 	next         time.Duration
@@ -60,6 +62,9 @@ func (b *Backoff) Reset() { b.next = 0 }
 
 // Next is how long to wait before reconnecting after err.
 func (b *Backoff) Next(err error) time.Duration {
+	if hint, ok := RetryAfter(err); ok {
+		return hint + rand.N(hint/10+1)
+	}
 	initial, maxDelay := b.Initial, b.Max
 	if initial <= 0 {
 		initial = 100 * time.Millisecond
@@ -72,11 +77,5 @@ func (b *Backoff) Next(err error) time.Duration {
 	}
 	d := b.next
 	b.next = min(2*d, maxDelay)
-	d = d/2 + rand.N(d/2+1)
-	if hint, ok := RetryAfter(err); ok {
-		// The server's hint already spreads its clients; a little more jitter keeps those
-		// refused together from coming back in step.
-		d = max(d, hint+rand.N(hint/4+1))
-	}
-	return d
+	return d/2 + rand.N(d/2+1)
 }
