@@ -143,9 +143,11 @@ func (a *admission) admit(ctx context.Context) (time.Duration, error) {
 		a.mu.Unlock()
 		return 0, nil
 	}
-	if len(a.waiting) >= a.maxWaiting {
+	// Only as many wait as the measured rate lets in within the wait: the others would wait
+	// in vain, then be refused behind those who came later.
+	if n := len(a.waiting); n >= min(a.maxWaiting, int(a.placesPerSecond()*a.wait.Seconds())) {
 		a.mu.Unlock()
-		return a.refuse(fmt.Sprintf("%d ADS streams in their initial push and %d waiting", a.maxInitializing, a.maxWaiting))
+		return a.refuse(fmt.Sprintf("%d ADS streams in their initial push and %d waiting", a.maxInitializing, n))
 	}
 	turn := make(chan struct{})
 	a.waiting = append(a.waiting, turn)
