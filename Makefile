@@ -10,7 +10,7 @@ PROTOC_GEN_GO := $(shell $(GO) env GOPATH)/bin/protoc-gen-go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
 LDFLAGS := $(if $(VERSION),-X sailplane.dev/shared/version.Version=$(VERSION))
 
-.PHONY: build run run-kube testenv crds test test-unit test-fuzz test-e2e bench bench-go bench-start bench-xds proto tidy fmt vet clean
+.PHONY: build run run-kube testenv crds test test-unit test-fuzz test-e2e bench bench-go bench-start bench-xds bench-xds-10k proto tidy fmt vet clean
 
 build:
 	@mkdir -p $(BIN)
@@ -82,6 +82,14 @@ bench-start: build
 # sweep behind docs/bench-xds-convergence.svg; about 3 minutes. See docs/benchmarks.md.
 bench-xds: build
 	BIN=$(CURDIR)/$(BIN) tools/loadgen/bench.sh
+
+# 10,000 sidecars at once on 1,000 services x 2 endpoints (hyper, state of the world): the connect
+# storm under admission control, then 3 VirtualService and 3 endpoint changes; about 5 minutes on
+# an idle 2-core machine. Writes docs/bench-xds-10k.json. See docs/benchmarks.md.
+bench-xds-10k: build
+	$(GO) run ./tools/loadgen/cmd/loadgen --bin $(BIN) --topology hyper --protocol sotw \
+		--proxies 10000 --services 1000 --endpoints 2 --changes 3 \
+		--phase-timeout 5m --duration 30m --json docs/bench-xds-10k.json --log-level warn
 
 # Regenerates proto/**/*.pb.go. Needs protoc (Debian: protobuf-compiler) and protoc-gen-go.
 proto:

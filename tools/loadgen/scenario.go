@@ -441,8 +441,17 @@ func (s Scenario) start(ctx context.Context, dir string) ([]*Process, string, er
 	mesh := filepath.Join(dir, MeshFile)
 	var procs []*Process
 	launch := func(name string, args ...string) error {
-		// No monitoring port: the services share a host, and every one's default is 15014.
-		args = append([]string{"--monitoring-listen="}, args...)
+		// The process serving xDS keeps its metrics on, as in production, on a free port: the
+		// services share a host, and every one's default is 15014. The others go without.
+		monitoring := ""
+		if name == TopologyHyper || name == "xds-server" {
+			addr, err := FreeAddr()
+			if err != nil {
+				return err
+			}
+			monitoring = addr
+		}
+		args = append([]string{"--monitoring-listen=" + monitoring}, args...)
 		p, err := StartProcess(name, bin(name), dir, args...)
 		if err != nil {
 			return err
