@@ -73,6 +73,9 @@ type admission struct {
 	// places free up at maxInitializing/pushTime per second (measured this way, the rate does
 	// not drop when few streams arrive, as a count of pushes finished would).
 	pushTime time.Duration
+	// oldest is the age of the oldest initial push in progress, at the last tick: until one
+	// finished, pushes take at least that long.
+	oldest time.Duration
 	// nextTurn is the retry time handed to the last stream refused: each refused stream gets
 	// the next turn, spaced at the rate places free up, so that they come back one by one.
 	nextTurn time.Time
@@ -193,14 +196,15 @@ func (a *admission) refuse(why string) (time.Duration, error) {
 	return hint, grpcserver.Overloaded("xds-server: overloaded: "+why, hint)
 }
 
-// placesPerSecond is how fast places free up: maxInitializing per initial push time, or a
-// guess until that was measured (each place turning over in 10ms: a guess too high costs
-// streams one more refusal, by when it is measured).
+// placesPerSecond is how fast places free up: maxInitializing per initial push time. Until
+// one was measured, pushes take as long as the oldest one in progress, and at least 10ms (a
+// guess too short costs refused streams one more refusal, by when it is measured).
 func (a *admission) placesPerSecond() float64 {
-	if a.pushTime <= 0 {
-		return 100 * float64(a.maxInitializing)
+	took := a.pushTime
+	if took <= 0 {
+		took = max(a.oldest, 10*time.Millisecond)
 	}
-	return float64(a.maxInitializing) / a.pushTime.Seconds()
+	return float64(a.maxInitializing) / took.Seconds()
 }
 
 func (a *admission) enterLocked() {
@@ -226,9 +230,8 @@ func (a *admission) leave(took time.Duration, measured bool) {
 	a.initializing--
 }
 
-// Run measures the rate of initial pushes (for retry delays), ends initial pushes that take
-// too long (a client that never answers), and closes the connections of streams stuck sending
-// (a client that stopped reading), until ctx ends.
+// Run ends initial pushes that take too long (a client that never answers), and closes the
+// connections of streams stuck sending (a client that stopped reading), until ctx ends.
 func (a *admission) Run(ctx context.Context) error {
 	const tick = 250 * time.Millisecond
 	t := time.NewTicker(tick)
@@ -242,13 +245,16 @@ func (a *admission) Run(ctx context.Context) error {
 		now := time.Now()
 		var stuck, slow []*admittedStream
 		a.mu.Lock()
-		// Smoothed over about a second.
+		a.oldest = 0
 		for s := range a.streams {
 			if since := s.sendingSince.Load(); since != 0 && a.sendTimeout > 0 && now.Sub(time.Unix(0, since)) > a.sendTimeout {
 				stuck = append(stuck, s)
 			}
-			if !s.done.Load() && now.Sub(s.opened) > a.initialPushTimeout {
-				slow = append(slow, s)
+			if age := now.Sub(s.opened); !s.done.Load() {
+				a.oldest = max(a.oldest, age)
+				if age > a.initialPushTimeout {
+					slow = append(slow, s)
+				}
 			}
 		}
 		a.mu.Unlock()
