@@ -35,6 +35,7 @@ func WriteTable(w io.Writer, rs []*Result) error {
 		return fmt.Sprintf("%.2f / %.2f s", r.Connect.P50, r.Connect.P99)
 	})
 	row("  not synced / failed", func(r *Result) string { return fmt.Sprintf("%d / %d", r.Connect.Missing, r.Failed) })
+	row("  streams retried (overloaded)", func(r *Result) string { return fmt.Sprintf("%d (%d)", r.Retries, r.Refused) })
 	row("VirtualService min / p50 / p99", func(r *Result) string {
 		return fmt.Sprintf("%.3f / %.3f / %.3f s", r.VirtualService.Min, r.VirtualService.P50, r.VirtualService.P99)
 	})
