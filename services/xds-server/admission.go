@@ -39,9 +39,10 @@ const (
 	defaultAdmissionWait      = 5 * time.Second
 	defaultInitialPushTimeout = 10 * time.Second
 	defaultSendTimeout        = 30 * time.Second
-	// A refused stream is told to wait between these.
+	// A refused stream is told to wait between these: at most a few seconds, so that turns
+	// handed out on a pessimistic measurement cannot leave the server idle for long.
 	minRetryHint = 20 * time.Millisecond
-	maxRetryHint = 15 * time.Second
+	maxRetryHint = 5 * time.Second
 )
 
 // defaultMaxInitializing is per core: the initial push is CPU work (generating, encoding and
@@ -182,9 +183,11 @@ func (a *admission) admit(ctx context.Context) (time.Duration, error) {
 // refuse answers Unavailable with the stream's turn to retry.
 func (a *admission) refuse(why string) (time.Duration, error) {
 	a.mu.Lock()
-	// Optimistic by half: a turn too early costs the stream one more refusal, a turn too late
-	// leaves places empty. The line ahead is half gone by the first turn.
-	interval := time.Duration(float64(time.Second) / (1.5 * a.placesPerSecond()))
+	// Optimistic, three times the measured rate: a turn too early costs the stream one more
+	// refusal (little), a turn too late leaves places empty, and the rate measured in the
+	// middle of a storm (the server busy taking and refusing streams) is lower than the rate
+	// by the time the turns come. The line ahead is half gone by the first turn.
+	interval := time.Duration(float64(time.Second) / (3 * a.placesPerSecond()))
 	now := time.Now()
 	after := max(a.nextTurn.Sub(now), time.Duration(len(a.waiting)/2)*interval) + interval
 	hint := min(max(after, minRetryHint), maxRetryHint)

@@ -70,7 +70,7 @@ spec:
 // gRPC's pushback trailer); retrying after it, every one is served, and never more than 4
 // were in their initial push at once.
 func TestAdmissionStorm(t *testing.T) {
-	const streams, conns, places = 400, 8, 4
+	const streams, conns, places = 1000, 20, 10
 	src := fakebus.New(changes(t, registry(10001, 10002))...)
 	r := startReplica(t, Config{Overload: Overload{MaxInitializing: places, AdmissionWait: 20 * time.Millisecond, AdmissionRate: -1}}, src)
 
