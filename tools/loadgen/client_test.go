@@ -41,6 +41,41 @@ func registry(m Mesh, svc int, extra ...string) (*bus.Resource, *bus.Resource) {
 	return &bus.Resource{Name: name, Body: s}, &bus.Resource{Name: name, Body: eps}
 }
 
+// startServer serves mesh's registry with a real xds-server on 127.0.0.1 until the test ends;
+// it returns the store to change and the server, ready.
+func startServer(t *testing.T, mesh Mesh, cfg xdsserver.Config) (*bus.Store, *xdsserver.Server) {
+	t.Helper()
+	store := bus.NewStore()
+	for i := range mesh.Services {
+		svc, eps := registry(mesh, i)
+		store.Upsert(schema.Service.TypeURL, svc)
+		store.Upsert(schema.Endpoints.TypeURL, eps)
+	}
+	src := bus.Local(store)
+	srv, err := xdsserver.New(cfg, xdsserver.Deps{Logger: testLogger(t), Config: src, Registry: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ctx, lis); err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	wait(t, "server ready", srv.Ready())
+	return store, srv
+}
+
 // wait fails the test unless ch closes within a generous deadline.
 func wait(t *testing.T, what string, ch <-chan struct{}) {
 	t.Helper()
@@ -64,32 +99,11 @@ func TestProxiesAgainstXDSServer(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			mesh := Mesh{Namespace: "load", Services: 5, Endpoints: 2}
-			store := bus.NewStore()
-			for i := range mesh.Services {
-				svc, eps := registry(mesh, i)
-				store.Upsert(schema.Service.TypeURL, svc)
-				store.Upsert(schema.Endpoints.TypeURL, eps)
-			}
-			src := bus.Local(store)
-			srv, err := xdsserver.New(xdsserver.Config{Debounce: 5 * time.Millisecond, CacheAssert: true},
-				xdsserver.Deps{Logger: testLogger(t), Config: src, Registry: src})
-			if err != nil {
-				t.Fatal(err)
-			}
-			lis, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
+			store, srv := startServer(t, mesh, xdsserver.Config{Debounce: 5 * time.Millisecond, CacheAssert: true})
 			ctx, cancel := context.WithCancel(context.Background())
 			var wg sync.WaitGroup
 			defer wg.Wait()
 			defer cancel()
-			wg.Go(func() {
-				if err := srv.Serve(ctx, lis); err != nil && !errors.Is(err, context.Canceled) {
-					t.Errorf("serve: %v", err)
-				}
-			})
-			wait(t, "server ready", srv.Ready())
 
 			shared := NewShared()
 			var proxies []*Proxy
@@ -194,33 +208,12 @@ func TestPercentile(t *testing.T) {
 // addresses, until every one holds its configuration.
 func TestProxiesRetryWhenRefused(t *testing.T) {
 	mesh := Mesh{Namespace: "load", Services: 5, Endpoints: 2}
-	store := bus.NewStore()
-	for i := range mesh.Services {
-		svc, eps := registry(mesh, i)
-		store.Upsert(schema.Service.TypeURL, svc)
-		store.Upsert(schema.Endpoints.TypeURL, eps)
-	}
-	src := bus.Local(store)
-	srv, err := xdsserver.New(xdsserver.Config{Debounce: 5 * time.Millisecond,
-		Overload: xdsserver.Overload{MaxInitializing: 1, AdmissionWait: time.Millisecond, AdmissionRate: -1}},
-		xdsserver.Deps{Logger: testLogger(t), Config: src, Registry: src})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, srv := startServer(t, mesh, xdsserver.Config{Debounce: 5 * time.Millisecond,
+		Overload: xdsserver.Overload{MaxInitializing: 1, AdmissionWait: time.Millisecond, AdmissionRate: -1}})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	wg.Go(func() {
-		if err := srv.Serve(ctx, lis); err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	wait(t, "server ready", srv.Ready())
 	shared := NewShared()
 	var proxies []*Proxy
 	for i := range 20 {
