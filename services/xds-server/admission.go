@@ -262,7 +262,8 @@ func (a *admission) Run(ctx context.Context) error {
 		}
 		a.mu.Unlock()
 		for _, s := range slow {
-			s.initialized(true)
+			// Not measured: a client that never answers says nothing of the server's speed.
+			s.initialized(false)
 		}
 		for _, s := range stuck {
 			// The client's flow-control window stays shut: its stream cannot end cleanly, its
@@ -298,7 +299,9 @@ func (a *admission) Streams() int {
 
 // admittedStream watches an admitted ADS stream: its initial push is over once every response
 // sent was answered and every request that asks for something new was answered (or after
-// InitialPushTimeout); a SendMsg still blocked after SendTimeout closes its connection.
+// InitialPushTimeout); a SendMsg still blocked after SendTimeout closes its connection. This is
+// read from the messages, so it is approximate: a client that ACKs one type before it asks for
+// the next ends its initial push early, which only lets the next stream in sooner.
 type admittedStream struct {
 	grpc.ServerStream
 	a      *admission
@@ -349,8 +352,8 @@ func (s *admittedStream) RecvMsg(m any) error {
 	return nil
 }
 
-// initialized gives the stream's place back, once; measured says its initial push ended
-// (answered, or timed out) rather than the stream.
+// initialized gives the stream's place back, once; measured says the client answered its
+// initial push, whose duration then counts in the server's measured speed.
 func (s *admittedStream) initialized(measured bool) {
 	if s.done.CompareAndSwap(false, true) {
 		s.a.leave(time.Since(s.opened), measured)
