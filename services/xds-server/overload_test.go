@@ -440,3 +440,26 @@ func TestRebalanceAcrossReplicas(t *testing.T) {
 	})
 	t.Logf("replicas hold %d and %d connections", a.admission.Streams(), b.admission.Streams())
 }
+
+// Clients that never answer their initial push hold their place only until
+// InitialPushTimeout: with both places taken by such clients, a third proxy is still served.
+func TestSilentClientsGiveBackTheirPlace(t *testing.T) {
+	src := fakebus.New(changes(t, registry(10001, 10002))...)
+	r := startReplica(t, Config{Overload: Overload{MaxInitializing: 2, InitialPushTimeout: 200 * time.Millisecond,
+		AdmissionWait: 10 * time.Second, AdmissionRate: -1}}, src)
+	var silent [2]atomic.Pointer[discoverygrpc.DiscoveryResponse]
+	for i := range silent {
+		unansweringClient(t, r.srv.Addr(), fmt.Sprintf("silent-%d", i), false, &silent[i])
+	}
+	testwait.Until(t, waitFor, "both places taken", func() bool { return silent[0].Load() != nil && silent[1].Load() != nil })
+	var served atomic.Int64
+	ctx, cancel := context.WithCancel(streamContext(t))
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- admittedSession(ctx, adsClient(t, r.srv.Addr()), "third", &served) }()
+	testwait.Until(t, waitFor, "the third proxy served", func() bool { return served.Load() == 1 })
+	cancel()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
