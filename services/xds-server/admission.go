@@ -23,8 +23,9 @@ import (
 // at once, so the server admits as fast as it finishes initial pushes; a stream that finds no
 // free place waits up to AdmissionWait in line, and past that (or when the line is full) it is
 // refused with Unavailable and a retry delay. The delays are handed out in turn, spaced at the
-// measured rate of initial pushes finishing: the refused come back one after the other about
-// when there is room for them, not all at once, and not long after the server went idle. A
+// rate places free up (measured by how long initial pushes take): the refused come back one
+// after the other about when there is room for them, not all at once, and not long after the
+// server went idle. A
 // token bucket (AdmissionRate) bounds how fast streams may open at all, against floods of short
 // streams.
 
@@ -81,6 +82,7 @@ type admission struct {
 	// the next turn, spaced at the rate places free up, so that they come back one by one.
 	nextTurn time.Time
 	refused  atomic.Int64
+	metrics  *overloadMetrics
 	peak     int // most streams in their initial push at once, for tests
 }
 
@@ -138,7 +140,7 @@ func (a *admission) admit(ctx context.Context) (time.Duration, error) {
 		err := a.limiter.Wait(wctx)
 		cancel()
 		if err != nil {
-			return a.refuse("new ADS streams arrive faster than --xds-admission-rate")
+			return a.refuse(reasonRate, "new ADS streams arrive faster than --xds-admission-rate")
 		}
 	}
 	a.mu.Lock()
@@ -151,7 +153,7 @@ func (a *admission) admit(ctx context.Context) (time.Duration, error) {
 	// in vain, then be refused behind those who came later.
 	if n := len(a.waiting); n >= min(a.maxWaiting, int(a.placesPerSecond()*a.wait.Seconds())) {
 		a.mu.Unlock()
-		return a.refuse(fmt.Sprintf("%d ADS streams in their initial push and %d waiting", a.maxInitializing, n))
+		return a.refuse(reasonLineFull, fmt.Sprintf("%d ADS streams in their initial push and %d waiting", a.maxInitializing, n))
 	}
 	turn := make(chan struct{})
 	a.waiting = append(a.waiting, turn)
@@ -177,11 +179,12 @@ func (a *admission) admit(ctx context.Context) (time.Duration, error) {
 	if ctx.Err() != nil {
 		return 0, ctx.Err()
 	}
-	return a.refuse(fmt.Sprintf("%d ADS streams in their initial push, none finished within %s", a.maxInitializing, a.wait))
+	return a.refuse(reasonWaited, fmt.Sprintf("%d ADS streams in their initial push, none finished within %s", a.maxInitializing, a.wait))
 }
 
 // refuse answers Unavailable with the stream's turn to retry.
-func (a *admission) refuse(why string) (time.Duration, error) {
+func (a *admission) refuse(reason, why string) (time.Duration, error) {
+	a.metrics.refuse(reason)
 	a.mu.Lock()
 	// Optimistic, three times the measured rate: a turn too early costs the stream one more
 	// refusal (little), a turn too late leaves places empty, and the rate measured in the
@@ -269,6 +272,7 @@ func (a *admission) Run(ctx context.Context) error {
 			// The client's flow-control window stays shut: its stream cannot end cleanly, its
 			// connection can. It reconnects, as after any connection loss.
 			if a.conns.close(s.peer) {
+				a.metrics.close(reasonSendTimeout)
 				a.log.Warn("closing connection: an xDS response could not be sent within the send timeout (the client does not read)",
 					"peer", s.peer, "timeout", a.sendTimeout)
 			}

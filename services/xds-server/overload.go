@@ -97,6 +97,7 @@ func (s *Server) runOverload(ctx context.Context, wg *sync.WaitGroup) {
 			closed := 0
 			for _, st := range s.admission.newest(n) {
 				if s.conns.close(st.peer) {
+					s.admission.metrics.close(reasonRebalance)
 					closed++
 				}
 			}

@@ -24,6 +24,7 @@ import (
 	"sailplane.dev/services/xds-server/internal/fakebus"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/grpcserver"
+	"sailplane.dev/shared/telemetry/telemetrytest"
 	"sailplane.dev/shared/testwait"
 )
 
@@ -72,7 +73,8 @@ spec:
 func TestAdmissionStorm(t *testing.T) {
 	const streams, conns, places = 1000, 20, 10
 	src := fakebus.New(changes(t, registry(10001, 10002))...)
-	r := startReplica(t, Config{Overload: Overload{MaxInitializing: places, AdmissionWait: 20 * time.Millisecond, AdmissionRate: -1}}, src)
+	metrics := telemetrytest.New(t)
+	r := startReplica(t, Config{Overload: Overload{MaxInitializing: places, AdmissionWait: 20 * time.Millisecond, AdmissionRate: -1}}, src, metrics)
 
 	clients := make([]discoverygrpc.AggregatedDiscoveryServiceClient, conns)
 	for i := range clients {
@@ -133,6 +135,13 @@ func TestAdmissionStorm(t *testing.T) {
 		t.Fatalf("%d streams in their initial push at once, bound %d", peak, places)
 	}
 	t.Logf("%d streams served, %d refusals, at most %d in their initial push", served.Load(), refused.Load(), peak)
+	scraped := metrics.Scrape()
+	if got, _ := scraped.Value("sailplane_xds_refused"); got != float64(refused.Load()) {
+		t.Errorf("sailplane_xds_refused sums to %v, the clients saw %d refusals", got, refused.Load())
+	}
+	if got, _ := scraped.Value("sailplane_xds_initializing"); got != 0 {
+		t.Errorf("sailplane_xds_initializing = %v once every stream answered, want 0", got)
+	}
 }
 
 // admittedSession asks for clusters, ACKs the answer and holds the stream until ctx ends; it
@@ -258,11 +267,15 @@ func TestStuckClientDoesNotHoldOthers(t *testing.T) {
 // stream ends, and the push worker it held is free.
 func TestSendTimeoutClosesStuckConnection(t *testing.T) {
 	src := fakebus.New(changes(t, manyServices(300))...)
-	r := startReplica(t, Config{Overload: Overload{SendTimeout: 300 * time.Millisecond}}, src)
+	metrics := telemetrytest.New(t)
+	r := startReplica(t, Config{Overload: Overload{SendTimeout: 300 * time.Millisecond}}, src, metrics)
 	blockSending(t, r, src)
 	testwait.Until(t, waitFor, "the stuck stream closed", func() bool {
 		return r.srv.admission.Streams() == 0 && r.srv.xds.Connections() == 0
 	})
+	if got := metrics.Value("sailplane_xds_closed_connections", "reason", "send_timeout"); got != 1 {
+		t.Errorf("sailplane_xds_closed_connections{reason=send_timeout} = %v, want 1", got)
+	}
 	converge(t, r, src, 3, 1)
 }
 
@@ -401,10 +414,11 @@ func TestRebalanceAcrossReplicas(t *testing.T) {
 		lis[i] = l
 		addrs = append(addrs, l.Addr().String())
 	}
+	metrics := [2]*telemetrytest.Metrics{telemetrytest.New(t), telemetrytest.New(t)}
 	start := func(i int) *Server {
 		srv, err := New(Config{Debounce: 5 * time.Millisecond, PodName: fmt.Sprintf("replica-%d", i),
 			Overload: Overload{Peers: addrs, RebalanceInterval: 100 * time.Millisecond}},
-			Deps{Logger: testLogger(t).With("replica", i), Config: src, Registry: src})
+			Deps{Logger: testLogger(t).With("replica", i), Config: src, Registry: src, MeterProvider: metrics[i].Provider()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -439,6 +453,9 @@ func TestRebalanceAcrossReplicas(t *testing.T) {
 		return na+nb == proxies && na >= proxies/2-4 && nb >= proxies/2-4
 	})
 	t.Logf("replicas hold %d and %d connections", a.admission.Streams(), b.admission.Streams())
+	if got := metrics[0].Value("sailplane_xds_closed_connections", "reason", "rebalance"); got < proxies/2-4 {
+		t.Errorf("the first replica closed %v connections to rebalance, want at least %d", got, proxies/2-4)
+	}
 }
 
 // Clients that never answer their initial push hold their place only until

@@ -17,6 +17,7 @@ import (
 
 	"sailplane.dev/services/xds-server/internal/fakebus"
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/telemetry/telemetrytest"
 )
 
 // replica is one xds-server over a shared bus; stop ends it.
@@ -25,11 +26,16 @@ type replica struct {
 	stop func()
 }
 
-func startReplica(t *testing.T, cfg Config, src bus.Source) *replica {
+// startReplica serves src with cfg; metrics, when given, records the server's metrics.
+func startReplica(t *testing.T, cfg Config, src bus.Source, metrics ...*telemetrytest.Metrics) *replica {
 	t.Helper()
 	cfg.Debounce = 5 * time.Millisecond
 	cfg.CacheAssert = true
-	srv, err := New(cfg, Deps{Logger: testLogger(t), Config: src, Registry: src})
+	deps := Deps{Logger: testLogger(t), Config: src, Registry: src}
+	if len(metrics) > 0 {
+		deps.MeterProvider = metrics[0].Provider()
+	}
+	srv, err := New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -180,6 +180,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if s.metrics, err = xds.NewMetrics(deps.MeterProvider); err != nil {
 		return nil, err
 	}
+	if s.admission.metrics, err = newOverloadMetrics(deps.MeterProvider, s.admission); err != nil {
+		return nil, err
+	}
 	s.xds = xds.NewServer(xds.Options{
 		Logger:          log.With("component", "ads"),
 		Generator:       generatorFor(log),
