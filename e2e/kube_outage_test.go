@@ -43,19 +43,16 @@ func loggedWatchFailure(log, apiAddr string) (string, bool) {
 	return "", false
 }
 
-// TestKubeAPIServerOutage stops the API server for 30 s: what Sailplane serves is not lost (RPCs
-// keep reaching the same backends the whole time), and once the API server is back its watches
-// resume at once (a new endpoint reaches the client within afterOutage).
-func TestKubeAPIServerOutage(t *testing.T) {
-	for _, topo := range kubeTopologies {
-		t.Run(topo.name, func(t *testing.T) { testKubeAPIServerOutage(t, topo.start) })
-	}
-}
-
-func testKubeAPIServerOutage(t *testing.T, start func(*testing.T, *testenv.Kube, *framework.Kube) sailplaneOnKube) {
+// testKubeAPIServerOutage, a group of TestFaults, stops the API server for 30 s: what Sailplane
+// serves is not lost (RPCs keep succeeding on the same two backends the whole time), and once
+// the API server is back its watches resume at once (a third endpoint added then reaches the
+// client within afterOutage).
+func testKubeAPIServerOutage(t *testing.T, table *faultTable, topology string, start func(*testing.T, *testenv.Kube, *framework.Kube) sailplaneOnKube) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	k, echo, sp, client := startTwoOfThreeOnKube(ctx, t, start)
+	load := startCallLoad(t, client)
+	mark := load.mark()
 
 	logBefore := sp.logOffsets()
 	k.StopAPIServer()
@@ -70,38 +67,7 @@ func testKubeAPIServerOutage(t *testing.T, start func(*testing.T, *testenv.Kube,
 		return nil
 	})
 	t.Logf("API server stopped; %v later Sailplane logged: %s", time.Since(stopped).Round(time.Millisecond), failure)
-
-	// The outage is held by a deadline, and it is spent checking: RPCs must keep succeeding on
-	// the two endpoints served before the API server went away.
-	hold, endHold := context.WithTimeout(ctx, apiOutage)
-	total := map[string]int{}
-	// A few RPCs every 20 ms: continuous, without saturating the machine's CPUs.
-	pace := time.NewTicker(20 * time.Millisecond)
-	defer pace.Stop()
-	for hold.Err() == nil {
-		select {
-		case <-pace.C:
-		case <-hold.Done():
-			continue
-		}
-		counts, err := reached(ctx, client, 5)
-		for id, n := range counts {
-			total[id] += n
-		}
-		if err != nil {
-			endHold()
-			t.Fatalf("RPC failed while the API server was down (after %v RPCs): %v", total, err)
-		}
-		if err := onlyFrom(counts, echo.ids[:2]...); err != nil {
-			endHold()
-			t.Fatalf("while the API server was down: %v", err)
-		}
-	}
-	endHold()
-	if err := allOf(total, echo.ids[:2]...); err != nil {
-		t.Fatalf("while the API server was down: %v", err)
-	}
-	t.Logf("RPCs during the %v outage: %v", apiOutage, total)
+	hold(t, apiOutage-time.Since(stopped))
 
 	startCtx, startDone := context.WithTimeout(ctx, time.Minute)
 	defer startDone()
@@ -112,14 +78,26 @@ func testKubeAPIServerOutage(t *testing.T, start func(*testing.T, *testenv.Kube,
 	// informers as soon as it answers (client-go's own backoff would wait up to a minute after
 	// an outage this long), so a change made after the restart reaches the client within
 	// afterOutage.
-	restarted := time.Now()
+	end := time.Now()
 	echo.setReady(t, 3)
-	framework.Eventually(t, afterOutage, func() error {
-		counts, err := reached(ctx, client, 30)
-		if err != nil {
-			return fmt.Errorf("after the restart: %w", err)
+	at := load.waitBackend(t, mark, end, echo.ids[2], afterOutage)
+	// Until the change, only the two backends served before the outage answered.
+	rpcs := load.since(mark)
+	total := map[string]int{}
+	for _, r := range rpcs {
+		if r.start.Before(end) {
+			total[r.backend]++
 		}
-		return allOf(counts, echo.ids[2])
-	})
-	t.Logf("the change after the restart reached the client in %v", time.Since(restarted).Round(time.Millisecond))
+	}
+	if err := onlyFrom(total, echo.ids[:2]...); err != nil {
+		t.Fatalf("while the API server was down: %v", err)
+	}
+	if err := allOf(total, echo.ids[:2]...); err != nil {
+		t.Fatalf("while the API server was down: %v", err)
+	}
+	if err := noFailures(load.since(mark)); err != nil {
+		t.Fatal(err)
+	}
+	table.add(t, faultRow{topology: topology, fault: fmt.Sprintf("API server down %v", apiOutage), rpcs: len(rpcs), convergence: at.Sub(end),
+		measuredFrom: "the API server ready again to a new endpoint (EndpointSlice written then)"})
 }

@@ -340,3 +340,13 @@ func GatewayAddr(t testing.TB) string {
 func (h *TestHost) Command(bin string, args ...string) (string, []string) {
 	return "ip", append([]string{"netns", "exec", h.Name, bin}, args...)
 }
+
+// SetLinkUp brings the host's link up or down (its veth on the bridge): down cuts the host off
+// as a pulled cable would, its sockets left open, so connections resume if it comes back soon.
+func (h *TestHost) SetLinkUp(up bool) error {
+	state := "down"
+	if up {
+		state = "up"
+	}
+	return ipCmd("link", "set", h.veth, state)
+}

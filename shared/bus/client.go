@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"sailplane.dev/shared/grpcserver"
@@ -47,6 +48,14 @@ const (
 // resubscribes without them and reconciles deletions from the full state it receives.
 const maxInitialVersionsBytes = grpcserver.MaxRecvMsgSize / 2
 
+// consumerKeepalive pings a producer that has sent nothing for Time and gives the connection up
+// when no answer comes within Timeout. A consumer mostly listens: without it, a producer whose
+// link went down (a node lost, a cable pulled) leaves the stream open on the consumer's side
+// forever, since the producer's own keepalive drops the connection without the consumer
+// hearing of it, and every change made since never arrives. Time respects the producers'
+// enforcement (grpcserver: pings at most every 10 s).
+var consumerKeepalive = keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}
+
 // DialOption configures a gRPC consumer.
 type DialOption func(*dialConfig)
 
@@ -59,6 +68,8 @@ type dialConfig struct {
 	meterProvider              metric.MeterProvider
 	// maxInitialVersions is maxInitialVersionsBytes; tests lower it.
 	maxInitialVersions int
+	// keepalive is consumerKeepalive; tests shorten it.
+	keepalive keepalive.ClientParameters
 }
 
 // WithDialLogger sets the consumer's logger.
@@ -103,6 +114,7 @@ func newDialConfig(opts []DialOption) *dialConfig {
 		backoffInitial:     DefaultBackoffInitial,
 		backoffMax:         DefaultBackoffMax,
 		maxInitialVersions: maxInitialVersionsBytes,
+		keepalive:          consumerKeepalive,
 	}
 	if h, err := os.Hostname(); err == nil {
 		c.nodeID = h
@@ -138,6 +150,7 @@ func (c *dialConfig) run(ctx context.Context, target string, session func(contex
 			Backoff:           backoff.Config{BaseDelay: c.backoffInitial, Multiplier: 1.6, Jitter: 0.2, MaxDelay: c.backoffMax},
 			MinConnectTimeout: 5 * time.Second,
 		}),
+		grpc.WithKeepaliveParams(c.keepalive),
 	}, c.grpcOpts...)
 	conn, err := grpc.NewClient(target, opts...)
 	if err != nil {

@@ -14,13 +14,17 @@ import (
 )
 
 // Consul is a running single-node `consul agent -dev` on 127.0.0.1 (in
-// memory; nothing survives Stop).
+// memory; nothing survives Stop), or with WithConsulOnDisk a one-node server
+// keeping its catalog on disk, so that StopAgent and StartAgent keep it.
 type Consul struct {
 	dir      string
 	logPath  string
 	httpPort int
 	dnsPort  int
 	grpcPort int
+	bin      string
+	args     []string
+	opts     options
 
 	mu sync.Mutex
 	p  *proc
@@ -39,7 +43,7 @@ func StartConsul(ctx context.Context, opts ...Option) (c *Consul, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("testenv: %w", err)
 	}
-	c = &Consul{dir: dir, logPath: filepath.Join(dir, "consul.log")}
+	c = &Consul{dir: dir, logPath: filepath.Join(dir, "consul.log"), bin: bin, opts: o}
 	defer func() {
 		if err != nil {
 			c.Stop()
@@ -50,8 +54,11 @@ func StartConsul(ctx context.Context, opts ...Option) (c *Consul, err error) {
 		return nil, err
 	}
 	c.httpPort, c.dnsPort, c.grpcPort = ports[0], ports[1], ports[2]
-	p, err := startProc("consul", c.logPath, bin,
-		"agent", "-dev",
+	mode := []string{"-dev"}
+	if o.consulOnDisk {
+		mode = []string{"-server", "-bootstrap-expect=1", "-data-dir=" + filepath.Join(dir, "data")}
+	}
+	c.args = append(append([]string{"agent"}, mode...),
 		"-node=sailplane-testenv",
 		"-bind=127.0.0.1",
 		"-client=127.0.0.1",
@@ -67,14 +74,32 @@ func StartConsul(ctx context.Context, opts ...Option) (c *Consul, err error) {
 		// the agent call out.
 		"-hcl=disable_update_check = true",
 	)
-	if err != nil {
+	if err := c.StartAgent(ctx); err != nil {
 		return nil, err
 	}
+	o.log.Info("testenv: consul ready", "addr", c.Addr())
+	return c, nil
+}
+
+// StartAgent starts the agent (again, on the same ports and data) and waits
+// until it has a leader. It is a no-op if it is running.
+func (c *Consul) StartAgent(ctx context.Context) error {
 	c.mu.Lock()
+	if c.p != nil {
+		if done, _ := c.p.exited(); !done {
+			c.mu.Unlock()
+			return nil
+		}
+	}
+	p, err := startProc("consul", c.logPath, c.bin, c.args...)
+	if err != nil {
+		c.mu.Unlock()
+		return err
+	}
 	c.p = p
 	c.mu.Unlock()
 
-	startCtx, cancel := context.WithTimeout(ctx, o.startTimeout)
+	startCtx, cancel := context.WithTimeout(ctx, c.opts.startTimeout)
 	defer cancel()
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{}}
 	defer hc.CloseIdleConnections()
@@ -90,10 +115,18 @@ func StartConsul(ctx context.Context, opts ...Option) (c *Consul, err error) {
 		return nil
 	})
 	if err != nil {
-		return nil, &StartError{Component: "consul", Logs: c.Logs(), Err: err}
+		return &StartError{Component: "consul", Logs: c.Logs(), Err: err}
 	}
-	o.log.Info("testenv: consul ready", "addr", c.Addr())
-	return c, nil
+	return nil
+}
+
+// StopAgent stops the agent and waits for it to exit; with WithConsulOnDisk,
+// StartAgent brings it back with its catalog.
+func (c *Consul) StopAgent() {
+	c.mu.Lock()
+	p := c.p
+	c.mu.Unlock()
+	p.stop(10 * time.Second)
 }
 
 // Addr is the HTTP API address, 127.0.0.1:<port> (for api.Config.Address).

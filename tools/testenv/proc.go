@@ -23,6 +23,7 @@ type options struct {
 	log          *slog.Logger
 	istioCRDs    bool
 	startTimeout time.Duration
+	consulOnDisk bool
 }
 
 func buildOptions(opts []Option) options {
@@ -50,6 +51,11 @@ func WithLogger(log *slog.Logger) Option {
 
 // WithoutIstioCRDs skips installing Istio's CRDs into the API server.
 func WithoutIstioCRDs() Option { return func(o *options) { o.istioCRDs = false } }
+
+// WithConsulOnDisk runs Consul as a one-node server keeping its catalog on
+// disk instead of -dev's memory, as a real one does: what was registered
+// survives Consul.StopAgent and StartAgent.
+func WithConsulOnDisk() Option { return func(o *options) { o.consulOnDisk = true } }
 
 // WithStartTimeout bounds how long a component may take to become ready
 // (default 2 minutes). The build of a missing binary is not included.

@@ -2,9 +2,11 @@ package tree
 
 import (
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"sailplane.dev/shared/schema"
 )
@@ -82,5 +84,49 @@ func TestReplacedFileAppliesAtOnce(t *testing.T) {
 	ch := tr.Scan([]string{dir})
 	if len(ch) != 1 || len(ch[0].Delete) != 1 || ch[0].Delete[0] != "default/two" {
 		t.Fatalf("replaced file: changes = %+v, problems %v", ch, tr.Problems())
+	}
+}
+
+// A file written in place on a full filesystem is cut short for good (the write failed): what
+// it held stays published past the settle window while the filesystem has no room, and its
+// new content applies once there is room again (found by e2e's TestFaults, full filesystem).
+func TestShrunkFileOnFullDiskHeld(t *testing.T) {
+	dir := t.TempDir()
+	c := &clock{now: time.Unix(1e9, 0)}
+	l := &logs{t: t}
+	full := true
+	tr := New("default", slog.New(slog.NewTextHandler(l, nil)), WithClock(c.Now), WithDiskFull(func(string) bool { return full }))
+	p := filepath.Join(dir, "gw.yaml")
+	put(t, p, gwDoc("one")+"---\n"+gwDoc("two"))
+	tr.Scan([]string{dir})
+
+	// What fit before the space ran out: a comment, valid YAML defining nothing.
+	put(t, p, "# the start of a long comment\n")
+	for range 3 {
+		if ch := tr.Scan([]string{dir}); len(ch) != 0 {
+			t.Fatalf("half-written file on a full disk published: %+v", ch)
+		}
+		c.Advance(DefaultSettle)
+	}
+	if ch := tr.Scan([]string{dir}); len(ch) != 0 {
+		t.Fatalf("half-written file on a full disk published: %+v", ch)
+	}
+	if pr := tr.Problems(); len(pr) != 1 || !errors.Is(pr[0], ErrDiskFull) {
+		t.Fatalf("problems = %v, want ErrDiskFull", pr)
+	}
+	if at := tr.SettleAt(); !at.Equal(c.Now().Add(DefaultSettle)) {
+		t.Fatalf("SettleAt = %v, want now + %v: re-checked until there is room", at, DefaultSettle)
+	}
+
+	// Room again, and the file saved whole, in place: it settles as any in-place write.
+	full = false
+	put(t, p, gwDoc("one"))
+	if ch := tr.Scan([]string{dir}); len(ch) != 0 {
+		t.Fatalf("saved again in place: published before the settle window: %+v", ch)
+	}
+	c.Advance(DefaultSettle)
+	ch := tr.Scan([]string{dir})
+	if len(ch) != 1 || len(ch[0].Delete) != 1 || ch[0].Delete[0] != "default/two" {
+		t.Fatalf("saved again with room: changes = %+v, problems %v", ch, tr.Problems())
 	}
 }

@@ -39,6 +39,11 @@ var ErrEmpty = errors.New("file is empty, keeping the resources it held (delete 
 // the settle window. A file replaced by a rename is applied at once.
 var ErrSettling = errors.New("file shrank, possibly a write in progress: its new content waits until it stays unchanged (replace files by an atomic rename to avoid the wait)")
 
+// ErrDiskFull: a file written in place shrank while its filesystem has no space left, as a
+// write that failed for want of room leaves it, cut short for good: its removals wait until
+// there is room again (and the file can be saved whole).
+var ErrDiskFull = errors.New("file shrank while its filesystem is full, possibly a write that failed: keeping what it held until there is room")
+
 // ErrUnreadable: a folder, file or symlink under the config folders cannot be read; what it held
 // stays published.
 var ErrUnreadable = errors.New("cannot be read, keeping what it held")
@@ -65,6 +70,7 @@ type Tree struct {
 	logger    *slog.Logger
 	settle    time.Duration
 	now       func() time.Time
+	diskFull  func(path string) bool
 
 	files     map[string]*file
 	published map[Key]config.Config
@@ -135,6 +141,17 @@ func WithSettle(d time.Duration) Option { return func(t *Tree) { t.settle = d } 
 // WithClock sets the clock (default time.Now), for tests.
 func WithClock(now func() time.Time) Option { return func(t *Tree) { t.now = now } }
 
+// WithDiskFull sets how a file's filesystem is found full (default: statfs says no block is
+// available), for tests.
+func WithDiskFull(full func(path string) bool) Option { return func(t *Tree) { t.diskFull = full } }
+
+// diskFull reports whether the filesystem holding path has no block left for unprivileged
+// writers (a write that hit ENOSPC left it so).
+func diskFull(path string) bool {
+	var st syscall.Statfs_t
+	return syscall.Statfs(path, &st) == nil && st.Bavail == 0
+}
+
 // New returns an empty Tree; resources without a namespace go to defaultNS.
 func New(defaultNS string, logger *slog.Logger, opts ...Option) *Tree {
 	t := &Tree{
@@ -142,6 +159,7 @@ func New(defaultNS string, logger *slog.Logger, opts ...Option) *Tree {
 		logger:    logger,
 		settle:    DefaultSettle,
 		now:       time.Now,
+		diskFull:  diskFull,
 		files:     map[string]*file{},
 		published: map[Key]config.Config{},
 		logged:    map[string]bool{},
@@ -271,11 +289,16 @@ func (t *Tree) read(p string, now time.Time) (*file, error) {
 			prev.shrunk, prev.shrunkAt = data, now
 			t.logger.Info("config file shrank, holding its removals in case it is being written", "file", p, "settle", t.settle)
 		}
-		if due := prev.shrunkAt.Add(t.settle); now.Before(due) {
+		due, why := prev.shrunkAt.Add(t.settle), ErrSettling
+		if !now.Before(due) && t.diskFull(p) {
+			// Held until there is room again, checked every settle window.
+			due, why = now.Add(t.settle), ErrDiskFull
+		}
+		if now.Before(due) {
 			if t.settleAt.IsZero() || due.Before(t.settleAt) {
 				t.settleAt = due
 			}
-			return prev, &config.Error{File: p, Err: ErrSettling}
+			return prev, &config.Error{File: p, Err: why}
 		}
 	}
 	for _, e := range f.problems {
