@@ -42,7 +42,9 @@ func TestConsumerLeavesASilentLink(t *testing.T) {
 	h := &versionRecorder{have: map[string]string{}, synced: make(chan struct{})}
 	// gRPC pings at most every 10 s; a second without an answer is enough here.
 	src := Dial(link.addr, WithBackoff(5*time.Millisecond, 50*time.Millisecond),
-		func(c *dialConfig) { c.keepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: time.Second} })
+		func(c *dialConfig) {
+			c.keepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: time.Second}
+		})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- src.Subscribe(ctx, []string{typ}, h) }()
