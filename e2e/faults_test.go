@@ -114,14 +114,7 @@ func startMicroservicesForFaults(t *testing.T, dir string) *faultSailplane {
 	}
 	start("ca", framework.Binary(t, "ca"), "--kubernetes=false", "--ca-listen", caAddr,
 		"--service-cert-dir", "var/service-certs", "--bus-listen", caBus)
-	framework.Eventually(t, time.Minute, func() error {
-		_, err := os.Stat(filepath.Join(dir, "var/service-certs/xds-server", workloadcert.RootCertFile))
-		return err
-	})
-	identity := func(sa string) []string {
-		folder := "var/service-certs/" + sa
-		return []string{"--ca-address", caAddr, "--ca-root-cert", folder + "/root-cert.pem", "--provisioned-cert-dir", folder}
-	}
+	identity := waitServiceCerts(t, dir, caAddr)
 	ipBin, ingestArgs := host.Command(framework.Binary(t, "config-ingest"), append(identity("config-ingest"), "--config-source", "files",
 		"--mesh-config", "etc/sailplane/mesh.yaml", "--bus-listen", configBus)...)
 	sp.ingest = start("config-ingest", ipBin, ingestArgs...)

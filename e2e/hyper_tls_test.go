@@ -54,16 +54,7 @@ var secureTopologies = []struct {
 		configBus, registryBus, caBus, secure, caAddr := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
 		framework.Start(t, dir, framework.Binary(t, "ca"), "--kubernetes=false", "--ca-listen", caAddr,
 			"--service-cert-dir", "var/service-certs", "--bus-listen", caBus)
-		// The services start once their bootstrap folders exist (else their first request waits
-		// out a retry).
-		framework.Eventually(t, time.Minute, func() error {
-			_, err := os.Stat(filepath.Join(dir, "var/service-certs/xds-server", workloadcert.RootCertFile))
-			return err
-		})
-		identity := func(sa string) []string {
-			folder := "var/service-certs/" + sa
-			return []string{"--ca-address", caAddr, "--ca-root-cert", folder + "/root-cert.pem", "--provisioned-cert-dir", folder}
-		}
+		identity := waitServiceCerts(t, dir, caAddr)
 		framework.Start(t, dir, framework.Binary(t, "xds-server"), append(identity("xds-server"), "--config-bus", configBus, "--registry-bus", registryBus,
 			"--ca-bus", caBus, "--xds-listen=", "--xds-tls-listen", secure)...)
 		framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"), append(identity("endpoint-watcher"), "--config-bus", configBus, "--bus-listen", registryBus)...)
@@ -74,6 +65,21 @@ var secureTopologies = []struct {
 			busSec: bus.Security{Identity: me, Peers: bus.SailplanePeers("cluster.local", "istio-system")},
 			buses:  map[string]string{"config-ingest": configBus, "endpoint-watcher": registryBus, "ca": caBus}}
 	}},
+}
+
+// waitServiceCerts waits for the bootstrap folders a ca started with --service-cert-dir
+// var/service-certs keeps for the services under dir (else a service's first request waits out
+// a retry), and returns the flags that give a service its identity from them and the ca at caAddr.
+func waitServiceCerts(t *testing.T, dir, caAddr string) (identity func(serviceAccount string) []string) {
+	t.Helper()
+	framework.Eventually(t, time.Minute, func() error {
+		_, err := os.Stat(filepath.Join(dir, "var/service-certs/xds-server", workloadcert.RootCertFile))
+		return err
+	})
+	return func(sa string) []string {
+		folder := "var/service-certs/" + sa
+		return []string{"--ca-address", caAddr, "--ca-root-cert", folder + "/root-cert.pem", "--provisioned-cert-dir", folder}
+	}
 }
 
 // TestSecureXDS: Sailplane keeps its root under etc/certs (generated on the first start) and

@@ -145,7 +145,28 @@ func TestKube(t *testing.T) {
 func TestConsul(t *testing.T) {
 	ctx := testCtx(t)
 	c := ConsulForTest(t)
+	client := consulClient(t, c)
+	registerWeb(ctx, t, client)
+	checkWeb(ctx, t, client)
+}
 
+// With WithConsulOnDisk, what was registered survives the agent's stop and start.
+func TestConsulOnDiskRestart(t *testing.T) {
+	ctx := testCtx(t)
+	c := ConsulForTest(t, WithConsulOnDisk())
+	client := consulClient(t, c)
+	registerWeb(ctx, t, client)
+	c.StopAgent()
+	if _, _, err := client.Catalog().Services((&consulapi.QueryOptions{}).WithContext(ctx)); err == nil {
+		t.Fatal("the catalog answers with the agent stopped")
+	}
+	if err := c.StartAgent(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkWeb(ctx, t, client)
+}
+
+func consulClient(t *testing.T, c *Consul) *consulapi.Client {
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
 	client, err := consulapi.NewClient(&consulapi.Config{
@@ -155,7 +176,11 @@ func TestConsul(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = client.Catalog().Register(&consulapi.CatalogRegistration{
+	return client
+}
+
+func registerWeb(ctx context.Context, t *testing.T, client *consulapi.Client) {
+	_, err := client.Catalog().Register(&consulapi.CatalogRegistration{
 		Node:    "external-node",
 		Address: "198.18.0.10",
 		Service: &consulapi.AgentService{ID: "web-1", Service: "web", Port: 8080, Tags: []string{"v1"}},
@@ -163,6 +188,9 @@ func TestConsul(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+func checkWeb(ctx context.Context, t *testing.T, client *consulapi.Client) {
 	services, _, err := client.Catalog().Services((&consulapi.QueryOptions{}).WithContext(ctx))
 	if err != nil {
 		t.Fatal(err)
