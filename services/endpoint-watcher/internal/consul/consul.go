@@ -131,6 +131,9 @@ type Source struct {
 	token     string // only to redact it from errors
 	// watchErrors is sailplane_consul_watch_errors_total{query}.
 	watchErrors metric.Int64Counter
+	// reachable wakes the watches waiting to retry when one of them reaches Consul again, so
+	// that all resync at once, not each at the end of its own backoff.
+	reachable *wakeup
 
 	runOnce   sync.Once
 	ready     chan struct{}
@@ -174,6 +177,7 @@ func New(cfg Config, pub bus.Publisher, log *slog.Logger) (*Source, error) {
 		client:      client,
 		transport:   ac.Transport,
 		token:       token,
+		reachable:   &wakeup{},
 		ready:       make(chan struct{}),
 	}, nil
 }

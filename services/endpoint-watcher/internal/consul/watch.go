@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -35,6 +36,8 @@ func watch[T any](ctx context.Context, s *Source, what string, quiet bool,
 			}
 		}
 		last = time.Now()
+		// Taken before the query: a watch that reaches Consul while this one fails wakes it.
+		woken := s.reachable.wait()
 		q := (&api.QueryOptions{
 			Datacenter: s.cfg.Datacenter,
 			WaitIndex:  index,
@@ -60,7 +63,7 @@ func watch[T any](ctx context.Context, s *Source, what string, quiet bool,
 			// The agent may be another one when it answers again (restarted, failed over):
 			// start over with a non-blocking query, which is a full resync.
 			index, fresh = 0, true
-			if !sleep(ctx, delay) {
+			if !sleepOrWoken(ctx, delay, woken) {
 				return
 			}
 			continue
@@ -68,6 +71,7 @@ func watch[T any](ctx context.Context, s *Source, what string, quiet bool,
 		if failures > 0 {
 			s.log.Info("consul query succeeded again", "query", what, "after_failures", failures)
 			failures = 0
+			s.reachable.wake()
 		}
 		changed := fresh || meta.LastIndex != index
 		switch {
@@ -123,6 +127,11 @@ func backoff(b Backoff, failures int) time.Duration {
 
 // sleep waits for d or until ctx is done; it reports whether ctx is still live.
 func sleep(ctx context.Context, d time.Duration) bool {
+	return sleepOrWoken(ctx, d, nil)
+}
+
+// sleepOrWoken is sleep cut short when woken is closed.
+func sleepOrWoken(ctx context.Context, d time.Duration, woken <-chan struct{}) bool {
 	if d <= 0 {
 		return ctx.Err() == nil
 	}
@@ -130,9 +139,41 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return true
+	case <-woken:
 	case <-ctx.Done():
 		return false
+	}
+	return true
+}
+
+// wakeup wakes every waiter at once. A nil *wakeup never wakes anyone.
+type wakeup struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// wait returns a channel closed at the next wake.
+func (w *wakeup) wait() <-chan struct{} {
+	if w == nil {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch == nil {
+		w.ch = make(chan struct{})
+	}
+	return w.ch
+}
+
+func (w *wakeup) wake() {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch != nil {
+		close(w.ch)
+		w.ch = nil
 	}
 }
 

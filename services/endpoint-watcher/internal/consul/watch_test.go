@@ -94,6 +94,57 @@ func TestWatchIndexHandling(t *testing.T) {
 	}
 }
 
+// A watch that reaches Consul again wakes the others waiting out their backoff: after an
+// outage every watch resyncs at once, not up to Backoff.Max later (found by e2e's TestFaults,
+// Consul down 30 s).
+func TestWatchesResyncTogether(t *testing.T) {
+	reachable := &wakeup{}
+	metrics := telemetrytest.New(t)
+	source := func(b Backoff) *Source {
+		return &Source{cfg: Config{Backoff: b, WaitTime: time.Second, MinWait: -1},
+			log: slog.New(slog.NewTextHandler(&logCapture{t: t}, nil)), reachable: reachable,
+			watchErrors: newWatchErrors(metrics.Provider())}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	// fails the first query, then answers; delivers on back.
+	run := func(s *Source, failed chan<- struct{}, back chan<- string) {
+		n := 0
+		watch(ctx, s, "test", false, func(q *api.QueryOptions) (string, *api.QueryMeta, error) {
+			n++
+			switch {
+			case n == 1:
+				close(failed)
+				return "", nil, errors.New("connection refused")
+			case n > 2:
+				<-q.Context().Done()
+				return "", nil, q.Context().Err()
+			}
+			return "back", &api.QueryMeta{LastIndex: 7}, nil
+		}, func(v string) bool {
+			back <- v
+			return true
+		})
+	}
+	// slow would wait an hour to retry; fast retries at once, and wakes it when it succeeds.
+	slowFailed, fastFailed := make(chan struct{}), make(chan struct{})
+	slowBack, fastBack := make(chan string, 1), make(chan string, 1)
+	wg.Go(func() { run(source(Backoff{Initial: time.Hour, Max: time.Hour}), slowFailed, slowBack) })
+	<-slowFailed
+	wg.Go(func() { run(source(Backoff{Initial: time.Millisecond, Max: time.Millisecond}), fastFailed, fastBack) })
+	for name, back := range map[string]chan string{"fast": fastBack, "slow": slowBack} {
+		select {
+		case <-back:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the %s watch did not resync", name)
+		}
+	}
+}
+
 func TestBackoff(t *testing.T) {
 	b := Backoff{Initial: 100 * time.Millisecond, Max: time.Second}
 	for _, tc := range []struct {
