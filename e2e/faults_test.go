@@ -394,7 +394,7 @@ func testConsulOutage(t *testing.T, table *faultTable, topology string, start fu
 	// Measured from the instance in the catalog: the agent registers it there on its own schedule.
 	end := waitInCatalog(t, c.Addr(), name, second)
 	t.Logf("Consul back; the instance registered then reached its catalog %v later", end.Sub(restarted).Round(time.Millisecond))
-	at := load.waitBackend(t, mark, end, second, 2*time.Minute)
+	at := load.waitBackend(t, mark, end, second, afterOutage)
 	rpcs := load.since(mark)
 	before := map[string]int{}
 	for _, r := range rpcs {

@@ -216,6 +216,9 @@ func (h *TestHost) create() error {
 		in("route", "add", "default", "via", hostGateway),
 		{"link", "set", h.veth, "master", hostBridge},
 		{"link", "set", h.veth, "up"},
+		// A host deleted earlier may have had this address: the root namespace would keep sending
+		// to its MAC address until the stale neighbour entry expires (tens of seconds).
+		{"neigh", "flush", "to", h.ip},
 	}
 	for _, s := range steps {
 		if err := ipCmd(s...); err != nil {

@@ -73,6 +73,7 @@ func watch[T any](ctx context.Context, s *Source, what string, quiet bool,
 			failures = 0
 			s.reachable.wake()
 		}
+		s.log.Debug("consul query answered", "query", what, "wait_index", index, "index", meta.LastIndex)
 		changed := fresh || meta.LastIndex != index
 		switch {
 		case meta.LastIndex < index:
