@@ -74,7 +74,7 @@ type faultSailplane struct {
 	// buses are the resources Sailplane's buses must hold, as a consumer sees them.
 	buses []busWant
 	// csr, microservices only: a CSR sent while the ca is down is signed once it is back.
-	csr func(t *testing.T) *workloadcert.Client
+	csr func(t *testing.T) (*workloadcert.Client, *testlog.Messages)
 	// configHost, microservices only: the test host config-ingest runs in, so its bus link can be cut.
 	configHost *framework.TestHost
 }
@@ -133,14 +133,15 @@ func startMicroservicesForFaults(t *testing.T, dir string) *faultSailplane {
 		Peers: bus.SailplanePeers("cluster.local", "istio-system")}
 	sp.buses = echoOnBus(framework.RecordSecureBus(t, configBus, sec, schema.ServiceEntry.TypeURL, schema.WorkloadEntry.TypeURL),
 		framework.RecordSecureBus(t, registryBus, sec, schema.Service.TypeURL, schema.Endpoints.TypeURL))
-	sp.csr = func(t *testing.T) *workloadcert.Client {
+	sp.csr = func(t *testing.T) (*workloadcert.Client, *testlog.Messages) {
 		folder := filepath.Join(dir, "var/service-certs/xds-server")
+		log, msgs := testlog.NewRecording(t, slog.LevelInfo)
 		c, err := workloadcert.New(workloadcert.Config{CAAddress: caAddr, RootCertFile: filepath.Join(folder, workloadcert.RootCertFile),
-			ProvisionedCertDir: folder}, testlog.New(t, slog.LevelInfo))
+			ProvisionedCertDir: folder}, log)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return c
+		return c, msgs
 	}
 	// Subscribers stop before the buses they read: a bus server stopping waits for its streams.
 	t.Cleanup(func() {
@@ -261,7 +262,7 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 			sp.procs["ca"].kill()
 			old, new := edit(t)
 			load.waitBackend(t, mark, time.Now(), new, 2*time.Minute)
-			csr := sp.csr(t)
+			csr, csrLog := sp.csr(t)
 			csrCtx, stopCSR := context.WithCancel(context.Background())
 			csrDone := make(chan error, 1)
 			go func() { csrDone <- csr.Run(csrCtx) }()
@@ -269,6 +270,12 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 				stopCSR()
 				<-csrDone
 			}()
+			framework.Eventually(t, time.Minute, func() error {
+				if csrLog.Count("cannot get a certificate") == 0 {
+					return errors.New("the CSR sent while the ca is down has not failed yet")
+				}
+				return nil
+			})
 			sp.procs["ca"].restart()
 			end := time.Now()
 			select {
