@@ -55,32 +55,25 @@ func newAgentMetrics(a *Agent, provider metric.MeterProvider) *agentMetrics {
 		envoyScrape:      metric.WithAttributes(attribute.String("type", "envoy")),
 		workloadResource: attribute.NewSet(attribute.String("resource_name", WorkloadSecret)),
 	}
+	counter := func(name, description string) metric.Int64Counter {
+		c, err := meter.Int64Counter(name, metric.WithDescription(description))
+		telemetry.Handle(err)
+		return c
+	}
+	m.csrRequests = counter("num_outgoing_requests", "Number of total outgoing requests (e.g. to a token exchange server, CA, etc.)")
+	m.csrFailures = counter("num_failed_outgoing_requests", "Number of failed outgoing requests (e.g. to a token exchange server, CA, etc.)")
+	m.csrRetries = counter("num_outgoing_retries", "Number of outgoing retry requests (e.g. to a token exchange server, CA, etc.)")
+	m.xdsRequests = counter("xds_proxy_requests", "The total number of Xds Proxy Requests")
+	m.xdsResponses = counter("xds_proxy_responses", "The total number of Xds Proxy Responses")
+	m.scrapes = counter("scrapes_total", "The total number of scrapes.")
+	m.scrapeFailures = counter("scrape_failures_total", "The total number of failed scrapes.")
 	var err error
 	m.startup, err = meter.Float64Gauge("startup_duration_seconds",
 		metric.WithDescription("The time from the process starting to being marked ready."))
 	telemetry.Handle(err)
-	m.csrRequests, err = meter.Int64Counter("num_outgoing_requests",
-		metric.WithDescription("Number of total outgoing requests (e.g. to a token exchange server, CA, etc.)"))
-	telemetry.Handle(err)
-	m.csrFailures, err = meter.Int64Counter("num_failed_outgoing_requests",
-		metric.WithDescription("Number of failed outgoing requests (e.g. to a token exchange server, CA, etc.)"))
-	telemetry.Handle(err)
-	m.csrRetries, err = meter.Int64Counter("num_outgoing_retries",
-		metric.WithDescription("Number of outgoing retry requests (e.g. to a token exchange server, CA, etc.)"))
-	telemetry.Handle(err)
 	// A sum of milliseconds, as pilot-agent's: divided by num_outgoing_requests it is the mean.
 	m.csrLatency, err = meter.Float64Counter("outgoing_latency",
 		metric.WithDescription("The latency of outgoing requests (e.g. to a token exchange server, CA, etc.) in milliseconds."))
-	telemetry.Handle(err)
-	m.xdsRequests, err = meter.Int64Counter("xds_proxy_requests",
-		metric.WithDescription("The total number of Xds Proxy Requests"))
-	telemetry.Handle(err)
-	m.xdsResponses, err = meter.Int64Counter("xds_proxy_responses",
-		metric.WithDescription("The total number of Xds Proxy Responses"))
-	telemetry.Handle(err)
-	m.scrapes, err = meter.Int64Counter("scrapes_total", metric.WithDescription("The total number of scrapes."))
-	telemetry.Handle(err)
-	m.scrapeFailures, err = meter.Int64Counter("scrape_failures_total", metric.WithDescription("The total number of failed scrapes."))
 	telemetry.Handle(err)
 	_, err = meter.Float64ObservableGauge("cert_expiry_seconds",
 		metric.WithDescription("The time remaining, in seconds, before the certificate chain will expire. A negative value indicates the cert is expired."),
