@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,6 +26,7 @@ import (
 	"sailplane.dev/e2e/framework"
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/shared/telemetry/telemetrytest"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -265,5 +268,38 @@ func TestAgentTokenAuth(t *testing.T) {
 	}
 	if viaToken == 0 || viaCert == 0 {
 		t.Errorf("the ca signed %d time(s) for the token and %d for a certificate, want both:\n%s", viaToken, viaCert, ca.Log())
+	}
+}
+
+// TestAgentStatsEndpoint: the agent binary serves its metrics, named as pilot-agent's, on its
+// readiness port at /stats/prometheus in the Prometheus text format, once it holds a
+// certificate.
+func TestAgentStatsEndpoint(t *testing.T) {
+	ca := framework.StartCA(t, t.TempDir())
+	a := framework.StartAgent(t, ca, framework.Agent{ID: spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAccount: "echo"}})
+	resp, err := http.Get("http://" + a.Readiness + "/stats/prometheus")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if mt, params, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); resp.StatusCode != http.StatusOK || mt != "text/plain" || params["version"] != "0.0.4" {
+		t.Fatalf("GET /stats/prometheus: %s, Content-Type %q; want 200 in the Prometheus text format 0.0.4", resp.Status, resp.Header.Get("Content-Type"))
+	}
+	stats, err := telemetrytest.Parse(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []struct {
+		name   string
+		labels []string
+	}{
+		{"istio_agent_cert_expiry_seconds", []string{"resource_name", "default"}},
+		{"istio_agent_num_outgoing_requests", []string{"request_type", "csr"}},
+		{"istio_agent_startup_duration_seconds", nil},
+		{"istio_agent_go_goroutines", nil},
+	} {
+		if v, _ := stats.Value(m.name, m.labels...); v <= 0 {
+			t.Errorf("%s%v = %v, want > 0", m.name, m.labels, v)
+		}
 	}
 }

@@ -64,6 +64,7 @@ type AgentProcess struct {
 	ID        spiffe.ID
 	Bootstrap string // the gRPC xDS bootstrap
 	OutputDir string // cert-chain.pem, key.pem, root-cert.pem
+	Readiness string // the address serving /healthz/ready and the metrics (/stats/prometheus)
 }
 
 // StartAgent provisions a certificate for a.ID (as an operator does for a VM) and runs an
@@ -115,7 +116,7 @@ func StartAgent(t testing.TB, ca CA, a Agent) *AgentProcess {
 		}
 		return nil
 	})
-	return &AgentProcess{Process: p, ID: a.ID, Bootstrap: filepath.Join(dir, "grpc-bootstrap.json"), OutputDir: filepath.Join(dir, "creds")}
+	return &AgentProcess{Process: p, ID: a.ID, Bootstrap: filepath.Join(dir, "grpc-bootstrap.json"), OutputDir: filepath.Join(dir, "creds"), Readiness: ready}
 }
 
 // BootstrapJSON is the gRPC bootstrap the agent wrote.

@@ -22,6 +22,7 @@ import (
 
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/grpcbootstrap"
+	"sailplane.dev/shared/telemetry"
 	"sailplane.dev/shared/workloadcert"
 )
 
@@ -65,8 +66,12 @@ type Config struct {
 	// EnvoyBootstrap is where Envoy's bootstrap goes: ADS through XDSProxySocket, SDS from
 	// SDSSocket (both needed), the node as istiod knows it.
 	EnvoyBootstrap string
+	// EnvoyAdmin is Envoy's admin address (host:port), written in its bootstrap and scraped for
+	// its stats; 127.0.0.1:15000 (Istio's) when empty.
+	EnvoyAdmin string
 
-	// ReadinessAddr serves /healthz/ready (200 once a certificate is held, else 503).
+	// ReadinessAddr serves /healthz/ready (200 once a certificate is held, else 503) and the
+	// agent's Prometheus metrics at /stats/prometheus and /metrics, with Envoy's when it runs.
 	ReadinessAddr string
 }
 
@@ -75,6 +80,9 @@ type Deps struct {
 	Logger *slog.Logger
 	// DialOptions are added to the connection to the ca (tests observe the requests with them).
 	DialOptions []grpc.DialOption
+	// Metrics is where the agent records and what it serves on ReadinessAddr; the process's
+	// (telemetry.Global) when nil.
+	Metrics *telemetry.Metrics
 }
 
 // Agent is one workload's agent.
@@ -85,6 +93,8 @@ type Agent struct {
 	sds  *sdsServer
 	// certs gets and renews the certificate (shared with the Sailplane services).
 	certs *workloadcert.Client
+	// metrics are recorded in deps.Metrics.
+	metrics *agentMetrics
 
 	ready         chan struct{}
 	readyOnce     sync.Once
@@ -108,6 +118,16 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	if cfg.ClusterID == "" {
 		cfg.ClusterID = "Kubernetes"
 	}
+	if cfg.EnvoyAdmin == "" {
+		cfg.EnvoyAdmin = "127.0.0.1:15000"
+	}
+	if deps.Metrics == nil {
+		m, err := telemetry.Global()
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		deps.Metrics = m
+	}
 	if cfg.FileRefresh <= 0 {
 		cfg.FileRefresh = 900 * time.Second
 	}
@@ -124,8 +144,10 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	a := &Agent{cfg: cfg, log: deps.Logger, deps: deps, certs: certs, ready: make(chan struct{})}
+	a.metrics = newAgentMetrics(a, deps.Metrics.MeterProvider())
+	certs.Observe(a.metrics.certRequested)
 	if cfg.SDSSocket != "" {
-		a.sds = newSDSServer(a.log)
+		a.sds = newSDSServer(a.log, deps.Metrics.MeterProvider())
 	}
 	return a, nil
 }
@@ -215,7 +237,10 @@ func (a *Agent) publish(ctx context.Context, c *Credential) error {
 	a.current = c
 	a.published++
 	a.mu.Unlock()
-	a.readyOnce.Do(func() { close(a.ready) })
+	a.readyOnce.Do(func() {
+		a.metrics.startup.Record(ctx, time.Since(processStart).Seconds())
+		close(a.ready)
+	})
 	return nil
 }
 

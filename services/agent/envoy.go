@@ -2,7 +2,9 @@ package agent
 
 import (
 	"fmt"
+	"net"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
@@ -26,9 +28,17 @@ const (
 )
 
 // envoyBootstrap is the bootstrap Envoy starts with beside this agent: its node as istiod knows
-// it, the admin endpoint on 127.0.0.1:15000, everything else from ADS through XDSProxySocket,
+// it, the admin endpoint on admin (host:port), everything else from ADS through XDSProxySocket,
 // and SDS from SDSSocket.
-func envoyBootstrap(w grpcbootstrap.Workload, cluster, xdsSocket, sdsSocket string) (*bootstrapv3.Bootstrap, error) {
+func envoyBootstrap(w grpcbootstrap.Workload, cluster, admin, xdsSocket, sdsSocket string) (*bootstrapv3.Bootstrap, error) {
+	adminHost, adminPort, err := net.SplitHostPort(admin)
+	if err != nil {
+		return nil, fmt.Errorf("envoy admin address: %w", err)
+	}
+	port, err := strconv.ParseUint(adminPort, 10, 16)
+	if err != nil {
+		return nil, fmt.Errorf("envoy admin address %q: port: %w", admin, err)
+	}
 	md, err := structpb.NewStruct(grpcbootstrap.NodeMetadata(w))
 	if err != nil {
 		return nil, fmt.Errorf("node metadata: %w", err)
@@ -62,7 +72,7 @@ func envoyBootstrap(w grpcbootstrap.Workload, cluster, xdsSocket, sdsSocket stri
 	b := &bootstrapv3.Bootstrap{
 		Node: &corev3.Node{Id: grpcbootstrap.SidecarNodeID(w.IP, w.Pod, w.Namespace, w.DNSDomain), Cluster: cluster, Metadata: md},
 		Admin: &bootstrapv3.Admin{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-			Address: "127.0.0.1", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 15000},
+			Address: adminHost, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)},
 		}}}},
 		DynamicResources: &bootstrapv3.Bootstrap_DynamicResources{
 			LdsConfig: ads, CdsConfig: ads,
@@ -92,7 +102,7 @@ func (a *Agent) writeEnvoyBootstrap(c *Credential) error {
 	if err != nil {
 		return err
 	}
-	b, err := envoyBootstrap(w, c.ID.ServiceAccount+"."+w.Namespace, xds, sds)
+	b, err := envoyBootstrap(w, c.ID.ServiceAccount+"."+w.Namespace, a.cfg.EnvoyAdmin, xds, sds)
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,7 @@ import (
 func TestEnvoyBootstrap(t *testing.T) {
 	b, err := envoyBootstrap(grpcbootstrap.Workload{
 		IP: "10.0.0.1", Pod: "web-0", Namespace: "demo", ServiceAccount: "web", Labels: map[string]string{"app": "web"},
-	}, "web.demo", "/etc/istio/proxy/XDS", "/var/run/secrets/workload-spiffe-uds/socket")
+	}, "web.demo", "127.0.0.1:15000", "/etc/istio/proxy/XDS", "/var/run/secrets/workload-spiffe-uds/socket")
 	if err != nil {
 		t.Fatal(err)
 	}

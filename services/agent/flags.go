@@ -31,5 +31,6 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringToStringVar(&c.Labels, "labels", nil, "workload labels, in the node metadata (k=v,...)")
 	fs.StringVar(&c.XDSProxySocket, "xds-proxy-socket", "./etc/istio/proxy/XDS", "Unix socket forwarding the local proxy's ADS streams to --xds-address; empty: none")
 	fs.StringVar(&c.EnvoyBootstrap, "envoy-bootstrap", "./etc/istio/proxy/envoy-rev.json", "where Envoy's bootstrap is written (ADS through --xds-proxy-socket, SDS from --sds-socket); empty: none")
-	fs.StringVar(&c.ReadinessAddr, "readiness-address", "127.0.0.1:15020", "address serving /healthz/ready; empty: none")
+	fs.StringVar(&c.EnvoyAdmin, "envoy-admin-address", "127.0.0.1:15000", "Envoy's admin address, written in its bootstrap; its /stats/prometheus is merged into the agent's")
+	fs.StringVar(&c.ReadinessAddr, "readiness-address", "127.0.0.1:15020", "address serving /healthz/ready, and Prometheus metrics at /stats/prometheus and /metrics; empty: none")
 }

@@ -19,6 +19,7 @@ import (
 	ca "sailplane.dev/services/ca"
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/shared/telemetry/telemetrytest"
 	"sailplane.dev/shared/testlog"
 	"sailplane.dev/shared/testwait"
 )
@@ -89,7 +90,8 @@ func (c *testCA) restart(t *testing.T) *testCA {
 // runningAgent is an agent run for a test, with every request it sent to the ca.
 type runningAgent struct {
 	*Agent
-	stop func()
+	stop    func()
+	metrics *telemetrytest.Metrics // what it records, never the process's
 
 	mu       sync.Mutex
 	requests []*pb.IstioCertificateRequest
@@ -146,7 +148,8 @@ func startAgent(t *testing.T, cfg Config) *runningAgent {
 		cfg.RetryInitial, cfg.RetryMax = 20*time.Millisecond, 200*time.Millisecond
 	}
 	log := slog.New(&countingHandler{Handler: testlog.New(t, slog.LevelDebug).Handler(), r: r}).With("component", "agent")
-	a, err := New(cfg, Deps{Logger: log, DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(record)}})
+	r.metrics = telemetrytest.New(t)
+	a, err := New(cfg, Deps{Logger: log, DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(record)}, Metrics: r.metrics.Metrics})
 	if err != nil {
 		t.Fatal(err)
 	}

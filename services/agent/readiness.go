@@ -12,7 +12,9 @@ import (
 // ReadyPath is Istio's agent readiness endpoint.
 const ReadyPath = "/healthz/ready"
 
-// serveReadiness answers ReadyPath on ReadinessAddr: 200 once a certificate is held, 503 before.
+// serveReadiness answers ReadyPath on ReadinessAddr (200 once a certificate is held, 503
+// before) and, as pilot-agent on 15020, the metrics at StatsPath and MetricsPath: Envoy's
+// merged in when the agent writes its bootstrap.
 func (a *Agent) serveReadiness(ctx context.Context) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc(ReadyPath, func(w http.ResponseWriter, _ *http.Request) {
@@ -22,6 +24,13 @@ func (a *Agent) serveReadiness(ctx context.Context) error {
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
+	var envoyStats string
+	if a.cfg.EnvoyBootstrap != "" {
+		envoyStats = "http://" + a.cfg.EnvoyAdmin + StatsPath
+	}
+	stats := a.statsHandler(a.deps.Metrics.Gatherer(), envoyStats)
+	mux.Handle("GET "+StatsPath, stats)
+	mux.Handle("GET "+MetricsPath, stats)
 	lis, err := net.Listen("tcp", a.cfg.ReadinessAddr)
 	if err != nil {
 		return fmt.Errorf("readiness: %w", err)

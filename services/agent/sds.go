@@ -15,6 +15,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"go.opentelemetry.io/otel/metric"
 
 	"sailplane.dev/shared/grpcserver"
 )
@@ -29,6 +30,7 @@ const (
 // workload this agent serves, whatever node asks.
 type sdsServer struct {
 	log     *slog.Logger
+	meters  metric.MeterProvider
 	cache   cache.SnapshotCache
 	version atomic.Int64
 }
@@ -38,8 +40,8 @@ type oneNode struct{}
 
 func (oneNode) ID(*corev3.Node) string { return "workload" }
 
-func newSDSServer(log *slog.Logger) *sdsServer {
-	return &sdsServer{log: log, cache: cache.NewSnapshotCache(false, oneNode{}, xdsLogger{log})}
+func newSDSServer(log *slog.Logger, meters metric.MeterProvider) *sdsServer {
+	return &sdsServer{log: log, meters: meters, cache: cache.NewSnapshotCache(false, oneNode{}, xdsLogger{log})}
 }
 
 // update pushes c to every open stream.
@@ -68,7 +70,7 @@ func (s *sdsServer) run(ctx context.Context, path string) error {
 	if err := removeStaleSocket(path); err != nil {
 		return fmt.Errorf("SDS socket: %w", err)
 	}
-	g := grpcserver.New(s.log)
+	g := grpcserver.New(s.log, grpcserver.WithMeterProvider(s.meters))
 	secretv3.RegisterSecretDiscoveryServiceServer(g, server.NewServer(ctx, s.cache, nil))
 	err := (&grpcserver.Server{Network: "unix", Addr: path, GRPC: g, Logger: s.log}).Run(ctx)
 	_ = os.Remove(path)

@@ -42,7 +42,7 @@ func (a *Agent) runXDSProxy(ctx context.Context) error {
 		return fmt.Errorf("xDS address %q: %w", a.cfg.XDSAddress, err)
 	}
 	defer conn.Close()
-	g := grpcserver.New(a.log)
+	g := grpcserver.New(a.log, grpcserver.WithMeterProvider(a.deps.Metrics.MeterProvider()))
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, &xdsProxy{a: a, conn: conn})
 	if err := removeStaleSocket(a.cfg.XDSProxySocket); err != nil {
 		return fmt.Errorf("xDS proxy socket: %w", err)
@@ -110,7 +110,7 @@ func (p *xdsProxy) StreamAggregatedResources(down discoveryv3.AggregatedDiscover
 		return err
 	}
 	client := discoveryv3.NewAggregatedDiscoveryServiceClient(p.conn)
-	return forward(down.Context(), p.a.log, down, func(ctx context.Context) (upstream[*discoveryv3.DiscoveryRequest, *discoveryv3.DiscoveryResponse], error) {
+	return forward(down.Context(), p.a.log, counted(p.a.metrics, down), func(ctx context.Context) (upstream[*discoveryv3.DiscoveryRequest, *discoveryv3.DiscoveryResponse], error) {
 		return client.StreamAggregatedResources(ctx)
 	})
 }
@@ -120,9 +120,40 @@ func (p *xdsProxy) DeltaAggregatedResources(down discoveryv3.AggregatedDiscovery
 		return err
 	}
 	client := discoveryv3.NewAggregatedDiscoveryServiceClient(p.conn)
-	return forward(down.Context(), p.a.log, down, func(ctx context.Context) (upstream[*discoveryv3.DeltaDiscoveryRequest, *discoveryv3.DeltaDiscoveryResponse], error) {
+	return forward(down.Context(), p.a.log, counted(p.a.metrics, down), func(ctx context.Context) (upstream[*discoveryv3.DeltaDiscoveryRequest, *discoveryv3.DeltaDiscoveryResponse], error) {
 		return client.DeltaAggregatedResources(ctx)
 	})
+}
+
+// downstream is the local proxy's side of a forwarded stream.
+type downstream[Req, Resp any] interface {
+	Recv() (Req, error)
+	Send(Resp) error
+}
+
+// countedStream counts what the local proxy asks and is answered (pilot-agent's
+// xds_proxy_requests and xds_proxy_responses); requests replayed after an overload are not
+// counted again.
+type countedStream[Req, Resp any] struct {
+	downstream[Req, Resp]
+	m *agentMetrics
+}
+
+func counted[Req, Resp any](m *agentMetrics, down downstream[Req, Resp]) downstream[Req, Resp] {
+	return countedStream[Req, Resp]{down, m}
+}
+
+func (s countedStream[Req, Resp]) Recv() (Req, error) {
+	req, err := s.downstream.Recv()
+	if err == nil {
+		s.m.xdsRequests.Add(context.Background(), 1)
+	}
+	return req, err
+}
+
+func (s countedStream[Req, Resp]) Send(resp Resp) error {
+	s.m.xdsResponses.Add(context.Background(), 1)
+	return s.downstream.Send(resp)
 }
 
 // upstream is the xDS server's side of a forwarded stream.
@@ -140,10 +171,7 @@ type upstream[Req, Resp any] interface {
 func forward[Req, Resp any](
 	ctx context.Context,
 	log *slog.Logger,
-	down interface {
-		Recv() (Req, error)
-		Send(Resp) error
-	},
+	down downstream[Req, Resp],
 	open func(context.Context) (upstream[Req, Resp], error),
 ) error {
 	reqs := make(chan Req)

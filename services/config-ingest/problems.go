@@ -3,6 +3,7 @@ package configingest
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -14,13 +15,21 @@ import (
 
 // countProblems reports the current Problems as sailplane_config_problems{kind, reason}, read
 // at each collection, until stop is called: the gauge is what an alert on broken config watches.
+// A kind and reason seen once stay reported, 0 once their problems clear, so the series drops to
+// 0 (resolving the alert, and graphed) rather than vanishing.
 func (s *Service) countProblems() (stop func()) {
 	gauge, err := s.meter.Int64ObservableGauge("sailplane_config_problems",
 		metric.WithDescription("Current config problems (each served from its last good version, or not served), by resource kind and reason."))
 	telemetry.Handle(err)
+	type key struct{ kind, reason string }
+	var mu sync.Mutex // readers may collect at once
+	counts := map[key]int64{}
 	reg, err := s.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		type key struct{ kind, reason string }
-		counts := map[key]int64{}
+		mu.Lock()
+		defer mu.Unlock()
+		for k := range counts {
+			counts[k] = 0
+		}
 		for _, p := range s.Problems() {
 			counts[key{problemKind(p), problemReason(p)}]++
 		}

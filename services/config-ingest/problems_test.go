@@ -6,7 +6,7 @@ import (
 )
 
 // TestProblemsMetric: each kind of broken file shows in sailplane_config_problems under its
-// resource kind and reason, and goes once the file is fixed.
+// resource kind and reason, and drops to 0 once the file is fixed.
 func TestProblemsMetric(t *testing.T) {
 	good := vsDoc("reviews", "reviews", 100)
 	e := start(t, func(e *env) { e.write("a.yaml", good) })
@@ -31,10 +31,15 @@ func TestProblemsMetric(t *testing.T) {
 			} else {
 				e.write(tc.file, "# emptied\n")
 			}
-			eventually(t, "the problem gone from the metric", func() bool {
-				_, ok := e.metrics.Scrape().Value(problems)
-				return !ok
+			// Cleared, the series stays at 0 (an alert on it resolves) and no other appears.
+			e.metrics.WaitValue(0, problems, "kind", tc.kind, "reason", tc.reason)
+			eventually(t, "every problem series at 0", func() bool {
+				total, ok := e.metrics.Scrape().Value(problems)
+				return ok && total == 0
 			})
+			if _, ok := e.metrics.Scrape().Value(problems, "kind", tc.kind, "reason", tc.reason); !ok {
+				t.Errorf("%s{kind=%q, reason=%q} vanished once cleared, want 0", problems, tc.kind, tc.reason)
+			}
 		})
 	}
 }

@@ -101,6 +101,9 @@ type Client struct {
 	log      *slog.Logger
 	dialOpts []grpc.DialOption
 
+	// observe, when set, is told of each request Rotate makes (metrics).
+	observe func(took time.Duration, retry bool, err error)
+
 	ready   chan struct{}
 	once    sync.Once
 	mu      sync.Mutex
@@ -144,6 +147,10 @@ func New(cfg Config, log *slog.Logger, dialOpts ...grpc.DialOption) (*Client, er
 	return &Client{cfg: cfg, log: log, dialOpts: dialOpts, ready: make(chan struct{})}, nil
 }
 
+// Observe has Rotate call f after each certificate request with how long it took, whether it
+// retried a failed one, and its error; call it before Rotate.
+func (c *Client) Observe(f func(took time.Duration, retry bool, err error)) { c.observe = f }
+
 // Current is the certificate held, nil before the first.
 func (c *Client) Current() *Credential {
 	c.mu.Lock()
@@ -178,7 +185,11 @@ func (c *Client) Rotate(ctx context.Context, publish func(context.Context, *Cred
 			case <-t.C:
 			}
 		}
+		start := time.Now()
 		cred, err := c.Issue(ctx)
+		if c.observe != nil && ctx.Err() == nil {
+			c.observe(time.Since(start), outage != nil, err)
+		}
 		if err == nil && publish != nil {
 			err = publish(ctx, cred)
 		}
