@@ -37,7 +37,9 @@ func (a *Agent) runXDSProxy(ctx context.Context) error {
 	if a.cfg.XDSOverTLS {
 		creds = credentials.NewTLS(a.xdsTLS())
 	}
-	conn, err := grpc.NewClient(a.cfg.XDSAddress, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, a.deps.DialOptions...)...)
+	// Keepalive: Envoy's stream through the agent must not hang on a silent link to the server.
+	conn, err := grpc.NewClient(a.cfg.XDSAddress, append([]grpc.DialOption{grpc.WithTransportCredentials(creds),
+		grpc.WithKeepaliveParams(grpcserver.ClientKeepalive)}, a.deps.DialOptions...)...)
 	if err != nil {
 		return fmt.Errorf("xDS address %q: %w", a.cfg.XDSAddress, err)
 	}

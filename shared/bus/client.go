@@ -48,14 +48,6 @@ const (
 // resubscribes without them and reconciles deletions from the full state it receives.
 const maxInitialVersionsBytes = grpcserver.MaxRecvMsgSize / 2
 
-// consumerKeepalive pings a producer that has sent nothing for Time and gives the connection up
-// when no answer comes within Timeout. A consumer mostly listens: without it, a producer whose
-// link went down (a node lost, a cable pulled) leaves the stream open on the consumer's side
-// forever, since the producer's own keepalive drops the connection without the consumer
-// hearing of it, and every change made since never arrives. Time respects the producers'
-// enforcement (grpcserver: pings at most every 10 s).
-var consumerKeepalive = keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}
-
 // DialOption configures a gRPC consumer.
 type DialOption func(*dialConfig)
 
@@ -68,7 +60,7 @@ type dialConfig struct {
 	meterProvider              metric.MeterProvider
 	// maxInitialVersions is maxInitialVersionsBytes; tests lower it.
 	maxInitialVersions int
-	// keepalive is consumerKeepalive; tests shorten it.
+	// keepalive is grpcserver.ClientKeepalive; tests shorten it.
 	keepalive keepalive.ClientParameters
 }
 
@@ -114,7 +106,7 @@ func newDialConfig(opts []DialOption) *dialConfig {
 		backoffInitial:     DefaultBackoffInitial,
 		backoffMax:         DefaultBackoffMax,
 		maxInitialVersions: maxInitialVersionsBytes,
-		keepalive:          consumerKeepalive,
+		keepalive:          grpcserver.ClientKeepalive,
 	}
 	if h, err := os.Hostname(); err == nil {
 		c.nodeID = h

@@ -45,6 +45,14 @@ const (
 	ComponentHeader = "sailplane-component"
 )
 
+// ClientKeepalive is how the clients of long-lived streams that mostly listen (bus consumers,
+// the agent's xDS upstream) ping a server that has sent nothing for Time, giving the connection
+// up when no answer comes within Timeout. Without it, a server whose link went down (a node lost,
+// a cable pulled) leaves the stream open on the client's side forever: the server's own keepalive
+// drops the connection without the client hearing of it, and every change made since never
+// arrives. Time respects New's enforcement (pings at most every 10 s).
+var ClientKeepalive = keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}
+
 // New returns a gRPC server that logs each call with its peer (SetPeerIdentity), at Debug when it
 // ends well, turns a handler panic into an Internal error instead of a crash, records grpc-go's
 // OpenTelemetry server metrics (grpc.server.call.duration, …) on the global MeterProvider
