@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/encoding/protojson"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 
@@ -130,8 +132,10 @@ func (s *Service) runFiles(ctx context.Context) error {
 	defer f.save()
 	var first time.Time // of the pending burst; zero when none is pending
 	rescan := func() {
+		ctx, span := startRescan(first)
 		first = time.Time{}
-		f.publish(f.scan())
+		f.publish(ctx, f.scanTraced(ctx))
+		span.End()
 		save.Reset(saveDelay)
 		if f.newDirs {
 			// Files created in new folders before they were watched brought no event.
@@ -228,16 +232,21 @@ func (f *folders) scan() []tree.Change {
 	return changes
 }
 
-func (f *folders) publish(changes []tree.Change) {
+// publish publishes changes, each type in a "bus.publish" span of ctx's trace that the
+// resources carry on.
+func (f *folders) publish(ctx context.Context, changes []tree.Change) {
 	for _, c := range changes {
+		ctx, span := tracer().Start(ctx, "bus.publish", trace.WithAttributes(attribute.String("sailplane.type", c.TypeURL),
+			attribute.Int("sailplane.updated", len(c.Upsert)), attribute.Int("sailplane.deleted", len(c.Delete))))
 		if len(c.Upsert) > 0 {
-			f.s.published(f.tree, c.TypeURL, c.Upsert, f.s.pub.Upsert(c.TypeURL, c.Upsert...))
+			f.s.published(f.tree, c.TypeURL, c.Upsert, f.s.pub.Upsert(c.TypeURL, bus.Traced(ctx, c.Upsert...)...))
 		}
 		if len(c.Delete) > 0 {
 			f.s.pub.Delete(c.TypeURL, c.Delete...)
 			f.s.forget(c.TypeURL, c.Delete)
 		}
 		f.s.log.Info("config changed", "type", c.TypeURL, "updated", len(c.Upsert), "deleted", len(c.Delete))
+		span.End()
 	}
 }
 

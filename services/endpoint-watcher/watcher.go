@@ -14,6 +14,7 @@ import (
 	"sync"
 
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/client-go/rest"
 
 	"sailplane.dev/services/endpoint-watcher/internal/consul"
@@ -186,11 +187,14 @@ func (s seWorkloads) DeleteWorkload(clusterID, namespace, name string) {
 
 // flushServiceEntries publishes the ServiceEntry index's pending changes, once its first full
 // state is out: before, changes only accumulate.
-func (w *Watcher) flushServiceEntries() {
+func (w *Watcher) flushServiceEntries() { w.flushServiceEntriesIn(context.Background()) }
+
+// flushServiceEntriesIn is flushServiceEntries publishing in the trace of ctx's span, if any.
+func (w *Watcher) flushServiceEntriesIn(ctx context.Context) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.synced {
-		w.index.Flush(w.pub)
+		w.index.Flush(bus.TracedPublisher(ctx, w.pub))
 	}
 }
 
@@ -296,8 +300,9 @@ func (h *handler) Apply(c bus.Change) error {
 		del(name)
 	}
 	// Before the first full state, changes only accumulate: publishing half a registry would
-	// let consumers see services without their endpoints or vice versa.
-	w.flushServiceEntries()
+	// let consumers see services without their endpoints or vice versa. What the change
+	// brings about continues its trace.
+	w.flushServiceEntriesIn(trace.ContextWithSpanContext(context.Background(), c.Trace))
 	if isWE && w.kube != nil {
 		// Kubernetes Services select WorkloadEntries too.
 		namespaces := map[string]bool{}

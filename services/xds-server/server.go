@@ -127,6 +127,8 @@ type Server struct {
 	// conns are the client connections, admission the ADS streams (overload.go).
 	conns     *connTracker
 	admission *admission
+	// tracer traces pushes of traced changes (see xds.PushTracer).
+	tracer *xds.PushTracer
 
 	started atomic.Bool
 	// plaintextDebug: the plaintext listener serves the debug types (loopback, or
@@ -174,6 +176,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		bundles: newTrustBundles(),
 		ready:   make(chan struct{}),
 		conns:   newConnTracker(),
+		tracer:  xds.NewPushTracer(),
 	}
 	s.admission = newAdmission(cfg.Overload, log.With("component", "admission"), s.conns)
 	s.jwks = jwks.New(s.store, log.With("component", "jwks"), 0, 0, 0)
@@ -192,7 +195,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		DebugAccess:     s.debugAccess,
 		Replica:         cfg.PodName,
 		Version:         version.Get().Version,
-		Observers:       []xds.Observer{s.metrics, &s.pushes},
+		Observers:       []xds.Observer{s.metrics, &s.pushes, s.tracer},
 	})
 	return s, nil
 }
@@ -422,7 +425,7 @@ func (s *Server) push() {
 	if ch.Empty() {
 		return
 	}
-	s.xds.Push(snap, ch)
+	s.xds.Push(snap, ch, s.tracer.Start(ch, start, snap.Version))
 	select {
 	case <-s.ready: // the first push, of the initial state, waited for the buses, not a debounce
 		s.metrics.Debounced(ch.Since)

@@ -7,6 +7,7 @@ import (
 	"context"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -21,6 +22,9 @@ type Resource struct {
 	Labels      map[string]string
 	Annotations map[string]string
 	CreateTime  time.Time
+	// Trace is the span of the change that produced this version (see TraceMetadataKey); it is
+	// not content: the version ignores it. Invalid (the zero value) when the change is not traced.
+	Trace trace.SpanContext
 }
 
 // Change is one update of one type, as a consumer receives it.
@@ -28,6 +32,9 @@ type Change struct {
 	TypeURL string
 	Updated []*Resource
 	Removed []string
+	// Trace is the context of this delivery's "bus.deliver" span, set by the transport when an
+	// updated resource carries a trace, for the handler to continue; invalid otherwise.
+	Trace trace.SpanContext
 }
 
 // Handler consumes changes. Apply is called from a single goroutine per subscription, in order.

@@ -192,16 +192,18 @@ func (r *retry) wait() time.Duration {
 // consumerState is a gRPC consumer's side of a subscription, kept across sessions: its mirror
 // of each type and whether Synced was called.
 type consumerState struct {
-	h      Handler
-	log    *slog.Logger
-	order  []string                 // canonical type URLs, as subscribed
-	views  map[string]*consumerView // by canonical type URL
-	seen   map[string]bool          // types whose first response was processed
-	synced bool
+	h Handler
+	// consumer names the subscription in delivery spans: the producer's address.
+	consumer string
+	log      *slog.Logger
+	order    []string                 // canonical type URLs, as subscribed
+	views    map[string]*consumerView // by canonical type URL
+	seen     map[string]bool          // types whose first response was processed
+	synced   bool
 }
 
-func newConsumerState(typeURLs []string, h Handler, cfg *dialConfig) *consumerState {
-	cs := &consumerState{h: h, log: cfg.log, views: map[string]*consumerView{}, seen: map[string]bool{}}
+func newConsumerState(target string, typeURLs []string, h Handler, cfg *dialConfig) *consumerState {
+	cs := &consumerState{h: h, log: cfg.log, consumer: target, views: map[string]*consumerView{}, seen: map[string]bool{}}
 	held := newConsumerResources(cfg.meterProvider)
 	for _, t := range typeURLs {
 		typ := canonicalType(t)
@@ -238,7 +240,10 @@ func (cs *consumerState) process(typ string, c Change, decodeErr error, rejectAl
 	case first || len(c.Updated) > 0 || len(c.Removed) > 0:
 		slices.SortFunc(c.Updated, func(a, b *Resource) int { return strings.Compare(a.Name, b.Name) })
 		slices.Sort(c.Removed)
-		if err = cs.h.Apply(c); err == nil {
+		span := startDelivery(&c, cs.consumer)
+		err = cs.h.Apply(c)
+		endDelivery(span, err)
+		if err == nil {
 			v.accepted(c)
 		} else {
 			v.rejectedChange("", c, err)
@@ -275,7 +280,7 @@ type deltaClient struct {
 var _ Source = (*deltaClient)(nil)
 
 func (dc *deltaClient) Subscribe(ctx context.Context, typeURLs []string, h Handler) error {
-	cs := newConsumerState(typeURLs, h, dc.cfg)
+	cs := newConsumerState(dc.target, typeURLs, h, dc.cfg)
 	defer cs.release()
 	if len(cs.order) == 0 {
 		h.Synced()
@@ -368,6 +373,7 @@ func decodeDelta(v *consumerView, resp *discoveryv3.DeltaDiscoveryResponse) (Cha
 		if r.Version == "" {
 			r.Version = dr.GetVersion()
 		}
+		r.Trace = traceOf(dr)
 		c.Updated = append(c.Updated, r)
 	}
 	for _, n := range resp.GetRemovedResources() {

@@ -22,7 +22,7 @@ type sotwClient struct {
 var _ Source = (*sotwClient)(nil)
 
 func (sc *sotwClient) Subscribe(ctx context.Context, typeURLs []string, h Handler) error {
-	cs := newConsumerState(typeURLs, h, sc.cfg)
+	cs := newConsumerState(sc.target, typeURLs, h, sc.cfg)
 	defer cs.release()
 	if len(cs.order) == 0 {
 		h.Synced()

@@ -39,7 +39,8 @@ func (e *entry) wire() (*encoding, error) {
 			return
 		}
 		e.enc.any = &anypb.Any{TypeUrl: mcpResourceTypeURL, Value: b}
-		e.enc.delta = &discoveryv3.Resource{Name: e.res.Name, Version: e.res.Version, Resource: e.enc.any}
+		e.enc.delta = &discoveryv3.Resource{Name: e.res.Name, Version: e.res.Version, Resource: e.enc.any,
+			Metadata: traceMetadata(e.res.Trace)}
 		e.enc.deltaSize = lengthDelimited(proto.Size(e.enc.delta))
 	})
 	return &e.enc, e.enc.err

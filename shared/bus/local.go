@@ -172,7 +172,10 @@ func (l *localSource) deliver(h Handler, v *consumerView, found []*entry, missin
 	}
 	slices.SortFunc(c.Updated, func(a, b *Resource) int { return strings.Compare(a.Name, b.Name) })
 	slices.Sort(c.Removed)
-	if err := h.Apply(c); err != nil {
+	span := startDelivery(&c, l.consumer)
+	err := h.Apply(c)
+	endDelivery(span, err)
+	if err != nil {
 		for _, r := range v.rejectedChange(l.consumer, c, err) {
 			l.store.reject(r)
 		}

@@ -15,6 +15,7 @@ import (
 	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
 	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/shared/telemetry"
 
 	ca "sailplane.dev/services/ca"
 )
@@ -22,6 +23,7 @@ import (
 func main() {
 	var (
 		logOpts    cli.LogOptions
+		tracing    telemetry.TracingFlags
 		monitor    monitoring.Flags
 		cfg        ca.Config
 		kubeconfig string
@@ -71,6 +73,9 @@ func main() {
 			}
 			store.SyncAfter(svc.Ready(), ca.PublishedTypes()...)
 			var m component.Manager
+			if err := tracing.Add(&m, log, "ca"); err != nil {
+				return err
+			}
 			m.Add("ca", svc)
 			if busListen != "" {
 				busServer, err := bus.ServeGRPC(store, busListen, log, sec)
@@ -84,6 +89,7 @@ func main() {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
+	tracing.AddFlags(cmd.Flags())
 	monitor.AddFlags(cmd.Flags(), "")
 	cfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15053", "address serving the trust bundle (TrustBundle) on the bus, over mTLS with the ca's own certificate (spiffe://<trust-domain>/ns/<namespace>/sa/ca) unless --bus-plaintext; empty to disable")

@@ -11,6 +11,7 @@ import (
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
+	"sailplane.dev/shared/telemetry"
 
 	configingest "sailplane.dev/services/config-ingest"
 )
@@ -18,6 +19,7 @@ import (
 func main() {
 	var (
 		logOpts   cli.LogOptions
+		tracing   telemetry.TracingFlags
 		monitor   monitoring.Flags
 		cfg       configingest.Config
 		source    configingest.SourceFlags
@@ -55,6 +57,9 @@ func main() {
 				return err
 			}
 			var m component.Manager
+			if err := tracing.Add(&m, log, "config-ingest"); err != nil {
+				return err
+			}
 			if certs != nil {
 				m.Add("certificate", certs)
 			}
@@ -67,6 +72,7 @@ func main() {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
+	tracing.AddFlags(cmd.Flags())
 	monitor.AddFlags(cmd.Flags(), "")
 	cfg.AddFlags(cmd.Flags())
 	source.AddFlags(cmd.Flags())

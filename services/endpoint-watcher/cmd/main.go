@@ -15,6 +15,7 @@ import (
 	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
+	"sailplane.dev/shared/telemetry"
 
 	endpointwatcher "sailplane.dev/services/endpoint-watcher"
 )
@@ -22,6 +23,7 @@ import (
 func main() {
 	var (
 		logOpts   cli.LogOptions
+		tracing   telemetry.TracingFlags
 		monitor   monitoring.Flags
 		cfg       endpointwatcher.Config
 		configBus string
@@ -76,6 +78,9 @@ func main() {
 			store.SyncAfter(watcher.Ready(), endpointwatcher.PublishedTypes()...)
 
 			var m component.Manager
+			if err := tracing.Add(&m, log, "endpoint-watcher"); err != nil {
+				return err
+			}
 			if certs != nil {
 				m.Add("certificate", certs)
 			}
@@ -86,6 +91,7 @@ func main() {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
+	tracing.AddFlags(cmd.Flags())
 	monitor.AddFlags(cmd.Flags(), "")
 	cfg.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&configBus, "config-bus", "127.0.0.1:15051", "config-ingest's bus address")

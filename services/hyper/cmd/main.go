@@ -18,6 +18,7 @@ import (
 	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
 	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/shared/telemetry"
 
 	ca "sailplane.dev/services/ca"
 	configingest "sailplane.dev/services/config-ingest"
@@ -36,6 +37,7 @@ const ServiceAccount = "sailplane"
 func newCommand() *cobra.Command {
 	var (
 		logOpts    cli.LogOptions
+		tracing    telemetry.TracingFlags
 		ingestCfg  configingest.Config
 		source     configingest.SourceFlags
 		watcherCfg endpointwatcher.Config
@@ -106,6 +108,9 @@ func newCommand() *cobra.Command {
 			store.SyncAfter(authority.Ready(), ca.PublishedTypes()...)
 
 			var m component.Manager
+			if err := tracing.Add(&m, log, "hyper"); err != nil {
+				return err
+			}
 			m.Add("config-ingest", ingest)
 			m.Add("endpoint-watcher", watcher)
 			m.Add("xds-server", xds)
@@ -153,6 +158,7 @@ func newCommand() *cobra.Command {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
+	tracing.AddFlags(cmd.Flags())
 	monitor.AddFlags(cmd.Flags(), monitoring.DefaultListen)
 	ingestCfg.AddFlags(cmd.Flags())
 	source.AddFlags(cmd.Flags())

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/spf13/pflag"
+	"go.uber.org/goleak"
 
 	"sailplane.dev/shared/cli"
 
@@ -67,3 +68,5 @@ func TestSharedFlagSetsEveryService(t *testing.T) {
 		t.Errorf("--consul: %+v", watcher.Consul)
 	}
 }
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -15,6 +15,7 @@ import (
 	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
+	"sailplane.dev/shared/telemetry"
 
 	"sailplane.dev/services/webhook"
 )
@@ -22,6 +23,7 @@ import (
 func main() {
 	var (
 		logOpts    cli.LogOptions
+		tracing    telemetry.TracingFlags
 		monitor    monitoring.Flags
 		cfg        webhook.Config
 		kubeconfig string
@@ -52,6 +54,9 @@ func main() {
 				return err
 			}
 			var m component.Manager
+			if err := tracing.Add(&m, log, "webhook"); err != nil {
+				return err
+			}
 			deps := webhook.Deps{Logger: log.With("component", "webhook")}
 			if configBus != "" {
 				deps.Mesh = bus.Dial(configBus, bus.WithDialLogger(log.With("component", "config-bus")), bus.WithSecurity(sec))
@@ -74,6 +79,7 @@ func main() {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
+	tracing.AddFlags(cmd.Flags())
 	monitor.AddFlags(cmd.Flags(), "")
 	cfg.AddFlags(cmd.Flags())
 	cli.KubeconfigVar(cmd.Flags(), &kubeconfig)

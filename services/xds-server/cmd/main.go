@@ -12,6 +12,7 @@ import (
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
+	"sailplane.dev/shared/telemetry"
 	"sailplane.dev/shared/workloadcert"
 
 	xdsserver "sailplane.dev/services/xds-server"
@@ -20,6 +21,7 @@ import (
 func main() {
 	var (
 		logOpts     cli.LogOptions
+		tracing     telemetry.TracingFlags
 		monitor     monitoring.Flags
 		configBus   string
 		registryBus string
@@ -64,6 +66,9 @@ func main() {
 				return err
 			}
 			var m component.Manager
+			if err := tracing.Add(&m, log, "xds-server"); err != nil {
+				return err
+			}
 			if certs != nil {
 				m.Add("certificate", certs)
 			}
@@ -78,6 +83,7 @@ func main() {
 		},
 	}
 	logOpts.AddFlags(cmd.Flags())
+	tracing.AddFlags(cmd.Flags())
 	monitor.AddFlags(cmd.Flags(), monitoring.DefaultListen)
 	cmd.Flags().StringVar(&configBus, "config-bus", "127.0.0.1:15051", "config-ingest's bus address")
 	cmd.Flags().StringVar(&registryBus, "registry-bus", "127.0.0.1:15052", "endpoint-watcher's bus address")

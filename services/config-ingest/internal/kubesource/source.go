@@ -16,7 +16,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	istioinformers "istio.io/client-go/pkg/informers/externalversions"
@@ -491,13 +493,17 @@ func (s *Source) onObject(i int, key string) {
 	if !s.synced {
 		return // the initial full pass reads the informers' state
 	}
-	s.syncLocked(s.kinds[i], i, key)
+	ctx, span := tracer().Start(context.Background(), "config.change", trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.String("sailplane.trigger", "kubernetes watch"),
+			attribute.String("sailplane.kind", s.kinds[i].kind.Kind), attribute.String("sailplane.name", key)))
+	defer span.End()
+	s.syncLocked(ctx, s.kinds[i], i, key)
 }
 
 // syncLocked brings the bus in line with the informer's state of one resource: publishes it
 // when valid and selected, deletes it when gone or no longer selected, and keeps the last valid
 // version when the current one is invalid. Before the initial sync it only records the state.
-func (s *Source) syncLocked(ks *kindState, i int, key string) {
+func (s *Source) syncLocked(ctx context.Context, ks *kindState, i int, key string) {
 	ns, name, _ := cache.SplitMetaNamespaceKey(key)
 	busName := schema.Name(ns, name)
 	obj, exists, _ := ks.informer.GetIndexer().GetByKey(key)
@@ -523,7 +529,9 @@ func (s *Source) syncLocked(ks *kindState, i int, key string) {
 	meta, _, _, _ := parts(obj)
 	uid := meta.GetUID()
 	s.enqueueStatusLocked(statusKey{kind: i, ns: ns, name: name})
+	_, validating := tracer().Start(ctx, "config.validate")
 	warnings, err := config.Validate(c)
+	endValidate(validating, err)
 	for _, w := range warnings {
 		s.log.Warn("config warning", "warning", w.String())
 	}
@@ -556,7 +564,9 @@ func (s *Source) syncLocked(ks *kindState, i int, key string) {
 	}
 	ks.published[busName] = c
 	if s.synced {
-		s.pub.Upsert(ks.kind.TypeURL, c.Resource())
+		ctx, span := tracer().Start(ctx, "bus.publish", trace.WithAttributes(attribute.String("sailplane.type", ks.kind.TypeURL)))
+		s.pub.Upsert(ks.kind.TypeURL, bus.Traced(ctx, c.Resource())...)
+		span.End()
 	}
 }
 
@@ -574,7 +584,7 @@ func (s *Source) resyncLocked(match func(ns string) bool) {
 		for k := range keys {
 			ns, _, _ := cache.SplitMetaNamespaceKey(k)
 			if match(ns) {
-				s.syncLocked(ks, i, k)
+				s.syncLocked(context.Background(), ks, i, k)
 			}
 		}
 	}

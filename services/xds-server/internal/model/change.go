@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
@@ -82,6 +83,30 @@ type Change struct {
 	// new snapshots (see Store.Next). A key of those kinds without an entry concerns unknown
 	// hosts.
 	Hosts map[ConfigKey]HostSet
+	// Traces are the traced bus deliveries merged into this change, oldest first, at most
+	// MaxTraces: the push continues their traces (see xds.PushTracer).
+	Traces []TracedChange
+	// Untraced counts the traced deliveries left out of Traces.
+	Untraced int
+}
+
+// TracedChange is one traced bus delivery: the context of its "bus.deliver" span and when it
+// was applied (the start of its wait for the debouncer).
+type TracedChange struct {
+	Span trace.SpanContext
+	At   time.Time
+}
+
+// MaxTraces bounds Change.Traces: a burst of thousands of traced changes merged into one push
+// links the first ones only, and counts the others in Change.Untraced.
+const MaxTraces = 64
+
+func (c *Change) addTrace(t TracedChange) {
+	if len(c.Traces) < MaxTraces {
+		c.Traces = append(c.Traces, t)
+	} else {
+		c.Untraced++
+	}
 }
 
 // HostRef is a hostname with a namespace to match Sidecar egress hosts ("ns/host") against.
@@ -137,6 +162,10 @@ func (c *Change) Merge(o Change) {
 	for k, h := range o.Hosts {
 		c.addHosts(k, h)
 	}
+	for _, t := range o.Traces {
+		c.addTrace(t)
+	}
+	c.Untraced += o.Untraced
 }
 
 // seen starts Since, if it is not yet.

@@ -220,6 +220,9 @@ func (s *Store) apply(c bus.Change) error {
 		s.recordListenerEndpoints(kind, r.Name)
 		m[r.Name] = r
 	}
+	if c.Trace.IsValid() {
+		s.pending.addTrace(TracedChange{Span: c.Trace, At: time.Now()})
+	}
 	s.mu.Unlock()
 	select {
 	case s.changed <- struct{}{}:

@@ -180,7 +180,7 @@ func (e *env) apply(changes ...bus.Change) {
 // push hands the store's next snapshot to the server, as the debouncer does.
 func (e *env) push() {
 	snap, ch := e.store.Next()
-	e.srv.Push(snap, ch)
+	e.srv.Push(snap, ch, nil)
 }
 
 func (e *env) update(changes ...bus.Change) {

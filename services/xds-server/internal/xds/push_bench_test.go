@@ -38,8 +38,9 @@ func BenchmarkPush(b *testing.B) {
 	for _, host := range hosts {
 		apply(endpoints("demo", host, "10.0.0.1", "10.0.0.2"))
 	}
-	srv := NewServer(Options{Generator: func(*model.Proxy) Generator { return gen }, Observers: benchObservers(b)})
-	srv.Push(store.Next())
+	srv := NewServer(Options{Generator: func(*model.Proxy) Generator { return gen }, Observers: append(benchObservers(b), NewPushTracer())})
+	snap, ch := store.Next()
+	srv.Push(snap, ch, nil)
 
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -116,7 +117,8 @@ func BenchmarkPush(b *testing.B) {
 	cpu0 := cpuTime(b)
 	for i := range b.N {
 		apply(destinationRule("demo", "dr", hosts[i%svcs]))
-		srv.Push(store.Next())
+		snap, ch := store.Next()
+		srv.Push(snap, ch, nil)
 		for range proxies {
 			<-clusters
 		}

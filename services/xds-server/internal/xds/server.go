@@ -127,11 +127,16 @@ func (s *Server) Connections() int {
 	return len(s.conns)
 }
 
-// Push makes snap current and queues a push to each connection ch can affect.
-func (s *Server) Push(snap *model.Snapshot, ch model.Change) {
+// Push makes snap current and queues a push to each connection ch can affect. tr, when not
+// nil, is the push's trace (PushTracer.Start), which follows every connection queued.
+func (s *Server) Push(snap *model.Snapshot, ch model.Change, tr *PushTrace) {
 	first := s.snap.Swap(snap) == nil
 	req := &PushRequest{Full: ch.Full, Configs: ch.Configs, Endpoints: ch.Endpoints, Hosts: ch.Hosts, Forced: first,
 		Start: cmp.Or(ch.Since, time.Now())}
+	if tr != nil {
+		req.Traces = []*PushTrace{tr}
+		defer tr.queued()
+	}
 	s.mu.Lock()
 	conns := make([]*conn, 0, len(s.conns))
 	for c := range s.conns {
@@ -140,6 +145,7 @@ func (s *Server) Push(snap *model.Snapshot, ch model.Change) {
 	s.mu.Unlock()
 	for _, c := range conns {
 		if c.affected(req, snap) {
+			tr.await(c.id)
 			s.queue.Enqueue(c, req)
 		}
 	}

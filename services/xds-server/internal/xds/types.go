@@ -60,6 +60,10 @@ type PushRequest struct {
 	Forced bool
 	// Start is when the oldest merged change happened, for latency metrics.
 	Start time.Time
+	// Traces are the sampled pushes this request belongs to (see PushTracer), merged
+	// requests keeping each; nil when none is traced, which is what keeps untraced pushes
+	// free of per-proxy tracing work.
+	Traces []*PushTrace
 }
 
 // Merge returns a request covering both.
@@ -79,7 +83,8 @@ func (r *PushRequest) Merge(o *PushRequest) *PushRequest {
 	if start.IsZero() || (!o.Start.IsZero() && o.Start.Before(start)) {
 		start = o.Start
 	}
-	return &PushRequest{Full: out.Full, Configs: out.Configs, Endpoints: out.Endpoints, Hosts: out.Hosts, Forced: r.Forced || o.Forced, Start: start}
+	return &PushRequest{Full: out.Full, Configs: out.Configs, Endpoints: out.Endpoints, Hosts: out.Hosts, Forced: r.Forced || o.Forced, Start: start,
+		Traces: mergeTraces(r.Traces, o.Traces)}
 }
 
 // affectedTypes is which of pushOrder a request can change for proxy; nil means no push.

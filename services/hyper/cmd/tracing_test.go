@@ -1,0 +1,319 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/xds"
+
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	configingest "sailplane.dev/services/config-ingest"
+	xdsserver "sailplane.dev/services/xds-server"
+	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/telemetry/telemetrytest"
+	"sailplane.dev/shared/testlog"
+	"sailplane.dev/shared/testwait"
+)
+
+const waitFor = time.Minute
+
+// TestTracingInProcess follows one edit of a config file through hyper's in-process wiring
+// (config-ingest, the in-memory bus, xds-server) to a real gRPC xDS client's ACK, and checks the
+// trace's span tree: one trace from the file event to the ACK.
+func TestTracingInProcess(t *testing.T) {
+	exporter, _ := telemetrytest.RecordSpans(t)
+	log := testlog.New(t, slog.LevelInfo)
+
+	backend := startBackend(t)
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "echo.yaml"), virtualService(5))
+
+	// The wiring of hyper's main: one store, the in-process bus.
+	store := bus.NewStore(bus.WithLogger(log))
+	local := bus.Local(store)
+	publishRegistry(t, store, backend.Port)
+	ingest, err := configingest.New(configingest.Config{ConfigDirs: []string{dir}, Debounce: 20 * time.Millisecond},
+		configingest.Deps{Logger: log.With("component", "config-ingest"), Publisher: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.SyncAfter(ingest.Ready(), configingest.PublishedTypes()...)
+	xdsSrv, err := xdsserver.New(xdsserver.Config{Debounce: 20 * time.Millisecond},
+		xdsserver.Deps{Logger: log.With("component", "xds-server"), Config: local, Registry: local})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m component.Manager
+	m.Add("config-ingest", ingest)
+	m.Add("xds-server", component.Func(func(ctx context.Context) error { return xdsSrv.Serve(ctx, lis) }))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	select {
+	case <-xdsSrv.Ready():
+	case <-time.After(waitFor):
+		t.Fatal("xds-server not ready")
+	}
+
+	// A real gRPC xDS client, connected (listener, route, cluster, endpoints ACKed).
+	client := dialXDS(t, lis.Addr(), "xds:///echo.demo.svc.cluster.local:7070")
+	client.Connect()
+	testwait.Until(t, waitFor, "the xDS client to connect", func() bool {
+		return client.GetState() == connectivity.Ready
+	})
+
+	// The edit: the route's weights change.
+	writeFile(t, filepath.Join(dir, "echo.yaml"), virtualService(7))
+
+	var push sdktrace.ReadOnlySpan
+	testwait.For(t, waitFor, "the edit's trace to reach the client's ACK", func() error {
+		spans := exporter.GetSpans().Snapshots()
+		for _, s := range spans {
+			if s.Name() == "xds.push" && rootOf(spans, s).Name() == "config.change" {
+				push = s
+				return nil
+			}
+		}
+		return fmt.Errorf("no xds.push span under a config.change yet; spans: %s", names(spans))
+	})
+	spans := inTrace(exporter.GetSpans().Snapshots(), push.SpanContext().TraceID())
+	tree := treeOf(spans)
+	t.Logf("trace:\n%s", tree)
+
+	// The path from the file event to the push, each span a child of the one before.
+	root := rootOf(spans, push)
+	if got := attr(root, "sailplane.trigger"); got != "file event" {
+		t.Errorf("config.change trigger %q, want file event", got)
+	}
+	want := []string{"config.change", "bus.publish", "bus.deliver", "xds.debounce", "xds.push"}
+	var chain []string
+	for s := push; s != nil; s = parentOf(spans, s) {
+		chain = append([]string{s.Name()}, chain...)
+	}
+	if strings.Join(chain, " > ") != strings.Join(want, " > ") {
+		t.Errorf("path to the push: %s, want %s", strings.Join(chain, " > "), strings.Join(want, " > "))
+	}
+	if len(childrenOf(spans, root, "config.scan")) != 1 {
+		t.Errorf("config.change has no config.scan child (reading and validating)")
+	}
+	if len(childrenOf(spans, push, "xds.snapshot")) != 1 {
+		t.Errorf("xds.push has no xds.snapshot child")
+	}
+	proxies := childrenOf(spans, push, "xds.proxy")
+	if len(proxies) != 1 {
+		t.Fatalf("xds.push has %d xds.proxy children, want 1 (one client)", len(proxies))
+	}
+	proxy := proxies[0]
+	if len(childrenOf(spans, proxy, "xds.queue")) != 1 {
+		t.Errorf("xds.proxy has no xds.queue child")
+	}
+	gens, sends, acks := childrenOf(spans, proxy, "xds.generate"), childrenOf(spans, proxy, "xds.send"), childrenOf(spans, proxy, "xds.ack")
+	if len(sends) == 0 || len(sends) != len(acks) || len(sends) != len(gens) {
+		t.Fatalf("xds.proxy has %d xds.generate, %d xds.send and %d xds.ack children, want as many, at least one",
+			len(gens), len(sends), len(acks))
+	}
+	for _, send := range sends {
+		typ := attr(send, "sailplane.type")
+		var ack sdktrace.ReadOnlySpan
+		for _, a := range acks {
+			if attr(a, "sailplane.nonce") == attr(send, "sailplane.nonce") {
+				ack = a
+			}
+		}
+		switch {
+		case ack == nil:
+			t.Errorf("no xds.ack for the xds.send of %s", typ)
+		case ack.EndTime().Before(send.EndTime()):
+			t.Errorf("%s: ACK ends at %v, before the send at %v", typ, ack.EndTime(), send.EndTime())
+		case ack.Status().Code == codes.Error:
+			t.Errorf("%s: NACKed: %s", typ, ack.Status().Description)
+		}
+		if push.EndTime().Before(ack.EndTime()) {
+			t.Errorf("xds.push ends before the %s ACK", typ)
+		}
+	}
+	if !strings.Contains(tree, "RouteConfiguration") {
+		t.Errorf("the route the edit changed was not sent in the trace")
+	}
+	if got := attr(push, "sailplane.acked"); got != "1" {
+		t.Errorf("xds.push: %s proxies acked, want 1", got)
+	}
+}
+
+func publishRegistry(t *testing.T, store *bus.Store, port int) {
+	t.Helper()
+	svc := &discoveryv1.Service{Hostname: "echo.demo.svc.cluster.local", Namespace: "demo",
+		Ports: []*discoveryv1.Port{{Name: "grpc", Number: 7070, Protocol: "GRPC"}}}
+	eps := &discoveryv1.Endpoints{Hostname: "echo.demo.svc.cluster.local", Namespace: "demo", Endpoints: []*discoveryv1.Endpoint{
+		{Address: "127.0.0.1", Ports: map[string]uint32{"grpc": uint32(port)}, Labels: map[string]string{"version": "v1"}},
+	}}
+	if err := store.Upsert(schema.Service.TypeURL, &bus.Resource{Name: "demo/echo", Body: svc}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Upsert(schema.Endpoints.TypeURL, &bus.Resource{Name: "demo/echo", Body: eps}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// virtualService routes echo with a timeout of the given seconds.
+func virtualService(timeout int) string {
+	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: echo, namespace: demo}
+spec:
+  hosts: [echo.demo.svc.cluster.local]
+  http:
+  - timeout: %ds
+    route:
+    - destination: {host: echo.demo.svc.cluster.local}
+`, timeout)
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startBackend runs a gRPC health server for the client's channel to connect to.
+func startBackend(t *testing.T) *net.TCPAddr {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	healthpb.RegisterHealthServer(gs, health.NewServer())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = gs.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		gs.Stop()
+		<-done
+	})
+	return lis.Addr().(*net.TCPAddr)
+}
+
+// dialXDS returns a client whose xDS client belongs to this test only.
+func dialXDS(t *testing.T, server net.Addr, target string) *grpc.ClientConn {
+	t.Helper()
+	bootstrap := fmt.Sprintf(`{
+  "xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
+  "node": {"id": "sidecar~127.0.0.1~client.demo~demo.svc.cluster.local", "metadata": {"GENERATOR": "grpc", "NAMESPACE": "demo"}, "locality": {}}
+}`, server.String())
+	builder, err := xds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(builder))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// Span tree helpers.
+
+func inTrace(spans []sdktrace.ReadOnlySpan, id trace.TraceID) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range spans {
+		if s.SpanContext().TraceID() == id {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func parentOf(spans []sdktrace.ReadOnlySpan, s sdktrace.ReadOnlySpan) sdktrace.ReadOnlySpan {
+	for _, p := range spans {
+		if p.SpanContext().SpanID() == s.Parent().SpanID() && p.SpanContext().TraceID() == s.SpanContext().TraceID() {
+			return p
+		}
+	}
+	return nil
+}
+
+func rootOf(spans []sdktrace.ReadOnlySpan, s sdktrace.ReadOnlySpan) sdktrace.ReadOnlySpan {
+	for p := parentOf(spans, s); p != nil; p = parentOf(spans, s) {
+		s = p
+	}
+	return s
+}
+
+func childrenOf(spans []sdktrace.ReadOnlySpan, parent sdktrace.ReadOnlySpan, name string) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range spans {
+		if s.Name() == name && s.Parent().SpanID() == parent.SpanContext().SpanID() {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func attr(s sdktrace.ReadOnlySpan, key string) string {
+	for _, a := range s.Attributes() {
+		if string(a.Key) == key {
+			return a.Value.Emit()
+		}
+	}
+	return ""
+}
+
+func names(spans []sdktrace.ReadOnlySpan) string {
+	var out []string
+	for _, s := range spans {
+		out = append(out, s.Name())
+	}
+	return strings.Join(out, ", ")
+}
+
+// treeOf renders spans as an indented tree with their types, for logs and failures.
+func treeOf(spans []sdktrace.ReadOnlySpan) string {
+	var b strings.Builder
+	var walk func(s sdktrace.ReadOnlySpan, depth int)
+	walk = func(s sdktrace.ReadOnlySpan, depth int) {
+		fmt.Fprintf(&b, "%s%s %s %v\n", strings.Repeat("  ", depth), s.Name(), attr(s, "sailplane.type"), s.EndTime().Sub(s.StartTime()))
+		for _, c := range spans {
+			if c.Parent().SpanID() == s.SpanContext().SpanID() {
+				walk(c, depth+1)
+			}
+		}
+	}
+	for _, s := range spans {
+		if parentOf(spans, s) == nil {
+			walk(s, 0)
+		}
+	}
+	return b.String()
+}
