@@ -59,8 +59,9 @@ type PushTracer struct {
 	NopObserver
 	// now is the clock of spans ending without an event to date them.
 	now func() time.Time
-	// maxProxySpans is MaxProxySpans; tests lower it.
+	// maxProxySpans and maxAge are MaxProxySpans and MaxPushTraceAge; tests lower them.
 	maxProxySpans int
+	maxAge        time.Duration
 
 	mu      sync.Mutex
 	streams map[int64][]*proxyPush // pushes of sampled traces in flight, by stream
@@ -71,7 +72,7 @@ var _ Observer = (*PushTracer)(nil)
 
 // NewPushTracer returns a PushTracer using the global tracer provider.
 func NewPushTracer() *PushTracer {
-	return &PushTracer{now: time.Now, maxProxySpans: MaxProxySpans, streams: map[int64][]*proxyPush{}, traces: map[*PushTrace]struct{}{}}
+	return &PushTracer{now: time.Now, maxProxySpans: MaxProxySpans, maxAge: MaxPushTraceAge, streams: map[int64][]*proxyPush{}, traces: map[*PushTrace]struct{}{}}
 }
 
 // PushTrace is one sampled push being followed to its proxies' answers.
@@ -138,13 +139,13 @@ func (t *PushTracer) Start(ch model.Change, since time.Time, version uint64) *Pu
 	}
 	pt := &PushTrace{t: t, ctx: ctx, span: push, waiting: map[int64]struct{}{}}
 	t.mu.Lock()
-	t.traces[pt] = struct{}{}
-	t.mu.Unlock()
-	pt.timer = time.AfterFunc(MaxPushTraceAge, func() {
+	defer t.mu.Unlock()
+	pt.timer = time.AfterFunc(t.maxAge, func() {
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		pt.endLocked(t.now())
 	})
+	t.traces[pt] = struct{}{}
 	return pt
 }
 

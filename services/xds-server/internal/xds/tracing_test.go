@@ -10,6 +10,7 @@ import (
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -265,5 +266,33 @@ func BenchmarkPushTracer(b *testing.B) {
 				proxyEvents(tracer, s, &PushRequest{Full: true, Traces: []*PushTrace{pt}})
 			}
 		})
+	}
+}
+
+// TestPushTracingUnanswered: a proxy that never answers does not hold the push span open: it
+// ends after the tracer's age limit, counting the proxy unanswered.
+func TestPushTracingUnanswered(t *testing.T) {
+	exporter, tr := telemetrytest.RecordSpans(t)
+	tracer := NewPushTracer()
+	tracer.maxAge = 100 * time.Millisecond
+	e := newEnv(t, Options{Observers: []Observer{tracer}}, services("demo", "a.demo"))
+	c := newDelta(t, e.addr, node("silent", "demo", false))
+	c.send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType})
+	c.recvType(resourcev3.ClusterType)
+
+	b, _ := tracedChange(tr, "change b", services("demo", "b.demo"))
+	e.apply(b)
+	snap, ch := e.store.Next()
+	e.srv.Push(snap, ch, tracer.Start(ch, time.Now(), snap.Version))
+	if resp := c.recvRaw(); resp.GetTypeUrl() != resourcev3.ClusterType { // and no ACK
+		t.Fatalf("got %s", resp.GetTypeUrl())
+	}
+
+	push := waitSpan(t, exporter, "xds.push")
+	if got := intAttr(push, "sailplane.unanswered"); got != "1" {
+		t.Errorf("xds.push unanswered = %s, want 1", got)
+	}
+	if push.Status.Code != codes.Error {
+		t.Errorf("xds.push status %v, want an error", push.Status)
 	}
 }
