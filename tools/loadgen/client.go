@@ -225,9 +225,6 @@ func (p *Proxy) Run(ctx context.Context) error {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30), grpc.ForceCodecV2(p.shared.codec)),
-		// Thousands of connections in one process: buffers only while writing, smaller reads.
-		grpc.WithSharedWriteBuffer(true),
-		grpc.WithReadBufferSize(16 << 10),
 	}
 	if p.cfg.SourceIP != "" {
 		local := &net.TCPAddr{IP: net.ParseIP(p.cfg.SourceIP)}
