@@ -26,11 +26,10 @@ import (
 // callLoad sends RPCs through one client, one after the other and one each 20 ms at most
 // (continuous, without saturating two CPUs shared by a dozen processes), and keeps every outcome.
 type callLoad struct {
+	*pacedCalls
+
 	mu   sync.Mutex
 	rpcs []rpcOutcome
-
-	cancel context.CancelFunc
-	done   chan struct{}
 }
 
 type rpcOutcome struct {
@@ -41,23 +40,8 @@ type rpcOutcome struct {
 
 func startCallLoad(t *testing.T, client framework.EchoClient) *callLoad {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	l := &callLoad{cancel: cancel, done: make(chan struct{})}
-	go l.run(ctx, client)
-	t.Cleanup(l.stop)
-	return l
-}
-
-func (l *callLoad) run(ctx context.Context, client framework.EchoClient) {
-	defer close(l.done)
-	pace := time.NewTicker(20 * time.Millisecond)
-	defer pace.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-pace.C:
-		}
+	l := &callLoad{}
+	l.pacedCalls = startPaced(t, 20*time.Millisecond, func(ctx context.Context) {
 		start := time.Now()
 		rpcCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		id, err := framework.Call(rpcCtx, client)
@@ -68,12 +52,8 @@ func (l *callLoad) run(ctx context.Context, client framework.EchoClient) {
 		l.mu.Lock()
 		l.rpcs = append(l.rpcs, rpcOutcome{start: start, end: time.Now(), backend: id, err: err})
 		l.mu.Unlock()
-	}
-}
-
-func (l *callLoad) stop() {
-	l.cancel()
-	<-l.done
+	})
+	return l
 }
 
 // mark is a point in the load's history.

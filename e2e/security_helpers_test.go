@@ -193,51 +193,31 @@ func callMTLS(ctx context.Context, client framework.EchoClient) (exchange, error
 
 // rpcLoad sends mTLS RPCs one after the other, one each 10 ms at most, and keeps every failure.
 type rpcLoad struct {
+	*pacedCalls
+
 	mu       sync.Mutex
 	ok       int
 	failures []error
 	last     exchange
-
-	cancel context.CancelFunc
-	done   chan struct{}
 }
 
 func startLoad(t *testing.T, client framework.EchoClient) *rpcLoad {
-	ctx, cancel := context.WithCancel(context.Background())
-	l := &rpcLoad{cancel: cancel, done: make(chan struct{})}
-	go l.run(ctx, client)
-	t.Cleanup(l.stop)
-	return l
-}
-
-func (l *rpcLoad) run(ctx context.Context, client framework.EchoClient) {
-	defer close(l.done)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	l := &rpcLoad{}
+	l.pacedCalls = startPaced(t, 10*time.Millisecond, func(ctx context.Context) {
 		x, err := callMTLS(ctx, client)
 		if ctx.Err() != nil {
 			return // stopped: not a failure
 		}
 		l.mu.Lock()
+		defer l.mu.Unlock()
 		if err != nil {
 			l.failures = append(l.failures, fmt.Errorf("%s: %w", time.Now().Format("15:04:05.000"), err))
 		} else {
 			l.ok++
 			l.last = x
 		}
-		l.mu.Unlock()
-	}
-}
-
-func (l *rpcLoad) stop() {
-	l.cancel()
-	<-l.done
+	})
+	return l
 }
 
 // eventually waits for cond on the load's state, failing the test as soon as an RPC fails.
