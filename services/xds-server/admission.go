@@ -25,9 +25,8 @@ import (
 // refused with Unavailable and a retry delay. The delays are handed out in turn, spaced at the
 // rate places free up (measured by how long initial pushes take): the refused come back one
 // after the other about when there is room for them, not all at once, and not long after the
-// server went idle. A
-// token bucket (AdmissionRate) bounds how fast streams may open at all, against floods of short
-// streams.
+// server went idle. A token bucket (AdmissionRate) bounds how fast streams may open at all,
+// against floods of short streams.
 
 // The two ADS methods; other methods (health, load reports, certificates) are not admitted.
 const (
