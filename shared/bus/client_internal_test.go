@@ -120,20 +120,7 @@ func TestResubscribeWithoutInitialVersions(t *testing.T) {
 	h := &versionRecorder{have: map[string]string{}, synced: make(chan struct{})}
 	src := Dial(addr, WithBackoff(5*time.Millisecond, 50*time.Millisecond),
 		func(c *dialConfig) { c.maxInitialVersions = 100 }) // 50 versions are about 1.5 KB
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- src.Subscribe(ctx, []string{typ}, h) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Subscribe: %v", err)
-		}
-	}()
-	select {
-	case <-h.synced:
-	case <-time.After(10 * time.Second):
-		t.Fatal("not synced")
-	}
+	defer subscribeSynced(t, src, typ, h)()
 
 	// While the consumer is away: 10 deleted, 5 changed, 3 added.
 	gs.Stop()
@@ -179,4 +166,26 @@ func TestResubscribeWithoutInitialVersions(t *testing.T) {
 		case <-tick.C:
 		}
 	}
+}
+
+// subscribeSynced subscribes h to typ from src and waits until it synced; the returned func
+// ends the subscription and checks it ended cleanly.
+func subscribeSynced(t *testing.T, src Source, typ string, h *versionRecorder) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Subscribe(ctx, []string{typ}, h) }()
+	stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Subscribe: %v", err)
+		}
+	}
+	select {
+	case <-h.synced:
+	case <-time.After(10 * time.Second):
+		stop()
+		t.Fatal("not synced")
+	}
+	return stop
 }

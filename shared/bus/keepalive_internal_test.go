@@ -1,7 +1,6 @@
 package bus
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -45,20 +44,7 @@ func TestConsumerLeavesASilentLink(t *testing.T) {
 		func(c *dialConfig) {
 			c.keepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: time.Second}
 		})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- src.Subscribe(ctx, []string{typ}, h) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Subscribe: %v", err)
-		}
-	}()
-	select {
-	case <-h.synced:
-	case <-time.After(10 * time.Second):
-		t.Fatal("not synced")
-	}
+	defer subscribeSynced(t, src, typ, h)()
 
 	link.silence()
 	if err := s.Upsert(typ, vs("b")); err != nil {
