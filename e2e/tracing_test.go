@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"sailplane.dev/e2e/framework"
+	"sailplane.dev/shared/grpctest"
 )
 
 // TestTracing runs Sailplane with --tracing-endpoint pointing at an OTLP collector the test
@@ -132,22 +132,8 @@ type collector struct {
 
 func startCollector(t *testing.T) *collector {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &collector{addr: lis.Addr().String()}
-	gs := grpc.NewServer()
-	collectortrace.RegisterTraceServiceServer(gs, c)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = gs.Serve(lis)
-	}()
-	t.Cleanup(func() {
-		gs.Stop()
-		<-done
-	})
+	c := &collector{}
+	c.addr = grpctest.Serve(t, func(gs *grpc.Server) { collectortrace.RegisterTraceServiceServer(gs, c) }).String()
 	return c
 }
 

@@ -12,7 +12,6 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
@@ -21,6 +20,7 @@ import (
 	"sailplane.dev/services/xds-server/internal/fakebus"
 	"sailplane.dev/services/xds-server/internal/testinput"
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/grpctest"
 	"sailplane.dev/shared/testlog"
 )
 
@@ -98,27 +98,6 @@ spec:
 `, w1, w2)
 }
 
-// startBackend runs a gRPC health server; RPC peers tell which backend answered.
-func startBackend(t *testing.T) *net.TCPAddr {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	healthpb.RegisterHealthServer(gs, health.NewServer())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = gs.Serve(lis)
-	}()
-	t.Cleanup(func() {
-		gs.Stop()
-		<-done
-	})
-	return lis.Addr().(*net.TCPAddr)
-}
-
 // startServer serves src on a loopback port and waits until it is ready.
 func startServer(t *testing.T, src bus.Source) *Server {
 	t.Helper()
@@ -170,7 +149,7 @@ func call(t *testing.T, conn *grpc.ClientConn, md ...string) int {
 }
 
 func TestProxylessGRPCClient(t *testing.T) {
-	a, b := startBackend(t), startBackend(t)
+	a, b := grpctest.HealthBackend(t), grpctest.HealthBackend(t)
 	src := fakebus.New(append(changes(t, registry(a.Port, b.Port)), changes(t, virtualService(80, 20))...)...)
 	srv := startServer(t, src)
 	conn := dialXDS(t, srv.Addr(), echoTarget)

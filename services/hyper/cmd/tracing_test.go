@@ -17,8 +17,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/xds"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
@@ -26,6 +24,7 @@ import (
 	xdsserver "sailplane.dev/services/xds-server"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/grpctest"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/telemetry/telemetrytest"
 	"sailplane.dev/shared/testlog"
@@ -41,7 +40,7 @@ func TestTracingInProcess(t *testing.T) {
 	exporter, _ := telemetrytest.RecordSpans(t)
 	log := testlog.New(t, slog.LevelInfo)
 
-	backend := startBackend(t)
+	backend := grpctest.HealthBackend(t)
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "echo.yaml"), virtualService(5))
 
@@ -201,27 +200,6 @@ func writeFile(t *testing.T, path, content string) {
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// startBackend runs a gRPC health server for the client's channel to connect to.
-func startBackend(t *testing.T) *net.TCPAddr {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	healthpb.RegisterHealthServer(gs, health.NewServer())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = gs.Serve(lis)
-	}()
-	t.Cleanup(func() {
-		gs.Stop()
-		<-done
-	})
-	return lis.Addr().(*net.TCPAddr)
 }
 
 // dialXDS returns a client whose xDS client belongs to this test only.
