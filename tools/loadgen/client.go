@@ -26,9 +26,9 @@ import (
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"sailplane.dev/shared/grpcserver"
@@ -91,7 +91,8 @@ type Shared struct {
 	// those of them the server refused as overloaded (Unavailable with a retry delay).
 	Retries, Refused atomic.Int64
 
-	codec *requestCodec
+	codec   *requestCodec
+	buffers *dirtyPool
 }
 
 type clusterInfo struct{ name, eds string }
@@ -99,7 +100,7 @@ type clusterInfo struct{ name, eds string }
 // NewShared returns empty shared state.
 func NewShared() *Shared {
 	return &Shared{seed: maphash.MakeSeed(), clusters: map[uint64]clusterInfo{}, lists: map[string][]string{},
-		listener: map[uint64][]string{}, codec: newRequestCodec()}
+		listener: map[uint64][]string{}, codec: newRequestCodec(), buffers: &dirtyPool{}}
 }
 
 // Proxy is one simulated Envoy sidecar: it subscribes to CDS and LDS (wildcard), then to EDS
@@ -225,6 +226,11 @@ func (p *Proxy) Run(ctx context.Context) error {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30), grpc.ForceCodecV2(p.shared.codec)),
+		// Envoy's HTTP/2 windows are large (256 MiB by default): a sidecar never makes the
+		// server wait for window updates in the middle of a response.
+		grpc.WithInitialWindowSize(16 << 20), grpc.WithInitialConnWindowSize(16 << 20),
+		grpc.WithReadBufferSize(256 << 10),
+		experimental.WithBufferPool(p.shared.buffers),
 	}
 	if p.cfg.SourceIP != "" {
 		local := &net.TCPAddr{IP: net.ParseIP(p.cfg.SourceIP)}
@@ -344,18 +350,19 @@ func (p *Proxy) runSotW(ctx context.Context, client discoverygrpc.AggregatedDisc
 		}
 	}
 	p.opened.Store(time.Now().UnixNano())
+	var resp sotwResponse
+	defer resp.free()
 	for {
-		resp, err := stream.Recv()
-		if err != nil {
+		if err := stream.RecvMsg(&resp); err != nil {
 			return fmt.Errorf("loadgen: receive: %w", err)
 		}
-		t := resp.GetTypeUrl()
-		p.received(t, proto.Size(resp))
+		t := resp.typeURL
+		p.received(t, resp.size)
 		st := p.state(t)
-		st.version, st.nonce = resp.GetVersionInfo(), resp.GetNonce()
+		st.version, st.nonce = resp.version, resp.nonce
 		switch t {
 		case ClusterType, ListenerType:
-			child, names, err := p.dependents(t, resp.GetVersionInfo(), resp.GetResources())
+			child, names, err := p.dependents(t, resp.version, resp.values)
 			if err != nil {
 				return err
 			}
@@ -371,12 +378,12 @@ func (p *Proxy) runSotW(ctx context.Context, client discoverygrpc.AggregatedDisc
 				return err
 			}
 		case EndpointType, RouteType:
-			for _, r := range resp.GetResources() {
-				name := nameField(r.GetValue())
+			for _, v := range resp.values {
+				name := nameField(v.prefix(maxNameLen))
 				if st.got != nil {
 					st.got[name] = struct{}{}
 				}
-				p.shared.observe(p, t, name, r.GetValue())
+				p.shared.observe(p, t, name, v)
 			}
 			if err := send(t, st, st.names); err != nil {
 				return err
@@ -393,7 +400,7 @@ func (p *Proxy) runSotW(ctx context.Context, client discoverygrpc.AggregatedDisc
 
 // dependents decodes a SotW CDS or LDS response into the sorted EDS (RDS) names it needs.
 // Equal versions mean equal content, so each version is decoded once per run.
-func (p *Proxy) dependents(typeURL, version string, res []*anypb.Any) (string, []string, error) {
+func (p *Proxy) dependents(typeURL, version string, values []segment) (string, []string, error) {
 	child := EndpointType
 	if typeURL == ListenerType {
 		child = RouteType
@@ -406,17 +413,17 @@ func (p *Proxy) dependents(typeURL, version string, res []*anypb.Any) (string, [
 		return child, names, nil
 	}
 	set := map[string]struct{}{}
-	for _, r := range res {
+	for _, v := range values {
 		var deps []string
 		var err error
 		if typeURL == ClusterType {
 			var ci clusterInfo
-			ci, err = p.shared.cluster(r.GetValue())
+			ci, err = p.shared.cluster(v.bytes())
 			if ci.eds != "" {
 				deps = []string{ci.eds}
 			}
 		} else {
-			deps, err = p.shared.listenerRoutes(r.GetValue())
+			deps, err = p.shared.listenerRoutes(v.bytes())
 		}
 		if err != nil {
 			return "", nil, err
@@ -501,7 +508,7 @@ func (p *Proxy) runDelta(ctx context.Context, client discoverygrpc.AggregatedDis
 				}
 				st.eds[r.GetName()] = joined
 			case EndpointType, RouteType:
-				p.shared.observe(p, t, r.GetName(), v)
+				p.shared.observe(p, t, r.GetName(), segment{v})
 			}
 		}
 		if len(resp.GetRemovedResources()) > 0 {
@@ -668,6 +675,9 @@ func (s *Shared) listenerRoutes(b []byte) ([]string, error) {
 	return rs, nil
 }
 
+// maxNameLen bounds the resource names nameField finds in a prefix of a resource.
+const maxNameLen = 1024
+
 // nameField reads field 1 (name / cluster_name) of a RouteConfiguration or ClusterLoadAssignment
 // without decoding the rest.
 func nameField(b []byte) string {
@@ -755,7 +765,7 @@ func (s *Shared) Remove(m *Marker) {
 	s.markers = slices.DeleteFunc(s.markers, func(x *Marker) bool { return x == m })
 }
 
-func (s *Shared) observe(p *Proxy, typeURL, name string, value []byte) {
+func (s *Shared) observe(p *Proxy, typeURL, name string, value segment) {
 	s.markerMu.Lock()
 	ms := s.markers
 	s.markerMu.Unlock()
@@ -766,7 +776,7 @@ func (s *Shared) observe(p *Proxy, typeURL, name string, value []byte) {
 		m.mu.Lock()
 		_, want := m.pending[p]
 		m.mu.Unlock()
-		if !want || !bytes.Contains(value, m.Value) {
+		if !want || !value.contains(m.Value) {
 			continue
 		}
 		now := time.Now()

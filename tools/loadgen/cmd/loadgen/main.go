@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +36,7 @@ func main() {
 		duration time.Duration
 		logLevel string
 		proxies  int
+		selfProf string
 	)
 	cmd := &cobra.Command{
 		Use:   "loadgen",
@@ -51,6 +53,19 @@ times, measuring when every proxy has the change, then stops everything.`,
 				return err
 			}
 			sc.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			if selfProf != "" {
+				// The load generator shares the machine with the server it measures: its own
+				// profile says how much of a phase's time is the instrument's.
+				f, err := os.Create(selfProf)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			ctx, cancel := context.WithTimeout(ctx, duration)
@@ -192,6 +207,7 @@ times, measuring when every proxy has the change, then stops everything.`,
 	f.StringVar(&mdOut, "markdown", "", "write a Markdown table of the results to this file")
 	f.StringVar(&fromJSON, "from-json", "", "do not run: report (table, --markdown, --plot) the results of an earlier --json")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn, error")
+	f.StringVar(&selfProf, "self-cpuprofile", "", "write the load generator's own CPU profile (whole invocation) to this file")
 	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
 		if d, _ := cmd.Flags().GetBool("delta"); d && !cmd.Flags().Changed("protocol") {
 			delta = "delta"
