@@ -211,7 +211,7 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 	defer cancel()
 	framework.WaitServing(ctx, t, client)
 	sp.holdsEverything(t)
-	load := startCallLoad(t, client)
+	load := startCallLoad(t, client, 20*time.Millisecond)
 
 	// record checks what the client saw since mark and adds the fault's row.
 	record := func(t *testing.T, fault string, mark int, old, new string, end, at time.Time, from string) {
@@ -388,7 +388,7 @@ func testConsulOutage(t *testing.T, table *faultTable, topology string, start fu
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	framework.WaitServing(ctx, t, client)
-	load := startCallLoad(t, client)
+	load := startCallLoad(t, client, 20*time.Millisecond)
 	mark := load.mark()
 
 	c.StopAgent()
