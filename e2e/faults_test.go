@@ -364,7 +364,7 @@ const consulOutage = apiOutage
 // on disk, as a real one does) for 30 s: the endpoints Sailplane learned from it stay served
 // (RPCs keep succeeding on the registered instance), and once Consul is back a second instance
 // registered then reaches the client.
-func testConsulOutage(t *testing.T, table *faultTable, topology string, start func(t *testing.T, dir, consulAddr string) (xds, registryBus string)) {
+func testConsulOutage(t *testing.T, table *faultTable, topology string, start func(t *testing.T, dir, consulAddr string) consulSailplane) {
 	c := testenv.ConsulForTest(t, testenv.WithConsulOnDisk())
 	consul := consulCLI(t, c.Addr())
 	const name = "echo-consul"
@@ -383,8 +383,8 @@ func testConsulOutage(t *testing.T, table *faultTable, topology string, start fu
 	dir := t.TempDir()
 	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", meshYAML)
 	framework.WriteFile(t, dir, "etc/sailplane/conf/empty.yaml", "# no Istio config: the services come from Consul\n")
-	xds, _ := start(t, dir, c.Addr())
-	client := framework.XDSClient(t, xds, fmt.Sprintf("xds:///%s.service.consul:%d", name, echoPort))
+	sp := start(t, dir, c.Addr())
+	client := framework.XDSClient(t, sp.xds, fmt.Sprintf("xds:///%s.service.consul:%d", name, echoPort))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	framework.WaitServing(ctx, t, client)
