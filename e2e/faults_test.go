@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"sailplane.dev/e2e/framework"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/spiffe"
 	"sailplane.dev/shared/testlog"
 	"sailplane.dev/shared/workloadcert"
 	"sailplane.dev/tools/testenv"
@@ -35,8 +37,14 @@ import (
 func TestFaults(t *testing.T) {
 	var table faultTable
 	groups := []faultGroup{
-		{"files/hyper", func(t *testing.T, ft *faultTable) { testFileFaults(t, ft, startHyperForFaults) }},
-		{"files/microservices", func(t *testing.T, ft *faultTable) { testFileFaults(t, ft, startMicroservicesForFaults) }},
+		{"files/hyper", func(t *testing.T, ft *faultTable) { testFileFaults(t, ft, startHyperForFaults, anyFault) }},
+		// The bus link cut holds for 45 s: on a Sailplane of its own, beside the other faults.
+		{"files/microservices", func(t *testing.T, ft *faultTable) {
+			testFileFaults(t, ft, startMicroservicesForFaults, func(fault string) bool { return fault != busLinkCut })
+		}},
+		{"bus-link-cut/microservices", func(t *testing.T, ft *faultTable) {
+			testFileFaults(t, ft, startMicroservicesForFaults, func(fault string) bool { return fault == busLinkCut })
+		}},
 	}
 	for _, topo := range kubeTopologies {
 		groups = append(groups, faultGroup{"kube-api-outage/" + topo.name, func(t *testing.T, ft *faultTable) {
@@ -77,6 +85,9 @@ type faultSailplane struct {
 	csr func(t *testing.T) (*workloadcert.Client, *testlog.Messages)
 	// configHost, microservices only: the test host config-ingest runs in, so its bus link can be cut.
 	configHost *framework.TestHost
+	// agent, microservices only: starts an agent whose certificates live ttl; its xDS proxy
+	// reaches an xds-server over mTLS with them.
+	agent func(t *testing.T, ttl time.Duration) *framework.AgentProcess
 }
 
 // echoConfig is the echo service with one endpoint, the echo backend at addr.
@@ -122,11 +133,13 @@ func startMicroservicesForFaults(t *testing.T, dir string) *faultSailplane {
 	sp.ingest = start("config-ingest", ipBin, ingestArgs...)
 	start("endpoint-watcher", framework.Binary(t, "endpoint-watcher"), append(identity("endpoint-watcher"), "--kubernetes", "off",
 		"--config-bus", configBus, "--bus-listen", registryBus)...)
+	var xdsTLS string // the second xds-server's TLS port (istiod's 15012), for agents
 	for _, name := range []string{"xds-server-1", "xds-server-2"} {
 		xds := framework.FreeAddr(t)
 		sp.xds = append(sp.xds, xds)
+		xdsTLS = framework.FreeAddr(t)
 		start(name, framework.Binary(t, "xds-server"), append(identity("xds-server"), "--config-bus", configBus,
-			"--registry-bus", registryBus, "--ca-bus", caBus, "--xds-listen", xds)...)
+			"--registry-bus", registryBus, "--ca-bus", caBus, "--xds-listen", xds, "--xds-tls-listen", xdsTLS)...)
 	}
 	// The test reads the buses as xds-server does, with its bootstrap certificate.
 	sec := bus.Security{Identity: framework.IdentityFromDir(t, filepath.Join(dir, "var/service-certs/xds-server")),
@@ -142,6 +155,12 @@ func startMicroservicesForFaults(t *testing.T, dir string) *faultSailplane {
 			t.Fatal(err)
 		}
 		return c, msgs
+	}
+	sp.agent = func(t *testing.T, ttl time.Duration) *framework.AgentProcess {
+		certs := filepath.Join(dir, "etc/certs") // the ca's root, which also provisions the agent as an operator would
+		return framework.StartAgent(t, framework.CA{Addr: caAddr, CertDir: certs, RootFile: filepath.Join(certs, "root-cert.pem")},
+			framework.Agent{ID: spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAccount: "caller"},
+				XDSAddr: xdsTLS, XDSOverTLS: true, CertTTL: ttl})
 	}
 	// Subscribers stop before the buses they read: a bus server stopping waits for its streams.
 	t.Cleanup(func() {
@@ -184,8 +203,15 @@ func echoOnBus(config, registry *framework.BusRecorder) []busWant {
 	}
 }
 
-// testFileFaults runs the faults of Sailplane on files, one after the other on one Sailplane.
-func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, string) *faultSailplane) {
+// anyFault selects every fault of testFileFaults.
+func anyFault(string) bool { return true }
+
+// busLinkCut is the name of testFileFaults' bus link cut.
+const busLinkCut = "bus link cut"
+
+// testFileFaults runs the faults of Sailplane on files that want selects (by subtest name), one
+// after the other on one Sailplane.
+func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, string) *faultSailplane, want func(fault string) bool) {
 	backends := map[string]*framework.Echo{
 		"a": framework.StartEcho(t, "a", "127.0.0.1:0"),
 		"b": framework.StartEcho(t, "b", "127.0.0.1:0"),
@@ -224,12 +250,19 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 		table.add(t, faultRow{topology: sp.topology, fault: fault, rpcs: n, convergence: at.Sub(end), measuredFrom: from})
 	}
 
+	// run runs a fault that want selects.
+	run := func(fault string, f func(t *testing.T)) {
+		if want(fault) {
+			t.Run(fault, f)
+		}
+	}
+
 	// Each service killed (SIGKILL) right after a config change was written, and started again.
 	for _, name := range []string{"hyper", "config-ingest", "endpoint-watcher"} {
 		if sp.procs[name] == nil {
 			continue
 		}
-		t.Run("kill "+name, func(t *testing.T) {
+		run("kill "+name, func(t *testing.T) {
 			mark := load.mark()
 			old, new := edit(t)
 			sp.procs[name].kill()
@@ -243,7 +276,7 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 	if sp.procs["xds-server-1"] != nil {
 		// The client is on the first replica: killed, the client fails over to the second, which
 		// sends it the change.
-		t.Run("kill xds-server", func(t *testing.T) {
+		run("kill xds-server", func(t *testing.T) {
 			mark := load.mark()
 			old, new := edit(t)
 			sp.procs["xds-server-1"].kill()
@@ -256,12 +289,41 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 
 	if sp.procs["ca"] != nil {
 		// The ca away: the services keep their certificates (the buses stay up, a change still
-		// flows), and a CSR sent meanwhile is retried until the ca is back.
-		t.Run("kill ca", func(t *testing.T) {
-			mark := load.mark()
+		// flows), and a CSR sent meanwhile is retried until the ca is back. An agent whose
+		// renewal falls in the outage keeps serving the certificate it holds (its xDS proxy
+		// carries a client's xDS over mTLS with it, its SDS hands it to Envoy), and gets a new
+		// one once the ca is back.
+		run("kill ca", func(t *testing.T) {
+			agent := sp.agent(t, agentCertTTL)
+			agentClient := framework.DialXDS(t, echoTarget, framework.GRPCBootstrap("unix://"+agent.XDSProxy,
+				"sidecar~127.0.0.1~caller-0.demo~demo.svc.cluster.local"), grpcInsecure)
+			framework.WaitServing(ctx, t, agentClient)
+			agentLoad := startCallLoad(t, agentClient, 20*time.Millisecond)
+			envoy := framework.WatchSDS(t, agent.SDS)
+			held := waitSDSCert(t, envoy, func(framework.SDSCert) error { return nil }).Leaf
+
+			mark, agentMark, agentLog := load.mark(), agentLoad.mark(), len(agent.Log())
 			sp.procs["ca"].kill()
 			old, new := edit(t)
-			load.waitBackend(t, mark, time.Now(), new, 2*time.Minute)
+			edited := time.Now()
+			load.waitBackend(t, mark, edited, new, 2*time.Minute)
+			agentLoad.waitBackend(t, agentMark, edited, new, 2*time.Minute)
+			// The agent's renewal is due at about 80 % of the certificate's life.
+			framework.Eventually(t, 2*agentCertTTL, func() error {
+				if !strings.Contains(agent.Log()[agentLog:], "cannot get a certificate") {
+					return errors.New("the agent has not tried to renew its certificate during the outage yet")
+				}
+				return nil
+			})
+			// SDS serves the certificate held, also to a stream opened now (an Envoy restarting).
+			waitSDSCert(t, framework.WatchSDS(t, agent.SDS), heldCert(held))
+			c, err := envoy.Latest()
+			if err == nil {
+				err = heldCert(held)(c)
+			}
+			if err != nil {
+				t.Fatalf("Envoy's SDS stream during the outage: %v", err)
+			}
 			csr, csrLog := sp.csr(t)
 			csrCtx, stopCSR := context.WithCancel(context.Background())
 			csrDone := make(chan error, 1)
@@ -284,13 +346,30 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 				t.Fatal("a CSR sent while the ca was down is not signed 2 minutes after its restart")
 			}
 			record(t, "kill -9 ca", mark, old, new, end, time.Now(), "its restart to a CSR sent meanwhile signed (the config change made while it was down flowed meanwhile)")
+
+			// The agent's new certificate reaches Envoy's stream, which stayed open throughout.
+			renewed := waitSDSCert(t, envoy, func(c framework.SDSCert) error {
+				if heldCert(held)(c) == nil {
+					return errors.New("Envoy still has the certificate from before the outage")
+				}
+				return nil
+			})
+			if serials := agent.SerialsSince(agentLog); !slices.Contains(serials, renewed.Leaf.SerialNumber.Text(16)) {
+				t.Errorf("Envoy got certificate %x, the agent logged getting %v", renewed.Leaf.SerialNumber, serials)
+			}
+			n, err := agentLoad.checkSwitch(agentMark, old, new)
+			if err != nil {
+				t.Fatalf("through the agent's xDS proxy: %v", err)
+			}
+			table.add(t, faultRow{topology: sp.topology, fault: "kill -9 ca, an agent's renewal due meanwhile", rpcs: n, convergence: renewed.Received.Sub(end),
+				measuredFrom: "its restart to the agent's new certificate in Envoy's SDS stream (meanwhile its xDS proxy and SDS served the one it held)"})
 		})
 	}
 
 	if sp.configHost != nil {
 		// config-ingest's bus link cut for linkCut: consumers keep what they have, and the change
 		// made meanwhile arrives once the link is back.
-		t.Run("bus link cut", func(t *testing.T) {
+		run(busLinkCut, func(t *testing.T) {
 			mark := load.mark()
 			if err := sp.configHost.SetLinkUp(false); err != nil {
 				t.Fatal(err)
@@ -314,7 +393,7 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 
 	// The config folder's filesystem full while its file is edited in place: the write fails
 	// half done, what was served stays served, and the edit saved again once there is room lands.
-	t.Run("full filesystem", func(t *testing.T) {
+	run("full filesystem", func(t *testing.T) {
 		mark := load.mark()
 		logMark := len(sp.ingest.p.Log())
 		filler := filepath.Join(conf, ".filler")
@@ -343,6 +422,40 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 		at := load.waitBackend(t, mark, end, new, 2*time.Minute)
 		record(t, "config folder's filesystem full during an edit", mark, old, new, end, at, "the edit saved again once there is room")
 	})
+}
+
+// agentCertTTL is the lifetime of the certificates of the agent in the ca fault: its renewal,
+// at about 80 % of it, falls in the outage, and the certificate it holds outlives the outage.
+const agentCertTTL = 20 * time.Second
+
+// waitSDSCert waits until the certificate on an SDS stream passes check, and returns it.
+func waitSDSCert(t *testing.T, w *framework.SDSWatch, check func(framework.SDSCert) error) framework.SDSCert {
+	t.Helper()
+	var c framework.SDSCert
+	framework.Eventually(t, time.Minute, func() error {
+		var err error
+		if c, err = w.Latest(); err != nil {
+			t.Fatalf("SDS stream: %v", err)
+		}
+		if c.Leaf == nil {
+			return errors.New("no certificate on the SDS stream yet")
+		}
+		return check(c)
+	})
+	return c
+}
+
+// heldCert checks that an SDS stream has the certificate held.
+func heldCert(held *x509.Certificate) func(framework.SDSCert) error {
+	return func(c framework.SDSCert) error {
+		if c.Leaf == nil {
+			return errors.New("no certificate")
+		}
+		if !c.Leaf.Equal(held) {
+			return fmt.Errorf("certificate %x, want the one held, %x", c.Leaf.SerialNumber, held.SerialNumber)
+		}
+		return nil
+	}
 }
 
 // linkCut is how long a bus link stays cut: longer than the bus server's keepalive (a ping
