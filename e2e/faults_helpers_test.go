@@ -141,7 +141,7 @@ type faultTable struct {
 }
 
 func (ft *faultTable) add(t *testing.T, r faultRow) {
-	t.Logf("fault: %s / %s: %d RPCs, none failed; the change reached the client %v after %s",
+	t.Logf("fault: %s / %s: %d RPCs, none failed; converged %v after %s",
 		r.topology, r.fault, r.rpcs, r.convergence.Round(time.Millisecond), r.measuredFrom)
 	ft.mu.Lock()
 	ft.rows = append(ft.rows, r)
