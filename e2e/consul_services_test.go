@@ -11,38 +11,54 @@ import (
 	"time"
 
 	"sailplane.dev/e2e/framework"
+	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/tools/testenv"
 )
 
-// consulTopologies start Sailplane with Consul discovery on an empty folder of Istio config and
-// return the xDS address and the bus carrying the registry.
+// consulSailplane is Sailplane with Consul discovery: its xDS address, and the bus carrying
+// the registry with how a test consumes it.
+type consulSailplane struct {
+	xds, registryBus string
+	busSec           bus.Security // zero: plaintext (hyper's bus, on loopback)
+}
+
+// consulTopologies start Sailplane with Consul discovery on an empty folder of Istio config.
 var consulTopologies = []struct {
 	name  string
-	start func(t *testing.T, dir, consulAddr string) (xds, registryBus string)
+	start func(t *testing.T, dir, consulAddr string) consulSailplane
 }{
-	{"hyper", func(t *testing.T, dir, consulAddr string) (string, string) {
+	{"hyper", func(t *testing.T, dir, consulAddr string) consulSailplane {
 		xds, busAddr := framework.FreeAddr(t), framework.FreeAddr(t)
 		hyper := framework.Start(t, dir, framework.Binary(t, "hyper"), "--config-source", "files",
 			"--consul", consulAddr, "--xds-listen", xds, "--bus-listen", busAddr, "--xds-tls-listen", framework.FreeAddr(t))
 		framework.WaitReady(t, hyper)
-		return xds, busAddr
+		return consulSailplane{xds: xds, registryBus: busAddr}
 	}},
-	{"microservices", func(t *testing.T, dir, consulAddr string) (string, string) {
-		configBus, registryBus, xds := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
+	// As the other microservices topologies: every bus over mTLS with the certificates the ca
+	// signs, each service starting from the bootstrap folder the ca keeps for it.
+	{"microservices", func(t *testing.T, dir, consulAddr string) consulSailplane {
+		configBus, registryBus, caBus, xds, caAddr := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
+		ca := framework.Start(t, dir, framework.Binary(t, "ca"), "--kubernetes=false", "--ca-listen", caAddr,
+			"--service-cert-dir", "var/service-certs", "--bus-listen", caBus)
+		identity := waitServiceCerts(t, dir, caAddr)
 		// --config-source files / --kubernetes off: never pick up a kubeconfig the machine has.
 		services := []*framework.Process{
-			framework.Start(t, dir, framework.Binary(t, "config-ingest"), "--config-source", "files",
-				"--mesh-config", filepath.Join(dir, "etc/sailplane/mesh.yaml"), "--bus-listen", configBus),
-			framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"), "--kubernetes", "off",
-				"--consul", consulAddr, "--config-bus", configBus, "--bus-listen", registryBus),
-			framework.Start(t, dir, framework.Binary(t, "xds-server"),
-				"--config-bus", configBus, "--registry-bus", registryBus, "--xds-listen", xds),
+			ca,
+			framework.Start(t, dir, framework.Binary(t, "config-ingest"), append(identity("config-ingest"), "--config-source", "files",
+				"--mesh-config", "etc/sailplane/mesh.yaml", "--bus-listen", configBus)...),
+			framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"), append(identity("endpoint-watcher"), "--kubernetes", "off",
+				"--consul", consulAddr, "--config-bus", configBus, "--bus-listen", registryBus)...),
+			framework.Start(t, dir, framework.Binary(t, "xds-server"), append(identity("xds-server"),
+				"--config-bus", configBus, "--registry-bus", registryBus, "--ca-bus", caBus, "--xds-listen", xds)...),
 		}
 		for _, p := range services {
 			framework.WaitReady(t, p) // each service's monitoring port: ready once synced
 		}
-		return xds, registryBus
+		// The test reads the registry bus as xds-server does, with its bootstrap certificate.
+		return consulSailplane{xds: xds, registryBus: registryBus, busSec: bus.Security{
+			Identity: framework.IdentityFromDir(t, filepath.Join(dir, "var/service-certs/xds-server")),
+			Peers:    bus.SailplanePeers("cluster.local", "istio-system")}}
 	}},
 }
 
@@ -55,7 +71,7 @@ func TestConsulService(t *testing.T) {
 	}
 }
 
-func testConsulService(t *testing.T, start func(t *testing.T, dir, consulAddr string) (string, string)) {
+func testConsulService(t *testing.T, start func(t *testing.T, dir, consulAddr string) consulSailplane) {
 	c := testenv.ConsulForTest(t)
 	consul := consulCLI(t, c.Addr())
 
@@ -65,8 +81,8 @@ func testConsulService(t *testing.T, start func(t *testing.T, dir, consulAddr st
 	dir := t.TempDir()
 	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", meshYAML)
 	framework.WriteFile(t, dir, "etc/sailplane/conf/empty.yaml", "# no Istio config: the services come from Consul\n")
-	xds, registryBus := start(t, dir, c.Addr())
-	registry := framework.RecordBus(t, registryBus, schema.Service.TypeURL, schema.Endpoints.TypeURL)
+	sp := start(t, dir, c.Addr())
+	registry := framework.RecordSecureBus(t, sp.registryBus, sp.busSec, schema.Service.TypeURL, schema.Endpoints.TypeURL)
 
 	const name, id = "echo-consul", "echo-consul-1"
 	hostname := name + ".service.consul"
@@ -83,7 +99,7 @@ func testConsulService(t *testing.T, start func(t *testing.T, dir, consulAddr st
 `, id, name, host.IP(), echoPort))
 	consul("services", "register", def)
 
-	client := framework.XDSClient(t, xds, fmt.Sprintf("xds:///%s:%d", hostname, echoPort))
+	client := framework.XDSClient(t, sp.xds, fmt.Sprintf("xds:///%s:%d", hostname, echoPort))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	t.Run("registered service is reachable", func(t *testing.T) {

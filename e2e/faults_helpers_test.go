@@ -23,8 +23,9 @@ import (
 // convergence measured from a fault's end to the first RPC answered by the backend a change
 // points to, and one row per fault for docs/faults.md (faultTable).
 
-// callLoad sends RPCs through one client, one after the other and one each 20 ms at most
-// (continuous, without saturating two CPUs shared by a dozen processes), and keeps every outcome.
+// callLoad sends RPCs through one client, one after the other and one each interval at most
+// (the fault suite's 20 ms is continuous without saturating two CPUs shared by a dozen
+// processes), and keeps every outcome.
 type callLoad struct {
 	*pacedCalls
 
@@ -38,10 +39,10 @@ type rpcOutcome struct {
 	err        error
 }
 
-func startCallLoad(t *testing.T, client framework.EchoClient) *callLoad {
+func startCallLoad(t *testing.T, client framework.EchoClient, every time.Duration) *callLoad {
 	t.Helper()
 	l := &callLoad{}
-	l.pacedCalls = startPaced(t, 20*time.Millisecond, func(ctx context.Context) {
+	l.pacedCalls = startPaced(t, every, func(ctx context.Context) {
 		start := time.Now()
 		rpcCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		id, err := framework.Call(rpcCtx, client)
@@ -140,7 +141,7 @@ type faultTable struct {
 }
 
 func (ft *faultTable) add(t *testing.T, r faultRow) {
-	t.Logf("fault: %s / %s: %d RPCs, none failed; the change reached the client %v after %s",
+	t.Logf("fault: %s / %s: %d RPCs, none failed; converged %v after %s",
 		r.topology, r.fault, r.rpcs, r.convergence.Round(time.Millisecond), r.measuredFrom)
 	ft.mu.Lock()
 	ft.rows = append(ft.rows, r)

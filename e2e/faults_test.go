@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,7 +18,9 @@ import (
 
 	"sailplane.dev/e2e/framework"
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/spiffe"
 	"sailplane.dev/shared/testlog"
 	"sailplane.dev/shared/workloadcert"
 	"sailplane.dev/tools/testenv"
@@ -35,8 +38,14 @@ import (
 func TestFaults(t *testing.T) {
 	var table faultTable
 	groups := []faultGroup{
-		{"files/hyper", func(t *testing.T, ft *faultTable) { testFileFaults(t, ft, startHyperForFaults) }},
-		{"files/microservices", func(t *testing.T, ft *faultTable) { testFileFaults(t, ft, startMicroservicesForFaults) }},
+		{"files/hyper", func(t *testing.T, ft *faultTable) { testFileFaults(t, ft, startHyperForFaults, anyFault) }},
+		// The bus link cut holds for 45 s: on a Sailplane of its own, beside the other faults.
+		{"files/microservices", func(t *testing.T, ft *faultTable) {
+			testFileFaults(t, ft, startMicroservicesForFaults, func(fault string) bool { return fault != busLinkCut })
+		}},
+		{"bus-link-cut/microservices", func(t *testing.T, ft *faultTable) {
+			testFileFaults(t, ft, startMicroservicesForFaults, func(fault string) bool { return fault == busLinkCut })
+		}},
 	}
 	for _, topo := range kubeTopologies {
 		groups = append(groups, faultGroup{"kube-api-outage/" + topo.name, func(t *testing.T, ft *faultTable) {
@@ -77,6 +86,9 @@ type faultSailplane struct {
 	csr func(t *testing.T) (*workloadcert.Client, *testlog.Messages)
 	// configHost, microservices only: the test host config-ingest runs in, so its bus link can be cut.
 	configHost *framework.TestHost
+	// agent, microservices only: starts an agent whose certificates live ttl; its xDS proxy
+	// reaches an xds-server over mTLS with them.
+	agent func(t *testing.T, ttl time.Duration) *framework.AgentProcess
 }
 
 // echoConfig is the echo service with one endpoint, the echo backend at addr.
@@ -122,11 +134,13 @@ func startMicroservicesForFaults(t *testing.T, dir string) *faultSailplane {
 	sp.ingest = start("config-ingest", ipBin, ingestArgs...)
 	start("endpoint-watcher", framework.Binary(t, "endpoint-watcher"), append(identity("endpoint-watcher"), "--kubernetes", "off",
 		"--config-bus", configBus, "--bus-listen", registryBus)...)
+	var xdsTLS string // the second xds-server's TLS port (istiod's 15012), for agents
 	for _, name := range []string{"xds-server-1", "xds-server-2"} {
 		xds := framework.FreeAddr(t)
 		sp.xds = append(sp.xds, xds)
+		xdsTLS = framework.FreeAddr(t)
 		start(name, framework.Binary(t, "xds-server"), append(identity("xds-server"), "--config-bus", configBus,
-			"--registry-bus", registryBus, "--ca-bus", caBus, "--xds-listen", xds)...)
+			"--registry-bus", registryBus, "--ca-bus", caBus, "--xds-listen", xds, "--xds-tls-listen", xdsTLS)...)
 	}
 	// The test reads the buses as xds-server does, with its bootstrap certificate.
 	sec := bus.Security{Identity: framework.IdentityFromDir(t, filepath.Join(dir, "var/service-certs/xds-server")),
@@ -142,6 +156,12 @@ func startMicroservicesForFaults(t *testing.T, dir string) *faultSailplane {
 			t.Fatal(err)
 		}
 		return c, msgs
+	}
+	sp.agent = func(t *testing.T, ttl time.Duration) *framework.AgentProcess {
+		certs := filepath.Join(dir, "etc/certs") // the ca's root, which also provisions the agent as an operator would
+		return framework.StartAgent(t, framework.CA{Addr: caAddr, CertDir: certs, RootFile: filepath.Join(certs, "root-cert.pem")},
+			framework.Agent{ID: spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAccount: "caller"},
+				XDSAddr: xdsTLS, XDSOverTLS: true, CertTTL: ttl})
 	}
 	// Subscribers stop before the buses they read: a bus server stopping waits for its streams.
 	t.Cleanup(func() {
@@ -184,8 +204,15 @@ func echoOnBus(config, registry *framework.BusRecorder) []busWant {
 	}
 }
 
-// testFileFaults runs the faults of Sailplane on files, one after the other on one Sailplane.
-func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, string) *faultSailplane) {
+// anyFault selects every fault of testFileFaults.
+func anyFault(string) bool { return true }
+
+// busLinkCut is the name of testFileFaults' bus link cut.
+const busLinkCut = "bus link cut"
+
+// testFileFaults runs the faults of Sailplane on files that want selects (by subtest name), one
+// after the other on one Sailplane.
+func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, string) *faultSailplane, want func(fault string) bool) {
 	backends := map[string]*framework.Echo{
 		"a": framework.StartEcho(t, "a", "127.0.0.1:0"),
 		"b": framework.StartEcho(t, "b", "127.0.0.1:0"),
@@ -211,7 +238,7 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 	defer cancel()
 	framework.WaitServing(ctx, t, client)
 	sp.holdsEverything(t)
-	load := startCallLoad(t, client)
+	load := startCallLoad(t, client, 20*time.Millisecond)
 
 	// record checks what the client saw since mark and adds the fault's row.
 	record := func(t *testing.T, fault string, mark int, old, new string, end, at time.Time, from string) {
@@ -224,12 +251,19 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 		table.add(t, faultRow{topology: sp.topology, fault: fault, rpcs: n, convergence: at.Sub(end), measuredFrom: from})
 	}
 
+	// run runs a fault that want selects.
+	run := func(fault string, f func(t *testing.T)) {
+		if want(fault) {
+			t.Run(fault, f)
+		}
+	}
+
 	// Each service killed (SIGKILL) right after a config change was written, and started again.
 	for _, name := range []string{"hyper", "config-ingest", "endpoint-watcher"} {
 		if sp.procs[name] == nil {
 			continue
 		}
-		t.Run("kill "+name, func(t *testing.T) {
+		run("kill "+name, func(t *testing.T) {
 			mark := load.mark()
 			old, new := edit(t)
 			sp.procs[name].kill()
@@ -243,7 +277,7 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 	if sp.procs["xds-server-1"] != nil {
 		// The client is on the first replica: killed, the client fails over to the second, which
 		// sends it the change.
-		t.Run("kill xds-server", func(t *testing.T) {
+		run("kill xds-server", func(t *testing.T) {
 			mark := load.mark()
 			old, new := edit(t)
 			sp.procs["xds-server-1"].kill()
@@ -256,12 +290,37 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 
 	if sp.procs["ca"] != nil {
 		// The ca away: the services keep their certificates (the buses stay up, a change still
-		// flows), and a CSR sent meanwhile is retried until the ca is back.
-		t.Run("kill ca", func(t *testing.T) {
-			mark := load.mark()
+		// flows), and a CSR sent meanwhile is retried until the ca is back. An agent whose
+		// renewal falls in the outage keeps serving the certificate it holds (its xDS proxy
+		// carries a client's xDS over mTLS with it, its SDS hands it to Envoy), and gets a new
+		// one once the ca is back.
+		run("kill ca", func(t *testing.T) {
+			agent := sp.agent(t, agentCertTTL)
+			agentClient := framework.DialXDS(t, echoTarget, framework.GRPCBootstrap("unix://"+agent.XDSProxy,
+				"sidecar~127.0.0.1~caller-0.demo~demo.svc.cluster.local"), grpcInsecure)
+			framework.WaitServing(ctx, t, agentClient)
+			agentLoad := startCallLoad(t, agentClient, 20*time.Millisecond)
+			envoy := framework.WatchSDS(t, agent.SDS)
+			waitSDSCert(t, envoy, func(framework.SDSCert) error { return nil })
+
+			mark, agentMark, agentLog := load.mark(), agentLoad.mark(), len(agent.Log())
 			sp.procs["ca"].kill()
 			old, new := edit(t)
-			load.waitBackend(t, mark, time.Now(), new, 2*time.Minute)
+			edited := time.Now()
+			load.waitBackend(t, mark, edited, new, 2*time.Minute)
+			agentLoad.waitBackend(t, agentMark, edited, new, 2*time.Minute)
+			// The agent's renewal is due at about 80 % of the certificate's life.
+			framework.Eventually(t, 2*agentCertTTL, func() error {
+				if !strings.Contains(agent.Log()[agentLog:], "cannot get a certificate") {
+					return errors.New("the agent has not tried to renew its certificate during the outage yet")
+				}
+				return nil
+			})
+			// SDS serves the certificate held (the one in the agent's files), to the stream open
+			// since before the kill and to one opened now (an Envoy restarting).
+			held := agentCert(t, agent)
+			waitSDSCert(t, envoy, heldCert(held))
+			waitSDSCert(t, framework.WatchSDS(t, agent.SDS), heldCert(held))
 			csr, csrLog := sp.csr(t)
 			csrCtx, stopCSR := context.WithCancel(context.Background())
 			csrDone := make(chan error, 1)
@@ -284,13 +343,30 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 				t.Fatal("a CSR sent while the ca was down is not signed 2 minutes after its restart")
 			}
 			record(t, "kill -9 ca", mark, old, new, end, time.Now(), "its restart to a CSR sent meanwhile signed (the config change made while it was down flowed meanwhile)")
+
+			// The agent's new certificate reaches Envoy's stream, which stayed open throughout.
+			renewed := waitSDSCert(t, envoy, func(c framework.SDSCert) error {
+				if heldCert(held)(c) == nil {
+					return errors.New("Envoy still has the certificate from before the outage")
+				}
+				return nil
+			})
+			if serials := agent.SerialsSince(agentLog); !slices.Contains(serials, renewed.Leaf.SerialNumber.Text(16)) {
+				t.Errorf("Envoy got certificate %x, the agent logged getting %v", renewed.Leaf.SerialNumber, serials)
+			}
+			n, err := agentLoad.checkSwitch(agentMark, old, new)
+			if err != nil {
+				t.Fatalf("through the agent's xDS proxy: %v", err)
+			}
+			table.add(t, faultRow{topology: sp.topology, fault: "kill -9 ca, an agent's renewal due meanwhile", rpcs: n, convergence: renewed.Received.Sub(end),
+				measuredFrom: "its restart to the agent's new certificate in Envoy's SDS stream (meanwhile its xDS proxy and SDS served the one it held)"})
 		})
 	}
 
 	if sp.configHost != nil {
 		// config-ingest's bus link cut for linkCut: consumers keep what they have, and the change
 		// made meanwhile arrives once the link is back.
-		t.Run("bus link cut", func(t *testing.T) {
+		run(busLinkCut, func(t *testing.T) {
 			mark := load.mark()
 			if err := sp.configHost.SetLinkUp(false); err != nil {
 				t.Fatal(err)
@@ -314,7 +390,7 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 
 	// The config folder's filesystem full while its file is edited in place: the write fails
 	// half done, what was served stays served, and the edit saved again once there is room lands.
-	t.Run("full filesystem", func(t *testing.T) {
+	run("full filesystem", func(t *testing.T) {
 		mark := load.mark()
 		logMark := len(sp.ingest.p.Log())
 		filler := filepath.Join(conf, ".filler")
@@ -345,6 +421,57 @@ func testFileFaults(t *testing.T, table *faultTable, start func(*testing.T, stri
 	})
 }
 
+// agentCertTTL is the lifetime of the certificates of the agent in the ca fault: its renewal,
+// at about 80 % of it, falls in the outage, and the certificate it holds outlives the outage.
+const agentCertTTL = 20 * time.Second
+
+// waitSDSCert waits until the certificate on an SDS stream passes check, and returns it.
+func waitSDSCert(t *testing.T, w *framework.SDSWatch, check func(framework.SDSCert) error) framework.SDSCert {
+	t.Helper()
+	var c framework.SDSCert
+	framework.Eventually(t, time.Minute, func() error {
+		var err error
+		if c, err = w.Latest(); err != nil {
+			t.Fatalf("SDS stream: %v", err)
+		}
+		if c.Leaf == nil {
+			return errors.New("no certificate on the SDS stream yet")
+		}
+		return check(c)
+	})
+	return c
+}
+
+// agentCert is the workload certificate in an agent's files.
+func agentCert(t *testing.T, a *framework.AgentProcess) *x509.Certificate {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(a.OutputDir, workloadcert.CertChainFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain, err := pki.ParseCerts(data)
+	if err == nil && len(chain) == 0 {
+		err = errors.New("no certificate")
+	}
+	if err != nil {
+		t.Fatalf("%s: %v", workloadcert.CertChainFile, err)
+	}
+	return chain[0]
+}
+
+// heldCert checks that an SDS stream has the certificate held.
+func heldCert(held *x509.Certificate) func(framework.SDSCert) error {
+	return func(c framework.SDSCert) error {
+		if c.Leaf == nil {
+			return errors.New("no certificate")
+		}
+		if !c.Leaf.Equal(held) {
+			return fmt.Errorf("certificate %x, want the one held, %x", c.Leaf.SerialNumber, held.SerialNumber)
+		}
+		return nil
+	}
+}
+
 // linkCut is how long a bus link stays cut: longer than the bus server's keepalive (a ping
 // after 30 s idle, 10 s to answer), so that the connection is given up on, not only delayed.
 const linkCut = 45 * time.Second
@@ -364,7 +491,7 @@ const consulOutage = apiOutage
 // on disk, as a real one does) for 30 s: the endpoints Sailplane learned from it stay served
 // (RPCs keep succeeding on the registered instance), and once Consul is back a second instance
 // registered then reaches the client.
-func testConsulOutage(t *testing.T, table *faultTable, topology string, start func(t *testing.T, dir, consulAddr string) (xds, registryBus string)) {
+func testConsulOutage(t *testing.T, table *faultTable, topology string, start func(t *testing.T, dir, consulAddr string) consulSailplane) {
 	c := testenv.ConsulForTest(t, testenv.WithConsulOnDisk())
 	consul := consulCLI(t, c.Addr())
 	const name = "echo-consul"
@@ -383,12 +510,12 @@ func testConsulOutage(t *testing.T, table *faultTable, topology string, start fu
 	dir := t.TempDir()
 	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", meshYAML)
 	framework.WriteFile(t, dir, "etc/sailplane/conf/empty.yaml", "# no Istio config: the services come from Consul\n")
-	xds, _ := start(t, dir, c.Addr())
-	client := framework.XDSClient(t, xds, fmt.Sprintf("xds:///%s.service.consul:%d", name, echoPort))
+	sp := start(t, dir, c.Addr())
+	client := framework.XDSClient(t, sp.xds, fmt.Sprintf("xds:///%s.service.consul:%d", name, echoPort))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	framework.WaitServing(ctx, t, client)
-	load := startCallLoad(t, client)
+	load := startCallLoad(t, client, 20*time.Millisecond)
 	mark := load.mark()
 
 	c.StopAgent()

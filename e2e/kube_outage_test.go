@@ -51,7 +51,7 @@ func testKubeAPIServerOutage(t *testing.T, table *faultTable, topology string, s
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	k, echo, sp, client := startTwoOfThreeOnKube(ctx, t, start)
-	load := startCallLoad(t, client)
+	load := startCallLoad(t, client, 20*time.Millisecond)
 	mark := load.mark()
 
 	logBefore := sp.logOffsets()

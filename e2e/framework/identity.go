@@ -56,6 +56,9 @@ type Agent struct {
 	// CertTTL is the certificate lifetime asked for; 1 h when zero. FileRefresh is how often
 	// gRPC re-reads the files (the agent renews two of them before expiry); 1 s when zero.
 	CertTTL, FileRefresh time.Duration
+	// XDSOverTLS: the xDS proxy reaches XDSAddr over mTLS with the workload certificate (as
+	// Istio's agent reaches 15012), and so does the bootstrap's channel.
+	XDSOverTLS bool
 }
 
 // AgentProcess is a running agent and what it writes.
@@ -65,6 +68,8 @@ type AgentProcess struct {
 	Bootstrap string // the gRPC xDS bootstrap
 	OutputDir string // cert-chain.pem, key.pem, root-cert.pem
 	Readiness string // the address serving /healthz/ready and the metrics (/stats/prometheus)
+	XDSProxy  string // the Unix socket forwarding ADS streams to the xDS server (Envoy's)
+	SDS       string // the Unix socket serving SDS (Envoy's)
 }
 
 // StartAgent provisions a certificate for a.ID (as an operator does for a VM) and runs an
@@ -95,7 +100,12 @@ func StartAgent(t testing.TB, ca CA, a Agent) *AgentProcess {
 	args := []string{"--ca-address", ca.Addr, "--root-cert", ca.RootFile, "--provisioned-cert-dir", prov,
 		"--token-file", filepath.Join(dir, "no-token"), "--readiness-address", ready,
 		"--grpc-bootstrap", "grpc-bootstrap.json", "--output-dir", "creds", "--xds-address", xdsAddr,
-		"--pod", a.ID.ServiceAccount + "-0", "--ip", ip, "--cert-ttl", ttl.String(), "--file-refresh", refresh.String()}
+		"--pod", a.ID.ServiceAccount + "-0", "--ip", ip, "--cert-ttl", ttl.String(), "--file-refresh", refresh.String(),
+		// Short paths: a Unix socket's is limited to 107 bytes.
+		"--xds-proxy-socket", filepath.Join(dir, "XDS"), "--sds-socket", filepath.Join(dir, "SDS")}
+	if a.XDSOverTLS {
+		args = append(args, "--xds-tls")
+	}
 	if len(a.Labels) > 0 {
 		var kv []string
 		for k, v := range a.Labels {
@@ -116,7 +126,8 @@ func StartAgent(t testing.TB, ca CA, a Agent) *AgentProcess {
 		}
 		return nil
 	})
-	return &AgentProcess{Process: p, ID: a.ID, Bootstrap: filepath.Join(dir, "grpc-bootstrap.json"), OutputDir: filepath.Join(dir, "creds"), Readiness: ready}
+	return &AgentProcess{Process: p, ID: a.ID, Bootstrap: filepath.Join(dir, "grpc-bootstrap.json"), OutputDir: filepath.Join(dir, "creds"), Readiness: ready,
+		XDSProxy: filepath.Join(dir, "XDS"), SDS: filepath.Join(dir, "SDS")}
 }
 
 // BootstrapJSON is the gRPC bootstrap the agent wrote.

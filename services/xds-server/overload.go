@@ -80,7 +80,7 @@ func (s *Server) overloadOptions() []grpc.ServerOption {
 
 // registerLoad serves this replica's load reports on gs, for its peers.
 func (s *Server) registerLoad(gs *grpc.Server) {
-	orcaservice.RegisterOpenRcaServiceServer(gs, &loadReporter{replica: s.cfg.PodName, load: s.admission.Streams})
+	orcaservice.RegisterOpenRcaServiceServer(gs, &loadReporter{instance: s.instance, load: s.admission.Streams})
 }
 
 // runOverload runs admission control's housekeeping and, with peers, the rebalancer.
@@ -91,7 +91,7 @@ func (s *Server) runOverload(ctx context.Context, wg *sync.WaitGroup) {
 		return
 	}
 	r := &rebalancer{
-		log: s.log.With("component", "rebalance"), replica: s.cfg.PodName, peers: o.Peers,
+		log: s.log.With("component", "rebalance"), instance: s.instance, peers: o.Peers,
 		interval: o.RebalanceInterval, margin: o.RebalanceMargin, load: s.admission.Streams,
 		shed: func(n int) int {
 			closed := 0

@@ -398,8 +398,9 @@ func serviceClient(ctx context.Context, id int, replicas *atomic.Pointer[[]strin
 }
 
 // Two replicas that know each other (each lists both addresses, as a headless Service's name
-// would): all 40 proxies start on the first; once the second is up, the first closes its
-// newest connections round by round until both hold about half.
+// would) and share a pod name (two processes on one host named after it): all 40 proxies start
+// on the first; once the second is up, the first closes its newest connections round by round
+// until both hold about half.
 func TestRebalanceAcrossReplicas(t *testing.T) {
 	const proxies = 40
 	src := fakebus.New(changes(t, registry(10001, 10002))...)
@@ -415,7 +416,7 @@ func TestRebalanceAcrossReplicas(t *testing.T) {
 	}
 	metrics := [2]*telemetrytest.Metrics{telemetrytest.New(t), telemetrytest.New(t)}
 	start := func(i int) *Server {
-		srv, err := New(Config{Debounce: 5 * time.Millisecond, PodName: fmt.Sprintf("replica-%d", i),
+		srv, err := New(Config{Debounce: 5 * time.Millisecond, PodName: "sailplane-0",
 			Overload: Overload{Peers: addrs, RebalanceInterval: 100 * time.Millisecond}},
 			Deps{Logger: testLogger(t).With("replica", i), Config: src, Registry: src, MeterProvider: metrics[i].Provider()})
 		if err != nil {

@@ -30,9 +30,9 @@ import (
 // connectionsMetric is the ORCA named metric holding a replica's ADS stream count.
 const connectionsMetric = "xds_connections"
 
-// replicaHeader names the replica answering a load report, so a replica finds itself among
-// the addresses of its peers.
-const replicaHeader = "sailplane-replica"
+// instanceHeader names the server answering a load report (Server.instance), so a replica
+// finds itself among the addresses of its peers.
+const instanceHeader = "sailplane-instance"
 
 // Rebalancing defaults; see Config.
 const (
@@ -45,12 +45,12 @@ const (
 // loadReporter serves this replica's load as ORCA reports.
 type loadReporter struct {
 	orcaservice.UnimplementedOpenRcaServiceServer
-	replica string
-	load    func() int
+	instance string
+	load     func() int
 }
 
 func (r *loadReporter) StreamCoreMetrics(req *orcaservice.OrcaLoadReportRequest, stream grpc.ServerStreamingServer[orcadata.OrcaLoadReport]) error {
-	if err := stream.SendHeader(metadata.Pairs(replicaHeader, r.replica)); err != nil {
+	if err := stream.SendHeader(metadata.Pairs(instanceHeader, r.instance)); err != nil {
 		return err
 	}
 	interval := max(req.GetReportInterval().AsDuration(), minReportInterval)
@@ -72,7 +72,7 @@ func (r *loadReporter) StreamCoreMetrics(req *orcaservice.OrcaLoadReportRequest,
 // rebalancer sheds connections while this replica holds more than its share.
 type rebalancer struct {
 	log      *slog.Logger
-	replica  string
+	instance string   // this server's, as its load reports name it
 	peers    []string // host:port; a host name stands for each of its addresses
 	interval time.Duration
 	margin   float64
@@ -167,7 +167,7 @@ func (r *rebalancer) report(ctx context.Context, cc *grpc.ClientConn) (float64, 
 		return 0, false
 	}
 	h, err := stream.Header()
-	if err != nil || (len(h.Get(replicaHeader)) > 0 && h.Get(replicaHeader)[0] == r.replica) {
+	if err != nil || slices.Contains(h.Get(instanceHeader), r.instance) {
 		return 0, false
 	}
 	rep, err := stream.Recv()

@@ -5,6 +5,7 @@ package xdsserver
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -129,6 +130,9 @@ type Server struct {
 	admission *admission
 	// tracer traces pushes of traced changes (see xds.PushTracer).
 	tracer *xds.PushTracer
+	// instance is random, so that the rebalancer tells its own load report from its peers'
+	// even where they share a pod name (two replicas on one host, named after it).
+	instance string
 
 	started atomic.Bool
 	// plaintextDebug: the plaintext listener serves the debug types (loopback, or
@@ -178,6 +182,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		conns:   newConnTracker(),
 		tracer:  xds.NewPushTracer(),
 	}
+	s.instance = rand.Text()
 	s.admission = newAdmission(cfg.Overload, log.With("component", "admission"), s.conns)
 	s.jwks = jwks.New(s.store, log.With("component", "jwks"), 0, 0, 0)
 	if s.metrics, err = xds.NewMetrics(deps.MeterProvider); err != nil {
