@@ -126,36 +126,30 @@ func TestNackBackoffHoldsType(t *testing.T) {
 	hasLatest := func(resp *discoverygrpc.DiscoveryResponse) bool {
 		return slices.Contains(sotwNames(t, resp), cluster(fmt.Sprintf("s%d.demo", svc)))
 	}
-	// heldFor waits until the stream armed its hold timer, and says for how long.
-	heldFor := func() time.Duration {
-		t.Helper()
-		waitUntil(t, func() bool { return len(clock.armed()) > 0 })
-		return clock.armed()[0]
-	}
-	// nackNext receives the clusters of the last change, NACKs them, and waits until the server
-	// handled the NACK.
-	nackNext := func() {
+	// nackNext receives the clusters of the last change, NACKs them, and checks the hold the
+	// server put on clusters for it (0: none): the stream handles requests in order, so once
+	// the barrier after the NACK is answered, the hold is armed.
+	nackNext := func(want time.Duration, when string) {
 		t.Helper()
 		resp := c.recvRaw()
 		if resp.GetTypeUrl() != cds || !hasLatest(resp) {
-			t.Fatalf("got %s without the latest cluster", short(resp.GetTypeUrl()))
+			t.Fatalf("%s: got %s without the latest cluster", when, short(resp.GetTypeUrl()))
 		}
 		c.send(nack(resp, nil))
 		c.drain()
+		var wantArmed []time.Duration
+		if want > 0 {
+			wantArmed = []time.Duration{want}
+		}
+		if got := clock.armed(); !slices.Equal(got, wantArmed) {
+			t.Fatalf("%s: holds %v, want %v", when, got, wantArmed)
+		}
 	}
 
-	// First NACK: no hold; the next version goes out at the push.
 	change()
-	nackNext()
-	if got := clock.armed(); len(got) != 0 {
-		t.Fatalf("hold after one NACK: %v", got)
-	}
-	// Second NACK in a row: held for base.
+	nackNext(0, "one NACK") // the next version goes out at the push
 	change()
-	nackNext()
-	if got := heldFor(); got != base {
-		t.Fatalf("hold after the second NACK = %v, want %v", got, base)
-	}
+	nackNext(base, "second NACK in a row")
 	change()
 	change()
 	if got := c.drain(); len(got) != 0 {
@@ -166,10 +160,7 @@ func TestNackBackoffHoldsType(t *testing.T) {
 	c.recvType(lds)
 	// The hold ends: the latest clusters at once.
 	clock.Advance(base)
-	nackNext() // third NACK in a row
-	if got := heldFor(); got != 2*base {
-		t.Fatalf("hold after the third NACK = %v, want %v", got, 2*base)
-	}
+	nackNext(2*base, "third NACK in a row")
 	change()
 	if clock.Advance(base) {
 		t.Fatal("hold ended after half its time")
@@ -181,17 +172,11 @@ func TestNackBackoffHoldsType(t *testing.T) {
 	if resp := c.recvType(cds); !hasLatest(resp) { // ACKed
 		t.Fatal("after the hold: not the latest clusters")
 	}
-	// After the ACK a NACK starts over: no hold, then base.
+	// After the ACK a NACK starts over.
 	change()
-	nackNext()
-	if got := clock.armed(); len(got) != 0 {
-		t.Fatalf("hold after an ACK and one NACK: %v", got)
-	}
+	nackNext(0, "an ACK, then one NACK")
 	change()
-	nackNext()
-	if got := heldFor(); got != base {
-		t.Fatalf("hold after an ACK and two NACKs = %v, want %v", got, base)
-	}
+	nackNext(base, "an ACK, then two NACKs")
 }
 
 func isCDS(r *discoverygrpc.DiscoveryResponse) bool { return r.GetTypeUrl() == cds }
