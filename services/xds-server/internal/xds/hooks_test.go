@@ -8,6 +8,7 @@ import (
 	"time"
 
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -177,6 +178,34 @@ func TestNackBackoffHoldsType(t *testing.T) {
 	nackNext(0, "an ACK, then one NACK")
 	change()
 	nackNext(base, "an ACK, then two NACKs")
+}
+
+// TestNackBackoffHoldsDeltaType: the same hold on a delta stream.
+func TestNackBackoffHoldsDeltaType(t *testing.T) {
+	const base = time.Second
+	clock := &fakeClock{now: time.Unix(0, 0)}
+	e := newEnv(t, Options{Clock: clock, Observers: []Observer{NewNackBackoff(base, 8*base)}}, baseMesh()...)
+	c := newDelta(t, e.addr, node("p", "demo", false))
+	c.send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: cds})
+	c.recvType(cds)
+	for i, want := range []time.Duration{0, base} {
+		e.updatePushed(services("demo", fmt.Sprintf("s%d.demo", i)))
+		resp := c.recvRaw()
+		c.send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: cds, ResponseNonce: resp.GetNonce(),
+			ErrorDetail: &statuspb.Status{Code: int32(codes.InvalidArgument), Message: "rejected by test"}})
+		c.drain()
+		if got := clock.armed(); (want == 0) != (len(got) == 0) || (want > 0 && got[0] != want) {
+			t.Fatalf("NACK %d: holds %v, want %v", i+1, got, want)
+		}
+	}
+	e.updatePushed(services("demo", "held.demo"))
+	if got := c.drain(); len(got) != 0 {
+		t.Fatalf("held type sent: %v", deltaTypes(got))
+	}
+	clock.Advance(base)
+	if got := names(c.recvType(cds).GetResources()); !slices.Contains(got, cluster("held.demo")) {
+		t.Fatalf("after the hold: %v, want the held change", got)
+	}
 }
 
 func isCDS(r *discoverygrpc.DiscoveryResponse) bool { return r.GetTypeUrl() == cds }
