@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/url"
@@ -20,9 +21,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pb "istio.io/api/security/v1alpha1"
 
+	"sailplane.dev/shared/grpcserver"
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
 	"sailplane.dev/shared/telemetry/telemetrytest"
+	"sailplane.dev/shared/testlog"
 )
 
 var app = spiffe.ID{TrustDomain: "cluster.local", Namespace: "app", ServiceAccount: "web"}
@@ -323,7 +326,7 @@ func TestBearerTokenOverPlaintextRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc.auth = st.auth
-	g := grpc.NewServer()
+	g := grpcserver.New(testlog.New(t, slog.LevelInfo), grpcserver.WithAuth(grpcserver.Anyone))
 	svc.Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -57,7 +57,9 @@ var errNotLoaded = errors.New("ca: the root of trust is not loaded yet")
 
 // Register registers Istio's IstioCertificateService on g, for a server that serves the ca
 // beside other services (Config.Embedded). Its TLS config must take the serving certificate from
-// GetCertificate and request (not require) client certificates, as ServerTLS does.
+// GetCertificate and request (not require) client certificates, as ServerTLS does, and it must
+// authenticate calls with grpcserver.WithAuth, whose interceptor asks the ca itself
+// (AuthFuncOverride); without it every request is refused.
 func (s *Service) Register(g grpc.ServiceRegistrar) {
 	pb.RegisterIstioCertificateServiceServer(g, &certService{s: s})
 }
@@ -94,7 +96,10 @@ func (s *Service) authority() *pki.Authority {
 }
 
 func (s *Service) serve(ctx context.Context) error {
-	g := grpcserver.New(s.log, grpc.Creds(credentials.NewTLS(s.ServerTLS())), grpc.MaxRecvMsgSize(maxRequestBytes))
+	// The health service is open; the ca's own service authenticates its callers
+	// (certService.AuthFuncOverride).
+	g := grpcserver.New(s.log, grpc.Creds(credentials.NewTLS(s.ServerTLS())), grpc.MaxRecvMsgSize(maxRequestBytes),
+		grpcserver.WithAuth(grpcserver.Anyone))
 	s.Register(g)
 	srv := &grpcserver.Server{Addr: s.cfg.Listen, GRPC: g, Logger: s.log, WaitReady: grpcserver.Closed(s.ready), Listening: func(a net.Addr) {
 		s.mu.Lock()
@@ -105,19 +110,29 @@ func (s *Service) serve(ctx context.Context) error {
 	return srv.Run(ctx)
 }
 
-// CreateCertificate signs the CSR for the caller's identity, whatever identity the CSR names.
-func (cs *certService) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
-	start := time.Now()
-	resp, err := cs.createCertificate(ctx, req)
-	cs.s.metrics.answered(status.Code(err), time.Since(start))
-	return resp, err
+// authenticated is a caller AuthFuncOverride verified, with the authority it was verified
+// against, which signs its certificate: a root rotating between the two must not sign for a
+// caller the new root never verified.
+type authenticated struct {
+	caller
+	auth  *pki.Authority
+	start time.Time // when the call reached the ca, for its latency
 }
 
-func (cs *certService) createCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
+type authenticatedKey struct{}
+
+// AuthFuncOverride authenticates a call to the ca in go-grpc-middleware's auth interceptor
+// (grpcserver.WithAuth), which asks the service itself wherever it is registered: on the ca's
+// own listener, or on xds-server's in hyper. Whether the CSR may be signed for the identity is
+// decided by the handler, which alone sees it.
+func (cs *certService) AuthFuncOverride(ctx context.Context, _ string) (context.Context, error) {
+	start := time.Now()
 	s := cs.s
 	auth := s.authority()
 	if auth == nil {
-		return nil, status.Error(codes.Unavailable, errNotLoaded.Error())
+		err := status.Error(codes.Unavailable, errNotLoaded.Error())
+		s.metrics.answered(codes.Unavailable, time.Since(start))
+		return nil, err
 	}
 	c, err := s.authenticate(ctx, auth)
 	if err != nil {
@@ -125,11 +140,34 @@ func (cs *certService) createCertificate(ctx context.Context, req *pb.IstioCerti
 		if errors.Is(err, errUnavailable) {
 			code = codes.Unavailable
 		}
+		s.metrics.answered(code, time.Since(start))
 		return nil, s.refuse(c, code, err)
 	}
 	c.id.TrustDomain = s.cfg.TrustDomain // the ca names identities in its own trust domain
 	grpcserver.SetPeerIdentity(ctx, c.id.String())
+	return context.WithValue(ctx, authenticatedKey{}, &authenticated{caller: c, auth: auth, start: start}), nil
+}
 
+// errNotAuthenticated refuses a request no AuthFuncOverride saw: the ca is registered on a
+// server without grpcserver.WithAuth.
+var errNotAuthenticated = status.Error(codes.Unauthenticated, "ca: the caller was not authenticated")
+
+// CreateCertificate signs the CSR for the caller's identity (AuthFuncOverride), whatever
+// identity the CSR names.
+func (cs *certService) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
+	a, ok := ctx.Value(authenticatedKey{}).(*authenticated)
+	if !ok {
+		cs.s.log.Error("CSR refused: the ca is served without grpcserver.WithAuth, which authenticates its callers")
+		cs.s.metrics.answered(codes.Unauthenticated, 0)
+		return nil, errNotAuthenticated
+	}
+	resp, err := cs.createCertificate(a, req)
+	cs.s.metrics.answered(status.Code(err), time.Since(a.start))
+	return resp, err
+}
+
+func (cs *certService) createCertificate(a *authenticated, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
+	s, c, auth := cs.s, a.caller, a.auth
 	if n := len(req.GetCsr()); n > MaxCSRBytes {
 		return nil, s.refuse(c, codes.InvalidArgument, fmt.Errorf("CSR of %d bytes exceeds the limit of %d", n, MaxCSRBytes))
 	}

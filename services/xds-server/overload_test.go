@@ -338,7 +338,9 @@ func TestUnansweringClientsBoundedMemory(t *testing.T) {
 	const subsets = 40
 	src := fakebus.New(changes(t, registry(10001, 10002))...)
 	// Not startReplica: the cache's assert mode remembers every value it checked.
-	srv, err := New(Config{Debounce: 5 * time.Millisecond}, Deps{Logger: testLogger(t), Config: src, Registry: src})
+	// The NACK backoff kept short: the nacker must get each version soon, held or not.
+	srv, err := New(Config{Debounce: 5 * time.Millisecond, NackBackoff: time.Millisecond, MaxNackBackoff: 10 * time.Millisecond},
+		Deps{Logger: testLogger(t), Config: src, Registry: src})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -77,6 +77,10 @@ type Config struct {
 	Clock xds.Clock
 	// Overload configures admission control, send timeouts and rebalancing (overload.go).
 	Overload Overload
+	// NackBackoff holds back a type from a proxy that rejects it twice or more in a row, for
+	// this long after the second NACK, doubling with each further one up to MaxNackBackoff
+	// (xds.NackBackoff); defaults 1s and 30s.
+	NackBackoff, MaxNackBackoff time.Duration
 }
 
 // Deps are the server's collaborators. Config and Registry may be the same Source.
@@ -148,7 +152,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if deps.Config == nil || deps.Registry == nil {
 		return nil, fmt.Errorf("%w: Config and Registry sources are required", ErrMissingDependency)
 	}
-	if cfg.Debounce < 0 || cfg.DebounceMax < 0 || cfg.EndpointDebounce < 0 || cfg.PushConcurrency < 0 || cfg.MaxConnectionAge < 0 || cfg.MaxConnectionAgeGrace < 0 {
+	if cfg.Debounce < 0 || cfg.DebounceMax < 0 || cfg.EndpointDebounce < 0 || cfg.PushConcurrency < 0 || cfg.MaxConnectionAge < 0 || cfg.MaxConnectionAgeGrace < 0 ||
+		cfg.NackBackoff < 0 || cfg.MaxNackBackoff < 0 {
 		return nil, fmt.Errorf("%w: negative duration or concurrency", ErrInvalidConfig)
 	}
 	if cfg.SecureListen != "" && deps.TLS == nil {
@@ -196,11 +201,11 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		Generator:       generatorFor(log),
 		PushConcurrency: cfg.PushConcurrency,
 		CacheAssert:     cfg.CacheAssert,
-		PeerIdentity:    s.peerIdentity,
+		PeerIdentity:    grpcserver.PeerIdentity, // verified by s.authenticate
 		DebugAccess:     s.debugAccess,
 		Replica:         cfg.PodName,
 		Version:         version.Get().Version,
-		Observers:       []xds.Observer{s.metrics, &s.pushes, s.tracer},
+		Observers:       []xds.Observer{s.metrics, &s.pushes, s.tracer, xds.NewNackBackoff(cfg.NackBackoff, cfg.MaxNackBackoff)},
 	})
 	return s, nil
 }
@@ -321,6 +326,7 @@ func (s *Server) serve(ctx context.Context, plain, secure net.Listener) error {
 			grpc.ForceServerCodecV2(xds.Codec()),
 			grpc.KeepaliveParams(ka),
 			grpcserver.WithMeterProvider(s.deps.MeterProvider),
+			grpcserver.WithAuth(s.authenticate),
 		}, s.overloadOptions()...), opts...)...)
 		discoverygrpc.RegisterAggregatedDiscoveryServiceServer(gs, syncGate{s.xds, s.ready})
 		healthpb.RegisterHealthServer(gs, hs)

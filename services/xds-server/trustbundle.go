@@ -62,10 +62,20 @@ func (s *Server) TrustBundle(trustDomain string) *securityv1.TrustBundle {
 	return nil
 }
 
-// peerIdentity is the SPIFFE ID of the certificate the stream's client presented, verified
+// authenticate is the gRPC servers' authenticator (grpcserver.WithAuth): it records the
+// verified identity of the client's certificate (peerIdentity) for the handlers
+// (grpcserver.PeerIdentity) and the call's log lines. It refuses no one: xDS serves clients
+// without a certificate too. What a client may ask is decided where its requests are seen:
+// a proxy's claims against its identity and debug access are the ADS server's hooks.
+func (s *Server) authenticate(ctx context.Context) (context.Context, error) {
+	s.peerIdentity(ctx)
+	return ctx, nil
+}
+
+// peerIdentity is the SPIFFE ID of the certificate the call's client presented, verified
 // against the trust bundles held; "" when it presented none, or one they do not verify. It names
-// the proxy in the logs (the stream's own log lines too: grpcserver.SetPeerIdentity), and the
-// node's namespace and service account must be its own.
+// the proxy in the logs (grpcserver.SetPeerIdentity), and the node's namespace and service
+// account must be its own.
 func (s *Server) peerIdentity(ctx context.Context) string {
 	p, ok := peer.FromContext(ctx)
 	if !ok {

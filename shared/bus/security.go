@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -71,11 +70,9 @@ func (sec Security) serverOptions(addr string, log *slog.Logger) ([]grpc.ServerO
 		}
 		return nil, nil
 	}
-	authorize := auth.AuthFunc(peerAuthorizer(sec.Peers, log))
 	return []grpc.ServerOption{
 		grpc.Creds(credentials.NewTLS(workloadcert.ServerTLS(sec.Identity))),
-		grpc.ChainUnaryInterceptor(auth.UnaryServerInterceptor(authorize)),
-		grpc.ChainStreamInterceptor(auth.StreamServerInterceptor(authorize)),
+		grpcserver.WithAuth(peerAuthorizer(sec.Peers, log)),
 	}, nil
 }
 

@@ -34,6 +34,18 @@ func SetPeerIdentity(ctx context.Context, id string) {
 	}
 }
 
+// PeerIdentity is the caller's identity as SetPeerIdentity recorded it (an authenticator,
+// WithAuth), "" when none was.
+func PeerIdentity(ctx context.Context) string {
+	c, ok := ctx.Value(callKey{}).(*call)
+	if !ok {
+		return ""
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.identity
+}
+
 func (c *call) fields() logging.Fields {
 	c.mu.Lock()
 	defer c.mu.Unlock()

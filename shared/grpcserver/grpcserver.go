@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"go.opentelemetry.io/otel"
@@ -58,30 +59,40 @@ var ClientKeepalive = keepalive.ClientParameters{Time: 20 * time.Second, Timeout
 // OpenTelemetry server metrics (grpc.server.call.duration, …) on the global MeterProvider
 // (WithMeterProvider), accepts the keepalive pings xDS clients send on long-lived streams,
 // refuses requests over MaxRecvMsgSize, and sends its version headers (VersionHeader,
-// ComponentHeader) on every RPC. Interceptors in opts run after these, so the calls they refuse
-// are logged and measured too.
+// ComponentHeader) on every RPC, and authenticates calls (WithAuth). Interceptors in opts run
+// after these, so the calls they refuse are logged and measured too.
 func New(log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
 	onPanic := recovery.WithRecoveryHandler(func(p any) error {
 		log.Error("panic in gRPC handler", "panic", p)
 		return status.Errorf(codes.Internal, "internal error")
 	})
 	var meters metric.MeterProvider = otel.GetMeterProvider()
+	var authenticate auth.AuthFunc
 	for _, o := range opts {
 		if m, ok := o.(meterProviderOption); ok && m.provider != nil {
 			meters = m.provider
+		}
+		if a, ok := o.(authOption); ok {
+			authenticate = a.authenticate
 		}
 	}
 	v := version.Get()
 	header := metadata.Pairs(VersionHeader, v.Version, ComponentHeader, v.Component)
 	calls := callLogger(log)
+	unary := []grpc.UnaryServerInterceptor{unaryCall,
+		logging.UnaryServerInterceptor(calls, callLogOptions(logging.FinishCall)...),
+		recovery.UnaryServerInterceptor(onPanic), unaryHeader(header)}
+	stream := []grpc.StreamServerInterceptor{streamCall,
+		logging.StreamServerInterceptor(calls, callLogOptions(logging.StartCall, logging.FinishCall)...),
+		recovery.StreamServerInterceptor(onPanic), streamHeader(header)}
+	if authenticate != nil {
+		unary = append(unary, auth.UnaryServerInterceptor(authenticate))
+		stream = append(stream, auth.StreamServerInterceptor(authenticate))
+	}
 	base := []grpc.ServerOption{
 		opentelemetry.ServerOption(opentelemetry.Options{MetricsOptions: opentelemetry.MetricsOptions{MeterProvider: meters}}),
-		grpc.ChainUnaryInterceptor(unaryCall,
-			logging.UnaryServerInterceptor(calls, callLogOptions(logging.FinishCall)...),
-			recovery.UnaryServerInterceptor(onPanic), unaryHeader(header)),
-		grpc.ChainStreamInterceptor(streamCall,
-			logging.StreamServerInterceptor(calls, callLogOptions(logging.StartCall, logging.FinishCall)...),
-			recovery.StreamServerInterceptor(onPanic), streamHeader(header)),
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
 		// A method the server does not serve still goes through the interceptors, so that it
 		// carries the version headers too; the answer stays Unimplemented.
 		grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
@@ -106,6 +117,27 @@ type meterProviderOption struct {
 	grpc.EmptyServerOption
 	provider metric.MeterProvider
 }
+
+// WithAuth is a New option authenticating every call in go-grpc-middleware's auth interceptor,
+// after New's own interceptors so that refused calls are logged and measured: authenticate
+// returns the handler's context, having recorded the caller's verified identity
+// (SetPeerIdentity; handlers read it with PeerIdentity), or a gRPC status refusing the call. A
+// service implementing auth.ServiceAuthFuncOverride authenticates its own calls instead,
+// wherever it is registered (the ca, served on xds-server's listener in hyper). What a request
+// may ask, given who asks, is the handler's to decide: it alone sees the request.
+func WithAuth(authenticate auth.AuthFunc) grpc.ServerOption {
+	return authOption{authenticate: authenticate}
+}
+
+type authOption struct {
+	grpc.EmptyServerOption
+	authenticate auth.AuthFunc
+}
+
+// Anyone is a WithAuth authenticator for servers whose callers need no identity: it lets every
+// call through, so that the services registered on them that authenticate their own callers
+// (auth.ServiceAuthFuncOverride) are asked.
+func Anyone(ctx context.Context) (context.Context, error) { return ctx, nil }
 
 // unaryHeader sets header on every unary response; it is sent with the response or the error.
 func unaryHeader(header metadata.MD) grpc.UnaryServerInterceptor {

@@ -1,7 +1,7 @@
 package xds
 
 import (
-	"fmt"
+	"context"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -16,7 +16,6 @@ import (
 
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/shared/grpcserver"
-	"sailplane.dev/shared/spiffe"
 )
 
 // conn is one ADS stream.
@@ -30,6 +29,8 @@ type conn struct {
 	// connectedAt is when the stream opened; address is the client's address.
 	connectedAt time.Time
 	address     string
+	// ctx is the stream's context.
+	ctx context.Context
 
 	proxy *model.Proxy
 	gen   Generator
@@ -41,7 +42,7 @@ type conn struct {
 	pushes chan *pushItem
 	done   chan struct{}
 	nonce  int
-	// info is the stream as observers see it, set when the proxy identifies itself.
+	// info is the stream as observers see it; its Proxy is set when the proxy identifies itself.
 	info StreamInfo
 	// pushing is the push being carried out, nil between pushes.
 	pushing *PushRequest
@@ -62,6 +63,12 @@ type conn struct {
 	// debugNode is the node of a first request asking for a debug type, which identifies no
 	// proxy, kept in case the stream later asks for proxy types.
 	debugNode *corev3.Node
+
+	// holdTimer wakes the stream (resume, nil before the first hold) when the earliest hold a
+	// RequestGate put on one of its watches ends, at holdEnds (zero: not armed).
+	holdTimer Timer
+	resume    <-chan time.Time
+	holdEnds  time.Time
 }
 
 // watch is the state of one type on one stream.
@@ -87,6 +94,8 @@ type watch struct {
 	needResponse bool
 	// newNames are delta subscriptions to answer, with a removal when they do not exist.
 	newNames map[string]struct{}
+	// heldUntil: a RequestGate holds back this type's responses until then.
+	heldUntil time.Time
 }
 
 // sentResponse is kept until the client answers; slices rather than maps because every
@@ -123,11 +132,12 @@ func (c *conn) identify(node *corev3.Node) error {
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "node %q: %v", node.GetId(), err)
 	}
-	if err := claimsMatchPeer(p, c.peer); err != nil {
-		c.s.log.Warn("proxy refused", "node", grpcserver.ClientText(p.NodeID), "peer", c.peer, "err", err)
-		return status.Errorf(codes.PermissionDenied, "node %q: %v", grpcserver.ClientText(p.NodeID), err)
+	info := c.info
+	info.Proxy = p
+	if err := c.s.obs.admit(info); err != nil {
+		return err
 	}
-	c.proxy = p
+	c.proxy, c.info = p, info
 	if c.s.opts.Generator != nil {
 		c.gen = c.s.opts.Generator(p)
 	}
@@ -136,10 +146,56 @@ func (c *conn) identify(node *corev3.Node) error {
 		c.log = c.log.With("peer", c.peer)
 	}
 	c.log.Debug("proxy connected", "type", p.Type, "delta", c.delta)
-	c.info = StreamInfo{ID: c.id, Delta: c.delta, Peer: c.peer, Proxy: p}
 	c.s.obs.Connected(c.info)
 	c.s.addConn(c)
 	return nil
+}
+
+// gate asks the RequestGates about a request of typeURL; w, when not nil, is its watch, which
+// a delay holds back.
+func (c *conn) gate(w *watch, typeURL, nonce string, errDetail *status.Status) error {
+	if len(c.s.obs.gates) == 0 {
+		return nil
+	}
+	d, err := c.s.obs.request(Request{Stream: c.info, Context: c.ctx, TypeURL: typeURL, Nonce: nonce, Err: errDetail})
+	if err != nil || d <= 0 || w == nil {
+		return err
+	}
+	if until := c.s.clock.Now().Add(d); until.After(w.heldUntil) {
+		w.heldUntil = until
+	}
+	c.log.Debug("holding back responses", "type", typeURL, "for", d)
+	c.armHold(w.heldUntil)
+	return nil
+}
+
+// armHold makes the hold timer fire at until, unless it fires earlier already.
+func (c *conn) armHold(until time.Time) {
+	if !c.holdEnds.IsZero() && !until.Before(c.holdEnds) {
+		return
+	}
+	d := until.Sub(c.s.clock.Now())
+	if c.holdTimer == nil {
+		c.holdTimer = c.s.clock.NewTimer(d)
+		c.resume = c.holdTimer.C()
+	} else {
+		c.holdTimer.Reset(d)
+	}
+	c.holdEnds = until
+}
+
+// holdEnded brings the stream up to date once a hold ended, through the push queue (so that
+// many proxies' holds ending together take the workers, not a goroutine each), and arms the
+// timer for the next hold still on.
+func (c *conn) holdEnded() {
+	c.holdEnds = time.Time{}
+	now := c.s.clock.Now()
+	for _, w := range c.watches {
+		if w.heldUntil.After(now) {
+			c.armHold(w.heldUntil)
+		}
+	}
+	c.s.queue.Enqueue(c, &PushRequest{Forced: true, Start: now})
 }
 
 func (c *conn) setNames(w *watch, add, remove []string) {
@@ -196,6 +252,9 @@ func (c *conn) handleSotW(req *discoverygrpc.DiscoveryRequest) error {
 	var errDetail *status.Status
 	if d := req.GetErrorDetail(); d != nil {
 		errDetail = status.FromProto(d)
+	}
+	if err := c.gate(w, t, req.GetResponseNonce(), errDetail); err != nil {
+		return err
 	}
 	if !first && !c.ack(w, req.GetResponseNonce(), errDetail) {
 		return nil // stale: a newer response is on its way and will be answered
@@ -262,11 +321,14 @@ func (c *conn) handleDelta(req *discoverygrpc.DeltaDiscoveryRequest) error {
 		c.watches[t] = w
 		c.mu.Unlock()
 	}
+	var errDetail *status.Status
+	if d := req.GetErrorDetail(); d != nil {
+		errDetail = status.FromProto(d)
+	}
+	if err := c.gate(w, t, req.GetResponseNonce(), errDetail); err != nil {
+		return err
+	}
 	if nonce := req.GetResponseNonce(); nonce != "" {
-		var errDetail *status.Status
-		if d := req.GetErrorDetail(); d != nil {
-			errDetail = status.FromProto(d)
-		}
 		c.ack(w, nonce, errDetail)
 	}
 	var add, remove []string
@@ -383,6 +445,12 @@ func (c *conn) nextNonce() string {
 // single sends additions and removals in one response.
 func (c *conn) sync(snap *model.Snapshot, w *watch, onlyHosts map[string]struct{}, force map[string]bool,
 	single bool) ([]string, func() error, error) {
+	if !w.heldUntil.IsZero() {
+		if c.s.clock.Now().Before(w.heldUntil) {
+			return nil, nil, nil // held back: brought up to date when the hold ends (holdEnded)
+		}
+		w.heldUntil = time.Time{}
+	}
 	c.building = time.Now()
 	st := &set{typeURL: w.typeURL}
 	if c.gen != nil {
@@ -635,24 +703,3 @@ func cmpString(a, b string) int {
 }
 
 func (s *set) sortedNames() []string { return s.names }
-
-// claimsMatchPeer checks what a proxy says of itself against the certificate it connected with,
-// as istiod does: a workload of one namespace or service account must not be served another's
-// config by claiming its name. A peer without a certificate (plaintext, or TLS without a client
-// certificate) is not checked: it has no identity to hold the claims to.
-func claimsMatchPeer(p *model.Proxy, peer string) error {
-	if peer == "" {
-		return nil
-	}
-	id, err := spiffe.Parse(peer)
-	if err != nil {
-		return fmt.Errorf("certificate identity %q: %w", peer, err)
-	}
-	if p.Namespace != id.Namespace {
-		return fmt.Errorf("claims namespace %q, its certificate is of %s", p.Namespace, peer)
-	}
-	if p.ServiceAccount != "" && p.ServiceAccount != id.ServiceAccount {
-		return fmt.Errorf("claims service account %q, its certificate is of %s", p.ServiceAccount, peer)
-	}
-	return nil
-}

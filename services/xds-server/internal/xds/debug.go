@@ -174,21 +174,18 @@ type debugAnswer struct {
 	res   []*anypb.Any
 }
 
-// handleDebug answers a debug request, authorized by Options.DebugAccess. Debug clients are
-// not proxies: they are not listed, pushed or watched; each request gets one response.
+// handleDebug answers a debug request the RequestGates let through (Options.DebugAccess is the
+// first). Debug clients are not proxies: they are not listed, pushed or watched; each request
+// gets one response.
 func (c *conn) handleDebug(ctx context.Context, node *corev3.Node, typeURL, nonce string, names []string, respond func(*debugAnswer, string) error) error {
+	if err := c.gate(nil, typeURL, nonce, nil); err != nil {
+		return err // Options.DebugAccess among others
+	}
 	if c.debugNode == nil {
 		c.debugNode = node
 	}
 	if last, ok := c.debugNonces[typeURL]; ok && nonce == last {
 		return nil // the ACK (or NACK) of our answer
-	}
-	if c.s.opts.DebugAccess == nil {
-		return status.Errorf(codes.PermissionDenied, "xds-server: debug types are not served here")
-	}
-	if err := c.s.opts.DebugAccess(ctx, c.peer); err != nil {
-		c.log.Warn("debug request refused", "type", typeURL, "peer", c.peer, "err", err)
-		return err
 	}
 	var ans *debugAnswer
 	switch typeURL {

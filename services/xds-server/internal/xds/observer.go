@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"context"
 	"log/slog"
 	"time"
 
@@ -13,7 +14,7 @@ import (
 // Observer learns what happens on the server's streams, so that metrics, syncz, tracing, NACK
 // backoff and auth plug in without editing the connection code. Calls come from the stream's
 // goroutine (Connected, Disconnected, Responded, Answered) or from a push worker (Pushed) and
-// must not block.
+// must not block. An Observer may also implement Admitter or RequestGate to refuse or hold back.
 type Observer interface {
 	Connected(s StreamInfo)
 	Disconnected(s StreamInfo)
@@ -59,6 +60,34 @@ type Push struct {
 	Err             error
 }
 
+// Admitter is an Observer that may refuse a proxy (go-control-plane's OnStreamOpen error, Kuma's
+// OnStreamRequest auth): Admit is called when the proxy identifies itself, before any
+// observer's Connected, and an error (a gRPC status) ends the stream with it. The stream is
+// then neither listed nor served, and no observer hears of it again.
+type Admitter interface {
+	Admit(s StreamInfo) error
+}
+
+// RequestGate is an Observer consulted on every request of a stream before the server handles
+// it: proxy types and Istio's debug types alike. An error (a gRPC status) ends the stream with
+// it. A delay d > 0 holds back the responses of the request's type on that stream (its answer
+// and pushes alike) for d, after which the type is brought up to date at once: Kuma's NACK
+// backoff, without holding the stream's goroutine or a push worker while it waits.
+type RequestGate interface {
+	Request(r Request) (delay time.Duration, err error)
+}
+
+// Request is one request of a stream, as RequestGates see it.
+type Request struct {
+	// Stream is the stream; its Proxy is nil until the proxy identified itself, and stays nil
+	// for clients that ask for debug types only.
+	Stream  StreamInfo
+	Context context.Context // the stream's
+	TypeURL string
+	Nonce   string         // the response it answers, "" for none
+	Err     *status.Status // the NACK's error_detail; nil otherwise
+}
+
 // NopObserver does nothing: embed it to implement only some of Observer.
 type NopObserver struct{}
 
@@ -92,6 +121,50 @@ func (l nackLogger) Answered(a Answer) {
 type observers []Observer
 
 var _ Observer = observers(nil)
+
+// chain is the server's observers with the hooks among them picked out once, so that a server
+// without hooks pays nothing per request for the possibility.
+type chain struct {
+	observers
+	admitters []Admitter
+	gates     []RequestGate
+}
+
+func newChain(os ...Observer) chain {
+	c := chain{observers: os}
+	for _, o := range os {
+		if a, ok := o.(Admitter); ok {
+			c.admitters = append(c.admitters, a)
+		}
+		if g, ok := o.(RequestGate); ok {
+			c.gates = append(c.gates, g)
+		}
+	}
+	return c
+}
+
+// admit asks each Admitter in order; the first refusal wins.
+func (c *chain) admit(s StreamInfo) error {
+	for _, a := range c.admitters {
+		if err := a.Admit(s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// request asks each RequestGate in order: the first refusal wins, else the longest delay.
+func (c *chain) request(r Request) (time.Duration, error) {
+	var hold time.Duration
+	for _, g := range c.gates {
+		d, err := g.Request(r)
+		if err != nil {
+			return 0, err
+		}
+		hold = max(hold, d)
+	}
+	return hold, nil
+}
 
 func (os observers) Connected(s StreamInfo) {
 	for _, o := range os {

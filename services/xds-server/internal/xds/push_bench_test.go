@@ -38,7 +38,7 @@ func BenchmarkPush(b *testing.B) {
 	for _, host := range hosts {
 		apply(endpoints("demo", host, "10.0.0.1", "10.0.0.2"))
 	}
-	srv := NewServer(Options{Generator: func(*model.Proxy) Generator { return gen }, Observers: append(benchObservers(b), NewPushTracer())})
+	srv := NewServer(Options{Generator: func(*model.Proxy) Generator { return gen }, Observers: append(benchObservers(b), NewPushTracer(), NewNackBackoff(0, 0))})
 	snap, ch := store.Next()
 	srv.Push(snap, ch, nil)
 

@@ -35,14 +35,17 @@ type Options struct {
 	// DebugAccess decides whether the client of a stream (its context, and its identity as
 	// PeerIdentity named it when the stream opened) may ask for Istio's debug types
 	// (TypeSyncz, TypeConfigDump); an error, a gRPC status, refuses and ends the stream. Nil:
-	// debug types are refused.
+	// debug types are refused. It runs as the first RequestGate.
 	DebugAccess func(ctx context.Context, peer string) error
 	// Replica names this server in every response's control plane identifier (its pod name);
 	// Version is its version.
 	Replica, Version string
 	// Observers learn of connections, responses, ACKs and NACKs, and pushes; they are called
-	// in order, after the server's own (the debug types' sync status, the NACK log).
+	// in order, after the server's own (the proxy claims check, debug access, the NACK log,
+	// the debug types' sync status). Those that are Admitters or RequestGates may refuse.
 	Observers []Observer
+	// Clock times the holds RequestGates ask for; nil is the wall clock. For tests.
+	Clock Clock
 }
 
 // Server serves ADS. Feed it snapshots with Push and run its push workers with Run. Register it
@@ -54,7 +57,8 @@ type Server struct {
 	cache *cache
 	queue *pushQueue[*conn]
 	subs  *subscriptions
-	obs   observers
+	obs   chain
+	clock Clock
 	cp    controlPlane
 	// status is what the debug types report of each stream (an observer).
 	status *syncStatus
@@ -80,13 +84,19 @@ func NewServer(opts Options) *Server {
 	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
 	opts.PushConcurrency = cmp.Or(opts.PushConcurrency, 16)
 	status := newSyncStatus()
+	if opts.Clock == nil {
+		opts.Clock = RealClock{}
+	}
+	own := []Observer{peerClaims{log: opts.Logger}, debugAccess{rule: opts.DebugAccess, log: opts.Logger},
+		nackLogger{log: opts.Logger}, status}
 	return &Server{
 		opts:    opts,
 		log:     opts.Logger,
 		cache:   newCache(opts.Logger, opts.CacheAssert, opts.OnCacheViolation),
 		queue:   newPushQueue[*conn](),
 		subs:    newSubscriptions(),
-		obs:     append(observers{nackLogger{log: opts.Logger}, status}, opts.Observers...),
+		obs:     newChain(append(own, opts.Observers...)...),
+		clock:   opts.Clock,
 		cp:      newControlPlane(opts.Replica, opts.Version),
 		status:  status,
 		stopped: make(chan struct{}),
@@ -166,10 +176,8 @@ func (s *Server) removeConn(c *conn) {
 
 // StreamAggregatedResources serves state-of-the-world ADS.
 func (s *Server) StreamAggregatedResources(stream discoverygrpc.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-	c := s.newConn(false)
+	c := s.newConn(stream.Context(), false)
 	c.send = stream.SendMsg
-	c.peer = s.peerIdentity(stream.Context())
-	c.address = peerAddress(stream.Context())
 	return serve(s, c, stream.Recv, func(req *discoverygrpc.DiscoveryRequest) error {
 		if isDebugType(req.GetTypeUrl()) {
 			return c.handleDebugSotW(stream.Context(), req)
@@ -180,10 +188,8 @@ func (s *Server) StreamAggregatedResources(stream discoverygrpc.AggregatedDiscov
 
 // DeltaAggregatedResources serves delta ADS.
 func (s *Server) DeltaAggregatedResources(stream discoverygrpc.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
-	c := s.newConn(true)
+	c := s.newConn(stream.Context(), true)
 	c.send = stream.SendMsg
-	c.peer = s.peerIdentity(stream.Context())
-	c.address = peerAddress(stream.Context())
 	return serve(s, c, stream.Recv, func(req *discoverygrpc.DeltaDiscoveryRequest) error {
 		if isDebugType(req.GetTypeUrl()) {
 			return c.handleDebugDelta(stream.Context(), req)
@@ -197,6 +203,9 @@ func (s *Server) DeltaAggregatedResources(stream discoverygrpc.AggregatedDiscove
 func serve[Req any](s *Server, c *conn, recv func() (Req, error), handle func(Req) error) error {
 	defer func() {
 		close(c.done)
+		if c.holdTimer != nil {
+			c.holdTimer.Stop()
+		}
 		s.removeConn(c)
 		if c.proxy != nil {
 			c.log.Debug("proxy disconnected")
@@ -240,6 +249,8 @@ func serve[Req any](s *Server, c *conn, recv func() (Req, error), handle func(Re
 			}
 		case q := <-c.queries:
 			q()
+		case <-c.resume:
+			c.holdEnded()
 		}
 	}
 }
@@ -260,15 +271,18 @@ func (s *Server) peerIdentity(ctx context.Context) string {
 	return s.opts.PeerIdentity(ctx)
 }
 
-func (s *Server) newConn(delta bool) *conn {
-	return &conn{
+func (s *Server) newConn(ctx context.Context, delta bool) *conn {
+	c := &conn{
 		s: s, id: s.nextID.Add(1), delta: delta, connectedAt: time.Now(),
+		ctx: ctx, peer: s.peerIdentity(ctx), address: peerAddress(ctx),
 		watches: map[string]*watch{},
 		pushes:  make(chan *pushItem),
 		queries: make(chan func()),
 		done:    make(chan struct{}),
 		log:     s.log,
 	}
+	c.info = StreamInfo{ID: c.id, Delta: delta, Peer: c.peer}
+	return c
 }
 
 // deliver hands req to the connection's goroutine and waits until it was pushed, so workers
