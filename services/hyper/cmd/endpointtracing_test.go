@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/connectivity"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -82,6 +83,58 @@ func TestTracingKubernetesEndpoints(t *testing.T) {
 	}
 	checkEndpointTrace(t, exporter, map[string]string{"sailplane.registry": "kubernetes", "sailplane.kind": "EndpointSlice",
 		"sailplane.event": "update", "sailplane.name": "demo/echo-1", "sailplane.cluster": endpointwatcher.DefaultClusterID})
+
+	// A burst: each new slice is a change of its own, traced to a push, its own or one that
+	// merges several and links to each.
+	var burst []string
+	for i := range 5 {
+		s := slice.DeepCopy()
+		s.ObjectMeta = metav1.ObjectMeta{Name: fmt.Sprintf("echo-burst-%d", i), Namespace: "demo", Labels: slice.Labels}
+		s.Endpoints = []discoveryv1.Endpoint{readyEndpoint(fmt.Sprintf("198.19.8.%d", i+1))}
+		if _, err := cs.DiscoveryV1().EndpointSlices("demo").Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		burst = append(burst, "demo/"+s.Name)
+	}
+	checkBurstTraces(t, exporter, burst)
+}
+
+// checkBurstTraces waits until the change of each EndpointSlice named reaches a push that the
+// client ACKed: its xds.debounce is the parent of the xds.push, or linked from it when the push
+// merged several changes.
+func checkBurstTraces(t *testing.T, exporter *tracetest.InMemoryExporter, slices []string) {
+	t.Helper()
+	testwait.For(t, waitFor, "every change of the burst to reach an ACKed push", func() error {
+		spans := exporter.GetSpans().Snapshots()
+		pushes := map[trace.SpanID]sdktrace.ReadOnlySpan{} // by the debounce span they continue or link
+		for _, s := range spans {
+			if s.Name() != "xds.push" || attr(s, "sailplane.acked") != "1" {
+				continue
+			}
+			pushes[s.Parent().SpanID()] = s
+			for _, l := range s.Links() {
+				pushes[l.SpanContext.SpanID()] = s
+			}
+		}
+		merged := map[trace.SpanID]bool{}
+		for _, name := range slices {
+			var push sdktrace.ReadOnlySpan
+			for _, s := range spans {
+				if s.Name() != "xds.debounce" {
+					continue
+				}
+				if root := rootOf(spans, s); root.Name() == "endpoints.change" && attr(root, "sailplane.name") == name && pushes[s.SpanContext().SpanID()] != nil {
+					push = pushes[s.SpanContext().SpanID()]
+				}
+			}
+			if push == nil {
+				return fmt.Errorf("the change of %s reached no ACKed push yet", name)
+			}
+			merged[push.SpanContext().SpanID()] = true
+		}
+		t.Logf("%d changes reached %d pushes", len(slices), len(merged))
+		return nil
+	})
 }
 
 // TestTracingConsulEndpoints is TestTracingKubernetesEndpoints for a Consul service: a second
