@@ -7,6 +7,7 @@ import (
 
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"go.uber.org/goleak"
@@ -158,4 +159,43 @@ func TestPublisherContinuesDeliveredChange(t *testing.T) {
 	if r := rec.State(schema.Endpoints.TypeURL)["demo/a"]; r == nil || !r.Trace.Equal(span.SpanContext()) {
 		t.Errorf("published %+v, want the delivery's trace %v", r, span.SpanContext())
 	}
+}
+
+// discard is a Publisher that keeps nothing.
+type discard struct{}
+
+func (discard) Upsert(string, ...*bus.Resource) error { return nil }
+func (discard) Delete(string, ...string)              {}
+func (discard) Replace(string, []*bus.Resource) error { return nil }
+
+// BenchmarkEvent is the tracing cost of one event that publishes one resource of each registry
+// type: tracing off, and sampled (spans recorded into a discarding exporter).
+func BenchmarkEvent(b *testing.B) {
+	svcs := []*bus.Resource{resource("demo/echo.demo.svc.cluster.local")}
+	eps := []*bus.Resource{resource("demo/echo.demo.svc.cluster.local")}
+	event := func() {
+		ctx, end := Start(context.Background(), slice)
+		pub := Publisher(ctx, discard{})
+		_ = pub.Upsert(schema.Service.TypeURL, svcs...)
+		_ = pub.Upsert(schema.Endpoints.TypeURL, eps...)
+		end()
+	}
+	b.Run("off", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			event()
+		}
+	})
+	b.Run("sampled", func(b *testing.B) {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewNoopExporter()))
+		otel.SetTracerProvider(tp)
+		b.Cleanup(func() {
+			otel.SetTracerProvider(noop.NewTracerProvider())
+			_ = tp.Shutdown(context.Background())
+		})
+		b.ReportAllocs()
+		for b.Loop() {
+			event()
+		}
+	})
 }
