@@ -4,12 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
-	"net"
 	"net/http/httptest"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/hashicorp/consul/api"
 	"go.opentelemetry.io/otel/codes"
@@ -23,15 +19,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
-	configingest "sailplane.dev/services/config-ingest"
 	endpointwatcher "sailplane.dev/services/endpoint-watcher"
 	xdsserver "sailplane.dev/services/xds-server"
-	"sailplane.dev/shared/bus"
-	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/grpctest"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/telemetry/telemetrytest"
-	"sailplane.dev/shared/testlog"
 	"sailplane.dev/shared/testwait"
 	"sailplane.dev/shared/xdstype"
 	"sailplane.dev/tools/testenv"
@@ -71,7 +63,7 @@ func TestTracingKubernetesEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	srv, addr := startRegistryHyper(t, endpointwatcher.Config{Kube: k.RestConfig()})
+	_, srv, addr := startInProcess(t, t.TempDir(), &endpointwatcher.Config{Kube: k.RestConfig()})
 	client := dialXDS(t, addr, "xds:///echo.demo.svc.cluster.local:7070")
 	client.Connect()
 	waitEndpointsAcked(t, srv)
@@ -158,7 +150,7 @@ func TestTracingConsulEndpoints(t *testing.T) {
 	}
 	register("echo-1", "127.0.0.1")
 
-	srv, addr := startRegistryHyper(t, endpointwatcher.Config{Consul: &endpointwatcher.ConsulConfig{Address: c.Addr()}})
+	_, srv, addr := startInProcess(t, t.TempDir(), &endpointwatcher.Config{Consul: &endpointwatcher.ConsulConfig{Address: c.Addr()}})
 	client := dialXDS(t, addr, fmt.Sprintf("xds:///echo.service.consul:%d", backend.Port))
 	client.Connect()
 	testwait.Until(t, waitFor, "the xDS client to connect", func() bool {
@@ -178,56 +170,6 @@ func readyEndpoint(addr string) discoveryv1.Endpoint {
 }
 
 func ptr[T any](v T) *T { return &v }
-
-// startRegistryHyper runs hyper's in-process wiring with the endpoint-watcher of cfg (and a
-// config-ingest of an empty folder) until the test ends, and returns its xds-server, ready, and
-// the address of its plaintext xDS listener.
-func startRegistryHyper(t *testing.T, cfg endpointwatcher.Config) (*xdsserver.Server, net.Addr) {
-	t.Helper()
-	log := testlog.New(t, slog.LevelInfo)
-	store := bus.NewStore(bus.WithLogger(log))
-	local := func(consumer string) bus.Source { return bus.Local(store, bus.WithLocalConsumer(consumer)) }
-	ingest, err := configingest.New(configingest.Config{ConfigDirs: []string{t.TempDir()}, Debounce: 20 * time.Millisecond},
-		configingest.Deps{Logger: log.With("component", "config-ingest"), Publisher: store})
-	if err != nil {
-		t.Fatal(err)
-	}
-	watcher, err := endpointwatcher.New(cfg, endpointwatcher.Deps{Logger: log.With("component", "endpoint-watcher"),
-		Config: local("endpoint-watcher"), Publisher: store})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store.SyncAfter(ingest.Ready(), configingest.PublishedTypes()...)
-	store.SyncAfter(watcher.Ready(), endpointwatcher.PublishedTypes()...)
-	srv, err := xdsserver.New(xdsserver.Config{Debounce: 20 * time.Millisecond},
-		xdsserver.Deps{Logger: log.With("component", "xds-server"), Config: local("xds-server"), Registry: local("xds-server")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m component.Manager
-	m.Add("config-ingest", ingest)
-	m.Add("endpoint-watcher", watcher)
-	m.Add("xds-server", component.Func(func(ctx context.Context) error { return srv.Serve(ctx, lis) }))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
-	select {
-	case <-srv.Ready():
-	case <-time.After(waitFor):
-		t.Fatal("xds-server not ready")
-	}
-	return srv, lis.Addr()
-}
 
 // waitEndpointsAcked waits until the one connected proxy ACKed the endpoints last sent to it,
 // as /debug/syncz shows: from then on, an endpoints change is pushed to it.
@@ -288,14 +230,7 @@ func checkEndpointTrace(t *testing.T, exporter *tracetest.InMemoryExporter, root
 	tree := treeOf(spans)
 	t.Logf("trace:\n%s", tree)
 
-	want := []string{"endpoints.change", "bus.publish", "bus.deliver", "xds.debounce", "xds.push"}
-	var chain []string
-	for s := push; s != nil; s = parentOf(spans, s) {
-		chain = append([]string{s.Name()}, chain...)
-	}
-	if strings.Join(chain, " > ") != strings.Join(want, " > ") {
-		t.Errorf("path to the push: %s, want %s", strings.Join(chain, " > "), strings.Join(want, " > "))
-	}
+	checkPath(t, spans, push, "endpoints.change", "bus.publish", "bus.deliver", "xds.debounce", "xds.push")
 	root := rootOf(spans, push)
 	if len(childrenOf(spans, root, "endpoints.update")) != 1 {
 		t.Errorf("endpoints.change has no endpoints.update child (recomputing the registry)")
