@@ -11,7 +11,8 @@
 // xds.debounce and xds.push to the last proxy's ACK). The trace starts at the event's first
 // publish, dated back to its arrival, so an event that changes nothing (most Pod status updates,
 // a Consul answer equal to the last) records nothing. With tracing off, an event costs nothing:
-// no allocation (TestUntracedEventAllocatesNothing).
+// no allocation (TestUntracedEventAllocatesNothing); an event whose trace is not sampled
+// publishes its resources untraced, so nothing downstream records or carries anything for it.
 package changetrace
 
 import (
