@@ -86,18 +86,7 @@ func testConsulService(t *testing.T, start func(t *testing.T, dir, consulAddr st
 
 	const name, id = "echo-consul", "echo-consul-1"
 	hostname := name + ".service.consul"
-	def := filepath.Join(t.TempDir(), "echo-consul.json")
-	framework.WriteFile(t, filepath.Dir(def), filepath.Base(def), fmt.Sprintf(`{
-  "service": {
-    "id": %q,
-    "name": %q,
-    "address": %q,
-    "port": %d,
-    "meta": {"protocol": "grpc"}
-  }
-}
-`, id, name, host.IP(), echoPort))
-	consul("services", "register", def)
+	consul("services", "register", consulServiceFile(t, id, name, host.IP(), echoPort))
 
 	client := framework.XDSClient(t, sp.xds, fmt.Sprintf("xds:///%s:%d", hostname, echoPort))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -135,6 +124,24 @@ func testConsulService(t *testing.T, start func(t *testing.T, dir, consulAddr st
 			return nil
 		})
 	})
+}
+
+// consulServiceFile writes the definition of a gRPC service instance for `consul services
+// register` and returns its path.
+func consulServiceFile(t *testing.T, id, name, addr string, port int) string {
+	t.Helper()
+	dir := t.TempDir()
+	framework.WriteFile(t, dir, id+".json", fmt.Sprintf(`{
+  "service": {
+    "id": %q,
+    "name": %q,
+    "address": %q,
+    "port": %d,
+    "meta": {"protocol": "grpc"}
+  }
+}
+`, id, name, addr, port))
+	return filepath.Join(dir, id+".json")
 }
 
 // consulCLI returns a runner of the real consul binary against the agent at addr.

@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,46 +20,54 @@ import (
 
 	"sailplane.dev/e2e/framework"
 	"sailplane.dev/shared/grpctest"
+	"sailplane.dev/tools/testenv"
 )
 
 // TestTracing runs Sailplane with --tracing-endpoint pointing at an OTLP collector the test
 // serves, edits one config file, and checks that the edit's trace arrives whole: from the file
-// event to the gRPC xDS client's ACK, one tree. In the microservices topology the trace crosses
-// the bus between config-ingest and xds-server.
+// event to the gRPC xDS client's ACK, one tree; then the same for an instance registered in
+// Consul, from the query's answer. In the microservices topology the trace crosses the bus
+// between config-ingest (or endpoint-watcher) and xds-server.
 func TestTracing(t *testing.T) {
+	// The processes export spans every 100 ms instead of the SDK's 5 s: the test waits less.
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
 	for _, tc := range []struct {
 		name  string
-		start func(t *testing.T, dir, collector string) (xdsAddr string)
-		// services and workloadServices are the service.name of the processes the trace of a
-		// route change and of a WorkloadEntry change must cross, in order.
-		services, workloadServices []string
+		start func(t *testing.T, dir, collector, consul string) (xdsAddr string)
+		// services, workloadServices and consulServices are the service.name of the processes
+		// the trace of a route change, of a WorkloadEntry change and of a Consul instance's
+		// registration must cross, in order.
+		services, workloadServices, consulServices []string
 	}{
-		{"hyper", func(t *testing.T, dir, collector string) string {
+		{"hyper", func(t *testing.T, dir, collector, consul string) string {
 			xds := framework.FreeAddr(t)
-			framework.Start(t, dir, framework.Binary(t, "hyper"), "--tracing-endpoint", collector,
+			framework.Start(t, dir, framework.Binary(t, "hyper"), "--tracing-endpoint", collector, "--consul", consul,
 				"--xds-listen", xds, "--bus-listen", framework.FreeAddr(t), "--xds-tls-listen", framework.FreeAddr(t))
 			return xds
-		}, []string{"hyper"}, []string{"hyper"}},
-		{"microservices", func(t *testing.T, dir, collector string) string {
+		}, []string{"hyper"}, []string{"hyper"}, []string{"hyper"}},
+		{"microservices", func(t *testing.T, dir, collector, consul string) string {
 			configBus, registryBus, xds := framework.FreeAddr(t), framework.FreeAddr(t), framework.FreeAddr(t)
 			framework.Start(t, dir, framework.Binary(t, "config-ingest"), "--tracing-endpoint", collector,
 				"--mesh-config", filepath.Join(dir, "etc/sailplane/mesh.yaml"), "--bus-listen", configBus)
-			framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"), "--tracing-endpoint", collector,
+			framework.Start(t, dir, framework.Binary(t, "endpoint-watcher"), "--tracing-endpoint", collector, "--consul", consul,
 				"--config-bus", configBus, "--bus-listen", registryBus)
 			framework.Start(t, dir, framework.Binary(t, "xds-server"), "--tracing-endpoint", collector,
 				"--config-bus", configBus, "--registry-bus", registryBus, "--xds-listen", xds)
 			return xds
-		}, []string{"config-ingest", "xds-server"}, []string{"config-ingest", "endpoint-watcher", "xds-server"}},
+		}, []string{"config-ingest", "xds-server"}, []string{"config-ingest", "endpoint-watcher", "xds-server"},
+			[]string{"endpoint-watcher", "xds-server"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			collector := startCollector(t)
+			consulAgent := testenv.ConsulForTest(t)
+			consul := consulCLI(t, consulAgent.Addr())
 			v1 := framework.StartEcho(t, "v1", "127.0.0.1:0")
 			v2 := framework.StartEcho(t, "v2", "127.0.0.1:0")
 			dir := t.TempDir()
 			framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", meshYAML)
 			framework.WriteFile(t, dir, "etc/sailplane/conf/echo/service.yaml", serviceYAML(v1, v2))
 			framework.WriteFile(t, dir, "etc/sailplane/conf/echo/traffic.yaml", trafficYAML(80, 20))
-			xdsAddr := tc.start(t, dir, "http://"+collector.addr)
+			xdsAddr := tc.start(t, dir, "http://"+collector.addr, consulAgent.Addr())
 			client := framework.XDSClient(t, xdsAddr, echoTarget)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
@@ -67,7 +77,7 @@ func TestTracing(t *testing.T) {
 				"xds.snapshot", "xds.proxy", "xds.queue", "xds.generate", "xds.send", "xds.ack"}
 			t.Run("route change", func(t *testing.T) {
 				framework.WriteFile(t, dir, "etc/sailplane/conf/echo/traffic.yaml", trafficYAML(0, 100))
-				tree := collector.waitTrace(t, "networking.istio.io/v1/VirtualService", want)
+				tree := collector.waitTrace(t, fileEdit("networking.istio.io/v1/VirtualService"), want)
 				checkCrossing(t, tree, tc.services)
 				if deliver, publish := find(tree, "bus.deliver"), find(tree, "bus.publish"); !bytes.Equal(deliver.ParentSpanId, publish.SpanId) {
 					t.Errorf("bus.deliver's parent is %x, want bus.publish %x", deliver.ParentSpanId, publish.SpanId)
@@ -77,17 +87,50 @@ func TestTracing(t *testing.T) {
 			t.Run("workload change", func(t *testing.T) {
 				// v2 (where the route sends everything) moves to v1's port.
 				framework.WriteFile(t, dir, "etc/sailplane/conf/echo/service.yaml", serviceYAML(v1, v1))
-				tree := collector.waitTrace(t, "networking.istio.io/v1/WorkloadEntry", want)
+				tree := collector.waitTrace(t, fileEdit("networking.istio.io/v1/WorkloadEntry"), want)
 				checkCrossing(t, tree, tc.workloadServices)
 				if s := find(tree, "xds.send"); s == nil || !hasAttr(s.Span, "sailplane.type", "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment") {
 					t.Errorf("the workload change's trace sends no endpoints")
 				}
 			})
+			// A second instance of a Consul service (at a loopback address where nothing
+			// listens) reaches a client of that service as endpoints.
+			t.Run("consul instance registered", func(t *testing.T) {
+				_, port, err := net.SplitHostPort(v1.Addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p, _ := strconv.Atoi(port)
+				consul("services", "register", consulServiceFile(t, "echo-consul-1", "echo-consul", "127.0.0.1", p))
+				client := framework.XDSClient(t, xdsAddr, fmt.Sprintf("xds:///echo-consul.service.consul:%d", p))
+				framework.WaitServing(ctx, t, client)
+				consul("services", "register", consulServiceFile(t, "echo-consul-2", "echo-consul", "127.0.0.2", p))
+				want := []string{"endpoints.change", "endpoints.update", "bus.publish", "bus.deliver", "xds.debounce",
+					"xds.push", "xds.snapshot", "xds.proxy", "xds.queue", "xds.generate", "xds.send", "xds.ack"}
+				tree := collector.waitTrace(t, endpointsChange("consul", "echo-consul"), want)
+				checkCrossing(t, tree, tc.consulServices)
+			})
 		})
 	}
 }
 
-// checkCrossing checks that the trace's path from the file event to the ACK (from the xds.ack
+// fileEdit matches the trace of a file event that published typeURL.
+func fileEdit(typeURL string) func(spans []*span) bool {
+	return func(spans []*span) bool {
+		root := find(spans, "config.change")
+		return root != nil && hasAttr(root.Span, "sailplane.trigger", "file event") && publishes(spans, typeURL)
+	}
+}
+
+// endpointsChange matches the trace of a change of the named service that registry observed.
+func endpointsChange(registry, name string) func(spans []*span) bool {
+	return func(spans []*span) bool {
+		root := find(spans, "endpoints.change")
+		return root != nil && hasAttr(root.Span, "sailplane.registry", registry) && hasAttr(root.Span, "sailplane.name", name)
+	}
+}
+
+// checkCrossing checks that the trace's path from its root to the ACK (from the xds.ack
 // span up, parent by parent) crosses services, in order.
 func checkCrossing(t *testing.T, tree []*span, services []string) {
 	t.Helper()
@@ -156,20 +199,20 @@ func (c *collector) Export(_ context.Context, req *collectortrace.ExportTraceSer
 	return &collectortrace.ExportTraceServiceResponse{}, nil
 }
 
-// waitTrace waits for the trace of a file event publishing typeURL that holds a span of every
-// one of names, and is whole: every span but the root has its parent in the trace.
-func (c *collector) waitTrace(t *testing.T, typeURL string, names []string) []*span {
+// waitTrace waits for a trace that match accepts, holds a span of every one of names, and is
+// whole: every span but the root has its parent in the trace.
+func (c *collector) waitTrace(t *testing.T, match func(spans []*span) bool, names []string) []*span {
 	t.Helper()
 	var tree []*span
 	framework.Eventually(t, time.Minute, func() error {
 		var err error
-		tree, err = c.editTrace(typeURL, names)
+		tree, err = c.trace(match, names)
 		return err
 	})
 	return tree
 }
 
-func (c *collector) editTrace(typeURL string, names []string) ([]*span, error) {
+func (c *collector) trace(match func(spans []*span) bool, names []string) ([]*span, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	byTrace := map[string][]*span{}
@@ -179,8 +222,7 @@ func (c *collector) editTrace(typeURL string, names []string) ([]*span, error) {
 	}
 	var problems []string
 	for id, spans := range byTrace {
-		root := find(spans, "config.change")
-		if root == nil || !hasAttr(root.Span, "sailplane.trigger", "file event") || !publishes(spans, typeURL) {
+		if !match(spans) {
 			continue
 		}
 		var missing []string
@@ -208,7 +250,7 @@ func (c *collector) editTrace(typeURL string, names []string) ([]*span, error) {
 		}
 		problems = append(problems, fmt.Sprintf("trace %s: missing %v, parents not received of %v; has %v", id, missing, orphans, got))
 	}
-	return nil, fmt.Errorf("no whole trace of the edit yet (%d spans received): %s", len(c.spans), strings.Join(problems, "; "))
+	return nil, fmt.Errorf("no whole trace of the change yet (%d spans received): %s", len(c.spans), strings.Join(problems, "; "))
 }
 
 func hasAttr(s *tracepb.Span, key, value string) bool {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,6 +20,7 @@ import (
 	"sailplane.dev/services/endpoint-watcher/internal/bustest"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/telemetry/telemetrytest"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -68,8 +70,10 @@ func waitEndpoints(t *testing.T, rec *bustest.Recorder, name string, want *disco
 }
 
 // TestCrossRegistry: a ServiceEntry's workloadSelector selects Pods, and a Kubernetes
-// Service's selector selects WorkloadEntries, as in istiod.
+// Service's selector selects WorkloadEntries, as in istiod; what one registry's change brings
+// about in the other is published in that change's trace.
 func TestCrossRegistry(t *testing.T) {
+	exporter, tracer := telemetrytest.RecordSpans(t)
 	k := sharedKube(t)
 	cs := kubeClient(t, k.RestConfig())
 	ctx := context.Background()
@@ -154,11 +158,35 @@ spec: {address: `+addr+`, labels: {app: vm, security.istio.io/tlsMode: istio}, s
 	t.Run("pod readiness reaches the ServiceEntry", func(t *testing.T) {
 		setReady(corev1.ConditionFalse)
 		waitEndpoints(t, rec, seName, podEP(discoveryv1.Health_UNHEALTHY))
+		sc := rec.State(schema.Endpoints.TypeURL)[seName].Trace
+		var root sdktrace.ReadOnlySpan
+		for _, s := range exporter.GetSpans().Snapshots() {
+			if s.Name() == "endpoints.change" && s.SpanContext().TraceID() == sc.TraceID() {
+				root = s
+			}
+		}
+		if root == nil {
+			t.Fatalf("the ServiceEntry's endpoints carry trace %v, of no endpoints.change", sc)
+		}
+		got := map[string]string{}
+		for _, a := range root.Attributes() {
+			got[string(a.Key)] = a.Value.Emit()
+		}
+		if got["sailplane.kind"] != "Pod" || got["sailplane.name"] != ns+"/legacy-1" || got["sailplane.event"] != "update" {
+			t.Errorf("the ServiceEntry's endpoints carry the trace of %v, want the Pod's update", got)
+		}
 	})
 	t.Run("new WorkloadEntry reaches the Service", func(t *testing.T) {
-		src.send(t, we("vm-2", "198.18.6.2"))
+		_, change := tracer.Start(context.Background(), "bus.deliver")
+		defer change.End()
+		c := we("vm-2", "198.18.6.2")
+		c.Trace = change.SpanContext()
+		src.send(t, c)
 		waitEndpoints(t, rec, ns+"/"+svcHost, &discoveryv1.Endpoints{Hostname: svcHost, Namespace: ns,
 			Endpoints: []*discoveryv1.Endpoint{weEP("vm-1", "198.18.6.1"), weEP("vm-2", "198.18.6.2")}})
+		if sc := rec.State(schema.Endpoints.TypeURL)[ns+"/"+svcHost].Trace; !sc.Equal(change.SpanContext()) {
+			t.Errorf("the Service's endpoints carry trace %v, want the WorkloadEntry change's %v", sc, change.SpanContext())
+		}
 	})
 	t.Run("removed WorkloadEntry leaves the Service", func(t *testing.T) {
 		src.send(t, bus.Change{TypeURL: schema.WorkloadEntry.TypeURL, Removed: []string{ns + "/vm-1"}})

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"k8s.io/client-go/rest"
 
+	"sailplane.dev/services/endpoint-watcher/internal/changetrace"
 	"sailplane.dev/services/endpoint-watcher/internal/consul"
 	"sailplane.dev/services/endpoint-watcher/internal/kube"
 	"sailplane.dev/services/endpoint-watcher/internal/serviceentry"
@@ -175,26 +176,24 @@ type seWorkloads struct{ w *Watcher }
 
 var _ kube.WorkloadSink = seWorkloads{}
 
-func (s seWorkloads) SetWorkload(wl serviceentry.Workload) {
+func (s seWorkloads) SetWorkload(ctx context.Context, wl serviceentry.Workload) {
 	s.w.index.SetWorkload(wl)
-	s.w.flushServiceEntries()
+	s.w.flushServiceEntries(ctx)
 }
 
-func (s seWorkloads) DeleteWorkload(clusterID, namespace, name string) {
+func (s seWorkloads) DeleteWorkload(ctx context.Context, clusterID, namespace, name string) {
 	s.w.index.DeleteWorkload(clusterID, namespace, name)
-	s.w.flushServiceEntries()
+	s.w.flushServiceEntries(ctx)
 }
 
 // flushServiceEntries publishes the ServiceEntry index's pending changes, once its first full
-// state is out: before, changes only accumulate.
-func (w *Watcher) flushServiceEntries() { w.flushServiceEntriesIn(context.Background()) }
-
-// flushServiceEntriesIn is flushServiceEntries publishing in the trace of ctx's span, if any.
-func (w *Watcher) flushServiceEntriesIn(ctx context.Context) {
+// state is out (before, changes only accumulate), in the trace of ctx: of the Pod event or the
+// delivered change that caused them (changetrace.Publisher).
+func (w *Watcher) flushServiceEntries(ctx context.Context) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.synced {
-		w.index.Flush(bus.TracedPublisher(ctx, w.pub))
+		w.index.Flush(changetrace.Publisher(ctx, w.pub))
 	}
 }
 
@@ -302,7 +301,8 @@ func (h *handler) Apply(c bus.Change) error {
 	// Before the first full state, changes only accumulate: publishing half a registry would
 	// let consumers see services without their endpoints or vice versa. What the change
 	// brings about continues its trace.
-	w.flushServiceEntriesIn(trace.ContextWithSpanContext(context.Background(), c.Trace))
+	ctx := trace.ContextWithSpanContext(context.Background(), c.Trace)
+	w.flushServiceEntries(ctx)
 	if isWE && w.kube != nil {
 		// Kubernetes Services select WorkloadEntries too.
 		namespaces := map[string]bool{}
@@ -314,7 +314,7 @@ func (h *handler) Apply(c bus.Change) error {
 			ns, _ := schema.SplitName(name)
 			namespaces[ns] = true
 		}
-		w.kube.WorkloadEntriesChanged(slices.Collect(maps.Keys(namespaces))...)
+		w.kube.WorkloadEntriesChanged(ctx, slices.Collect(maps.Keys(namespaces))...)
 	}
 	return nil
 }

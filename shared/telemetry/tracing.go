@@ -19,10 +19,25 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/version"
 )
+
+// offProvider is the global tracer provider before any is installed: tracing off.
+var offProvider = otel.GetTracerProvider()
+
+// TracesOn reports whether spans can be recorded: a tracer provider other than OpenTelemetry's
+// default or a no-op one is installed (by Add, or by a test). Code that starts a trace of its
+// own on a hot path checks it first: starting even a no-op span allocates.
+func TracesOn() bool {
+	tp := otel.GetTracerProvider()
+	if _, isNoop := tp.(noop.TracerProvider); isNoop {
+		return false
+	}
+	return tp != offProvider
+}
 
 // ErrTracing reports a tracing setting that cannot be used.
 var ErrTracing = errors.New("telemetry: tracing")

@@ -1,8 +1,13 @@
 package telemetry
 
 import (
+	"context"
 	"errors"
 	"testing"
+
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 func TestTracingEnabled(t *testing.T) {
@@ -31,5 +36,26 @@ func TestTracingEnabled(t *testing.T) {
 				t.Errorf("enabled %v, err %v; want %v, %v", got, err, tc.want, tc.err)
 			}
 		})
+	}
+}
+
+// TestTracesOn: off with OpenTelemetry's default provider and a no-op one, on with an SDK's,
+// and asking allocates nothing.
+func TestTracesOn(t *testing.T) {
+	if TracesOn() {
+		t.Fatal("on with the default provider")
+	}
+	if n := testing.AllocsPerRun(100, func() { TracesOn() }); n != 0 {
+		t.Errorf("%v allocations per call, want 0", n)
+	}
+	tp := sdktrace.NewTracerProvider()
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	otel.SetTracerProvider(tp)
+	if !TracesOn() {
+		t.Error("off with an SDK provider")
+	}
+	otel.SetTracerProvider(noop.NewTracerProvider())
+	if TracesOn() {
+		t.Error("on with a no-op provider")
 	}
 }

@@ -69,4 +69,7 @@ func TestSharedFlagSetsEveryService(t *testing.T) {
 	}
 }
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// klog (client-go's, in the Kubernetes tests) starts its flush daemon in init: process-global.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"))
+}

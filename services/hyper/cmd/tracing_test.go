@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	configingest "sailplane.dev/services/config-ingest"
+	endpointwatcher "sailplane.dev/services/endpoint-watcher"
 	xdsserver "sailplane.dev/services/xds-server"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/component"
@@ -38,51 +40,14 @@ const waitFor = time.Minute
 // trace's span tree: one trace from the file event to the ACK.
 func TestTracingInProcess(t *testing.T) {
 	exporter, _ := telemetrytest.RecordSpans(t)
-	log := testlog.New(t, slog.LevelInfo)
-
 	backend := grpctest.HealthBackend(t)
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "echo.yaml"), virtualService(5))
-
-	// The wiring of hyper's main: one store, the in-process bus.
-	store := bus.NewStore(bus.WithLogger(log))
-	local := bus.Local(store)
+	store, _, addr := startInProcess(t, dir, nil)
 	publishRegistry(t, store, backend.Port)
-	ingest, err := configingest.New(configingest.Config{ConfigDirs: []string{dir}, Debounce: 20 * time.Millisecond},
-		configingest.Deps{Logger: log.With("component", "config-ingest"), Publisher: store})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store.SyncAfter(ingest.Ready(), configingest.PublishedTypes()...)
-	xdsSrv, err := xdsserver.New(xdsserver.Config{Debounce: 20 * time.Millisecond},
-		xdsserver.Deps{Logger: log.With("component", "xds-server"), Config: local, Registry: local})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m component.Manager
-	m.Add("config-ingest", ingest)
-	m.Add("xds-server", component.Func(func(ctx context.Context) error { return xdsSrv.Serve(ctx, lis) }))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
-	select {
-	case <-xdsSrv.Ready():
-	case <-time.After(waitFor):
-		t.Fatal("xds-server not ready")
-	}
 
 	// A real gRPC xDS client, connected (listener, route, cluster, endpoints ACKed).
-	client := dialXDS(t, lis.Addr(), "xds:///echo.demo.svc.cluster.local:7070")
+	client := dialXDS(t, addr, "xds:///echo.demo.svc.cluster.local:7070")
 	client.Connect()
 	testwait.Until(t, waitFor, "the xDS client to connect", func() bool {
 		return client.GetState() == connectivity.Ready
@@ -111,14 +76,7 @@ func TestTracingInProcess(t *testing.T) {
 	if got := attr(root, "sailplane.trigger"); got != "file event" {
 		t.Errorf("config.change trigger %q, want file event", got)
 	}
-	want := []string{"config.change", "bus.publish", "bus.deliver", "xds.debounce", "xds.push"}
-	var chain []string
-	for s := push; s != nil; s = parentOf(spans, s) {
-		chain = append([]string{s.Name()}, chain...)
-	}
-	if strings.Join(chain, " > ") != strings.Join(want, " > ") {
-		t.Errorf("path to the push: %s, want %s", strings.Join(chain, " > "), strings.Join(want, " > "))
-	}
+	checkPath(t, spans, push, "config.change", "bus.publish", "bus.deliver", "xds.debounce", "xds.push")
 	if len(childrenOf(spans, root, "config.scan")) != 1 {
 		t.Errorf("config.change has no config.scan child (reading and validating)")
 	}
@@ -164,6 +122,58 @@ func TestTracingInProcess(t *testing.T) {
 	if got := attr(push, "sailplane.acked"); got != "1" {
 		t.Errorf("xds.push: %s proxies acked, want 1", got)
 	}
+}
+
+// startInProcess runs hyper's in-process wiring until the test ends: config-ingest of dir,
+// the endpoint-watcher of watcher when it is set, and xds-server, on one store as in hyper's
+// main. It returns the store, the xds-server, ready, and its plaintext xDS listener's address.
+func startInProcess(t *testing.T, dir string, watcher *endpointwatcher.Config) (*bus.Store, *xdsserver.Server, net.Addr) {
+	t.Helper()
+	log := testlog.New(t, slog.LevelInfo)
+	store := bus.NewStore(bus.WithLogger(log))
+	local := func(consumer string) bus.Source { return bus.Local(store, bus.WithLocalConsumer(consumer)) }
+	var m component.Manager
+	ingest, err := configingest.New(configingest.Config{ConfigDirs: []string{dir}, Debounce: 20 * time.Millisecond},
+		configingest.Deps{Logger: log.With("component", "config-ingest"), Publisher: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.SyncAfter(ingest.Ready(), configingest.PublishedTypes()...)
+	m.Add("config-ingest", ingest)
+	if watcher != nil {
+		w, err := endpointwatcher.New(*watcher, endpointwatcher.Deps{Logger: log.With("component", "endpoint-watcher"),
+			Config: local("endpoint-watcher"), Publisher: store})
+		if err != nil {
+			t.Fatal(err)
+		}
+		store.SyncAfter(w.Ready(), endpointwatcher.PublishedTypes()...)
+		m.Add("endpoint-watcher", w)
+	}
+	srv, err := xdsserver.New(xdsserver.Config{Debounce: 20 * time.Millisecond},
+		xdsserver.Deps{Logger: log.With("component", "xds-server"), Config: local("xds-server"), Registry: local("xds-server")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Add("xds-server", component.Func(func(ctx context.Context) error { return srv.Serve(ctx, lis) }))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	select {
+	case <-srv.Ready():
+	case <-time.After(waitFor):
+		t.Fatal("xds-server not ready")
+	}
+	return store, srv, lis.Addr()
 }
 
 func publishRegistry(t *testing.T, store *bus.Store, port int) {
@@ -222,6 +232,18 @@ func dialXDS(t *testing.T, server net.Addr, target string) *grpc.ClientConn {
 }
 
 // Span tree helpers.
+
+// checkPath checks the path from the root of s's trace down to s, span names in order.
+func checkPath(t *testing.T, spans []sdktrace.ReadOnlySpan, s sdktrace.ReadOnlySpan, want ...string) {
+	t.Helper()
+	var path []string
+	for ; s != nil; s = parentOf(spans, s) {
+		path = append([]string{s.Name()}, path...)
+	}
+	if !slices.Equal(path, want) {
+		t.Errorf("path to %s: %s, want %s", want[len(want)-1], strings.Join(path, " > "), strings.Join(want, " > "))
+	}
+}
 
 func inTrace(spans []sdktrace.ReadOnlySpan, id trace.TraceID) []sdktrace.ReadOnlySpan {
 	var out []sdktrace.ReadOnlySpan

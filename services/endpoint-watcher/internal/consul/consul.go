@@ -34,6 +34,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/endpoint-watcher/internal/changetrace"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
 )
@@ -195,6 +196,7 @@ type instances struct {
 	name    string
 	w       *serviceWatch
 	entries []*api.ServiceEntry
+	at      time.Time // when Consul answered
 }
 
 type published struct {
@@ -227,12 +229,12 @@ func (s *Source) Run(ctx context.Context) error {
 
 	// All publishing happens on this goroutine, so a watch being stopped cannot publish
 	// after its service was deleted: its late results are dropped below.
-	lists := make(chan map[string][]string)
+	lists := make(chan serviceList)
 	updates := make(chan instances)
 	wg.Go(func() {
 		watch(ctx, s, serviceListQuery, false, func(q *api.QueryOptions) (map[string][]string, *api.QueryMeta, error) {
 			return s.client.Catalog().Services(q)
-		}, func(v map[string][]string) bool { return send(ctx, lists, v) })
+		}, func(v map[string][]string) bool { return send(ctx, lists, serviceList{v, time.Now()}) })
 	})
 
 	watches := map[string]*serviceWatch{}
@@ -242,7 +244,9 @@ func (s *Source) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case names := <-lists:
+		case l := <-lists:
+			names := l.names
+			ectx, end := s.event(l.at, serviceListQuery, "")
 			for name, w := range watches {
 				if _, ok := names[name]; ok {
 					continue
@@ -252,8 +256,9 @@ func (s *Source) Run(ctx context.Context) error {
 				if !w.synced {
 					pending--
 				}
-				s.publish(name, nil, nil, state)
+				s.publish(ectx, name, nil, nil, state)
 			}
+			end()
 			for name := range names {
 				if watches[name] != nil {
 					continue
@@ -266,7 +271,7 @@ func (s *Source) Run(ctx context.Context) error {
 					watch(wctx, s, "service "+name, true, func(q *api.QueryOptions) ([]*api.ServiceEntry, *api.QueryMeta, error) {
 						return s.client.Health().Service(name, "", false, q)
 					}, func(v []*api.ServiceEntry) bool {
-						return send(wctx, updates, instances{name: name, w: w, entries: v})
+						return send(wctx, updates, instances{name: name, w: w, entries: v, at: time.Now()})
 					})
 				})
 			}
@@ -280,7 +285,9 @@ func (s *Source) Run(ctx context.Context) error {
 				pending--
 			}
 			svc, eps := translate(&s.cfg, u.name, u.entries)
-			s.publish(u.name, svc, eps, state)
+			ectx, end := s.event(u.at, "service", u.name)
+			s.publish(ectx, u.name, svc, eps, state)
+			end()
 		}
 		if listSynced && pending == 0 {
 			s.readyOnce.Do(func() {
@@ -291,9 +298,24 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 }
 
+// serviceList is an answer of the service list's query.
+type serviceList struct {
+	names map[string][]string
+	at    time.Time // when Consul answered
+}
+
+// event starts the handling of a query's answer at: what it publishes is its trace (see
+// changetrace).
+func (s *Source) event(at time.Time, kind, name string) (context.Context, func()) {
+	return changetrace.Start(context.Background(), changetrace.Event{
+		At: at, Registry: Registry, Kind: kind, Name: name, Cluster: s.cfg.ClusterID})
+}
+
 // publish makes the bus hold svc and eps for the Consul service name (deleting both when nil),
-// sending only the resources that differ from what was last published.
-func (s *Source) publish(name string, svc *discoveryv1.Service, eps *discoveryv1.Endpoints, state map[string]*published) {
+// sending only the resources that differ from what was last published, in the trace of ctx's
+// answer.
+func (s *Source) publish(ctx context.Context, name string, svc *discoveryv1.Service, eps *discoveryv1.Endpoints, state map[string]*published) {
+	pub := changetrace.Publisher(ctx, s.pub)
 	old := state[name]
 	if svc == nil {
 		if old == nil {
@@ -301,8 +323,8 @@ func (s *Source) publish(name string, svc *discoveryv1.Service, eps *discoveryv1
 		}
 		delete(state, name)
 		n := s.resourceName(old.svc.GetHostname())
-		s.pub.Delete(schema.Endpoints.TypeURL, n)
-		s.pub.Delete(schema.Service.TypeURL, n)
+		pub.Delete(schema.Endpoints.TypeURL, n)
+		pub.Delete(schema.Service.TypeURL, n)
 		s.log.Debug("deleted service", "name", n)
 		return
 	}
@@ -312,10 +334,10 @@ func (s *Source) publish(name string, svc *discoveryv1.Service, eps *discoveryv1
 	n := s.resourceName(svc.GetHostname())
 	// The Service goes first so that consumers never see endpoints of an unknown host.
 	if !proto.Equal(old.svc, svc) {
-		s.pub.Upsert(schema.Service.TypeURL, &bus.Resource{Name: n, Body: svc})
+		pub.Upsert(schema.Service.TypeURL, &bus.Resource{Name: n, Body: svc})
 	}
 	if !proto.Equal(old.eps, eps) {
-		s.pub.Upsert(schema.Endpoints.TypeURL, &bus.Resource{Name: n, Body: eps})
+		pub.Upsert(schema.Endpoints.TypeURL, &bus.Resource{Name: n, Body: eps})
 		s.log.Debug("published endpoints", "name", n, "endpoints", len(eps.GetEndpoints()))
 	}
 	state[name] = &published{svc: svc, eps: eps}

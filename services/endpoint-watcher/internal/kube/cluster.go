@@ -134,9 +134,9 @@ func (c *Controller) newCaches(cl *cluster) (*caches, error) {
 			DeleteFunc: func(o any) { c.onSlice(cl, g, untomb(o), nil) },
 		})},
 		{podInf.Informer(), c.events.Counted("Pods", cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { c.onPod(cl, g, o, false) },
-			UpdateFunc: func(_, n any) { c.onPod(cl, g, n, false) },
-			DeleteFunc: func(o any) { c.onPod(cl, g, untomb(o), true) },
+			AddFunc:    func(o any) { c.onPod(cl, g, nil, o) },
+			UpdateFunc: func(o, n any) { c.onPod(cl, g, o, n) },
+			DeleteFunc: func(o any) { c.onPod(cl, g, untomb(o), nil) },
 		})},
 		{nodeInf.Informer(), c.events.Counted("Nodes", cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { c.onNode(cl, g, nil, o) },

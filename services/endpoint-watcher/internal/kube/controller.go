@@ -16,11 +16,13 @@ import (
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/endpoint-watcher/internal/changetrace"
 	"sailplane.dev/services/endpoint-watcher/internal/serviceentry"
 	"sailplane.dev/shared/bus"
 	sharedkube "sailplane.dev/shared/kube"
@@ -53,16 +55,14 @@ type WorkloadEntrySelector interface {
 	SelectWorkloadEntries(namespace string, selector map[string]string) []serviceentry.Workload
 }
 
-// WorkloadSink receives every Pod, so that ServiceEntry workloadSelectors can select them.
+// WorkloadSink receives every Pod, so that ServiceEntry workloadSelectors can select them. What
+// it publishes belongs to the trace of ctx's event (changetrace.Publisher).
 type WorkloadSink interface {
-	SetWorkload(serviceentry.Workload)
-	DeleteWorkload(clusterID, namespace, name string)
+	SetWorkload(ctx context.Context, w serviceentry.Workload)
+	DeleteWorkload(ctx context.Context, clusterID, namespace, name string)
 }
 
-var (
-	_ WorkloadEntrySelector = (*serviceentry.Index)(nil)
-	_ WorkloadSink          = (*serviceentry.Index)(nil)
-)
+var _ WorkloadEntrySelector = (*serviceentry.Index)(nil)
 
 // Deps are the Controller's collaborators.
 type Deps struct {
@@ -198,7 +198,7 @@ wait:
 			c.markCluster(cl)
 		}
 	}
-	c.flush()
+	c.flush(context.Background())
 	c.mu.Unlock()
 	close(c.ready)
 	c.log.Info("published initial Kubernetes registry", "clusters", len(remotes)+1)
@@ -227,12 +227,13 @@ func (c *Controller) clusterSynced(cl *cluster) {
 	}
 	c.log.Info("cluster synced", "cluster", cl.id)
 	c.markCluster(cl)
-	c.flush()
+	c.flush(context.Background())
 }
 
 // WorkloadEntriesChanged tells the controller that WorkloadEntries of these namespaces
-// changed, so that Services selecting them are recomputed.
-func (c *Controller) WorkloadEntriesChanged(namespaces ...string) {
+// changed, so that Services selecting them are recomputed; what it publishes continues the
+// trace of ctx's span.
+func (c *Controller) WorkloadEntriesChanged(ctx context.Context, namespaces ...string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.synced {
@@ -251,7 +252,7 @@ func (c *Controller) WorkloadEntriesChanged(namespaces ...string) {
 			}
 		}
 	}
-	c.flush()
+	c.flush(ctx)
 }
 
 // markCluster marks every Service of cl; c.mu held.
@@ -268,7 +269,7 @@ func (c *Controller) markCaches(g *caches) {
 // markAndFlush marks keys and publishes, once the first full state is out, cl is synced and g
 // is its caches in use (until then, the cluster's sync, or resync, marks all its Services at
 // once).
-func (c *Controller) markAndFlush(cl *cluster, g *caches, keys ...svcKey) {
+func (c *Controller) markAndFlush(ctx context.Context, cl *cluster, g *caches, keys ...svcKey) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.synced || !cl.synced || cl.cur != g {
@@ -277,27 +278,47 @@ func (c *Controller) markAndFlush(cl *cluster, g *caches, keys ...svcKey) {
 	for _, k := range keys {
 		c.dirty[k] = struct{}{}
 	}
-	c.flush()
+	c.flush(ctx)
+}
+
+// event starts the handling of a watch event of cl: old is nil for an add, cur for a delete.
+// What it publishes is the event's trace (see changetrace).
+func (c *Controller) event(cl *cluster, kind string, old, cur any) (context.Context, func()) {
+	e := changetrace.Event{At: time.Now(), Registry: Registry, Kind: kind, Op: "update", Cluster: cl.id}
+	switch {
+	case old == nil:
+		e.Op = "add"
+	case cur == nil:
+		e.Op = "delete"
+	}
+	if m, ok := cmp.Or(cur, old).(metav1.Object); ok {
+		e.Namespace, e.Name = m.GetNamespace(), m.GetName()
+	}
+	return changetrace.Start(context.Background(), e)
 }
 
 func (c *Controller) onService(cl *cluster, g *caches, old, cur any) {
+	ctx, end := c.event(cl, "Service", old, cur)
+	defer end()
 	var keys []svcKey
 	for _, o := range []any{old, cur} {
 		if s, ok := o.(*corev1.Service); ok {
 			keys = append(keys, svcKey{s.Namespace, s.Name})
 		}
 	}
-	c.markAndFlush(cl, g, keys...)
+	c.markAndFlush(ctx, cl, g, keys...)
 }
 
 func (c *Controller) onSlice(cl *cluster, g *caches, old, cur any) {
+	ctx, end := c.event(cl, "EndpointSlice", old, cur)
+	defer end()
 	var keys []svcKey
 	for _, o := range []any{old, cur} {
 		if s, ok := o.(*discovery.EndpointSlice); ok && s.Labels[discovery.LabelServiceName] != "" {
 			keys = append(keys, svcKey{s.Namespace, s.Labels[discovery.LabelServiceName]})
 		}
 	}
-	c.markAndFlush(cl, g, keys...)
+	c.markAndFlush(ctx, cl, g, keys...)
 }
 
 // slicesServices lists the Services of the EndpointSlices found under index keys.
@@ -314,34 +335,36 @@ func (g *caches) slicesServices(index string, keys ...string) []svcKey {
 	return out
 }
 
-func (c *Controller) onPod(cl *cluster, g *caches, obj any, deleted bool) {
-	p, ok := obj.(*corev1.Pod)
+func (c *Controller) onPod(cl *cluster, g *caches, old, cur any) {
+	p, ok := cmp.Or(cur, old).(*corev1.Pod)
 	if !ok {
 		return
 	}
-	c.sendPod(cl, g, p, deleted)
-	c.markAndFlush(cl, g, g.slicesServices(byPod, p.Namespace+"/"+p.Name)...)
+	ctx, end := c.event(cl, "Pod", old, cur)
+	defer end()
+	c.sendPod(ctx, cl, g, p, cur == nil)
+	c.markAndFlush(ctx, cl, g, g.slicesServices(byPod, p.Namespace+"/"+p.Name)...)
 }
 
 // sendPod hands a Pod to the ServiceEntry registry, outside c.mu: the sink publishes itself.
 // Both generations of caches send their Pods during a resync, until it retires the old one.
-func (c *Controller) sendPod(cl *cluster, g *caches, p *corev1.Pod, deleted bool) {
+func (c *Controller) sendPod(ctx context.Context, cl *cluster, g *caches, p *corev1.Pod, deleted bool) {
 	if c.sink == nil {
 		return
 	}
 	cl.podMu.Lock()
 	defer cl.podMu.Unlock()
 	if !g.retired {
-		c.sendPodLocked(cl, g, p, deleted)
+		c.sendPodLocked(ctx, cl, g, p, deleted)
 	}
 }
 
 // sendPodLocked is sendPod with cl.podMu held.
-func (c *Controller) sendPodLocked(cl *cluster, g *caches, p *corev1.Pod, deleted bool) {
+func (c *Controller) sendPodLocked(ctx context.Context, cl *cluster, g *caches, p *corev1.Pod, deleted bool) {
 	key := p.Namespace + "/" + p.Name
 	if deleted || p.Status.PodIP == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 		delete(cl.sent, key)
-		c.sink.DeleteWorkload(cl.id, p.Namespace, p.Name)
+		c.sink.DeleteWorkload(ctx, cl.id, p.Namespace, p.Name)
 		return
 	}
 	cl.sent[key] = struct{}{}
@@ -357,7 +380,7 @@ func (c *Controller) sendPodLocked(cl *cluster, g *caches, p *corev1.Pod, delete
 		n, _ := g.nodes.Get(p.Spec.NodeName)
 		w.Locality = nodeLocality(n)
 	}
-	c.sink.SetWorkload(w)
+	c.sink.SetWorkload(ctx, w)
 }
 
 func (c *Controller) onNode(cl *cluster, g *caches, old, cur any) {
@@ -367,16 +390,18 @@ func (c *Controller) onNode(cl *cluster, g *caches, old, cur any) {
 	if o != nil && n != nil && proto.Equal(nodeLocality(o), nodeLocality(n)) {
 		return
 	}
+	ctx, end := c.event(cl, "Node", old, cur)
+	defer end()
 	name := cmp.Or(n, o).Name
 	keys := g.slicesServices(byNode, name)
 	pods, _ := g.podIdx.ByIndex(byNode, name)
 	for _, obj := range pods {
 		if p, ok := obj.(*corev1.Pod); ok {
-			c.sendPod(cl, g, p, false)
+			c.sendPod(ctx, cl, g, p, false)
 			keys = append(keys, g.slicesServices(byPod, p.Namespace+"/"+p.Name)...)
 		}
 	}
-	c.markAndFlush(cl, g, keys...)
+	c.markAndFlush(ctx, cl, g, keys...)
 }
 
 // syncSecret starts, restarts (kubeconfig changed) and stops the remote clusters of one Secret,
@@ -456,7 +481,7 @@ func (c *Controller) removeCluster(cl *cluster) {
 	}
 	if c.synced && cl.synced {
 		c.markCluster(cl)
-		c.flush()
+		c.flush(context.Background())
 	}
 }
 
@@ -469,7 +494,7 @@ func (c *Controller) forgetPods(cl *cluster) {
 	defer cl.podMu.Unlock()
 	for key := range cl.sent {
 		ns, name, _ := cache.SplitMetaNamespaceKey(key)
-		c.sink.DeleteWorkload(cl.id, ns, name)
+		c.sink.DeleteWorkload(context.Background(), cl.id, ns, name)
 	}
 	clear(cl.sent)
 }
@@ -496,7 +521,7 @@ func (c *Controller) resync(ctx, until context.Context, cl *cluster) error {
 	if c.synced && c.clusters[cl.id] == cl {
 		c.markCaches(old)
 		c.markCaches(g)
-		c.flush()
+		c.flush(context.Background())
 	}
 	c.mu.Unlock()
 	c.reconcilePods(cl, old, g)
@@ -533,10 +558,10 @@ func (c *Controller) reconcilePods(cl *cluster, old, g *caches) {
 	for key := range cl.sent {
 		ns, name, _ := cache.SplitMetaNamespaceKey(key)
 		if p, err := g.pods.Pods(ns).Get(name); err == nil {
-			c.sendPodLocked(cl, g, p, false)
+			c.sendPodLocked(context.Background(), cl, g, p, false)
 		} else {
 			delete(cl.sent, key)
-			c.sink.DeleteWorkload(cl.id, ns, name)
+			c.sink.DeleteWorkload(context.Background(), cl.id, ns, name)
 		}
 	}
 }
@@ -592,8 +617,9 @@ func boolInt(b bool) int {
 }
 
 // flush recomputes the dirty Services and publishes what changed: at most one Upsert and one
-// Delete per type, Services before Endpoints; c.mu held.
-func (c *Controller) flush() {
+// Delete per type, Services before Endpoints, in the trace of ctx (changetrace.Publisher); c.mu
+// held.
+func (c *Controller) flush(ctx context.Context) {
 	if len(c.dirty) == 0 {
 		return
 	}
@@ -627,17 +653,18 @@ func (c *Controller) flush() {
 			upEps = append(upEps, &bus.Resource{Name: name, Body: eps})
 		}
 	}
+	pub := changetrace.Publisher(ctx, c.pub)
 	if len(upSvc) > 0 {
-		c.pub.Upsert(schema.Service.TypeURL, upSvc...)
+		pub.Upsert(schema.Service.TypeURL, upSvc...)
 	}
 	if len(delSvc) > 0 {
-		c.pub.Delete(schema.Service.TypeURL, delSvc...)
+		pub.Delete(schema.Service.TypeURL, delSvc...)
 	}
 	if len(upEps) > 0 {
-		c.pub.Upsert(schema.Endpoints.TypeURL, upEps...)
+		pub.Upsert(schema.Endpoints.TypeURL, upEps...)
 	}
 	if len(delEps) > 0 {
-		c.pub.Delete(schema.Endpoints.TypeURL, delEps...)
+		pub.Delete(schema.Endpoints.TypeURL, delEps...)
 	}
 }
 

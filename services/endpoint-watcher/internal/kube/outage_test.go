@@ -2,6 +2,7 @@ package kube
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -155,13 +156,13 @@ type workloads struct {
 	m  map[string]serviceentry.Workload // by cluster/namespace/name
 }
 
-func (w *workloads) SetWorkload(x serviceentry.Workload) {
+func (w *workloads) SetWorkload(_ context.Context, x serviceentry.Workload) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.m[x.ClusterID+"/"+x.Namespace+"/"+x.Name] = x
 }
 
-func (w *workloads) DeleteWorkload(cluster, ns, name string) {
+func (w *workloads) DeleteWorkload(_ context.Context, cluster, ns, name string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.m, cluster+"/"+ns+"/"+name)
