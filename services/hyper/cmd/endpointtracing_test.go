@@ -51,8 +51,8 @@ func TestTracingKubernetesEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The API server refuses loopback addresses: the endpoints are in the benchmarking range
-	// (outside the e2e test hosts' 198.18.0.0/24), never reached; the client only needs to
-	// receive and ACK them.
+	// (outside the e2e test hosts' 198.18.0.0/24); the client only needs to receive and ACK
+	// them, and its dialer (loopbackOnly) never sends them a packet.
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Name: "echo-1", Namespace: "demo", Labels: map[string]string{discoveryv1.LabelServiceName: "echo"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
