@@ -17,6 +17,9 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.PushConcurrency, "push-concurrency", 16, "proxies pushed at once")
 	fs.DurationVar(&c.MaxConnectionAge, "max-connection-age", 30*time.Minute,
 		"close client connections after this age (±10%) so they spread over replicas; 0 = never")
+	fs.DurationVar(&c.NackBackoff, "xds-nack-backoff", time.Second,
+		"hold back a type from a proxy that rejected it twice in a row this long, doubling with each further rejection")
+	fs.DurationVar(&c.MaxNackBackoff, "xds-max-nack-backoff", 30*time.Second, "longest --xds-nack-backoff hold")
 	c.Overload.AddFlags(fs)
 	cli.NamespaceVar(fs, &c.Namespace)
 	cli.PodNameVar(fs, &c.PodName, "this replica's name: its identity in the status Lease and, in xds-server, in proxy status (default: $POD_NAME, else the host name)")
