@@ -31,6 +31,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"sailplane.dev/shared/bufpool"
 	"sailplane.dev/shared/grpcserver"
 )
 
@@ -92,7 +93,7 @@ type Shared struct {
 	Retries, Refused atomic.Int64
 
 	codec   *requestCodec
-	buffers *dirtyPool
+	buffers *bufpool.Dirty
 }
 
 type clusterInfo struct{ name, eds string }
@@ -100,7 +101,7 @@ type clusterInfo struct{ name, eds string }
 // NewShared returns empty shared state.
 func NewShared() *Shared {
 	return &Shared{seed: maphash.MakeSeed(), clusters: map[uint64]clusterInfo{}, lists: map[string][]string{},
-		listener: map[uint64][]string{}, codec: newRequestCodec(), buffers: &dirtyPool{}}
+		listener: map[uint64][]string{}, codec: newRequestCodec(), buffers: &bufpool.Dirty{}}
 }
 
 // Proxy is one simulated Envoy sidecar: it subscribes to CDS and LDS (wildcard), then to EDS
@@ -230,6 +231,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		// server wait for window updates in the middle of a response.
 		grpc.WithInitialWindowSize(16 << 20), grpc.WithInitialConnWindowSize(16 << 20),
 		grpc.WithReadBufferSize(256 << 10),
+		// Frames are read into buffers not cleared first: a tenth of the CPU at 10,000 sidecars.
 		experimental.WithBufferPool(p.shared.buffers),
 	}
 	if p.cfg.SourceIP != "" {

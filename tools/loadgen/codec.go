@@ -3,7 +3,6 @@ package loadgen
 import (
 	"bytes"
 	"fmt"
-	"math/bits"
 	"slices"
 	"sync"
 
@@ -262,34 +261,4 @@ func (c *cursor) take(n uint64) (segment, error) {
 		n -= k
 	}
 	return out, nil
-}
-
-// dirtyPool is a gRPC buffer pool (experimental.WithBufferPool) that does not clear the buffers
-// it hands out again, as gRPC's pools do: gRPC reads into them and uses only what it read.
-// Clearing every 16 KiB frame buffer was a tenth of the load generator's CPU at 10,000 sidecars.
-type dirtyPool struct {
-	tiers [25]sync.Pool // tier t holds buffers of capacity 1<<t
-}
-
-var _ mem.BufferPool = (*dirtyPool)(nil)
-
-func (p *dirtyPool) Get(size int) *[]byte {
-	t := bits.Len(uint(max(size, 1) - 1))
-	if t < len(p.tiers) {
-		if b, ok := p.tiers[t].Get().(*[]byte); ok {
-			*b = (*b)[:size]
-			return b
-		}
-		b := make([]byte, size, 1<<t)
-		return &b
-	}
-	b := make([]byte, size)
-	return &b
-}
-
-func (p *dirtyPool) Put(b *[]byte) {
-	c := cap(*b)
-	if t := bits.Len(uint(max(c, 1) - 1)); t < len(p.tiers) && c == 1<<t {
-		p.tiers[t].Put(b)
-	}
 }

@@ -289,10 +289,12 @@ func newEntry(name, version, typeURL string, value []byte) *entry {
 // versionOf names a list of entries, for state-of-the-world version_info.
 func versionOf(es []*entry) string {
 	h := sha256.New()
+	// One buffer for every entry: a thousand EDS entries were three thousand allocations.
+	buf := make([]byte, 0, 256)
 	for _, e := range es {
-		h.Write([]byte(strconv.Itoa(len(e.name))))
-		h.Write([]byte(e.name))
-		h.Write([]byte(e.version))
+		buf = strconv.AppendInt(buf[:0], int64(len(e.name)), 10)
+		buf = append(append(buf, e.name...), e.version...)
+		h.Write(buf)
 	}
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }

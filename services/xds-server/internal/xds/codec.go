@@ -17,6 +17,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"sailplane.dev/shared/bufpool"
 )
 
 // Codec is the gRPC codec for the ADS server (grpc.ForceServerCodecV2). It encodes discovery
@@ -29,6 +31,10 @@ func Codec() encoding.CodecV2 { return adsCodec{} }
 
 type adsCodec struct{}
 
+// requestBuffers holds the buffers requests received in pieces are joined into (a state-of-the-
+// world EDS ACK repeats a thousand names: tens of KiB).
+var requestBuffers = &bufpool.Dirty{}
+
 var _ encoding.CodecV2 = adsCodec{}
 
 func (adsCodec) Name() string { return protocodec.Name }
@@ -40,7 +46,8 @@ func (adsCodec) Unmarshal(data mem.BufferSlice, v any) error {
 			return unmarshalRequest(data[0].ReadOnlyData(), false, req)
 		}
 		// A pooled copy, also borrowed: most requests repeat a known name list and keep nothing.
-		buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+		// The pool does not clear its buffers: the copy overwrites what is read.
+		buf := data.MaterializeToBuffer(requestBuffers)
 		defer buf.Free()
 		return unmarshalRequest(buf.ReadOnlyData(), false, req)
 	}
