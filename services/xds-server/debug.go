@@ -149,7 +149,13 @@ type adszClients struct {
 }
 
 // serveAdsz lists the connected proxies with their metadata and subscriptions (?proxyID= one).
+// With ?push=true it instead pushes the current state again to every proxy, even what they
+// hold unchanged, and answers as istiod does.
 func (s *Server) serveAdsz(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Get("push") != "" {
+		fmt.Fprintf(w, "Pushed to %d servers\n", s.xds.PushAll())
+		return
+	}
 	id := r.URL.Query().Get("proxyID")
 	out := adszClients{}
 	for _, ps := range s.xds.Proxies() {
@@ -323,34 +329,6 @@ func (s *Server) serveConfigz(w http.ResponseWriter, r *http.Request) {
 // serveMesh is the mesh config this server serves with, as istiod's /debug/mesh.
 func (s *Server) serveMesh(w http.ResponseWriter, r *http.Request) {
 	writeProto(w, r, s.servedSnapshot().Mesh)
-}
-
-// proxyPushStatus is istiod's push_status entry.
-type proxyPushStatus struct {
-	Proxy   string `json:"proxy,omitempty"`
-	Message string `json:"message,omitempty"`
-}
-
-// servePushStatus is istiod's push_status: problems found building the last snapshot, by
-// istiod's metric name, then key. Sailplane reports pilot_eds_no_instances: the EDS clusters of
-// services with no endpoint (key: the cluster name).
-func (s *Server) servePushStatus(w http.ResponseWriter, r *http.Request) {
-	noInstances := map[string]proxyPushStatus{}
-	snap := s.servedSnapshot()
-	for _, h := range snap.Hostnames() {
-		svc := snap.Services[h]
-		if len(svc.Endpoints) > 0 || svc.Spec.GetResolution() != discoveryv1.Resolution_STATIC {
-			continue
-		}
-		for _, p := range svc.Spec.GetPorts() {
-			noInstances[fmt.Sprintf("outbound|%d||%s", p.GetNumber(), h)] = proxyPushStatus{}
-		}
-	}
-	out := map[string]map[string]proxyPushStatus{}
-	if len(noInstances) > 0 {
-		out["pilot_eds_no_instances"] = noInstances
-	}
-	monitoring.WriteJSON(w, r, out)
 }
 
 // writeProto writes m as protobuf JSON, indented with ?pretty.

@@ -22,10 +22,11 @@ import (
 	"sailplane.dev/services/xds-server/internal/xds"
 )
 
-// generatorFor serves proxyless gRPC clients from grpcgen and Envoy from envoygen.
-func generatorFor(log *slog.Logger) func(*model.Proxy) xds.Generator {
+// generatorFor serves proxyless gRPC clients from grpcgen and Envoy from envoygen, which
+// reports the conflicts it resolves to problems.
+func generatorFor(log *slog.Logger, problems model.Problems) func(*model.Proxy) xds.Generator {
 	proxyless := newProxylessGenerator(log.With("component", "grpcgen"))
-	envoy := envoyGenerator{envoygen.New(log.With("component", "envoygen"))}
+	envoy := envoyGenerator{envoygen.New(log.With("component", "envoygen"), envoygen.WithProblems(problems))}
 	return func(p *model.Proxy) xds.Generator {
 		if p.IsProxyless() {
 			return proxyless

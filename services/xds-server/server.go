@@ -129,6 +129,8 @@ type Server struct {
 	jwks    *jwks.Resolver
 	// pushes are the recent pushes, for the status page.
 	pushes pushLog
+	// problems is the push status (/debug/push_status), which generation reports to.
+	problems *pushStatus
 	// conns are the client connections, admission the ADS streams (overload.go).
 	conns     *connTracker
 	admission *admission
@@ -181,11 +183,12 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, deps: deps, log: log,
-		store:   model.NewStore(),
-		bundles: newTrustBundles(),
-		ready:   make(chan struct{}),
-		conns:   newConnTracker(),
-		tracer:  xds.NewPushTracer(),
+		store:    model.NewStore(),
+		bundles:  newTrustBundles(),
+		ready:    make(chan struct{}),
+		conns:    newConnTracker(),
+		tracer:   xds.NewPushTracer(),
+		problems: newPushStatus(),
 	}
 	s.instance = rand.Text()
 	s.admission = newAdmission(cfg.Overload, log.With("component", "admission"), s.conns)
@@ -196,9 +199,12 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if s.admission.metrics, err = newOverloadMetrics(deps.MeterProvider, s.admission); err != nil {
 		return nil, err
 	}
+	if err := s.registerPushStatusGauges(deps.MeterProvider); err != nil {
+		return nil, err
+	}
 	s.xds = xds.NewServer(xds.Options{
 		Logger:          log.With("component", "ads"),
-		Generator:       generatorFor(log),
+		Generator:       generatorFor(log, s.problems),
 		PushConcurrency: cfg.PushConcurrency,
 		CacheAssert:     cfg.CacheAssert,
 		PeerIdentity:    grpcserver.PeerIdentity, // verified by s.authenticate

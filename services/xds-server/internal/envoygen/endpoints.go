@@ -53,6 +53,13 @@ func (b *builder) dnsLoadAssignment(name string, svc *model.Service, port *disco
 			LoadBalancingWeight: wrapperspb.UInt32(1),
 		}}
 	}
+	if len(cla.Endpoints) == 0 {
+		kind := "STRICT_DNS"
+		if svc.Spec.GetResolution() == discoveryv1.Resolution_DNS_ROUND_ROBIN {
+			kind = "LOGICAL_DNS"
+		}
+		b.report(model.MetricDNSClusterNoEndpoints, name, kind+" cluster without endpoints "+name+" found while pushing CDS")
+	}
 	if svc.Spec.GetResolution() == discoveryv1.Resolution_DNS_ROUND_ROBIN && len(cla.Endpoints) > 0 {
 		first := cla.Endpoints[0]
 		if len(cla.Endpoints) > 1 || len(first.LbEndpoints) > 1 {

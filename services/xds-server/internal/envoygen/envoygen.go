@@ -29,16 +29,30 @@ var ErrUnsupported = errors.New("unsupported by the Envoy generator")
 // Generator builds Envoy configuration. It holds no state between calls and is safe for
 // concurrent use.
 type Generator struct {
-	log *slog.Logger
+	log      *slog.Logger
+	problems model.Problems
 	indexCache
 }
 
+// Option configures a Generator.
+type Option func(*Generator)
+
+// WithProblems reports the conflicts generation resolves on its own (a domain two virtual
+// hosts want, two services on one listener, ...) to p, as istiod's push status does.
+func WithProblems(p model.Problems) Option {
+	return func(g *Generator) { g.problems = p }
+}
+
 // New returns a generator logging to log (nil discards).
-func New(log *slog.Logger) *Generator {
+func New(log *slog.Logger, opts ...Option) *Generator {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Generator{log: log}
+	g := &Generator{log: log}
+	for _, o := range opts {
+		o(g)
+	}
+	return g
 }
 
 // Resources are all the resources one proxy needs, each list sorted by name.
@@ -103,7 +117,9 @@ func (g *Generator) builder(snap *model.Snapshot, proxy *model.Proxy) (*builder,
 	if proxy.Type != model.SidecarProxy && proxy.Type != model.Router {
 		return nil, fmt.Errorf("%w: proxy type %q", ErrUnsupported, proxy.Type)
 	}
-	return newBuilder(snap, proxy, g.index(snap), g.log.With("proxy", proxy.NodeID)), nil
+	b := newBuilder(snap, proxy, g.index(snap), g.log.With("proxy", proxy.NodeID))
+	b.problems = g.problems
+	return b, nil
 }
 
 func resourceName(r types.Resource) string {

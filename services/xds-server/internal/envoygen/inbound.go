@@ -2,6 +2,7 @@ package envoygen
 
 import (
 	"cmp"
+	"fmt"
 	"math"
 	"net/netip"
 	"slices"
@@ -42,12 +43,13 @@ type inboundPort struct {
 
 // inboundPorts lists the workload's ports (see snapIndex.inboundPorts).
 func (b *builder) inboundPorts() []inboundPort {
-	return b.ix.inboundPorts(specOf(b.sidecar), b.proxy, b.log)
+	return b.ix.inboundPorts(specOf(b.sidecar), b.proxy, b)
 }
 
 // inboundPorts lists the workload's ports: from the Sidecar's ingress listeners when it has
-// some, else from the services that have one of the proxy's IPs among their endpoints.
-func (ix *snapIndex) inboundPorts(sc *networking.Sidecar, proxy *model.Proxy, log interface{ Debug(string, ...any) }) []inboundPort {
+// some, else from the services that have one of the proxy's IPs among their endpoints. b, when
+// not nil, logs what is skipped and reports conflicts.
+func (ix *snapIndex) inboundPorts(sc *networking.Sidecar, proxy *model.Proxy, b *builder) []inboundPort {
 	var eps []ipEndpoint
 	for _, ip := range proxy.IPs {
 		eps = append(eps, ix.byIP[ip]...)
@@ -60,15 +62,24 @@ func (ix *snapIndex) inboundPorts(sc *networking.Sidecar, proxy *model.Proxy, lo
 	// localhost for apps that bind only there.
 	localhost := ix.snap.Mesh.GetInboundTrafficPolicy().GetMode() == meshv1alpha1.MeshConfig_InboundTrafficPolicy_LOCALHOST
 	var fromServices []inboundPort
-	seen := map[uint32]bool{}
+	taken := map[uint32]inboundPort{}
 	for _, e := range eps {
 		for _, p := range e.svc.Spec.GetPorts() {
 			target := translate.EndpointPort(e.ep, p)
-			if target == 0 || seen[target] {
+			if target == 0 {
 				continue
 			}
-			seen[target] = true
 			in := inboundPort{port: target, proto: portProtocol(p), host: e.svc.Spec.GetHostname(), servicePort: p.GetNumber()}
+			if first, ok := taken[target]; ok {
+				// The first service keeps the port. Services of one protocol share it well
+				// enough; of different ones, the second's clients get the wrong handling.
+				if b != nil && first.proto != in.proto && first.host != in.host {
+					b.report(model.MetricInboundConflict, proxy.ID, fmt.Sprintf("Conflicting inbound listener:%d. existing: %s, incoming: %s",
+						target, first.host, in.host))
+				}
+				continue
+			}
+			taken[target] = in
 			if localhost {
 				in.endpoint = translate.SocketAddress("127.0.0.1", target)
 			}
@@ -81,7 +92,7 @@ func (ix *snapIndex) inboundPorts(sc *networking.Sidecar, proxy *model.Proxy, lo
 		return fromServices
 	}
 	var out []inboundPort
-	clear(seen)
+	seen := map[uint32]bool{}
 	for _, l := range ing {
 		p := l.GetPort()
 		if p.GetNumber() == 0 || seen[p.GetNumber()] {
@@ -91,8 +102,8 @@ func (ix *snapIndex) inboundPorts(sc *networking.Sidecar, proxy *model.Proxy, lo
 		if de := l.GetDefaultEndpoint(); de != "" {
 			a, ok := parseDefaultEndpoint(de, proxy.IPs)
 			if !ok {
-				if log != nil {
-					log.Debug("skipping Sidecar ingress with unusable defaultEndpoint", "defaultEndpoint", de)
+				if b != nil {
+					b.log.Debug("skipping Sidecar ingress with unusable defaultEndpoint", "defaultEndpoint", de)
 				}
 				continue
 			}

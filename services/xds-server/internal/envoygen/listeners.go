@@ -2,6 +2,7 @@ package envoygen
 
 import (
 	"cmp"
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
@@ -361,6 +362,7 @@ type outboundListener struct {
 
 type tcpChain struct {
 	host  string
+	proto protocol
 	proxy *tcpv3.TcpProxy
 }
 
@@ -422,7 +424,7 @@ func (b *builder) outboundEntries() []*outboundListener {
 					ips = eps
 				}
 			}
-			chain := tcpChain{host: host, proxy: b.tcpRoute(host, p.GetNumber())}
+			chain := tcpChain{host: host, proto: proto, proxy: b.tcpRoute(host, p.GetNumber())}
 			for _, ip := range ips {
 				ol := listener(ip, p.GetNumber())
 				if proto == protoSniffed && ol.rds == "" {
@@ -438,6 +440,8 @@ func (b *builder) outboundEntries() []*outboundListener {
 					ol.tcp = &chain
 				default:
 					b.log.Debug("skipping conflicting outbound listener", "listener", ol.name, "host", host)
+					b.report(model.MetricOutboundTCPConflict, ol.name, fmt.Sprintf("Listener=%s Accepted=%s Rejected=%s (%s)",
+						ol.name, ol.tcp.proto.listenerProtocol(), proto.listenerProtocol(), host))
 				}
 			}
 		}

@@ -51,6 +51,18 @@ func parseProtocol(proto string) protocol {
 
 func (p protocol) isHTTP() bool { return p == protoHTTP || p == protoHTTP2 }
 
+// listenerProtocol names the kind of listener the port needs as istiod's conflict messages do:
+// HTTP, TCP, or UNKNOWN for a sniffed port.
+func (p protocol) listenerProtocol() string {
+	switch {
+	case p.isHTTP():
+		return "HTTP"
+	case p == protoSniffed:
+		return "UNKNOWN"
+	}
+	return "TCP"
+}
+
 // carriesHTTP reports whether HTTP routes apply to the port: declared HTTP, or sniffed.
 func (p protocol) carriesHTTP() bool { return p.isHTTP() || p == protoSniffed }
 

@@ -51,7 +51,8 @@ func (b *builder) sidecarRouteConfig(port uint32) *routev3.RouteConfiguration {
 			}
 			host := svc.Spec.GetHostname()
 			var domains []string
-			for _, d := range translate.Domains(svc.Spec, b.proxy.DNSDomain) {
+			wanted := translate.Domains(svc.Spec, b.proxy.DNSDomain)
+			for _, d := range wanted {
 				// Envoy refuses a route configuration that repeats a domain.
 				if taken[d] {
 					b.log.Debug("domain already used by another virtual host", "domain", d, "host", host)
@@ -59,6 +60,10 @@ func (b *builder) sidecarRouteConfig(port uint32) *routev3.RouteConfiguration {
 				}
 				taken[d] = true
 				domains = append(domains, d)
+			}
+			if len(domains) < len(wanted) {
+				name := host + ":" + itoa(port)
+				b.report(model.MetricDupDomain, name, "duplicate domain from service: "+name)
 			}
 			if len(domains) == 0 {
 				continue

@@ -19,6 +19,8 @@ type builder struct {
 	proxy *model.Proxy
 	ix    *snapIndex
 	log   *slog.Logger
+	// problems, when set, receives the conflicts generation resolves (see report).
+	problems model.Problems
 
 	// sidecar is the Sidecar resource that applies to the proxy, nil if none does.
 	sidecar *model.Config[*networking.Sidecar]
@@ -70,6 +72,13 @@ func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *sl
 		}
 	}
 	return b
+}
+
+// report tells the push status of a problem found in the proxy's configuration.
+func (b *builder) report(metric, key, message string) {
+	if b.problems != nil {
+		b.problems.Report(b.snap, model.Problem{Metric: metric, Key: key, Proxy: b.proxy.ID, Message: message})
+	}
 }
 
 func (b *builder) rootNamespace() string { return b.snap.RootNamespace() }

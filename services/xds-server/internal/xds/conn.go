@@ -398,6 +398,10 @@ func (c *conn) push(req *PushRequest) error {
 				force[n] = true
 			}
 		}
+		if req.Resend {
+			force = map[string]bool{}
+			w.client.names(func(n string) { force[n] = true })
+		}
 		if !types[t] && force == nil && !w.needResponse {
 			continue
 		}

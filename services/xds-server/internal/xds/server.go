@@ -161,6 +161,26 @@ func (s *Server) Push(snap *model.Snapshot, ch model.Change, tr *PushTrace) {
 	}
 }
 
+// PushAll queues a push of the current snapshot to every connection that sends again all it
+// holds, even unchanged (istiod's debug push, /debug/adsz?push=true), and returns how many it
+// queued.
+func (s *Server) PushAll() int {
+	if s.snap.Load() == nil {
+		return 0
+	}
+	req := &PushRequest{Full: true, Forced: true, Resend: true, Start: time.Now()}
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		s.queue.Enqueue(c, req)
+	}
+	return len(conns)
+}
+
 func (s *Server) addConn(c *conn) {
 	s.mu.Lock()
 	s.conns[c] = struct{}{}

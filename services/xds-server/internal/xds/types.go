@@ -58,6 +58,8 @@ type PushRequest struct {
 	Hosts map[model.ConfigKey]model.HostSet
 	// Forced pushes every watched type to the proxy (new snapshot after connect, tests).
 	Forced bool
+	// Resend sends again everything the proxy holds, even unchanged (istiod's debug push).
+	Resend bool
 	// Start is when the oldest merged change happened, for latency metrics.
 	Start time.Time
 	// Traces are the sampled pushes this request belongs to (see PushTracer), merged
@@ -83,7 +85,7 @@ func (r *PushRequest) Merge(o *PushRequest) *PushRequest {
 	if start.IsZero() || (!o.Start.IsZero() && o.Start.Before(start)) {
 		start = o.Start
 	}
-	return &PushRequest{Full: out.Full, Configs: out.Configs, Endpoints: out.Endpoints, Hosts: out.Hosts, Forced: r.Forced || o.Forced, Start: start,
+	return &PushRequest{Full: out.Full, Configs: out.Configs, Endpoints: out.Endpoints, Hosts: out.Hosts, Forced: r.Forced || o.Forced, Resend: r.Resend || o.Resend, Start: start,
 		Traces: mergeTraces(r.Traces, o.Traces)}
 }
 
