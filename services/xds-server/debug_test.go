@@ -60,6 +60,28 @@ func getJSON(t *testing.T, url string, v any) int {
 	return resp.StatusCode
 }
 
+// subscribeListener connects proxy node name (delta ADS), subscribes to echo's listener and
+// ACKs the first response, which it returns with the stream.
+func subscribeListener(t *testing.T, srv *Server, name string) (discoverygrpc.AggregatedDiscoveryService_DeltaAggregatedResourcesClient, *discoverygrpc.DeltaDiscoveryResponse) {
+	t.Helper()
+	stream, err := adsClient(t, srv.Addr()).DeltaAggregatedResources(streamContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{Node: testNode(name), TypeUrl: resource.ListenerType,
+		ResourceNamesSubscribe: []string{echoListener}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: resource.ListenerType, ResponseNonce: resp.GetNonce()}); err != nil {
+		t.Fatal(err)
+	}
+	return stream, resp
+}
+
 // TestDebugEndpoints: istiod's JSON debug endpoints, in the shapes istiod gives them (the keys
 // Kiali and scripts written for istiod read), for a proxyless client that ACKed its listener.
 func TestDebugEndpoints(t *testing.T) {
@@ -75,22 +97,7 @@ spec:
 `)...)
 	srv := startServer(t, src)
 	base := serveMonitoring(t, srv.Debug())
-
-	stream, err := adsClient(t, srv.Addr()).DeltaAggregatedResources(streamContext(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{Node: testNode("debugged"), TypeUrl: resource.ListenerType,
-		ResourceNamesSubscribe: []string{echoListener}}); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := stream.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: resource.ListenerType, ResponseNonce: resp.GetNonce()}); err != nil {
-		t.Fatal(err)
-	}
+	_, resp := subscribeListener(t, srv, "debugged")
 
 	t.Run("syncz", func(t *testing.T) {
 		var got []map[string]any

@@ -7,16 +7,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/structpb"
 	"sigs.k8s.io/yaml"
 
 	"sailplane.dev/services/xds-server/internal/model"
@@ -29,26 +26,6 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func testLogger(t testing.TB) *slog.Logger {
 	return testlog.New(t, slog.LevelDebug)
-}
-
-// proxyDoc is the test-only document describing an xDS node:
-//
-//	kind: Proxy
-//	metadata: {name: <golden key>}
-//	spec: {id: sidecar~IP~pod.ns~ns.svc.cluster.local, metadata: {NAMESPACE: ns, LABELS: {...}},
-//	       locality: {region: r, zone: z, subZone: s}}
-type proxyDoc struct {
-	Kind     string `json:"kind"`
-	Metadata struct {
-		Name string `json:"name"`
-	} `json:"metadata"`
-	Spec struct {
-		ID       string         `json:"id"`
-		Metadata map[string]any `json:"metadata"`
-		Locality *struct {
-			Region, Zone, SubZone string
-		} `json:"locality"`
-	} `json:"spec"`
 }
 
 type namedProxy struct {
@@ -68,35 +45,18 @@ func load(t *testing.T, dir string) testCase {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rest []string
+	proxies, rest, err := testinput.SplitProxies(data)
+	if err != nil {
+		t.Fatalf("%s: %v", dir, err)
+	}
 	var tc testCase
-	for _, doc := range strings.Split(string(data), "\n---\n") {
-		var pd proxyDoc
-		if err := yaml.Unmarshal([]byte(doc), &pd); err != nil {
-			t.Fatalf("%s: %v", dir, err)
-		}
-		if pd.Kind != "Proxy" {
-			rest = append(rest, doc)
-			continue
-		}
-		md, err := structpb.NewStruct(pd.Spec.Metadata)
-		if err != nil {
-			t.Fatal(err)
-		}
-		node := &corev3.Node{Id: pd.Spec.ID, Metadata: md}
-		if l := pd.Spec.Locality; l != nil {
-			node.Locality = &corev3.Locality{Region: l.Region, Zone: l.Zone, SubZone: l.SubZone}
-		}
-		p, err := model.ParseProxy(node)
-		if err != nil {
-			t.Fatalf("%s: proxy %s: %v", dir, pd.Metadata.Name, err)
-		}
-		tc.proxies = append(tc.proxies, namedProxy{name: pd.Metadata.Name, proxy: p})
+	for _, p := range proxies {
+		tc.proxies = append(tc.proxies, namedProxy{name: p.Name, proxy: p.Proxy})
 	}
 	if len(tc.proxies) == 0 {
 		t.Fatalf("%s: no Proxy document", dir)
 	}
-	tc.snap = snapshotOf(t, strings.Join(rest, "\n---\n"))
+	tc.snap = snapshotOf(t, string(rest))
 	return tc
 }
 

@@ -13,10 +13,13 @@ import (
 	"strings"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
 	"sigs.k8s.io/yaml"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
 )
@@ -145,4 +148,61 @@ func splitDocuments(data []byte) [][]byte {
 		cur.WriteByte('\n')
 	}
 	return append(docs, cur.Bytes())
+}
+
+// proxyDoc is the test-only document describing an xDS node:
+//
+//	kind: Proxy
+//	metadata: {name: <golden key>}
+//	spec: {id: sidecar~IP~pod.ns~ns.svc.cluster.local, metadata: {NAMESPACE: ns, LABELS: {...}},
+//	       locality: {region: r, zone: z, subZone: s}}
+type proxyDoc struct {
+	Kind     string `json:"kind"`
+	Metadata struct {
+		Name string `json:"name"`
+	} `json:"metadata"`
+	Spec struct {
+		ID       string         `json:"id"`
+		Metadata map[string]any `json:"metadata"`
+		Locality *struct {
+			Region, Zone, SubZone string
+		} `json:"locality"`
+	} `json:"spec"`
+}
+
+// Proxy is a Proxy document: a proxy as its node describes it, under the document's name.
+type Proxy struct {
+	Name  string
+	Proxy *model.Proxy
+}
+
+// SplitProxies takes the Proxy documents out of data: it returns the proxies, in order, and
+// the other documents, for Parse.
+func SplitProxies(data []byte) ([]Proxy, []byte, error) {
+	var proxies []Proxy
+	var rest [][]byte
+	for i, doc := range splitDocuments(data) {
+		var pd proxyDoc
+		if err := yaml.Unmarshal(doc, &pd); err != nil {
+			return nil, nil, fmt.Errorf("document %d: %w", i, err)
+		}
+		if pd.Kind != "Proxy" {
+			rest = append(rest, doc)
+			continue
+		}
+		md, err := structpb.NewStruct(pd.Spec.Metadata)
+		if err != nil {
+			return nil, nil, fmt.Errorf("document %d: proxy %s metadata: %w", i, pd.Metadata.Name, err)
+		}
+		node := &corev3.Node{Id: pd.Spec.ID, Metadata: md}
+		if l := pd.Spec.Locality; l != nil {
+			node.Locality = &corev3.Locality{Region: l.Region, Zone: l.Zone, SubZone: l.SubZone}
+		}
+		p, err := model.ParseProxy(node)
+		if err != nil {
+			return nil, nil, fmt.Errorf("document %d: proxy %s: %w", i, pd.Metadata.Name, err)
+		}
+		proxies = append(proxies, Proxy{Name: pd.Metadata.Name, Proxy: p})
+	}
+	return proxies, bytes.Join(rest, []byte("---\n")), nil
 }
