@@ -82,10 +82,8 @@ func subscribeListener(t *testing.T, srv *Server, name string) (discoverygrpc.Ag
 	return stream, resp
 }
 
-// TestDebugEndpoints: istiod's JSON debug endpoints, in the shapes istiod gives them (the keys
-// Kiali and scripts written for istiod read), for a proxyless client that ACKed its listener.
-func TestDebugEndpoints(t *testing.T) {
-	src := fakebus.New(changes(t, registry(10001, 10002)+"---\n"+virtualService(80, 20)+`---
+// emptyService is a service without endpoints: its cluster has no instances.
+const emptyService = `
 apiVersion: sailplane.dev/v1
 kind: Service
 spec:
@@ -94,7 +92,12 @@ spec:
   registry: kubernetes
   addresses: [10.0.0.9]
   ports: [{name: http, number: 80, protocol: HTTP}]
-`)...)
+`
+
+// TestDebugEndpoints: istiod's JSON debug endpoints, in the shapes istiod gives them (the keys
+// Kiali and scripts written for istiod read), for a proxyless client that ACKed its listener.
+func TestDebugEndpoints(t *testing.T) {
+	src := fakebus.New(changes(t, registry(10001, 10002)+"---\n"+virtualService(80, 20)+"---\n"+emptyService)...)
 	srv := startServer(t, src)
 	base := serveMonitoring(t, srv.Debug())
 	_, resp := subscribeListener(t, srv, "debugged")

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -23,13 +22,9 @@ import (
 func TestPushStatusGolden(t *testing.T) {
 	for _, dir := range golden.Cases(t, "testdata/push_status") {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
-			data, err := os.ReadFile(filepath.Join(dir, "input.yaml"))
+			proxies, rest, err := testinput.ReadCase(dir)
 			if err != nil {
 				t.Fatal(err)
-			}
-			proxies, rest, err := testinput.SplitProxies(data)
-			if err != nil {
-				t.Fatalf("%s: %v", dir, err)
 			}
 			snap := snapshotOf(t, rest)
 			status := newPushStatus()
@@ -119,22 +114,13 @@ func TestAdszPush(t *testing.T) {
 // its metric, and pilot_virt_services; they follow the served config.
 func TestPushStatusGauges(t *testing.T) {
 	metrics := telemetrytest.New(t)
-	src := fakebus.New(changes(t, registry(10001, 10002)+"---\n"+virtualService(80, 20)+`---
-apiVersion: sailplane.dev/v1
-kind: Service
-spec:
-  hostname: empty.demo.svc.cluster.local
-  namespace: demo
-  registry: kubernetes
-  addresses: [10.0.0.9]
-  ports: [{name: http, number: 80, protocol: HTTP}, {name: grpc, number: 7070, protocol: GRPC}]
-`)...)
+	src := fakebus.New(changes(t, registry(10001, 10002)+"---\n"+virtualService(80, 20)+"---\n"+emptyService)...)
 	srv, err := New(Config{CacheAssert: true}, Deps{Logger: testLogger(t), Config: src, Registry: src, MeterProvider: metrics.Provider()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	serve(t, srv)
-	metrics.WaitValue(2, "pilot_eds_no_instances")
+	metrics.WaitValue(1, "pilot_eds_no_instances")
 	if got := metrics.Value("pilot_virt_services"); got != 1 {
 		t.Errorf("pilot_virt_services = %v, want 1", got)
 	}

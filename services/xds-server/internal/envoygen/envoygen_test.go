@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -41,13 +40,9 @@ type testCase struct {
 // load reads a case: the Proxy documents are taken out, the rest goes through testinput.
 func load(t *testing.T, dir string) testCase {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(dir, "input.yaml"))
+	proxies, rest, err := testinput.ReadCase(dir)
 	if err != nil {
 		t.Fatal(err)
-	}
-	proxies, rest, err := testinput.SplitProxies(data)
-	if err != nil {
-		t.Fatalf("%s: %v", dir, err)
 	}
 	var tc testCase
 	for _, p := range proxies {

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -174,6 +175,20 @@ type proxyDoc struct {
 type Proxy struct {
 	Name  string
 	Proxy *model.Proxy
+}
+
+// ReadCase reads dir/input.yaml, a golden case's input: its proxies, and the other documents.
+func ReadCase(dir string) ([]Proxy, []byte, error) {
+	path := filepath.Join(dir, "input.yaml")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	proxies, rest, err := SplitProxies(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return proxies, rest, nil
 }
 
 // SplitProxies takes the Proxy documents out of data: it returns the proxies, in order, and

@@ -147,13 +147,7 @@ func (s *Server) Push(snap *model.Snapshot, ch model.Change, tr *PushTrace) {
 		req.Traces = []*PushTrace{tr}
 		defer tr.queued()
 	}
-	s.mu.Lock()
-	conns := make([]*conn, 0, len(s.conns))
-	for c := range s.conns {
-		conns = append(conns, c)
-	}
-	s.mu.Unlock()
-	for _, c := range conns {
+	for _, c := range s.connList() {
 		if c.affected(req, snap) {
 			tr.await(c.id)
 			s.queue.Enqueue(c, req)
@@ -169,16 +163,22 @@ func (s *Server) PushAll() int {
 		return 0
 	}
 	req := &PushRequest{Full: true, Forced: true, Resend: true, Start: time.Now()}
-	s.mu.Lock()
-	conns := make([]*conn, 0, len(s.conns))
-	for c := range s.conns {
-		conns = append(conns, c)
-	}
-	s.mu.Unlock()
+	conns := s.connList()
 	for _, c := range conns {
 		s.queue.Enqueue(c, req)
 	}
 	return len(conns)
+}
+
+// connList lists the connections.
+func (s *Server) connList() []*conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	return conns
 }
 
 func (s *Server) addConn(c *conn) {
