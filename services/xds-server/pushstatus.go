@@ -154,15 +154,16 @@ func clustersWithoutInstances(snap *model.Snapshot) []model.Problem {
 		if svc.Spec.GetResolution() != discoveryv1.Resolution_STATIC {
 			continue
 		}
-		subsets := append([]*networking.Subset{nil}, translate.Subsets(specOf(binds.DestinationRule(h)))...)
-		for _, port := range svc.Spec.GetPorts() {
-			if port.GetNumber() == 0 {
-				continue
+		var empty []string // subsets ("" for the whole service) without an instance
+		for _, ss := range append([]*networking.Subset{nil}, translate.Subsets(specOf(binds.DestinationRule(h)))...) {
+			if !slices.ContainsFunc(svc.Endpoints, func(ep *discoveryv1.Endpoint) bool { return translate.Balanced(ep, ss) }) {
+				empty = append(empty, ss.GetName())
 			}
-			for _, ss := range subsets {
-				name := translate.ClusterName(port.GetNumber(), ss.GetName(), h)
-				if len(translate.LoadAssignment(name, svc, port, ss, nil).GetEndpoints()) == 0 {
-					out = append(out, model.Problem{Metric: model.MetricEDSNoInstances, Key: name})
+		}
+		for _, port := range svc.Spec.GetPorts() {
+			for _, subset := range empty {
+				if port.GetNumber() != 0 {
+					out = append(out, model.Problem{Metric: model.MetricEDSNoInstances, Key: translate.ClusterName(port.GetNumber(), subset, h)})
 				}
 			}
 		}

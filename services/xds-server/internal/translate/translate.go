@@ -42,8 +42,7 @@ func LoadAssignmentMTLS(name string, svc *model.Service, port *discoveryv1.Port,
 		return &groups[len(groups)-1]
 	}
 	for _, ep := range svc.Endpoints {
-		if ep.GetHealth() != discoveryv1.Health_HEALTHY || ep.GetAddress() == "" ||
-			!model.LabelsMatch(subset.GetLabels(), ep.GetLabels()) {
+		if !Balanced(ep, subset) {
 			continue
 		}
 		g := find(ep.GetLocality())
@@ -81,6 +80,13 @@ func LoadAssignmentMTLS(name string, svc *model.Service, port *discoveryv1.Port,
 		cla.Endpoints = append(cla.Endpoints, g.lle)
 	}
 	return cla
+}
+
+// Balanced reports whether load assignments of subset (nil: the whole service) balance over
+// ep: it is healthy, has an address, and has the subset's labels.
+func Balanced(ep *discoveryv1.Endpoint, subset *networking.Subset) bool {
+	return ep.GetHealth() == discoveryv1.Health_HEALTHY && ep.GetAddress() != "" &&
+		model.LabelsMatch(subset.GetLabels(), ep.GetLabels())
 }
 
 // EndpointPort is the port an endpoint serves a service port on: its own mapping for the
