@@ -30,6 +30,7 @@ var pushStatusMetrics = []struct{ name, help string }{
 	{model.MetricDestRuleSubsets, "Duplicate subsets across destination rules for same host"},
 	{model.MetricDNSClusterNoEndpoints, "DNS clusters without endpoints caused by the endpoint field in STRICT_DNS type cluster is not set or the corresponding subset cannot select any endpoint"},
 	{model.MetricEDSNoInstances, "Number of clusters without instances."},
+	{model.MetricEndpointNotReady, "Endpoint found in unready state."},
 }
 
 // pushStatus is istiod's push status: the problems generation reported for the config version
@@ -79,8 +80,9 @@ type proxyPushStatus struct {
 	Message string `json:"message,omitempty"`
 }
 
-// status is the push status of snap (the served snapshot): metric -> key -> entry.
-func (ps *pushStatus) status(snap *model.Snapshot) map[string]map[string]proxyPushStatus {
+// status is the push status of snap (the served snapshot), with proxies connected: metric ->
+// key -> entry.
+func (ps *pushStatus) status(snap *model.Snapshot, proxies []*model.Proxy) map[string]map[string]proxyPushStatus {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if ps.meshOf != snap {
@@ -95,6 +97,11 @@ func (ps *pushStatus) status(snap *model.Snapshot) map[string]map[string]proxyPu
 	}
 	for _, p := range ps.mesh {
 		add(p)
+	}
+	for _, p := range proxies {
+		if ep := snap.ProxyEndpoint(p); ep != nil && ep.GetHealth() == discoveryv1.Health_UNHEALTHY {
+			add(model.Problem{Metric: model.MetricEndpointNotReady, Key: p.ID, Proxy: p.ID})
+		}
 	}
 	if ps.configVersion == snap.ConfigVersion { // else found for other config
 		for _, byKey := range ps.found {
@@ -180,7 +187,16 @@ func specOf(dr *model.Config[*networking.DestinationRule]) *networking.Destinati
 
 // servePushStatus is istiod's /debug/push_status: the push status by metric, then key.
 func (s *Server) servePushStatus(w http.ResponseWriter, r *http.Request) {
-	monitoring.WriteJSON(w, r, s.problems.status(s.servedSnapshot()))
+	monitoring.WriteJSON(w, r, s.pushStatus())
+}
+
+// pushStatus is the push status of the served snapshot and the proxies connected.
+func (s *Server) pushStatus() map[string]map[string]proxyPushStatus {
+	var proxies []*model.Proxy
+	for _, ps := range s.xds.Proxies() {
+		proxies = append(proxies, ps.Proxy)
+	}
+	return s.problems.status(s.servedSnapshot(), proxies)
 }
 
 // registerPushStatusGauges exports each push status metric as istiod does: a gauge of how many
@@ -206,12 +222,11 @@ func (s *Server) registerPushStatusGauges(mp metric.MeterProvider) error {
 		return err
 	}
 	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		snap := s.servedSnapshot()
-		status := s.problems.status(snap)
+		status := s.pushStatus()
 		for _, name := range slices.Sorted(maps.Keys(byName)) {
 			o.ObserveInt64(byName[name], int64(len(status[name])))
 		}
-		o.ObserveInt64(virtServices, int64(len(snap.VirtualServices)))
+		o.ObserveInt64(virtServices, int64(len(s.servedSnapshot().VirtualServices)))
 		return nil
 	}, gauges...)
 	return err

@@ -18,7 +18,7 @@ import (
 
 // TestPushStatusGolden: each testdata/push_status/<case>/input.yaml is a mesh and the proxies
 // of its Proxy documents; once every proxy has been generated all it can ask for, the push
-// status (/debug/push_status's JSON) is golden.json.
+// status (/debug/push_status's JSON) with those proxies connected is golden.json.
 func TestPushStatusGolden(t *testing.T) {
 	for _, dir := range golden.Cases(t, "testdata/push_status") {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
@@ -29,14 +29,16 @@ func TestPushStatusGolden(t *testing.T) {
 			snap := snapshotOf(t, rest)
 			status := newPushStatus()
 			gen := generatorFor(testLogger(t), status)
+			var connected []*model.Proxy
 			for _, p := range proxies {
+				connected = append(connected, p.Proxy)
 				for _, typeURL := range []string{resource.ClusterType, resource.EndpointType, resource.ListenerType, resource.RouteType} {
 					if _, err := gen(p.Proxy).Generate(snap, p.Proxy, typeURL, nil); err != nil {
 						t.Fatalf("proxy %s, %s: %v", p.Name, typeURL, err)
 					}
 				}
 			}
-			got, err := json.MarshalIndent(status.status(snap), "", "  ")
+			got, err := json.MarshalIndent(status.status(snap, connected), "", "  ")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,15 +71,15 @@ func TestPushStatusConfigVersions(t *testing.T) {
 	v1, v2 := &model.Snapshot{ConfigVersion: 1}, &model.Snapshot{ConfigVersion: 2}
 	ps := newPushStatus()
 	ps.Report(v1, problem("old:80"))
-	if got := ps.status(v1)[model.MetricDupDomain]; len(got) != 1 || got["old:80"].Proxy != "a.demo" {
+	if got := ps.status(v1, nil)[model.MetricDupDomain]; len(got) != 1 || got["old:80"].Proxy != "a.demo" {
 		t.Fatalf("after one report: %v", got)
 	}
-	if got := ps.status(v2); len(got) != 0 {
+	if got := ps.status(v2, nil); len(got) != 0 {
 		t.Errorf("status of a newer config before any generation for it: %v, want nothing", got)
 	}
 	ps.Report(v2, problem("new:80"))
 	ps.Report(v1, problem("late:80"))
-	if got := ps.status(v2)[model.MetricDupDomain]; len(got) != 1 || got["new:80"].Message == "" {
+	if got := ps.status(v2, nil)[model.MetricDupDomain]; len(got) != 1 || got["new:80"].Message == "" {
 		t.Errorf("after a new config and a late report for the old: %v, want new:80 only", got)
 	}
 }

@@ -20,6 +20,8 @@ const (
 	MetricDNSClusterNoEndpoints = "pilot_dns_cluster_without_endpoints"
 	// MetricEDSNoInstances: an EDS cluster has no healthy endpoint (key: the cluster).
 	MetricEDSNoInstances = "pilot_eds_no_instances"
+	// MetricEndpointNotReady: a connected proxy's own endpoint is unhealthy (key: the proxy).
+	MetricEndpointNotReady = "pilot_endpoint_not_ready"
 )
 
 // Problem is one entry of the push status: istiod's ProxyPushStatus under its metric and key.

@@ -43,12 +43,7 @@ type WatchSync struct {
 
 // Proxies is the sync state of every connected proxy, ordered by ID (then stream).
 func (s *Server) Proxies() []ProxySync {
-	s.mu.Lock()
-	conns := make([]*conn, 0, len(s.conns))
-	for c := range s.conns {
-		conns = append(conns, c)
-	}
-	s.mu.Unlock()
+	conns := s.connList()
 	slices.SortFunc(conns, func(a, b *conn) int {
 		return cmp.Or(strings.Compare(a.proxy.ID, b.proxy.ID), cmp.Compare(a.id, b.id))
 	})
