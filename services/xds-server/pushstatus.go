@@ -192,11 +192,7 @@ func (s *Server) servePushStatus(w http.ResponseWriter, r *http.Request) {
 
 // pushStatus is the push status of the served snapshot and the proxies connected.
 func (s *Server) pushStatus() map[string]map[string]proxyPushStatus {
-	var proxies []*model.Proxy
-	for _, ps := range s.xds.Proxies() {
-		proxies = append(proxies, ps.Proxy)
-	}
-	return s.problems.status(s.servedSnapshot(), proxies)
+	return s.problems.status(s.servedSnapshot(), s.xds.ConnectedProxies())
 }
 
 // registerPushStatusGauges exports each push status metric as istiod does: a gauge of how many

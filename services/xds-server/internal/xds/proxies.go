@@ -41,6 +41,17 @@ type WatchSync struct {
 	NackedAt                 time.Time
 }
 
+// ConnectedProxies lists the proxies of the streams open, in no order: Proxies without their
+// sync state, cheap enough for every metrics scrape.
+func (s *Server) ConnectedProxies() []*model.Proxy {
+	conns := s.connList()
+	out := make([]*model.Proxy, 0, len(conns))
+	for _, c := range conns {
+		out = append(out, c.proxy)
+	}
+	return out
+}
+
 // Proxies is the sync state of every connected proxy, ordered by ID (then stream).
 func (s *Server) Proxies() []ProxySync {
 	conns := s.connList()
