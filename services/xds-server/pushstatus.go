@@ -36,9 +36,9 @@ var pushStatusMetrics = []struct{ name, help string }{
 // pushStatus is istiod's push status: the problems generation reported for the config version
 // it last generated, and those of the served snapshot as a whole, computed from it.
 //
-// A new ConfigVersion starts afresh: every proxy's configuration but its endpoints is
-// generated again for it (as istiod starts a new PushContext). Until a proxy is pushed the new
-// version, its problems are missing, as in istiod; /debug/adsz?push=true pushes everyone.
+// A new ConfigVersion starts afresh, as istiod starts a new PushContext: the proxies the change
+// concerns have their configuration (but endpoints) generated again for it. The problems of the
+// others are missing until they are, as in istiod.
 type pushStatus struct {
 	mu            sync.Mutex
 	configVersion uint64
@@ -84,10 +84,16 @@ type proxyPushStatus struct {
 // key -> entry.
 func (ps *pushStatus) status(snap *model.Snapshot, proxies []*model.Proxy) map[string]map[string]proxyPushStatus {
 	ps.mu.Lock()
-	defer ps.mu.Unlock()
 	if ps.meshOf != snap {
 		ps.meshOf, ps.mesh = snap, meshProblems(snap)
 	}
+	found := slices.Clone(ps.mesh)
+	if ps.configVersion == snap.ConfigVersion { // else found for other config
+		for _, byKey := range ps.found {
+			found = slices.AppendSeq(found, maps.Values(byKey))
+		}
+	}
+	ps.mu.Unlock()
 	out := map[string]map[string]proxyPushStatus{}
 	add := func(p model.Problem) {
 		if out[p.Metric] == nil {
@@ -95,19 +101,12 @@ func (ps *pushStatus) status(snap *model.Snapshot, proxies []*model.Proxy) map[s
 		}
 		out[p.Metric][p.Key] = proxyPushStatus{Proxy: p.Proxy, Message: p.Message}
 	}
-	for _, p := range ps.mesh {
+	for _, p := range found {
 		add(p)
 	}
 	for _, p := range proxies {
 		if ep := snap.ProxyEndpoint(p); ep != nil && ep.GetHealth() == discoveryv1.Health_UNHEALTHY {
 			add(model.Problem{Metric: model.MetricEndpointNotReady, Key: p.ID, Proxy: p.ID})
-		}
-	}
-	if ps.configVersion == snap.ConfigVersion { // else found for other config
-		for _, byKey := range ps.found {
-			for _, p := range byKey {
-				add(p)
-			}
 		}
 	}
 	return out
