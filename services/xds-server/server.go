@@ -183,14 +183,14 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, deps: deps, log: log,
-		store:    model.NewStore(),
-		bundles:  newTrustBundles(),
-		ready:    make(chan struct{}),
-		conns:    newConnTracker(),
-		tracer:   xds.NewPushTracer(),
-		problems: newPushStatus(),
+		store:   model.NewStore(),
+		bundles: newTrustBundles(),
+		ready:   make(chan struct{}),
+		conns:   newConnTracker(),
+		tracer:  xds.NewPushTracer(),
 	}
 	s.instance = rand.Text()
+	s.problems = newPushStatus()
 	s.admission = newAdmission(cfg.Overload, log.With("component", "admission"), s.conns)
 	s.jwks = jwks.New(s.store, log.With("component", "jwks"), 0, 0, 0)
 	if s.metrics, err = xds.NewMetrics(deps.MeterProvider); err != nil {
