@@ -139,9 +139,9 @@ func TestAdmissionStorm(t *testing.T) {
 	if got, _ := scraped.Value("sailplane_xds_refused"); got != float64(refused.Load()) {
 		t.Errorf("sailplane_xds_refused sums to %v, the clients saw %d refusals", got, refused.Load())
 	}
-	if got, _ := scraped.Value("sailplane_xds_initializing"); got != 0 {
-		t.Errorf("sailplane_xds_initializing = %v once every stream answered, want 0", got)
-	}
+	// A place is given back when the server reads the client's ACK, which the client sends
+	// after counting itself served.
+	metrics.WaitValue(0, "sailplane_xds_initializing")
 }
 
 // admittedSession asks for clusters, ACKs the answer and holds the stream until ctx ends; it
