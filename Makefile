@@ -84,8 +84,8 @@ bench-xds: build
 	BIN=$(CURDIR)/$(BIN) tools/loadgen/bench.sh
 
 # 10,000 sidecars at once on 1,000 services x 2 endpoints (hyper, state of the world): the connect
-# storm under admission control, then 3 VirtualService and 3 endpoint changes; about 5 minutes on
-# an idle 2-core machine. Writes docs/bench-xds-10k.json. See docs/benchmarks.md.
+# storm under admission control, then 3 VirtualService and 3 endpoint changes; about 1.5 minutes
+# on an idle 2-core machine. Writes docs/bench-xds-10k.json. See docs/benchmarks.md.
 bench-xds-10k: build
 	$(GO) run ./tools/loadgen/cmd/loadgen --bin $(BIN) --topology hyper --protocol sotw \
 		--proxies 10000 --services 1000 --endpoints 2 --changes 3 \
