@@ -31,9 +31,9 @@ const (
 	echoCluster  = "outbound|7070||echo.demo.svc.cluster.local"
 )
 
-func adsClient(t *testing.T, addr net.Addr) discoverygrpc.AggregatedDiscoveryServiceClient {
+func adsClient(t *testing.T, addr net.Addr, opts ...grpc.DialOption) discoverygrpc.AggregatedDiscoveryServiceClient {
 	t.Helper()
-	conn, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr.String(), append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -301,8 +301,11 @@ spec:
 func unansweringClient(t *testing.T, addr net.Addr, name string, nack bool, last *atomic.Pointer[discoverygrpc.DiscoveryResponse]) {
 	t.Helper()
 	// For the whole test, however long a loaded machine makes it (streamContext's deadline ended
-	// both streams in the middle of a slow run).
-	stream, err := adsClient(t, addr).StreamAggregatedResources(t.Context())
+	// both streams in the middle of a slow run). Fixed HTTP/2 windows: with gRPC's estimate of
+	// the bandwidth-delay product a client starved of CPU may be sent, and hold in this
+	// process's heap, up to 16 MiB ahead of what it read, which is not the server's memory.
+	stream, err := adsClient(t, addr, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10)).
+		StreamAggregatedResources(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
