@@ -675,6 +675,14 @@ func (c *conn) syncSotW(w *watch, st *set, target, upserts []*entry, removed []s
 	if len(removed) == 0 || single {
 		return nil, send(target, removed)
 	}
+	if !needResponse && versionOf(target) == w.nackedVersion {
+		// The client rejected this state: send neither it (send would not) nor its make-before-
+		// break step, which alone would leave the client holding the removed resources, and
+		// the server counting them, for as long as it rejects (a NACKing proxy's clusters
+		// piled up version after version).
+		c.log.Debug("not resending rejected configuration", "type", w.typeURL, "version", w.nackedVersion)
+		return nil, nil
+	}
 	// Make before break: keep the removed resources until the rest of the push is out.
 	keep := slices.Clone(target)
 	if w.lastSet != nil {
