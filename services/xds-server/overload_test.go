@@ -296,14 +296,20 @@ spec:
 `+b.String())[0]
 }
 
-// unansweringClient reads every cluster response and never ACKs (nack false) or NACKs every
-// one (nack true); last is the latest response it got.
-func unansweringClient(t *testing.T, addr net.Addr, name string, nack bool, last *atomic.Pointer[discoverygrpc.DiscoveryResponse]) {
+// How an unansweringClient answers.
+const (
+	answersNever     = iota
+	answersNACK      // NACKs every response at once
+	answersNACKLater // NACKs every response once the next one came
+)
+
+// unansweringClient reads every cluster response and never ACKs; last is the latest response
+// it got.
+func unansweringClient(t *testing.T, addr net.Addr, name string, answers int, last *atomic.Pointer[discoverygrpc.DiscoveryResponse]) {
 	t.Helper()
 	// For the whole test, however long a loaded machine makes it (streamContext's deadline ended
-	// both streams in the middle of a slow run). Fixed HTTP/2 windows: with gRPC's estimate of
-	// the bandwidth-delay product a client starved of CPU may be sent, and hold in this
-	// process's heap, up to 16 MiB ahead of what it read, which is not the server's memory.
+	// the streams in the middle of a slow run). Fixed HTTP/2 windows keep what a client starved
+	// of CPU holds unread small: it is in this process's heap, not the server's memory.
 	stream, err := adsClient(t, addr, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10)).
 		StreamAggregatedResources(t.Context())
 	if err != nil {
@@ -312,17 +318,27 @@ func unansweringClient(t *testing.T, addr net.Addr, name string, nack bool, last
 	if err := stream.Send(&discoverygrpc.DiscoveryRequest{Node: testNode(name), TypeUrl: resource.ClusterType}); err != nil {
 		t.Fatal(err)
 	}
+	nack := func(nonce string) {
+		_ = stream.Send(&discoverygrpc.DiscoveryRequest{TypeUrl: resource.ClusterType, ResponseNonce: nonce,
+			ErrorDetail: &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: "rejected by the test"}})
+	}
 	go func() {
+		previous := ""
 		for {
 			resp, err := stream.Recv()
 			if err != nil {
 				return
 			}
-			last.Store(resp)
-			if nack {
-				_ = stream.Send(&discoverygrpc.DiscoveryRequest{TypeUrl: resource.ClusterType, ResponseNonce: resp.GetNonce(),
-					ErrorDetail: &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: "rejected by the test"}})
+			switch answers {
+			case answersNACK:
+				nack(resp.GetNonce())
+			case answersNACKLater:
+				if previous != "" {
+					nack(previous)
+				}
+				previous = resp.GetNonce()
 			}
+			last.Store(resp)
 		}
 	}()
 }
@@ -352,15 +368,18 @@ func TestUnansweringClientsBoundedMemory(t *testing.T) {
 	serve(t, srv)
 	<-srv.Ready()
 	r := &replica{srv: srv}
-	var silent, nacker atomic.Pointer[discoverygrpc.DiscoveryResponse]
-	unansweringClient(t, r.srv.Addr(), "silent", false, &silent)
-	unansweringClient(t, r.srv.Addr(), "nacker", true, &nacker)
+	// The late nacker is a loaded proxy (or server): each NACK arrives after the next response
+	// went out, which once brought back the names of the response before with every NACK.
+	var silentOne, nacker, lateNacker atomic.Pointer[discoverygrpc.DiscoveryResponse]
+	unansweringClient(t, r.srv.Addr(), "silent", answersNever, &silentOne)
+	unansweringClient(t, r.srv.Addr(), "nacker", answersNACK, &nacker)
+	unansweringClient(t, r.srv.Addr(), "late-nacker", answersNACKLater, &lateNacker)
 	push := func(version int) int {
 		src.Push(manySubsets(t, version, subsets))
 		want := fmt.Sprintf("v%d-", version)
 		size := 0
-		testwait.Until(t, waitFor, fmt.Sprintf("version %d at both clients", version), func() bool {
-			for _, last := range []*atomic.Pointer[discoverygrpc.DiscoveryResponse]{&silent, &nacker} {
+		testwait.Until(t, waitFor, fmt.Sprintf("version %d at every client", version), func() bool {
+			for _, last := range []*atomic.Pointer[discoverygrpc.DiscoveryResponse]{&silentOne, &nacker, &lateNacker} {
 				resp := last.Load()
 				if resp == nil || len(resp.GetResources()) != subsets+1 || !strings.Contains(string(resp.GetResources()[1].GetValue()), want) {
 					return false
@@ -376,8 +395,8 @@ func TestUnansweringClientsBoundedMemory(t *testing.T) {
 		size = push(v)
 	}
 	// Keeping something of every push would grow the heap by about pushes × size in each of
-	// two windows of pushes in a row; the process's other memory (a test before this one still
-	// winding down, on a loaded machine) can grow it in one window, not in both.
+	// two windows of pushes in a row; the process's other memory (what a loaded machine's
+	// clients have not read yet) can grow it in one window, not in both.
 	const pushes = 400
 	limit := int64(pushes * size / 4)
 	var grown [2]int64
@@ -481,7 +500,7 @@ func TestSilentClientsGiveBackTheirPlace(t *testing.T) {
 		AdmissionWait: 10 * time.Second, AdmissionRate: -1}}, src)
 	var silent [2]atomic.Pointer[discoverygrpc.DiscoveryResponse]
 	for i := range silent {
-		unansweringClient(t, r.srv.Addr(), fmt.Sprintf("silent-%d", i), false, &silent[i])
+		unansweringClient(t, r.srv.Addr(), fmt.Sprintf("silent-%d", i), answersNever, &silent[i])
 	}
 	testwait.Until(t, waitFor, "both places taken", func() bool { return silent[0].Load() != nil && silent[1].Load() != nil })
 	var served atomic.Int64

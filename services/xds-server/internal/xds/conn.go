@@ -228,6 +228,21 @@ func (c *conn) ack(w *watch, nonce string, errDetail *status.Status) bool {
 		}
 		if !c.delta && fullState(w.typeURL) {
 			w.nackedVersion = sent.version
+			// Names no longer in the state served leave the account of what the client holds:
+			// the next full response replaces them anyway, and a proxy whose NACKs come late
+			// (after the next response went out) would otherwise have each NACK bring back the
+			// names of the response before, version after version, each holding its entry.
+			if w.lastSet != nil {
+				var stale []string
+				w.client.names(func(name string) {
+					if w.lastSet.entries[name] == nil {
+						stale = append(stale, name)
+					}
+				})
+				for _, name := range stale {
+					w.client.del(name)
+				}
+			}
 		}
 	}
 	return nonce == w.lastNonce
