@@ -33,7 +33,7 @@ type Consul struct {
 // StartConsul builds (if needed) and starts a dev-mode consul agent on free
 // loopback ports and waits until it has elected itself leader. ctx bounds
 // the start only; the process runs until Stop.
-func StartConsul(ctx context.Context, opts ...Option) (c *Consul, err error) {
+func StartConsul(ctx context.Context, opts ...Option) (_ *Consul, err error) {
 	o := buildOptions(opts)
 	bin, err := EnsureConsul(ctx, o.log)
 	if err != nil {
@@ -43,20 +43,44 @@ func StartConsul(ctx context.Context, opts ...Option) (c *Consul, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("testenv: %w", err)
 	}
-	c = &Consul{dir: dir, logPath: filepath.Join(dir, "consul.log"), bin: bin, opts: o}
+	c := &Consul{dir: dir, logPath: filepath.Join(dir, "consul.log"), bin: bin, opts: o}
 	defer func() {
 		if err != nil {
 			c.Stop()
 		}
 	}()
+	// The free ports are found before the agent binds them, so another process starting at the
+	// same time (a test's second agent, an API server's clients) may take one first: the agent
+	// then exits, and starts again on other ports.
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		if err = c.configure(dir); err != nil {
+			return nil, err
+		}
+		if err = c.StartAgent(ctx); err == nil {
+			break
+		}
+		if attempt == attempts || ctx.Err() != nil {
+			return nil, err
+		}
+		o.log.Warn("testenv: consul did not start, trying other ports", "err", err)
+	}
+	o.log.Info("testenv: consul ready", "addr", c.Addr())
+	return c, nil
+}
+
+// configure picks the agent's ports and arguments.
+func (c *Consul) configure(dir string) error {
 	ports, err := freePorts(6)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	c.httpPort, c.dnsPort, c.grpcPort = ports[0], ports[1], ports[2]
 	mode := []string{"-dev"}
-	if o.consulOnDisk {
-		mode = []string{"-server", "-bootstrap-expect=1", "-data-dir=" + filepath.Join(dir, "data")}
+	if c.opts.consulOnDisk {
+		data := filepath.Join(dir, "data")
+		_ = os.RemoveAll(data) // what an attempt on other ports left
+		mode = []string{"-server", "-bootstrap-expect=1", "-data-dir=" + data}
 	}
 	c.args = append(append([]string{"agent"}, mode...),
 		"-node=sailplane-testenv",
@@ -74,11 +98,7 @@ func StartConsul(ctx context.Context, opts ...Option) (c *Consul, err error) {
 		// the agent call out.
 		"-hcl=disable_update_check = true",
 	)
-	if err := c.StartAgent(ctx); err != nil {
-		return nil, err
-	}
-	o.log.Info("testenv: consul ready", "addr", c.Addr())
-	return c, nil
+	return nil
 }
 
 // StartAgent starts the agent (again, on the same ports and data) and waits
