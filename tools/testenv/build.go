@@ -53,7 +53,9 @@ type Binaries struct {
 	Consul        string
 	PilotAgent    string
 	Istioctl      string
-	Kubectl       string
+	// PilotDiscovery is istiod, the reference the differential tests compare xds-server with.
+	PilotDiscovery string
+	Kubectl        string
 }
 
 // BuildError is returned when compiling a component fails.
@@ -103,6 +105,9 @@ func EnsureBinaries(ctx context.Context, log *slog.Logger) (Binaries, error) {
 	if b.Istioctl, err = EnsureIstioctl(ctx, log); err != nil {
 		return b, err
 	}
+	if b.PilotDiscovery, err = EnsurePilotDiscovery(ctx, log); err != nil {
+		return b, err
+	}
 	if b.Kubectl, err = EnsureKubectl(ctx, log); err != nil {
 		return b, err
 	}
@@ -138,6 +143,13 @@ func EnsurePilotAgent(ctx context.Context, log *slog.Logger) (string, error) {
 // it shares the module and most packages.
 func EnsureIstioctl(ctx context.Context, log *slog.Logger) (string, error) {
 	return ensure(ctx, log, istioctlSpec)
+}
+
+// EnsurePilotDiscovery returns the path of the cached pilot-discovery binary (istiod, the
+// reference of the differential tests), building it if missing: minutes cold, sharing the
+// module and most packages with pilot-agent.
+func EnsurePilotDiscovery(ctx context.Context, log *slog.Logger) (string, error) {
+	return ensure(ctx, log, pilotDiscoverySpec)
 }
 
 // EnsureConsul returns the path of the cached consul binary, building it if missing.
@@ -209,6 +221,14 @@ var istioctlSpec = buildSpec{
 	version: IstioVersion,
 	gomod:   istioGoMod,
 	pkg:     "istio.io/istio/istioctl/cmd/istioctl",
+	ldflags: "-X istio.io/istio/pkg/version.buildVersion=" + IstioVersion,
+}
+
+var pilotDiscoverySpec = buildSpec{
+	name:    "pilot-discovery",
+	version: IstioVersion,
+	gomod:   istioGoMod,
+	pkg:     "istio.io/istio/pilot/cmd/pilot-discovery",
 	ldflags: "-X istio.io/istio/pkg/version.buildVersion=" + IstioVersion,
 }
 

@@ -1,4 +1,4 @@
-// Command testenv builds the cached etcd, kube-apiserver, kubectl, consul,
+// Command testenv builds the cached etcd, kube-apiserver, kubectl, consul, pilot-discovery,
 // pilot-agent and istioctl binaries and runs them on 127.0.0.1 for a person.
 package main
 
@@ -53,6 +53,7 @@ func buildCmd() *cobra.Command {
 			fmt.Fprintf(out, "consul         %s\n", b.Consul)
 			fmt.Fprintf(out, "pilot-agent    %s\n", b.PilotAgent)
 			fmt.Fprintf(out, "istioctl       %s\n", b.Istioctl)
+			fmt.Fprintf(out, "pilot-discovery %s\n", b.PilotDiscovery)
 			fmt.Fprintf(out, "kubectl        %s\n", b.Kubectl)
 			return nil
 		},
