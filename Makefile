@@ -26,7 +26,7 @@ run: build
 
 # Builds (once) and caches etcd, kube-apiserver, kubectl, consul and Istio's pilot-agent and istioctl
 # (test clients) outside the repo, under $${SAILPLANE_CACHE:-~/.cache/sailplane}; tests start them on
-# 127.0.0.1. About 13 minutes with empty Go caches on 2 cores (README, "Tests and benchmarks").
+# 127.0.0.1. About 13 minutes with empty Go caches on 2 cores (README, "Tests"; docs/testing.md).
 testenv:
 	$(GO) run ./tools/cmd/testenv build
 
@@ -50,8 +50,8 @@ test-unit:
 	$(GO) test -count=1 -timeout 30m $(addprefix ./,$(addsuffix /...,$(filter-out e2e,$(MODULES))))
 
 # Each fuzz test for FUZZTIME (go test fuzzes one target per run): 52 s on 2 cores with a warm
-# build cache, about 2 min with an empty one (the fuzzer's instrumented builds; README, "Tests and
-# benchmarks"). Longer: go test -run '^$$' -fuzz '^FuzzParseValidate$$' -fuzztime 5m ./shared/config
+# build cache, about 2 min with an empty one (the fuzzer's instrumented builds;
+# docs/testing.md). Longer: go test -run '^$$' -fuzz '^FuzzParseValidate$$' -fuzztime 5m ./shared/config
 FUZZTIME ?= 10s
 FUZZ := FuzzParseValidate:./shared/config FuzzDecodeMCP:./shared/bus FuzzParseCSRFor:./shared/pki \
 	FuzzUnmarshalRequest:./services/xds-server/internal/xds

@@ -12,8 +12,11 @@ import (
 	"sailplane.dev/e2e/framework"
 )
 
-// settingsBinaries are the binaries the README's settings table covers: hyper, and the services
-// of microservice mode.
+// settingsPage holds the settings table, relative to the repository's root.
+const settingsPage = "docs/settings.md"
+
+// settingsBinaries are the binaries the settings table covers: hyper, and the services of
+// microservice mode.
 var settingsBinaries = []string{"hyper", "config-ingest", "endpoint-watcher", "xds-server", "ca", "webhook"}
 
 var (
@@ -22,11 +25,11 @@ var (
 	tableStart = "| setting | what it sets | hyper | microservice mode |"
 )
 
-// TestSettingsTable holds the README's settings table to the binaries: every flag a binary
-// takes (its --help) is in a row naming that binary, and every binary a row names takes the
-// row's flags.
+// TestSettingsTable holds the settings table of docs/settings.md to the binaries: every flag a
+// binary takes (its --help) is in a row naming that binary, and every binary a row names takes
+// the row's flags.
 func TestSettingsTable(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), settingsPage))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,13 +53,13 @@ func TestSettingsTable(t *testing.T) {
 			for _, f := range r.flags {
 				documented[f] = true
 				if !has[f] {
-					t.Errorf("README: the settings table says %s takes --%s; it does not", bin, f)
+					t.Errorf(settingsPage+": the settings table says %s takes --%s; it does not", bin, f)
 				}
 			}
 		}
 		for f := range has {
 			if !documented[f] {
-				t.Errorf("README: %s takes --%s, which the settings table does not list for it", bin, f)
+				t.Errorf(settingsPage+": %s takes --%s, which the settings table does not list for it", bin, f)
 			}
 		}
 	}
@@ -77,11 +80,11 @@ type settingsRow struct {
 	flags, binaries []string
 }
 
-func settingsRows(t *testing.T, readme string) []settingsRow {
+func settingsRows(t *testing.T, page string) []settingsRow {
 	t.Helper()
-	_, table, ok := strings.Cut(readme, tableStart+"\n")
+	_, table, ok := strings.Cut(page, tableStart+"\n")
 	if !ok {
-		t.Fatalf("README has no settings table (%q)", tableStart)
+		t.Fatalf(settingsPage+" has no settings table (%q)", tableStart)
 	}
 	var rows []settingsRow
 	for line := range strings.SplitSeq(table, "\n") {
@@ -90,7 +93,7 @@ func settingsRows(t *testing.T, readme string) []settingsRow {
 		}
 		cols := strings.Split(strings.Trim(line, "|"), "|")
 		if len(cols) != 4 {
-			t.Fatalf("README settings table: want 4 columns: %s", line)
+			t.Fatalf(settingsPage+" settings table: want 4 columns: %s", line)
 		}
 		if strings.HasPrefix(strings.TrimSpace(cols[0]), "---") {
 			continue
@@ -104,7 +107,7 @@ func settingsRows(t *testing.T, readme string) []settingsRow {
 			r.binaries = append(r.binaries, "hyper")
 		case "—":
 		default:
-			t.Fatalf("README settings table: the hyper column says %q, want yes or —: %s", cols[2], line)
+			t.Fatalf(settingsPage+" settings table: the hyper column says %q, want yes or —: %s", cols[2], line)
 		}
 		for name := range strings.SplitSeq(cols[3], ",") {
 			name = strings.TrimSpace(name)
@@ -112,7 +115,7 @@ func settingsRows(t *testing.T, readme string) []settingsRow {
 				continue
 			}
 			if !slices.Contains(settingsBinaries, name) {
-				t.Fatalf("README settings table: %q is not a service: %s", name, line)
+				t.Fatalf(settingsPage+" settings table: %q is not a service: %s", name, line)
 			}
 			r.binaries = append(r.binaries, name)
 		}

@@ -14,7 +14,7 @@ import (
 	"sailplane.dev/services/xds-server/internal/model"
 )
 
-// Tracing a push (see the README's "Traces"):
+// Tracing a push (see docs/operations.md, "Traces"):
 //
 //	bus.deliver (one per change)
 //	└─ xds.debounce        the change waiting for the debouncer
