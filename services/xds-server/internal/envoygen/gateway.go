@@ -26,6 +26,9 @@ type gatewayServer struct {
 	gwName  string
 	server  *networking.Server
 	proto   protocol
+	// listenPort is where the gateway pod listens for the server: the targetPort of the
+	// server's port in a Service selecting the pod, else the server's port itself.
+	listenPort uint32
 }
 
 // terminates reports whether the server ends TLS itself (SIMPLE, MUTUAL, ISTIO_MUTUAL); only
@@ -49,19 +52,20 @@ func (s gatewayServer) passthrough() bool {
 		s.server.GetTls().GetMode() == networking.ServerTLSSettings_PASSTHROUGH
 }
 
-// httpRouteName is the RDS name of an HTTP-speaking server: one per port for plaintext, one
-// per server for TLS-terminating ones, as istiod names them.
+// httpRouteName is the RDS name of an HTTP-speaking server: one per listening port for
+// plaintext, one per server for TLS-terminating ones, named, as istiod names them, by the
+// server's own port.
 func (s gatewayServer) httpRouteName() string {
-	port := itoa(s.server.GetPort().GetNumber())
 	if s.terminates() {
-		return "https." + port + "." + s.server.GetPort().GetName() + "." + s.gwName + "." + s.gwNS
+		return "https." + itoa(s.server.GetPort().GetNumber()) + "." + s.server.GetPort().GetName() + "." + s.gwName + "." + s.gwNS
 	}
-	return "http." + port
+	return "http." + itoa(s.listenPort)
 }
 
 // gatewayServers lists the servers of the Gateways whose selector matches the proxy's labels.
 func (b *builder) gatewayServers() []gatewayServer {
 	var out []gatewayServer
+	ports := b.ix.gatewayPorts(b.proxy)
 	for i := range b.snap.Gateways {
 		gw := &b.snap.Gateways[i]
 		if !model.LabelsMatch(gw.Spec.GetSelector(), b.proxy.Labels) {
@@ -72,7 +76,41 @@ func (b *builder) gatewayServers() []gatewayServer {
 				continue
 			}
 			out = append(out, gatewayServer{gateway: gw.Namespace + "/" + gw.Name, gwNS: gw.Namespace, gwName: gw.Name,
-				server: s, proto: parseProtocol(s.GetPort().GetProtocol())})
+				server: s, proto: parseProtocol(s.GetPort().GetProtocol()),
+				listenPort: cmp.Or(ports[s.GetPort().GetNumber()], s.GetPort().GetNumber())})
+		}
+	}
+	return out
+}
+
+// DisableGatewayPortTranslationLabel on a Service keeps its ports from translating Gateway
+// ports (istiod's, for Knative).
+const DisableGatewayPortTranslationLabel = "experimental.istio.io/disable-gateway-port-translation"
+
+// gatewayPorts maps service ports to the ports the gateway pod listens on, from the services
+// that have the pod among their endpoints, as istiod translates Gateway ports (resolvePorts):
+// a Gateway server on port 80 of a Service whose targetPort is 8080 listens on 8080, since the
+// Service delivers there. The first service (by hostname) mapping a port wins. A named
+// targetPort the pod does not declare is left out of its EndpointSlice, so it maps nothing,
+// and a port no Service maps is listened on as written.
+func (ix *snapIndex) gatewayPorts(proxy *model.Proxy) map[uint32]uint32 {
+	out := map[uint32]uint32{}
+	for _, ip := range proxy.IPs {
+		for _, e := range ix.byIP[ip] {
+			if _, off := e.svc.Spec.GetLabels()[DisableGatewayPortTranslationLabel]; off {
+				continue
+			}
+			for _, p := range e.svc.Spec.GetPorts() {
+				if _, done := out[p.GetNumber()]; done {
+					continue
+				}
+				if _, ok := e.ep.GetPorts()[p.GetName()]; len(e.ep.GetPorts()) > 0 && !ok {
+					continue // unresolved named targetPort
+				}
+				if t := translate.EndpointPort(e.ep, p); t != 0 {
+					out[p.GetNumber()] = t
+				}
+			}
 		}
 	}
 	return out
@@ -126,7 +164,7 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 	byPort := map[uint32][]gatewayServer{}
 	var ports []uint32
 	for _, s := range b.gatewayServers() {
-		p := s.server.GetPort().GetNumber()
+		p := s.listenPort
 		if byPort[p] == nil {
 			ports = append(ports, p)
 		}
@@ -153,6 +191,8 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 		httpDone := false
 		for _, s := range byPort[port] {
 			log := b.log.With("gateway", s.gateway, "port", port)
+			// VirtualService port matches and default destination ports are the server's.
+			serverPort := s.server.GetPort().GetNumber()
 			switch {
 			case s.terminates() && strings.EqualFold(s.server.GetPort().GetProtocol(), "HTTPS"):
 				hcm := b.hcm("outbound_"+name, s.httpRouteName(), nil, true)
@@ -169,11 +209,11 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 				addChain(&listenerv3.FilterChain{Filters: []*listenerv3.Filter{
 					hcmFilterOf(b.hcm("outbound_"+name, s.httpRouteName(), nil, true))}})
 			case s.passthrough():
-				for _, fc := range b.passthroughChains(s, port) {
+				for _, fc := range b.passthroughChains(s, serverPort) {
 					addChain(fc)
 				}
 			case s.proto == protoTCP || s.terminates():
-				tp := b.gatewayTCPRoute(s, port)
+				tp := b.gatewayTCPRoute(s, serverPort)
 				if tp == nil {
 					log.Debug("no tcp route for gateway server")
 					continue
