@@ -407,6 +407,24 @@ func (b *builder) gatewayRoutes() []*routev3.RouteConfiguration {
 	return out
 }
 
+// redirectHosts are the hosts of an httpsRedirect server that get a redirecting virtual host
+// of their own, lower-cased as istiod's. Hosts limited to a namespace ("ns/host") are left out:
+// istiod writes them into the domain as they are ("ns/host"), which no Host header matches.
+func redirectHosts(s gatewayServer) []string {
+	var out []string
+	for _, h := range s.server.GetHosts() {
+		ns, host, ok := strings.Cut(h, "/")
+		if ok && ns != "*" {
+			continue
+		}
+		if !ok {
+			host = ns
+		}
+		out = append(out, strings.ToLower(host))
+	}
+	return out
+}
+
 func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *routev3.RouteConfiguration {
 	rc := &routev3.RouteConfiguration{Name: name, ValidateClusters: wrapperspb.Bool(false),
 		IgnorePortInHostMatching: true}
@@ -414,7 +432,8 @@ func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *rout
 	vhosts := map[string]*routev3.VirtualHost{}
 	added := map[string]bool{}
 	for _, s := range servers {
-		redirect := s.server.GetTls().GetHttpsRedirect() && !s.terminates()
+		// istiod sets require_tls on an HTTPS server's hosts too, where it changes nothing.
+		redirect := s.server.GetTls().GetHttpsRedirect()
 		for _, vs := range b.boundVirtualServices(s.gateway) {
 			hosts := serverHosts(s, vs.Namespace)
 			for _, vh := range vs.Spec.GetHosts() {
@@ -424,6 +443,7 @@ func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *rout
 					if !ok {
 						continue
 					}
+					host = strings.ToLower(host)
 					// A VirtualService reached through several servers or hosts adds its routes once.
 					key := host + "\x00" + vs.Namespace + "/" + vs.Name
 					if added[key] {
@@ -443,6 +463,15 @@ func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *rout
 					if redirect {
 						v.RequireTls = routev3.VirtualHost_ALL
 					}
+				}
+			}
+		}
+		if redirect {
+			// A host no VirtualService routes still redirects plaintext requests to HTTPS.
+			for _, host := range redirectHosts(s) {
+				if vhosts[host] == nil {
+					vhosts[host] = &routev3.VirtualHost{Name: host + ":" + itoa(port), Domains: []string{host},
+						IncludeRequestAttemptCount: true, RequireTls: routev3.VirtualHost_ALL}
 				}
 			}
 		}
