@@ -335,30 +335,32 @@ func tcpProxyFor(dests []translate.WeightedDest) *tcpv3.TcpProxy {
 	return &tcpv3.TcpProxy{StatPrefix: dests[0].Cluster, ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}}
 }
 
-// downstreamTLS terminates TLS with certificates the agent serves over SDS: Kubernetes
-// secrets as "kubernetes://<credentialName>", files as "file-cert:<cert>~<key>".
+// downstreamTLS terminates TLS with certificates served over SDS: Kubernetes secrets as
+// "kubernetes://<credentialName>" over ADS (see credentialSDS), files as
+// "file-cert:<cert>~<key>" by the agent.
 func downstreamTLS(t *networking.ServerTLSSettings, http bool) *corev3.TransportSocket {
 	ctx := &tlsv3.DownstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{}}
 	common := ctx.CommonTlsContext
 	if http {
 		common.AlpnProtocols = []string{"h2", "http/1.1"}
 	}
-	var root string
+	var root *tlsv3.SdsSecretConfig
 	switch {
 	case t.GetMode() == networking.ServerTLSSettings_ISTIO_MUTUAL:
 		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret("default")}
-		root = "ROOTCA"
+		root = sdsSecret("ROOTCA")
 	case t.GetCredentialName() != "":
-		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret("kubernetes://" + t.GetCredentialName())}
-		root = "kubernetes://" + t.GetCredentialName() + "-cacert"
+		name := credentialResource(t.GetCredentialName())
+		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{credentialSDS(name)}
+		root = credentialSDS(name + "-cacert")
 	default:
 		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{
 			sdsSecret("file-cert:" + t.GetServerCertificate() + "~" + t.GetPrivateKey())}
 		if t.GetCaCertificates() != "" {
-			root = "file-root:" + t.GetCaCertificates()
+			root = sdsSecret("file-root:" + t.GetCaCertificates())
 		}
 	}
-	if t.GetMode() != networking.ServerTLSSettings_SIMPLE && root != "" {
+	if t.GetMode() != networking.ServerTLSSettings_SIMPLE && root != nil {
 		v := &tlsv3.CertificateValidationContext{}
 		for _, s := range t.GetSubjectAltNames() {
 			v.MatchTypedSubjectAltNames = append(v.MatchTypedSubjectAltNames, &tlsv3.SubjectAltNameMatcher{
@@ -367,7 +369,7 @@ func downstreamTLS(t *networking.ServerTLSSettings, http bool) *corev3.Transport
 		}
 		common.ValidationContextType = &tlsv3.CommonTlsContext_CombinedValidationContext{
 			CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
-				DefaultValidationContext: v, ValidationContextSdsSecretConfig: sdsSecret(root)}}
+				DefaultValidationContext: v, ValidationContextSdsSecretConfig: root}}
 		ctx.RequireClientCertificate = wrapperspb.Bool(t.GetMode() != networking.ServerTLSSettings_OPTIONAL_MUTUAL)
 	}
 	if v, ok := tlsVersions[t.GetMinProtocolVersion()]; ok || t.GetMaxProtocolVersion() != 0 {

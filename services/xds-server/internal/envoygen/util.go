@@ -62,6 +62,19 @@ func newSDSSecret(name string) *tlsv3.SdsSecretConfig {
 	}}
 }
 
+// credentialSDS names a credentialName secret ("kubernetes://<name>", its "-cacert" CA, a
+// "configmap://" CA), which istiod serves over ADS itself (its agent serves only the workload's
+// own certificates) after checking that the proxy may read it. Like istiod, no initial fetch
+// timeout of 0: a secret that never comes must not hold the whole listener or cluster back
+// (without it the TLS handshakes fail, they never fall back to plaintext). Sailplane's
+// xds-server serves no such secrets yet.
+func credentialSDS(name string) *tlsv3.SdsSecretConfig {
+	return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: &corev3.ConfigSource{
+		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+		ResourceApiVersion:    corev3.ApiVersion_V3,
+	}}
+}
+
 // specOf is the spec of an optional config, nil when there is none.
 func specOf[T proto.Message](c *model.Config[T]) T {
 	if c == nil {
