@@ -32,6 +32,7 @@ var pushStatusMetrics = []struct{ name, help string }{
 	{model.MetricEDSNoInstances, "Number of clusters without instances."},
 	{model.MetricEndpointNotReady, "Endpoint found in unready state."},
 	{model.MetricClusterTLSRefused, "Clusters left out because their DestinationRule asks for TLS the proxy cannot be given."},
+	{model.MetricCredentialNotServed, "credentialName secrets gateways need that are not served over SDS."},
 }
 
 // pushStatus is istiod's push status: the problems generation reported for the config version

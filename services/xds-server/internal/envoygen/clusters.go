@@ -528,9 +528,11 @@ func (b *builder) upstreamTLS(t *networking.ClientTLSSettings, svc *model.Servic
 			name := credentialResource(cred)
 			if mutual {
 				common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{credentialSDS(name)}
+				b.credentialNotServed(name)
 			}
 			if !skipVerify {
 				common.ValidationContextType = combinedValidationFrom(sans, credentialSDS(name+"-cacert"))
+				b.credentialNotServed(name + "-cacert")
 			}
 		default:
 			if mutual { // with both files: tlsRefusal leaves out clusters without them

@@ -191,6 +191,13 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 		httpDone := false
 		for _, s := range byPort[port] {
 			log := b.log.With("gateway", s.gateway, "port", port)
+			if cred := s.server.GetTls().GetCredentialName(); cred != "" && s.terminates() &&
+				s.server.GetTls().GetMode() != networking.ServerTLSSettings_ISTIO_MUTUAL {
+				b.credentialNotServed(credentialResource(cred))
+				if m := s.server.GetTls().GetMode(); m == networking.ServerTLSSettings_MUTUAL || m == networking.ServerTLSSettings_OPTIONAL_MUTUAL {
+					b.credentialNotServed(credentialResource(cred) + "-cacert")
+				}
+			}
 			// VirtualService port matches and default destination ports are the server's.
 			serverPort := s.server.GetPort().GetNumber()
 			switch {

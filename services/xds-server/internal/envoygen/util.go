@@ -75,6 +75,15 @@ func credentialSDS(name string) *tlsv3.SdsSecretConfig {
 	}}
 }
 
+// credentialNotServed reports the credentialName secrets (SDS names) the proxy's TLS needs:
+// none reaches it until a Secret SDS server exists, so its handshakes that need them fail.
+func (b *builder) credentialNotServed(names ...string) {
+	for _, n := range names {
+		b.report(model.MetricCredentialNotServed, n, "credentialName secret "+n+
+			" is not served: Sailplane serves no Kubernetes Secrets over SDS yet, so TLS handshakes needing it fail")
+	}
+}
+
 // specOf is the spec of an optional config, nil when there is none.
 func specOf[T proto.Message](c *model.Config[T]) T {
 	if c == nil {

@@ -26,6 +26,10 @@ const (
 	// DestinationRule asks for TLS this proxy cannot be given was left out rather than sent
 	// without that TLS (key: the cluster).
 	MetricClusterTLSRefused = "sailplane_cluster_tls_refused"
+	// MetricCredentialNotServed (Sailplane's own): a gateway's TLS needs a credentialName
+	// secret, which Sailplane does not serve over SDS yet; the handshakes needing it fail
+	// (key: the SDS resource, "kubernetes://<name>").
+	MetricCredentialNotServed = "sailplane_credential_not_served"
 )
 
 // Problem is one entry of the push status: istiod's ProxyPushStatus under its metric and key.
