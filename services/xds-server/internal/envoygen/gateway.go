@@ -441,6 +441,9 @@ func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *rout
 	vhosts := map[string]*routev3.VirtualHost{}
 	added := map[string]bool{}
 	for _, s := range servers {
+		// Servers of several ports may share a listening port: each names its virtual hosts
+		// and matches routes by its own, as istiod's.
+		port := s.server.GetPort().GetNumber()
 		// istiod sets require_tls on an HTTPS server's hosts too, where it changes nothing.
 		redirect := s.server.GetTls().GetHttpsRedirect()
 		for _, vs := range b.boundVirtualServices(s.gateway) {
