@@ -413,7 +413,7 @@ func TestValidateGatewayAndSidecarHosts(t *testing.T) {
 		"*": true, "ns/*": true, "*/*": true, "./foo.example.com": true, "foo.example.com": true,
 		"*.example.com": true, "1.2.3.4": true, "ns/1.2.3.4": true, "example.com.": true,
 		"UPPER.Example.com": true,
-		"ext-host": false, "ns/ext-host": false, "foo*.example.com": false, "*foo.example.com": false,
+		"ext-host":          false, "ns/ext-host": false, "foo*.example.com": false, "*foo.example.com": false,
 		"~/foo.example.com": false, "/foo.com": false, "ns/": false, "Bad_NS/a.com": false,
 		"foo.123": false, "::1": false, "2001:db8::1": false, "a..b.com": false,
 	}
