@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -18,6 +19,7 @@ import (
 	origdstv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/original_dst/v3"
 	tlsinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	mongov3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/mongo_proxy/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/proto"
@@ -35,6 +37,7 @@ import (
 const (
 	hcmFilter           = "envoy.filters.network.http_connection_manager"
 	tcpProxyFilter      = "envoy.filters.network.tcp_proxy"
+	mongoProxyFilter    = "envoy.filters.network.mongo_proxy"
 	faultFilter         = "envoy.filters.http.fault"
 	corsFilter          = "envoy.filters.http.cors"
 	routerFilter        = "envoy.filters.http.router"
@@ -127,7 +130,7 @@ func (b *builder) virtualInbound() *listenerv3.Listener {
 	for _, in := range ports {
 		name := "0.0.0.0_" + itoa(in.port)
 		cluster := InboundClusterName(in.port)
-		c := inboundChain{name: name, httpName: name, port: in.port, cluster: cluster, proto: in.proto}
+		c := inboundChain{name: name, httpName: name, port: in.port, cluster: cluster, proto: in.proto, mongo: in.mongo}
 		var httpFilter *listenerv3.Filter
 		if in.proto.carriesHTTP() {
 			httpFilter = hcmFilterOf(b.inboundHCM("inbound_"+name, cluster, in.port))
@@ -144,6 +147,7 @@ type inboundChain struct {
 	port           uint32
 	cluster        string // also the stat prefix of TCP chains, as istiod names them
 	proto          protocol
+	mongo          bool
 }
 
 // inboundChains builds c's chains for mode: the HTTP ones run httpFilter (an HTTP manager,
@@ -162,7 +166,11 @@ func (b *builder) inboundChains(c inboundChain, mode authn.Mode, tcpAuthz []*lis
 			fc.Name = c.httpName
 			fc.Filters = []*listenerv3.Filter{httpFilter}
 		} else {
-			fc.Filters = append(slices.Clip(tcpAuthz), tcpProxy(c.cluster, c.cluster))
+			fc.Filters = slices.Clip(tcpAuthz)
+			if c.mongo {
+				fc.Filters = append(fc.Filters, mongoProxy(c.cluster))
+			}
+			fc.Filters = append(fc.Filters, tcpProxy(c.cluster, c.cluster))
 		}
 		if opt.mtls {
 			fc.TransportSocket = b.inboundMTLS(opt.http)
@@ -356,14 +364,36 @@ type outboundListener struct {
 	// "<host>:<port>" (sniffedHost), the wildcard listener shares "<port>".
 	rds         string
 	sniffedHost string
-	sni         []tcpChain // TLS services told apart by SNI
-	tcp         *tcpChain  // the one TCP service that takes every connection no other chain matches
+	// matched are the services a chain match tells apart: TLS ones by SNI, those of a
+	// ServiceEntry's CIDR address by destination range (and SNI for TLS).
+	matched []tcpChain
+	tcp     *tcpChain // the one TCP service that takes every connection no other chain matches
 }
 
 type tcpChain struct {
 	host  string
 	proto protocol
+	// mongo: a MONGO port, which Envoy's mongo_proxy decodes before tcp_proxy, as istiod does.
+	mongo bool
+	sni   []string // nil: any server name
+	cidrs []string // nil: any destination
 	proxy *tcpv3.TcpProxy
+}
+
+// sameMatch reports whether two chains match the same connections, which Envoy refuses on one
+// listener: same server names and same destination ranges once masked (1.2.3.4/8 is 1.5.6.7/8).
+func (c tcpChain) sameMatch(o tcpChain) bool {
+	masked := func(cidrs []string) []string {
+		var out []string
+		for _, s := range cidrs {
+			if p, err := netip.ParsePrefix(s); err == nil {
+				out = append(out, p.Masked().String())
+			}
+		}
+		slices.Sort(out)
+		return slices.Compact(out)
+	}
+	return slices.Equal(c.sni, o.sni) && slices.Equal(masked(c.cidrs), masked(o.cidrs))
 }
 
 // plaintextHTTPALPNs are the protocols http_inspector reports for HTTP/1.1 and cleartext HTTP/2
@@ -379,6 +409,9 @@ var plaintextHTTPALPNs = []string{"http/1.1", "h2c"}
 // what matches nothing goes to the port's TCP service if there is one, else to the outbound
 // traffic policy's PassthroughFilterChain, so a destination outside the registry on a known
 // port is passed through (ALLOW_ANY) or dropped (REGISTRY_ONLY) rather than broken.
+//
+// A ServiceEntry address that is a CIDR range cannot be a listener's address: its service
+// gets a chain matching the range (prefix_ranges) on the wildcard listener instead.
 //
 // A port whose protocol is not declared gets both: the service's TCP chain and an HTTP chain
 // for what http_inspector finds to be plaintext HTTP, so HTTP VirtualServices apply to it.
@@ -414,18 +447,13 @@ func (b *builder) outboundEntries() []*outboundListener {
 				ol.rds, ol.sniffedHost = itoa(p.GetNumber()), ""
 				continue
 			}
-			ip := wildcardIP
-			if a := svc.Spec.GetAddresses(); len(a) > 0 && a[0] != "" {
-				ip = a[0]
-			}
-			ips := []string{ip}
-			if model.ListensPerEndpoint(svc.Spec) {
-				if eps, ok := b.endpointListenIPs(svc); ok {
-					ips = eps
+			base := tcpChain{host: host, proto: proto, mongo: isMongo(p.GetProtocol()),
+				proxy: b.tcpRoute(host, p.GetNumber())}
+			for _, addr := range b.tcpListenAddresses(svc) {
+				chain, ip := base, addr
+				if strings.Contains(addr, "/") {
+					chain.cidrs, ip = []string{addr}, wildcardIP
 				}
-			}
-			chain := tcpChain{host: host, proto: proto, proxy: b.tcpRoute(host, p.GetNumber())}
-			for _, ip := range ips {
 				ol := listener(ip, p.GetNumber())
 				if proto == protoSniffed && ol.rds == "" {
 					ol.rds = itoa(p.GetNumber())
@@ -433,20 +461,50 @@ func (b *builder) outboundEntries() []*outboundListener {
 						ol.rds, ol.sniffedHost = host+":"+itoa(p.GetNumber()), host
 					}
 				}
+				if ip == wildcardIP && proto == protoTLS {
+					chain.sni = []string{host}
+				}
+				var taken *tcpChain
 				switch {
-				case ip == wildcardIP && proto == protoTLS:
-					ol.sni = append(ol.sni, chain)
+				case chain.sni != nil || chain.cidrs != nil:
+					if i := slices.IndexFunc(ol.matched, chain.sameMatch); i >= 0 {
+						taken = &ol.matched[i]
+						break
+					}
+					ol.matched = append(ol.matched, chain)
 				case ol.tcp == nil:
 					ol.tcp = &chain
 				default:
+					taken = ol.tcp
+				}
+				if taken != nil {
 					b.log.Debug("skipping conflicting outbound listener", "listener", ol.name, "host", host)
 					b.report(model.MetricOutboundTCPConflict, ol.name, fmt.Sprintf("Listener=%s Accepted=%s Rejected=%s (%s)",
-						ol.name, ol.tcp.proto.listenerProtocol(), proto.listenerProtocol(), host))
+						ol.name, taken.proto.listenerProtocol(), proto.listenerProtocol(), host))
 				}
 			}
 		}
 	}
 	return order
+}
+
+// tcpListenAddresses are the addresses of a service's listeners for its non-HTTP ports, IPs or
+// CIDR ranges: every address of a ServiceEntry (istiod makes a service of each), the first VIP
+// of other registries; without VIP, the wildcard, or the endpoints (see endpointListenIPs).
+func (b *builder) tcpListenAddresses(svc *model.Service) []string {
+	addrs := svc.Spec.GetAddresses()
+	if len(addrs) > 0 && addrs[0] != "" {
+		if svc.Spec.GetRegistry() != "serviceentry" {
+			return addrs[:1]
+		}
+		return slices.DeleteFunc(slices.Clone(addrs), func(a string) bool { return a == "" })
+	}
+	if model.ListensPerEndpoint(svc.Spec) {
+		if eps, ok := b.endpointListenIPs(svc); ok {
+			return eps
+		}
+	}
+	return []string{wildcardIP}
 }
 
 // endpointListenIPs are the addresses of the listeners istiod gives a service without VIP nor
@@ -480,7 +538,7 @@ func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
 		ContinueOnListenerFiltersTimeout: true,
 		ListenerFiltersTimeout:           durationpb.New(0),
 	}
-	if len(ol.sni) > 0 {
+	if slices.ContainsFunc(ol.matched, func(c tcpChain) bool { return c.sni != nil }) {
 		l.ListenerFilters = append(l.ListenerFilters, listenerFilter(tlsInspectorFilter,
 			&tlsinspectorv3.TlsInspector{InitialReadBufferSize: wrapperspb.UInt32(512)}))
 	}
@@ -495,22 +553,24 @@ func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
 		l.ListenerFilters = append(l.ListenerFilters, listenerFilter(httpInspectorFilter, &httpinspectorv3.HttpInspector{}))
 		l.ListenerFiltersTimeout = b.protocolDetectionTimeout()
 	}
-	slices.SortStableFunc(ol.sni, func(a, b tcpChain) int { return cmp.Compare(a.host, b.host) })
-	seen := map[string]bool{}
-	for _, c := range ol.sni {
-		if seen[c.host] {
-			continue
+	slices.SortStableFunc(ol.matched, func(a, b tcpChain) int {
+		return cmp.Or(cmp.Compare(a.host, b.host), slices.Compare(a.cidrs, b.cidrs))
+	})
+	for _, c := range ol.matched {
+		fc := serviceChain(c)
+		fc.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: c.sni}
+		for _, cidr := range c.cidrs {
+			p := netip.MustParsePrefix(cidr) // only prefixes are put in cidrs
+			fc.FilterChainMatch.PrefixRanges = append(fc.FilterChainMatch.PrefixRanges, &corev3.CidrRange{
+				AddressPrefix: p.Addr().String(), PrefixLen: wrapperspb.UInt32(uint32(p.Bits()))})
 		}
-		seen[c.host] = true
-		fc := serviceChain(c.proxy)
-		fc.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: []string{c.host}}
 		l.FilterChains = append(l.FilterChains, fc)
 	}
 	switch {
 	case ol.tcp != nil && len(l.FilterChains) == 0:
-		l.FilterChains = []*listenerv3.FilterChain{serviceChain(ol.tcp.proxy)}
+		l.FilterChains = []*listenerv3.FilterChain{serviceChain(*ol.tcp)}
 	case ol.tcp != nil:
-		l.DefaultFilterChain = serviceChain(ol.tcp.proxy)
+		l.DefaultFilterChain = serviceChain(*ol.tcp)
 	default:
 		fallback := b.outboundFallbackCluster()
 		l.DefaultFilterChain = &listenerv3.FilterChain{
@@ -524,9 +584,22 @@ func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
 
 // serviceChain is a filter chain forwarding to a service; istiod bounds the transport
 // handshake of every such chain, against slow-handshake exhaustion.
-func serviceChain(tp *tcpv3.TcpProxy) *listenerv3.FilterChain {
-	return &listenerv3.FilterChain{Filters: []*listenerv3.Filter{tcpProxyFilterOf(tp)},
+func serviceChain(c tcpChain) *listenerv3.FilterChain {
+	var filters []*listenerv3.Filter
+	if c.mongo {
+		filters = append(filters, mongoProxy(c.proxy.GetStatPrefix()))
+	}
+	return &listenerv3.FilterChain{Filters: append(filters, tcpProxyFilterOf(c.proxy)),
 		TransportSocketConnectTimeout: durationpb.New(transportSocketConnectTimeout)}
+}
+
+func isMongo(protocol string) bool { return strings.EqualFold(protocol, "MONGO") }
+
+// mongoProxy decodes MongoDB's wire protocol for its statistics; istiod adds it by default
+// (PILOT_ENABLE_MONGO_FILTER) before the tcp_proxy of MONGO ports, with the same stat prefix.
+func mongoProxy(statPrefix string) *listenerv3.Filter {
+	return &listenerv3.Filter{Name: mongoProxyFilter, ConfigType: &listenerv3.Filter_TypedConfig{
+		TypedConfig: mustAny(&mongov3.MongoProxy{StatPrefix: statPrefix})}}
 }
 
 // protocolDetectionTimeout is how long http_inspector waits for the client to speak first:
