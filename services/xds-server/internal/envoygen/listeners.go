@@ -386,7 +386,7 @@ func (c tcpChain) sameMatch(o tcpChain) bool {
 	masked := func(cidrs []string) []string {
 		var out []string
 		for _, s := range cidrs {
-			if p, err := netip.ParsePrefix(s); err == nil {
+			if p, ok := parseRange(s); ok {
 				out = append(out, p.Masked().String())
 			}
 		}
@@ -394,6 +394,15 @@ func (c tcpChain) sameMatch(o tcpChain) bool {
 		return slices.Compact(out)
 	}
 	return slices.Equal(c.sni, o.sni) && slices.Equal(masked(c.cidrs), masked(o.cidrs))
+}
+
+// parseRange reads a destination range: a CIDR, or an IP standing for itself alone.
+func parseRange(s string) (netip.Prefix, bool) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.PrefixFrom(a, a.BitLen()), true
+	}
+	p, err := netip.ParsePrefix(s)
+	return p, err == nil
 }
 
 // plaintextHTTPALPNs are the protocols http_inspector reports for HTTP/1.1 and cleartext HTTP/2
@@ -464,23 +473,31 @@ func (b *builder) outboundEntries() []*outboundListener {
 				if ip == wildcardIP && proto == protoTLS {
 					chain.sni = []string{host}
 				}
-				var taken *tcpChain
-				switch {
-				case chain.sni != nil || chain.cidrs != nil:
-					if i := slices.IndexFunc(ol.matched, chain.sameMatch); i >= 0 {
-						taken = &ol.matched[i]
-						break
+				chains := []tcpChain{chain}
+				if proto == protoTLS {
+					if routed := b.tlsRouteChains(host, p.GetNumber(), chain.cidrs); len(routed) > 0 {
+						chains = routed
 					}
-					ol.matched = append(ol.matched, chain)
-				case ol.tcp == nil:
-					ol.tcp = &chain
-				default:
-					taken = ol.tcp
 				}
-				if taken != nil {
-					b.log.Debug("skipping conflicting outbound listener", "listener", ol.name, "host", host)
-					b.report(model.MetricOutboundTCPConflict, ol.name, fmt.Sprintf("Listener=%s Accepted=%s Rejected=%s (%s)",
-						ol.name, taken.proto.listenerProtocol(), proto.listenerProtocol(), host))
+				for _, chain := range chains {
+					var taken *tcpChain
+					switch {
+					case chain.sni != nil || chain.cidrs != nil:
+						if i := slices.IndexFunc(ol.matched, chain.sameMatch); i >= 0 {
+							taken = &ol.matched[i]
+							break
+						}
+						ol.matched = append(ol.matched, chain)
+					case ol.tcp == nil:
+						ol.tcp = &chain
+					default:
+						taken = ol.tcp
+					}
+					if taken != nil {
+						b.log.Debug("skipping conflicting outbound listener", "listener", ol.name, "host", host)
+						b.report(model.MetricOutboundTCPConflict, ol.name, fmt.Sprintf("Listener=%s Accepted=%s Rejected=%s (%s)",
+							ol.name, taken.proto.listenerProtocol(), proto.listenerProtocol(), host))
+					}
 				}
 			}
 		}
@@ -560,7 +577,11 @@ func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
 		fc := serviceChain(c)
 		fc.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: c.sni}
 		for _, cidr := range c.cidrs {
-			p := netip.MustParsePrefix(cidr) // only prefixes are put in cidrs
+			p, ok := parseRange(cidr)
+			if !ok {
+				b.log.Debug("skipping destination range that is no IP nor CIDR", "range", cidr, "host", c.host)
+				continue
+			}
 			fc.FilterChainMatch.PrefixRanges = append(fc.FilterChainMatch.PrefixRanges, &corev3.CidrRange{
 				AddressPrefix: p.Addr().String(), PrefixLen: wrapperspb.UInt32(uint32(p.Bits()))})
 		}
@@ -619,32 +640,70 @@ func listenerFilter(name string, cfg proto.Message) *listenerv3.ListenerFilter {
 // tcp route of its VirtualService, else the service's own cluster.
 func (b *builder) tcpRoute(host string, port uint32) *tcpv3.TcpProxy {
 	def := ClusterName(port, "", host)
-	tp := &tcpv3.TcpProxy{StatPrefix: def, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: def}}
+	if vs := b.binds.VirtualService(host); vs != nil {
+		for _, r := range vs.Spec.GetTcp() {
+			if !b.l4Matches(r.GetMatch(), port) {
+				continue
+			}
+			if tp := b.routeProxy(vs, r.GetRoute(), host, port, def); tp != nil {
+				return tp
+			}
+		}
+	}
+	return &tcpv3.TcpProxy{StatPrefix: def, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: def}}
+}
+
+// routeProxy is the tcp_proxy to a tcp or tls route's destinations, nil when none is usable;
+// statPrefix names the stats of a weighted split.
+func (b *builder) routeProxy(vs *model.Config[*networking.VirtualService], routes []*networking.RouteDestination,
+	host string, port uint32, statPrefix string) *tcpv3.TcpProxy {
+	dests := translate.WeightedDestinations(b.snap.Services, routes, vs.Namespace, host, port)
+	switch len(dests) {
+	case 0:
+		return nil
+	case 1:
+		return &tcpv3.TcpProxy{StatPrefix: dests[0].Cluster, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: dests[0].Cluster}}
+	}
+	wc := &tcpv3.TcpProxy_WeightedCluster{}
+	for _, d := range dests {
+		wc.Clusters = append(wc.Clusters, &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: d.Cluster, Weight: d.Weight})
+	}
+	return &tcpv3.TcpProxy{StatPrefix: statPrefix, ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}}
+}
+
+// tlsRouteChains are the chains the tls routes of a TLS port's VirtualService make, as
+// istiod's: one per match that applies to this sidecar and port, matching its sniHosts ("*":
+// any) and its destinationSubnets, else the address's range (cidrs), and forwarding to the
+// route's destinations; of matches alike the first wins. None when no route applies, which
+// leaves the service's own chain.
+func (b *builder) tlsRouteChains(host string, port uint32, cidrs []string) []tcpChain {
 	vs := b.binds.VirtualService(host)
 	if vs == nil {
-		return tp
+		return nil
 	}
-	for _, r := range vs.Spec.GetTcp() {
-		if !b.l4Matches(r.GetMatch(), port) {
-			continue
-		}
-		dests := translate.WeightedDestinations(b.snap.Services, r.GetRoute(), vs.Namespace, host, port)
-		switch len(dests) {
-		case 0:
-			continue
-		case 1:
-			tp.StatPrefix = dests[0].Cluster
-			tp.ClusterSpecifier = &tcpv3.TcpProxy_Cluster{Cluster: dests[0].Cluster}
-		default:
-			wc := &tcpv3.TcpProxy_WeightedCluster{}
-			for _, d := range dests {
-				wc.Clusters = append(wc.Clusters, &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: d.Cluster, Weight: d.Weight})
+	var out []tcpChain
+	for _, r := range vs.Spec.GetTls() {
+		for _, m := range r.GetMatch() {
+			if (m.GetPort() != 0 && m.GetPort() != port) || !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), m.GetGateways()) {
+				continue
 			}
-			tp.ClusterSpecifier = &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}
+			tp := b.routeProxy(vs, r.GetRoute(), host, port, ClusterName(port, "", host))
+			if tp == nil {
+				continue
+			}
+			c := tcpChain{host: host, proto: protoTLS, cidrs: cidrs, proxy: tp}
+			if len(m.GetDestinationSubnets()) > 0 {
+				c.cidrs = m.GetDestinationSubnets()
+			}
+			if !slices.Contains(m.GetSniHosts(), "*") {
+				c.sni = slices.Sorted(slices.Values(m.GetSniHosts()))
+			}
+			if !slices.ContainsFunc(out, c.sameMatch) {
+				out = append(out, c)
+			}
 		}
-		return tp
 	}
-	return tp
+	return out
 }
 
 // l4Matches reports whether any of a tcp route's matches (none = all) applies to this sidecar
