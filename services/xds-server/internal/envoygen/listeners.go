@@ -456,8 +456,7 @@ func (b *builder) outboundEntries() []*outboundListener {
 				ol.rds, ol.sniffedHost = itoa(p.GetNumber()), ""
 				continue
 			}
-			base := tcpChain{host: host, proto: proto, mongo: isMongo(p.GetProtocol()),
-				proxy: b.tcpRoute(host, p.GetNumber())}
+			base := tcpChain{host: host, proto: proto, mongo: isMongo(p.GetProtocol())}
 			for _, addr := range b.tcpListenAddresses(svc) {
 				chain, ip := base, addr
 				if strings.Contains(addr, "/") {
@@ -473,11 +472,12 @@ func (b *builder) outboundEntries() []*outboundListener {
 				if ip == wildcardIP && proto == protoTLS {
 					chain.sni = []string{host}
 				}
-				chains := []tcpChain{chain}
+				var chains []tcpChain
 				if proto == protoTLS {
-					if routed := b.tlsRouteChains(host, p.GetNumber(), chain.cidrs); len(routed) > 0 {
-						chains = routed
-					}
+					chains = b.tlsRouteChains(host, p.GetNumber(), chain.cidrs)
+				}
+				if len(chains) == 0 {
+					chains = b.tcpRouteChains(chain, p.GetNumber())
 				}
 				for _, chain := range chains {
 					var taken *tcpChain
@@ -576,7 +576,7 @@ func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
 	for _, c := range ol.matched {
 		fc := serviceChain(c)
 		fc.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: c.sni}
-		for _, cidr := range c.cidrs {
+		for _, cidr := range slices.Sorted(slices.Values(c.cidrs)) { // sorted, as istiod writes them
 			p, ok := parseRange(cidr)
 			if !ok {
 				b.log.Debug("skipping destination range that is no IP nor CIDR", "range", cidr, "host", c.host)
@@ -636,21 +636,49 @@ func listenerFilter(name string, cfg proto.Message) *listenerv3.ListenerFilter {
 	return &listenerv3.ListenerFilter{Name: name, ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(cfg)}}
 }
 
-// tcpRoute is the tcp_proxy for a TCP service port: the destinations of the first matching
-// tcp route of its VirtualService, else the service's own cluster.
-func (b *builder) tcpRoute(host string, port uint32) *tcpv3.TcpProxy {
-	def := ClusterName(port, "", host)
-	if vs := b.binds.VirtualService(host); vs != nil {
+// tcpRouteChains are the chains of a port from the tcp routes of its VirtualService, as
+// istiod's, each a copy of base (the service's chain on one address): the routes apply in
+// order, those whose matches for this sidecar and port all name destinationSubnets as chains
+// on those ranges, until one applies to every destination of base; else the service's own
+// cluster takes the rest.
+func (b *builder) tcpRouteChains(base tcpChain, port uint32) []tcpChain {
+	def := ClusterName(port, "", base.host)
+	var out []tcpChain
+	if vs := b.binds.VirtualService(base.host); vs != nil {
 		for _, r := range vs.Spec.GetTcp() {
-			if !b.l4Matches(r.GetMatch(), port) {
+			tp := b.routeProxy(vs, r.GetRoute(), base.host, port, def)
+			if tp == nil {
 				continue
 			}
-			if tp := b.routeProxy(vs, r.GetRoute(), host, port, def); tp != nil {
-				return tp
+			all := len(r.GetMatch()) == 0
+			var subnets []string
+			for _, m := range r.GetMatch() {
+				if !b.l4Applies(m, port) {
+					continue
+				}
+				if len(m.GetDestinationSubnets()) == 0 {
+					all = true
+					break
+				}
+				subnets = append(subnets, m.GetDestinationSubnets()...)
+			}
+			c := base
+			c.proxy = tp
+			if all {
+				return append(out, c)
+			}
+			if len(subnets) == 0 {
+				continue
+			}
+			c.cidrs = subnets
+			out = append(out, c)
+			if c.sameMatch(base) {
+				return out
 			}
 		}
 	}
-	return &tcpv3.TcpProxy{StatPrefix: def, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: def}}
+	base.proxy = &tcpv3.TcpProxy{StatPrefix: def, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: def}}
+	return append(out, base)
 }
 
 // routeProxy is the tcp_proxy to a tcp or tls route's destinations, nil when none is usable;
@@ -706,22 +734,11 @@ func (b *builder) tlsRouteChains(host string, port uint32, cidrs []string) []tcp
 	return out
 }
 
-// l4Matches reports whether any of a tcp route's matches (none = all) applies to this sidecar
-// and port; address and SNI conditions cannot narrow a per-service listener and are ignored.
-func (b *builder) l4Matches(ms []*networking.L4MatchAttributes, port uint32) bool {
-	if len(ms) == 0 {
-		return true
-	}
-	for _, m := range ms {
-		if m.GetPort() != 0 && m.GetPort() != port {
-			continue
-		}
-		if !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), m.GetGateways()) {
-			continue
-		}
-		return true
-	}
-	return false
+// l4Applies reports whether a tcp route match's conditions on the client and port hold for
+// this sidecar; its destinationSubnets are matched by the proxy (see tcpRouteChains).
+func (b *builder) l4Applies(m *networking.L4MatchAttributes, port uint32) bool {
+	return (m.GetPort() == 0 || m.GetPort() == port) &&
+		b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), m.GetGateways())
 }
 
 // sourceMatches checks a match's conditions on the client: the proxy itself.
