@@ -109,7 +109,7 @@ func (b *builder) unregisteredHostVirtualHosts(port uint32, taken map[string]boo
 		}
 		for _, h := range vs.Spec.GetHosts() {
 			host := strings.ToLower(model.ResolveHost(h, vs.Namespace))
-			if answered(host) || taken[host] {
+			if answered(host) {
 				continue
 			}
 			if b.sidecar != nil && !model.SidecarImportsPort(b.sidecar.Spec, b.sidecar.Namespace, vs.Namespace, host, port) {
@@ -119,8 +119,13 @@ func (b *builder) unregisteredHostVirtualHosts(port uint32, taken map[string]boo
 			if len(routes) == 0 {
 				continue
 			}
+			name := host + ":" + itoa(port)
+			if taken[host] {
+				b.report(model.MetricDupDomain, name, "duplicate domain from virtual service: "+name)
+				continue
+			}
 			taken[host] = true
-			out = append(out, &routev3.VirtualHost{Name: host + ":" + itoa(port), Domains: []string{host},
+			out = append(out, &routev3.VirtualHost{Name: name, Domains: []string{host},
 				Routes: routes, IncludeRequestAttemptCount: true})
 		}
 	}
