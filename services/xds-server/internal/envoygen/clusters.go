@@ -125,6 +125,11 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 		}
 		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
 		c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
+		if t := port.GetTargetPort(); t != 0 && svc.Spec.GetRegistry() == "serviceentry" {
+			// As istiod: a ServiceEntry's targetPort still applies at the original destination.
+			c.LbConfig = &clusterv3.Cluster_OriginalDstLbConfig_{OriginalDstLbConfig: &clusterv3.Cluster_OriginalDstLbConfig{
+				UpstreamPortOverride: wrapperspb.UInt32(t)}}
+		}
 	default:
 		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS}
 		c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsConfigSource(), ServiceName: name}
