@@ -102,6 +102,9 @@ func projectAll(ms map[string]proto.Message) map[string]any {
 
 // compare diffs one resource; one missing is a single Difference with an empty path.
 func (c *comparison) compare(typ, name string, a, b any) {
+	if a == nil && b == nil {
+		return // a reference neither side can follow: nothing to compare
+	}
 	c.resources++
 	if a == nil || b == nil {
 		c.d.leaves += countLeaves(a) + countLeaves(b)
@@ -127,7 +130,9 @@ func presence(v any) string {
 func (c *comparison) compareEndpoints(is, us *side) {
 	ia, ib := is.assignments(), us.assignments()
 	for _, name := range unionKeys(toAny(ia.used), toAny(ib.used)) {
-		c.compare("EDS", name, projectCLA(ia.used[name]), projectCLA(ib.used[name]))
+		if a, b := ia.used[name], ib.used[name]; a != nil || b != nil {
+			c.compare("EDS", name, projectCLA(a), projectCLA(b))
+		}
 	}
 	ua, ub := map[string]any{}, map[string]any{}
 	for n, m := range ia.unused {
