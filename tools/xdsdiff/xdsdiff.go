@@ -24,8 +24,8 @@ const (
 type Snapshot map[string][]*anypb.Any
 
 // Difference is one property on which istiod and Sailplane disagree. Case and Node are the
-// caller's (Compare leaves them empty). Path is empty when a whole resource is on one side only;
-// a value is "<absent>" on the side that lacks the property.
+// caller's (Compare leaves them empty). Path is empty when a whole resource is on one side only.
+// A value is "<absent>" on the side that does not set the property (Envoy's default applies).
 type Difference struct{ Case, Node, Type, Resource, Path, Istiod, Ours string }
 
 // String is one readable block, for test logs.
@@ -73,7 +73,22 @@ func Compare(istiod, ours Snapshot) ([]Difference, Stats, error) {
 	for _, t := range unionKeys(toAny(is.other), toAny(us.other)) {
 		c.compareByName(t, is.other[t], us.other[t])
 	}
+	// By type, then resource; within a resource the walk's order (sorted keys) is kept.
+	sort.SliceStable(c.diffs, func(i, j int) bool {
+		a, b := c.diffs[i], c.diffs[j]
+		if ra, rb := typeRank(a.Type), typeRank(b.Type); ra != rb {
+			return ra < rb
+		}
+		return a.Type < b.Type || a.Type == b.Type && a.Resource < b.Resource
+	})
 	return c.diffs, Stats{Resources: c.resources, Properties: c.d.leaves}, nil
+}
+
+func typeRank(t string) int {
+	if i := strings.Index("CDS EDS LDS RDS", t); i >= 0 && len(t) == 3 {
+		return i
+	}
+	return 100
 }
 
 type comparison struct {
@@ -121,7 +136,10 @@ func presence(v any) string {
 	if v == nil {
 		return absent
 	}
-	return fmt.Sprintf("<present: %d properties>", countLeaves(v))
+	if n := countLeaves(v); n != 1 {
+		return fmt.Sprintf("<present: %d properties>", n)
+	}
+	return "<present: 1 property>"
 }
 
 // compareEndpoints follows each cluster to its load assignment (EDS service name, or the
