@@ -135,6 +135,8 @@ func (p *projector) message(path string, m protoreflect.Message) any {
 		return plain(v.AsMap())
 	case *structpb.Value:
 		return plain(v.AsInterface())
+	case *structpb.ListValue:
+		return plain(v.AsSlice())
 	case *corev3.Address:
 		return address(v)
 	case *corev3.CidrRange:
@@ -161,7 +163,11 @@ func (p *projector) message(path string, m protoreflect.Message) any {
 			return true
 		}
 		name := string(fd.Name())
-		x := p.field(join(path, name), fd, v)
+		sub := join(path, name)
+		if name == "typed_config" {
+			sub = path // merged into this message, below
+		}
+		x := p.field(sub, fd, v)
 		if x == nil {
 			return true
 		}

@@ -73,22 +73,13 @@ func Compare(istiod, ours Snapshot) ([]Difference, Stats, error) {
 	for _, t := range unionKeys(toAny(is.other), toAny(us.other)) {
 		c.compareByName(t, is.other[t], us.other[t])
 	}
-	// By type, then resource; within a resource the walk's order (sorted keys) is kept.
+	// By type (CDS, EDS, LDS, RDS sort that way), then resource; within a resource the walk's
+	// order (sorted keys) is kept.
 	sort.SliceStable(c.diffs, func(i, j int) bool {
 		a, b := c.diffs[i], c.diffs[j]
-		if ra, rb := typeRank(a.Type), typeRank(b.Type); ra != rb {
-			return ra < rb
-		}
 		return a.Type < b.Type || a.Type == b.Type && a.Resource < b.Resource
 	})
 	return c.diffs, Stats{Resources: c.resources, Properties: c.d.leaves}, nil
-}
-
-func typeRank(t string) int {
-	if i := strings.Index("CDS EDS LDS RDS", t); i >= 0 && len(t) == 3 {
-		return i
-	}
-	return 100
 }
 
 type comparison struct {
