@@ -26,7 +26,7 @@ import (
 var (
 	// noiseNames are dropped wherever a field of that name appears.
 	noiseNames = map[protoreflect.Name]bool{
-		"stat_prefix": true, "alt_stat_name": true, "access_log": true, "access_log_options": true,
+		"stat_prefix": true, "alt_stat_name": true, "shadow_rules_stat_prefix": true, "access_log": true, "access_log_options": true,
 	}
 	// noiseFields are dropped in the one message that has them.
 	noiseFields = map[protoreflect.FullName]bool{

@@ -84,4 +84,10 @@ import (
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tcp_stats/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	// Istio's own filters (istio.alpn rewrites ALPN for mTLS; the others are telemetry, decoded
+	// only so that they are not reported as unregistered).
+	_ "istio.io/api/envoy/config/filter/http/alpn/v2alpha1"
+	_ "istio.io/api/envoy/config/filter/network/metadata_exchange"
+	_ "istio.io/api/envoy/config/filter/network/tcp_cluster_rewrite/v2alpha1"
+	_ "istio.io/api/envoy/extensions/stats"
 )
