@@ -115,6 +115,10 @@ func TestCompareErrors(t *testing.T) {
 		!strings.Contains(err.Error(), "ours: "+ClusterType+" resource 0") {
 		t.Errorf("undecodable resource: %v", err)
 	}
+	wrong := Snapshot{EndpointType: snapshot(t, cluster("a"))[ClusterType]}
+	if _, _, err := Compare(wrong, Snapshot{}); err == nil || !strings.Contains(err.Error(), "istiod: "+EndpointType+" resource 0 is a "+ClusterType) {
+		t.Errorf("resource under another type: %v", err)
+	}
 	a := snapshot(t, cluster("a"), cluster("a"))
 	if _, _, err := Compare(a, Snapshot{}); err == nil || !strings.Contains(err.Error(), `istiod: `+ClusterType+`: two resources named "a"`) {
 		t.Errorf("duplicate name: %v", err)
@@ -296,7 +300,7 @@ func BenchmarkCompare(b *testing.B) {
 		name := fmt.Sprintf("outbound|80||svc%d.default.svc.cluster.local", i)
 		c := edsCluster(name, name)
 		c.TransportSocketMatches = []*clusterv3.Cluster_TransportSocketMatch{{Name: "tlsMode-istio",
-			Match: &structpb.Struct{Fields: map[string]*structpb.Value{"tlsMode": structpb.NewStringValue("istio")}},
+			Match:           &structpb.Struct{Fields: map[string]*structpb.Value{"tlsMode": structpb.NewStringValue("istio")}},
 			TransportSocket: withSocket(cluster(""), "tls", &tlsv3.UpstreamTlsContext{Sni: name}).TransportSocket}}
 		ms = append(ms, c, cla(name, "198.18.0.1", "198.18.0.2", "198.18.0.3", "198.18.0.4", "198.18.0.5"))
 	}

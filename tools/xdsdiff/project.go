@@ -191,9 +191,7 @@ func (p *projector) field(path string, fd protoreflect.FieldDescriptor, v protor
 		out := keyed{}
 		v.Map().Range(func(k protoreflect.MapKey, v protoreflect.Value) bool {
 			key := k.String()
-			if fd.FullName() == "envoy.config.route.v3.VirtualHost.typed_per_filter_config" ||
-				fd.FullName() == "envoy.config.route.v3.Route.typed_per_filter_config" ||
-				fd.FullName() == "envoy.config.route.v3.RouteConfiguration.typed_per_filter_config" {
+			if fd.Name() == "typed_per_filter_config" { // keyed by filter name
 				if telemetryFilters[key] {
 					return true
 				}
