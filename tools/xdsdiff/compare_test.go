@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	udpav1 "github.com/cncf/xds/go/udpa/type/v1"
+	xdstypev3 "github.com/cncf/xds/go/xds/type/v3"
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -73,6 +75,19 @@ func TestCompare(t *testing.T) {
 		our:    []proto.Message{tcpListener("l", unregistered("abd"))},
 		want: []string{"LDS l filter_chains[*].filters[acme.filter].typed_config: " +
 			"<unregistered type type.googleapis.com/acme.v1.Filter sha256:ba7816bf8f01> | <unregistered type type.googleapis.com/acme.v1.Filter sha256:a52d159f262b>"},
+	}, {
+		name: "a TypedStruct is compared as the message it names",
+		istiod: []proto.Message{tcpListener("l", mustAny(&udpav1.TypedStruct{TypeUrl: "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+			Value: mustStruct(map[string]any{"cluster": "a", "stat_prefix": "x"})}))},
+		our:  []proto.Message{tcpListener("l", mustAny(&tcpv3.TcpProxy{ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: "b"}}))},
+		want: []string{"LDS l filter_chains[*].filters[acme.filter].cluster: a | b"},
+	}, {
+		name: "a TypedStruct of a type not registered is compared as JSON",
+		istiod: []proto.Message{tcpListener("l", mustAny(&udpav1.TypedStruct{TypeUrl: "type.googleapis.com/acme.v1.Filter",
+			Value: mustStruct(map[string]any{"mode": "strict", "ports": []any{80, 443}})}))},
+		our: []proto.Message{tcpListener("l", mustAny(&xdstypev3.TypedStruct{TypeUrl: "type.googleapis.com/acme.v1.Filter",
+			Value: mustStruct(map[string]any{"mode": "permissive", "ports": []any{80, 443}})}))},
+		want: []string{"LDS l filter_chains[*].filters[acme.filter].mode: strict | permissive"},
 	}, {
 		name:   "telemetry, metadata and names of internals are left out",
 		istiod: []proto.Message{noisy(cluster("a")), noisyListener(hcmListener("l", rds("r"), "istio.metadata_exchange", "envoy.filters.http.router", "istio.stats"))},
@@ -172,6 +187,14 @@ func mustAny(m proto.Message) *anypb.Any {
 		panic(err)
 	}
 	return a
+}
+
+func mustStruct(m map[string]any) *structpb.Struct {
+	s, err := structpb.NewStruct(m)
+	if err != nil {
+		panic(err)
+	}
+	return s
 }
 
 func cluster(name string) *clusterv3.Cluster {

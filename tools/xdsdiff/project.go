@@ -13,6 +13,7 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -276,11 +277,34 @@ func (p *projector) any(path string, a *anypb.Any) any {
 		}
 		return fmt.Sprintf("<%s %s sha256:%s>", what, a.GetTypeUrl(), hex.EncodeToString(sum[:6]))
 	}
-	x := p.project(path, m)
+	typ := string(m.ProtoReflect().Descriptor().FullName())
+	var x any
+	if ts, ok := m.(typedStruct); ok {
+		// A TypedStruct is a config in JSON form: Envoy reads it as the message it names, and
+		// so is it compared (as its JSON when that message is not registered here).
+		typ = ts.GetTypeUrl()[strings.LastIndex(ts.GetTypeUrl(), "/")+1:]
+		if mt, err := protoregistry.GlobalTypes.FindMessageByURL(ts.GetTypeUrl()); err == nil {
+			msg := mt.New().Interface()
+			if js, err := protojson.Marshal(ts.GetValue()); err == nil && protojson.Unmarshal(js, msg) == nil {
+				x = p.project(path, msg)
+			}
+		}
+		if x == nil {
+			x = plain(ts.GetValue().AsMap())
+		}
+	} else {
+		x = p.project(path, m)
+	}
 	if f, ok := x.(fields); ok {
-		f["@type"] = string(m.ProtoReflect().Descriptor().FullName())
+		f["@type"] = typ
 	}
 	return x
+}
+
+// typedStruct is udpa.type.v1.TypedStruct or xds.type.v3.TypedStruct.
+type typedStruct interface {
+	GetTypeUrl() string
+	GetValue() *structpb.Struct
 }
 
 // endpoints flattens a load assignment into its endpoints by address: what a request can reach
