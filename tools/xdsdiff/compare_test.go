@@ -89,9 +89,10 @@ func TestCompare(t *testing.T) {
 			Value: mustStruct(map[string]any{"mode": "permissive", "ports": []any{80, 443}})}))},
 		want: []string{"LDS l filter_chains[*].filters[acme.filter].mode: strict | permissive"},
 	}, {
-		name:   "telemetry, metadata and names of internals are left out",
-		istiod: []proto.Message{noisy(cluster("a")), noisyListener(hcmListener("l", rds("r"), "istio.metadata_exchange", "envoy.filters.http.router", "istio.stats"))},
-		our:    []proto.Message{cluster("a"), hcmListener("l", rds("r"), "envoy.filters.http.router")},
+		name: "telemetry, metadata and names of internals are left out",
+		istiod: []proto.Message{noisy(cluster("a")), noisyListener(hcmListener("l", rds("r"), "istio.metadata_exchange", "envoy.filters.http.router", "istio.stats")),
+			noisyRoutes(routes("r", vhost("v", []string{"*"}, route("/", "a"))))},
+		our: []proto.Message{cluster("a"), hcmListener("l", rds("r"), "envoy.filters.http.router"), routes("r", vhost("v", []string{"*"}, route("/", "a")))},
 	}, {
 		name:   "a raw_buffer transport socket is no transport socket",
 		istiod: []proto.Message{withSocket(cluster("a"), "envoy.transport_sockets.raw_buffer", &rawv3.RawBuffer{})},
@@ -285,6 +286,11 @@ func hcm(routes routeSpec, httpFilters ...string) *hcmv3.HttpConnectionManager {
 func hcmListener(name string, routes routeSpec, httpFilters ...string) *listenerv3.Listener {
 	return &listenerv3.Listener{Name: name, FilterChains: []*listenerv3.FilterChain{{
 		Filters: []*listenerv3.Filter{filter("envoy.filters.network.http_connection_manager", hcm(routes, httpFilters...))}}}}
+}
+
+func noisyRoutes(rc *routev3.RouteConfiguration) *routev3.RouteConfiguration {
+	rc.VirtualHosts[0].TypedPerFilterConfig = map[string]*anypb.Any{"istio.stats": mustAny(&routerv3.Router{})}
+	return rc
 }
 
 func noisyListener(l *listenerv3.Listener) *listenerv3.Listener {

@@ -203,6 +203,9 @@ func (p *projector) field(path string, fd protoreflect.FieldDescriptor, v protor
 			}
 			return true
 		})
+		if len(out) == 0 {
+			return nil // only telemetry filters' configs
+		}
 		return out
 	case fd.IsList():
 		return p.list(path, fd, v.List())
