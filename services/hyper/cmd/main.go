@@ -15,6 +15,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/mesh"
 	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
 	"sailplane.dev/shared/spiffe"
@@ -69,9 +70,10 @@ func newCommand() *cobra.Command {
 			}
 			log.Info("config source", "source", chosen)
 			// One cluster for config and discovery.
-			ingestCfg.UseKube(kubeCfg, cmd.Flags())
+			ingestCfg.UseSource(kubeCfg, cmd.Flags())
 			watcherCfg.Kube = kubeCfg
-			caCfg.UseKube(kubeCfg)
+			// The CA root, as the saved config state, belongs to the mesh file's configuration.
+			caCfg.UseKube(kubeCfg, mesh.Root(ingestCfg.MeshFile))
 			// The ca shares the secure xDS port unless given its own.
 			if !cmd.Flags().Changed("ca-listen") {
 				caCfg.Listen = xdsCfg.SecureListen
@@ -100,6 +102,10 @@ func newCommand() *cobra.Command {
 			}
 			xds, err := xdsserver.New(xdsCfg, xdsDeps)
 			if err != nil {
+				return err
+			}
+			// Nothing is written (a CA root, a state folder) before the configuration is found.
+			if err := ingest.CheckMesh(); err != nil {
 				return err
 			}
 			// Consumers (in-process and external) see each producer's state only once it is whole.
