@@ -21,7 +21,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Listen, "ca-listen", "127.0.0.1:15012", "TLS address serving Istio's CreateCertificate API")
 	fs.StringVar(&c.TrustDomain, "trust-domain", "cluster.local", "trust domain of the identities signed: spiffe://<trust-domain>/ns/<ns>/sa/<sa>")
 	fs.StringVar(&c.CertDir, "ca-cert-dir", "", "keep the self-signed root in this folder (istio-ca-secret's file names) instead of a Secret; the default without Kubernetes is "+DefaultCertDir+
-			" (in hyper, beside the mesh file's etc/sailplane: <root>/etc/certs for <root>/etc/sailplane/mesh.yaml)")
+		" (in hyper, beside the mesh file's etc/sailplane: <root>/etc/certs for <root>/etc/sailplane/mesh.yaml)")
 	fs.StringVar(&c.PluggedCertDir, "cacerts-dir", "", "a plugged-in CA in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); takes precedence")
 	fs.StringSliceVar(&c.ServingDNSNames, "ca-dns-names", nil, "DNS names of the listener's certificate (default istiod.<namespace>.svc and localhost; the listen host, 127.0.0.1 and ::1 always)")
 	fs.StringVar(&c.ServingCertDir, "serving-cert-dir", "", "keep a serving certificate for the --ca-dns-names in this folder (tls.crt, tls.key, ca.crt), renewed at half its life: xds-server's --tls-cert-dir in microservices mode; empty: none")
