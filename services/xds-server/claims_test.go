@@ -17,7 +17,8 @@ import (
 
 // TestNodeClaimsMatchCertificate: over TLS, a proxy whose certificate names one namespace or
 // service account cannot claim another's (it would be served that workload's config); a
-// matching claim is served, and a client without a certificate is not held to any.
+// matching claim is served, and a client without a certificate (nor a token) is refused. Over
+// plaintext no identity is asked, as istiod asks none on 15010.
 func TestNodeClaimsMatchCertificate(t *testing.T) {
 	srv, mesh := secureServer(t)
 	cert := issueFor(t, mesh, "demo", "web")
@@ -41,7 +42,7 @@ func TestNodeClaimsMatchCertificate(t *testing.T) {
 		{"no service account claimed", withCert, node("demo", ""), codes.OK},
 		{"another namespace claimed", withCert, node("payments", "web"), codes.PermissionDenied},
 		{"another service account claimed", withCert, node("demo", "admin"), codes.PermissionDenied},
-		{"TLS without a certificate", noCert, node("payments", "admin"), codes.OK},
+		{"TLS without a certificate", noCert, node("payments", "admin"), codes.Unauthenticated},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := firstResponse(t, srv.SecureAddr().String(), tc.creds, clusters(tc.node))
