@@ -27,7 +27,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"sailplane.dev/services/xds-server/internal/fakebus"
 	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/testlog"
 	"sailplane.dev/tools/testenv"
@@ -315,24 +314,33 @@ func BenchmarkStreamStart(b *testing.B) {
 	}
 }
 
-// BenchmarkAuthenticateToken: the authenticator alone, for a TLS stream whose token has a
-// cached verdict.
-func BenchmarkAuthenticateToken(b *testing.B) {
+// BenchmarkAuthenticate: the authenticator alone for a TLS stream, with a token whose verdict
+// is cached, and with a client certificate (verified against the trust bundle each time).
+func BenchmarkAuthenticate(b *testing.B) {
 	env := newTokenEnv(b)
-	srv, err := New(Config{}, Deps{Config: fakebus.New(), Registry: fakebus.New(), Tokens: env.reviewer})
-	if err != nil {
-		b.Fatal(err)
-	}
+	srv, mesh := secureServer(b, func(_ *Config, d *Deps) {
+		d.Tokens = env.reviewer
+		d.Logger = testlog.New(b, slog.LevelWarn)
+	})
 	token := env.token(b, "demo", "web", "istio-ca")
-	ctx := grpc.NewContextWithServerTransportStream(tlsPeer(), methodStream("/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"))
-	ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+token, "clusterid", "Kubernetes"))
-	if _, err := srv.authenticate(ctx); err != nil {
-		b.Fatal(err)
-	}
-	for b.Loop() {
-		if _, err := srv.authenticate(ctx); err != nil {
-			b.Fatal(err)
-		}
+	ads := methodStream("/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources")
+	withToken := metadata.NewIncomingContext(grpc.NewContextWithServerTransportStream(tlsPeer(), ads),
+		metadata.Pairs("authorization", "Bearer "+token, "clusterid", "Kubernetes"))
+	withCert := grpc.NewContextWithServerTransportStream(tlsPeer(issueFor(b, mesh, "demo", "web")), ads)
+	for _, bc := range []struct {
+		name string
+		ctx  context.Context
+	}{{"token-cached", withToken}, {"certificate", withCert}} {
+		b.Run(bc.name, func(b *testing.B) {
+			if _, err := srv.authenticate(bc.ctx); err != nil { // the first review, cached
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if _, err := srv.authenticate(bc.ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
