@@ -149,6 +149,10 @@ func TestTokenAuthentication(t *testing.T) {
 	admin := env.token(t, "istio-system", "istiod", "istio-ca")
 
 	tlsOnly := &tls.Config{RootCAs: mesh.RootPool(), ServerName: "istiod.istio-system.svc"}
+	// A certificate of a root the mesh does not trust: istiod then tries the token.
+	foreignRoot, _ := servingCert(t)
+	foreign := tlsOnly.Clone()
+	foreign.Certificates = []tls.Certificate{issueFor(t, foreignRoot, "demo", "web")}
 	node := func(ns, sa string) *corev3.Node {
 		n := &corev3.Node{Id: "sidecar~198.18.0.1~web-1." + ns + "~" + ns + ".svc.cluster.local"}
 		if sa != "" {
@@ -158,29 +162,36 @@ func TestTokenAuthentication(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name     string
+		tls      *tls.Config // tlsOnly when nil
 		token    string
 		md       map[string]string
 		req      *discoverygrpc.DiscoveryRequest
 		want     codes.Code
 		contains string
 	}{
-		{"token of the claimed account", web, nil, clusters(node("demo", "web")), codes.OK, ""},
-		{"token, no service account claimed", web, nil, clusters(node("demo", "")), codes.OK, ""},
-		{"token, this cluster claimed", web, map[string]string{"ClusterID": "Kubernetes"}, clusters(node("demo", "web")), codes.OK, ""},
-		{"token, another namespace claimed", web, nil, clusters(node("payments", "web")), codes.PermissionDenied, `claims namespace "payments", but authenticated as spiffe://cluster.local/ns/demo/sa/web`},
-		{"token, another service account claimed", web, nil, clusters(node("demo", "admin")), codes.PermissionDenied, `claims service account "admin"`},
-		{"token for another audience", vault, nil, clusters(node("demo", "web")), codes.Unauthenticated, "token refused"},
-		{"token of the API server's audience", apiAudience, nil, clusters(node("demo", "web")), codes.Unauthenticated, "token refused"},
-		{"garbage token", "not-a-jwt", nil, clusters(node("demo", "web")), codes.Unauthenticated, "token refused"},
-		{"token, another cluster claimed", web, map[string]string{"ClusterID": "east"}, clusters(node("demo", "web")), codes.Unauthenticated, `claims cluster "east"`},
-		{"no credential", "", nil, clusters(node("demo", "web")), codes.Unauthenticated, "neither a client certificate nor an authorization: Bearer token"},
-		{"debug types, token of the control plane's namespace", admin, nil,
+		{"token of the claimed account", nil, web, nil, clusters(node("demo", "web")), codes.OK, ""},
+		{"token, no service account claimed", nil, web, nil, clusters(node("demo", "")), codes.OK, ""},
+		{"token, this cluster claimed", nil, web, map[string]string{"ClusterID": "Kubernetes"}, clusters(node("demo", "web")), codes.OK, ""},
+		{"token, another namespace claimed", nil, web, nil, clusters(node("payments", "web")), codes.PermissionDenied, `claims namespace "payments", but authenticated as spiffe://cluster.local/ns/demo/sa/web`},
+		{"token, another service account claimed", nil, web, nil, clusters(node("demo", "admin")), codes.PermissionDenied, `claims service account "admin"`},
+		{"token for another audience", nil, vault, nil, clusters(node("demo", "web")), codes.Unauthenticated, "token refused"},
+		{"token of the API server's audience", nil, apiAudience, nil, clusters(node("demo", "web")), codes.Unauthenticated, "token refused"},
+		{"garbage token", nil, "not-a-jwt", nil, clusters(node("demo", "web")), codes.Unauthenticated, "token refused"},
+		{"token, another cluster claimed", nil, web, map[string]string{"ClusterID": "east"}, clusters(node("demo", "web")), codes.Unauthenticated, `claims cluster "east"`},
+		{"no credential", nil, "", nil, clusters(node("demo", "web")), codes.Unauthenticated, "neither a client certificate nor an authorization: Bearer token"},
+		{"untrusted certificate and a token", foreign, web, nil, clusters(node("demo", "web")), codes.OK, ""},
+		{"untrusted certificate alone", foreign, "", nil, clusters(node("demo", "web")), codes.Unauthenticated, "client certificate not verified by the mesh's trust bundle"},
+		{"debug types, token of the control plane's namespace", nil, admin, nil,
 			&discoverygrpc.DiscoveryRequest{TypeUrl: typeSyncz, Node: node("istio-system", "")}, codes.OK, ""},
-		{"debug types, token of another namespace", web, nil,
+		{"debug types, token of another namespace", nil, web, nil,
 			&discoverygrpc.DiscoveryRequest{TypeUrl: typeSyncz, Node: node("demo", "")}, codes.PermissionDenied, "may not read debug types"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsOnly))}
+			cfg := tlsOnly
+			if tc.tls != nil {
+				cfg = tc.tls
+			}
+			opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}
 			if tc.token != "" {
 				opts = append(opts, grpc.WithPerRPCCredentials(bearer{tc.token, tc.md}))
 			}
