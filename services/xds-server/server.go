@@ -61,8 +61,9 @@ type Config struct {
 	// MaxConnectionAgeGrace is how long a connection past its age may finish its streams;
 	// default 10s.
 	MaxConnectionAgeGrace time.Duration
-	// Namespace is the control plane's namespace: over TLS, only clients with a certificate
-	// of a service account in it may ask for the debug types (proxy status, config dumps).
+	// Namespace is the control plane's namespace: over TLS, only clients authenticated (by
+	// certificate or token) as a service account in it may ask for the debug types (proxy
+	// status, config dumps).
 	// Default cli.DefaultNamespace.
 	Namespace string
 	// PodName names this replica in debug responses (which replica a proxy is connected
