@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -266,7 +268,8 @@ func firstAnswerOn(ctx context.Context, conn *grpc.ClientConn, delta bool, req *
 		if err != nil {
 			return err
 		}
-		if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: req.TypeUrl, Node: req.Node, ResourceNamesSubscribe: req.ResourceNames}); err != nil {
+		// A Send failing with io.EOF means the server ended the stream: Recv has its status.
+		if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: req.TypeUrl, Node: req.Node, ResourceNamesSubscribe: req.ResourceNames}); err != nil && !errors.Is(err, io.EOF) {
 			return err
 		}
 		_, err = stream.Recv()
@@ -276,7 +279,7 @@ func firstAnswerOn(ctx context.Context, conn *grpc.ClientConn, delta bool, req *
 	if err != nil {
 		return err
 	}
-	if err := stream.Send(req); err != nil {
+	if err := stream.Send(req); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
 	_, err = stream.Recv()
