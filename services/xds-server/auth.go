@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
@@ -102,7 +103,9 @@ func (s *Server) authenticate(ctx context.Context) (context.Context, error) {
 		return nil, status.Errorf(code, "xds-server: %v", err)
 	}
 	grpcserver.SetPeerIdentity(ctx, c.id.String())
-	s.log.Debug("xDS client authenticated", c.logAttrs()...)
+	if s.log.Enabled(ctx, slog.LevelDebug) { // spares building the attributes on every stream
+		s.log.Debug("xDS client authenticated", c.logAttrs()...)
+	}
 	return ctx, nil
 }
 
