@@ -1,6 +1,7 @@
 package capture
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -22,6 +23,15 @@ func TestMain(m *testing.M) {
 type goldenCase struct {
 	Args []string `json:"args"`
 	IPv6 bool     `json:"ipv6"`
+	// ResolvConf are the pod's DNS servers (what DNS capture reads from resolv.conf).
+	ResolvConf []string `json:"resolvConf"`
+	// IstioArgs, when set, are the flags that give Istio's istio-iptables the same capture,
+	// where ours differ on purpose (the case says why); else Istio gets the injection
+	// template's defaults followed by Args.
+	IstioArgs []string `json:"istioArgs"`
+	// IstioNFTDiffers says why our nftables rules differ from Istio's there: the test then
+	// expects a difference, so one that goes away is noticed.
+	IstioNFTDiffers string `json:"istioNFTDiffers"`
 }
 
 func loadCase(t *testing.T, dir string) (goldenCase, shared.Config) {
@@ -37,6 +47,11 @@ func loadCase(t *testing.T, dir string) (goldenCase, shared.Config) {
 	cfg, err := parseArgs(gc.Args)
 	if err != nil {
 		t.Fatalf("%s/input.yaml: %v", dir, err)
+	}
+	if cfg.DNS && !cfg.CaptureAllDNS && len(cfg.DNSServers) == 0 {
+		for _, s := range gc.ResolvConf {
+			cfg.DNSServers = append(cfg.DNSServers, netip.MustParseAddr(s))
+		}
 	}
 	return gc, cfg
 }

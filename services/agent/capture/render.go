@@ -398,7 +398,7 @@ func nftExpr(r Rule) string {
 	case Drop:
 		a = append(a, "drop")
 	case SaveMark:
-		a = append(a, "ct", "mark", "set", "meta", "mark")
+		a = append(a, "ct", "mark", "set", "mark")
 	case RestoreMark:
 		a = append(a, "meta", "mark", "set", "ct", "mark")
 	case CTZone:
