@@ -127,16 +127,17 @@ func nftState(ctx context.Context) (nftTableState, error) {
 	st := nftTableState{exists: true}
 	for _, obj := range doc.Nftables {
 		switch {
-		case obj["table"] != nil:
-			var t struct {
-				Comment string `json:"comment"`
-			}
-			_ = json.Unmarshal(obj["table"], &t)
-			st.comment = t.Comment
 		case obj["chain"] != nil:
 			st.chains++
 		case obj["rule"] != nil:
 			st.rules++
+			var r struct {
+				Comment string `json:"comment"`
+			}
+			_ = json.Unmarshal(obj["rule"], &r)
+			if strings.HasPrefix(r.Comment, commentPrefix+":") {
+				st.comment = r.Comment
+			}
 		}
 	}
 	return st, nil
@@ -283,8 +284,61 @@ func (in Installer) applyIPT(ctx context.Context, r *Rules, f Family) (bool, err
 	if _, err := runCmd(ctx, b.String(), iptBinary(f, "restore"), "--noflush"); err != nil {
 		return false, err
 	}
-	in.Log.Info("capture rules installed", "backend", IPTables, "family", famName(f))
+	if err := dropEmptyXtables(ctx, f); err != nil {
+		return true, err
+	}
+	if len(want) > 0 {
+		in.Log.Info("capture rules installed", "backend", IPTables, "family", famName(f))
+	}
 	return true, nil
+}
+
+// dropEmptyXtables deletes the nat, mangle and raw tables iptables-nft leaves behind once
+// their last rule is gone (empty built-in chains, policy accept): a table we emptied, or did
+// not need, is then as absent as before we ran. Legacy iptables' tables are the kernel's.
+func dropEmptyXtables(ctx context.Context, f Family) error {
+	ver, err := runCmd(ctx, "", strings.TrimSuffix(iptBinary(f, ""), "-"), "--version")
+	if err != nil || !strings.Contains(ver, "nf_tables") {
+		return nil
+	}
+	fam := "ip"
+	if f == V6 {
+		fam = "ip6"
+	}
+	for _, t := range []string{"nat", "mangle", "raw"} {
+		out, err := runCmd(ctx, "", "nft", "-j", "list", "table", fam, t)
+		if err != nil {
+			continue // no such table
+		}
+		var doc struct {
+			Nftables []map[string]json.RawMessage `json:"nftables"`
+		}
+		if json.Unmarshal([]byte(out), &doc) != nil {
+			continue
+		}
+		empty := true
+		for _, obj := range doc.Nftables {
+			for kind, body := range obj {
+				switch kind {
+				case "metainfo", "table":
+				case "chain":
+					var c struct {
+						Policy string `json:"policy"`
+					}
+					_ = json.Unmarshal(body, &c)
+					empty = empty && (c.Policy == "" || c.Policy == "accept")
+				default: // a rule, set, map…
+					empty = false
+				}
+			}
+		}
+		if empty {
+			if _, err := runCmd(ctx, "", "nft", "delete", "table", fam, t); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func hasKey(m map[string]int, k string) bool { _, ok := m[k]; return ok }

@@ -113,4 +113,3 @@ func restoreInput(out, bin string) string {
 	}
 	return b.String()
 }
-

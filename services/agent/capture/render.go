@@ -225,16 +225,17 @@ func (r *Rules) Merged() chains {
 
 // NFTables is the transaction that installs the rules: one table, replaced whole (delete and
 // re-add in the same transaction, so the kernel switches atomically and nothing of an older
-// rule set stays). The table's comment carries the rule set's digest.
+// rule set stays). The first rule's comment carries the rule set's digest.
 func (r *Rules) NFTables(tx *knftables.Transaction) {
 	rules := r.nftRules()
 	if len(rules) == 0 {
 		return
 	}
-	body := nftBody(rules)
+	// The digest goes on the first rule: nft lists rule comments in JSON, not table ones.
+	rules[0].Comment = knftables.PtrTo(commentPrefix + ":" + digest(nftBody(rules)))
 	tx.Add(&knftables.Table{})
 	tx.Delete(&knftables.Table{})
-	tx.Add(&knftables.Table{Comment: knftables.PtrTo(commentPrefix + ":" + digest(body))})
+	tx.Add(&knftables.Table{})
 	for _, c := range r.nftChains() {
 		tx.Add(c)
 	}
@@ -243,7 +244,7 @@ func (r *Rules) NFTables(tx *knftables.Transaction) {
 	}
 }
 
-// NFTDigest is the digest NFTables writes in the table's comment ("" without rules).
+// NFTDigest is the digest NFTables writes in the first rule's comment ("" without rules).
 func (r *Rules) NFTDigest() string {
 	rules := r.nftRules()
 	if len(rules) == 0 {

@@ -36,8 +36,14 @@ func (rt Routes) families() []string {
 	return []string{"-4"}
 }
 
-// Apply adds the routes unless present (ip rule would add a duplicate each run).
+// Apply adds the routes unless present (ip rule would add a duplicate each run), and removes
+// the TPROXY ones an earlier TPROXY run left when this one is not.
 func (rt Routes) Apply(ctx context.Context) error {
+	if !rt.TProxy {
+		if err := cleanupTProxy(ctx, rt.Mark, rt.Table); err != nil {
+			return err
+		}
+	}
 	if rt.TProxy {
 		mark, table := strconv.FormatUint(uint64(rt.Mark), 10), strconv.Itoa(rt.Table)
 		for _, fam := range rt.families() {
@@ -65,6 +71,17 @@ func (rt Routes) Apply(ctx context.Context) error {
 
 // CleanupRoutes removes what Apply may have added for mark and table (in both families).
 func CleanupRoutes(ctx context.Context, mark uint32, table int) error {
+	var errs []error
+	errs = append(errs, cleanupTProxy(ctx, mark, table))
+	if out, _ := runCmd(ctx, "", "ip", "-6", "addr", "show", "dev", "lo"); strings.Contains(out, "inet6 ::6/128") {
+		if _, err := runCmd(ctx, "", "ip", "-6", "addr", "del", "::6/128", "dev", "lo"); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func cleanupTProxy(ctx context.Context, mark uint32, table int) error {
 	m, t := strconv.FormatUint(uint64(mark), 10), strconv.Itoa(table)
 	var errs []error
 	for _, fam := range []string{"-4", "-6"} {
@@ -82,11 +99,6 @@ func CleanupRoutes(ctx context.Context, mark uint32, table int) error {
 			if _, err := runCmd(ctx, "", "ip", fam, "route", "flush", "table", t); err != nil {
 				errs = append(errs, err)
 			}
-		}
-	}
-	if out, _ := runCmd(ctx, "", "ip", "-6", "addr", "show", "dev", "lo"); strings.Contains(out, "inet6 ::6/128") {
-		if _, err := runCmd(ctx, "", "ip", "-6", "addr", "del", "::6/128", "dev", "lo"); err != nil {
-			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
