@@ -18,7 +18,7 @@ var (
 
 // agentBinary builds the agent command once per test process: the kernel tests install rules
 // with the real binary, as the init container does.
-func agentBinary(t *testing.T) string {
+func agentBinary(t testing.TB) string {
 	t.Helper()
 	agentOnce.Do(func() {
 		dir, err := exec.Command("mktemp", "-d").Output()

@@ -19,7 +19,7 @@ type testNetns struct {
 var netnsSeq atomic.Int32
 
 // needRoot fails (never skips) a test that needs root and the capture tools.
-func needRoot(t *testing.T, tools ...string) {
+func needRoot(t testing.TB, tools ...string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("this test creates network namespaces and installs rules: it needs root (CI runs as root)")
@@ -33,7 +33,7 @@ func needRoot(t *testing.T, tools ...string) {
 
 // newNetns makes a namespace with lo up and a veth pair inside it, v0 holding addrs (a v4 or
 // v6 address with its prefix), and, if resolv is set, that resolv.conf for `ip netns exec`.
-func newNetns(t *testing.T, resolv string, addrs ...string) *testNetns {
+func newNetns(t testing.TB, resolv string, addrs ...string) *testNetns {
 	t.Helper()
 	needRoot(t)
 	ns := &testNetns{Name: fmt.Sprintf("spcap-%d-%d", os.Getpid(), netnsSeq.Add(1))}
@@ -66,18 +66,18 @@ func newNetns(t *testing.T, resolv string, addrs ...string) *testNetns {
 }
 
 // IP runs `ip -n <ns> args…`.
-func (ns *testNetns) IP(t *testing.T, args ...string) string {
+func (ns *testNetns) IP(t testing.TB, args ...string) string {
 	t.Helper()
 	return run(t, "ip", append([]string{"-n", ns.Name}, args...)...)
 }
 
 // Exec runs a program inside the namespace and returns its combined output.
-func (ns *testNetns) Exec(t *testing.T, bin string, args ...string) string {
+func (ns *testNetns) Exec(t testing.TB, bin string, args ...string) string {
 	t.Helper()
 	return run(t, "ip", append([]string{"netns", "exec", ns.Name, bin}, args...)...)
 }
 
-func run(t *testing.T, name string, args ...string) string {
+func run(t testing.TB, name string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {

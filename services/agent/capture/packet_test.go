@@ -118,9 +118,30 @@ func serve(t *testing.T, l net.Listener, reply func(net.Conn) string) {
 
 func listenIn(t *testing.T, ns, network, addr string) net.Listener {
 	t.Helper()
+	return listenTransparentIn(t, ns, network, addr, false)
+}
+
+// listenTransparentIn listens in ns; transparent sets IP_TRANSPARENT, as Envoy's inbound
+// listener in TPROXY mode, so it accepts connections addressed to any address.
+func listenTransparentIn(t *testing.T, ns, network, addr string, transparent bool) net.Listener {
+	t.Helper()
 	var l net.Listener
+	lc := net.ListenConfig{}
+	if transparent {
+		lc.Control = func(network, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				if network == "tcp6" {
+					serr = unix.SetsockoptInt(int(fd), unix.SOL_IPV6, unix.IPV6_TRANSPARENT, 1)
+				} else {
+					serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+				}
+			})
+			return errors.Join(err, serr)
+		}
+	}
 	if err := inNetns(ns, -1, func() (err error) {
-		l, err = net.Listen(network, addr)
+		l, err = lc.Listen(context.Background(), network, addr)
 		return err
 	}); err != nil {
 		t.Fatalf("listen %s %s in %s: %v", network, addr, ns, err)
@@ -154,8 +175,13 @@ func dialIn(ns string, uid int, addr string) (string, error) {
 func TestPackets(t *testing.T) {
 	needRoot(t, "nft", "iptables-restore", "ip6tables-restore")
 	bin := agentBinary(t)
-	for _, backend := range []Backend{NFTables, IPTables} {
-		t.Run(string(backend), func(t *testing.T) {
+	for _, tc := range []struct {
+		backend Backend
+		mode    string
+	}{{NFTables, "REDIRECT"}, {IPTables, "REDIRECT"}, {NFTables, "TPROXY"}, {IPTables, "TPROXY"}} {
+		backend := tc.backend
+		tproxy := tc.mode == "TPROXY"
+		t.Run(string(backend)+"/"+tc.mode, func(t *testing.T) {
 			pod := newNetns(t, "")
 			peer := newNetns(t, "")
 			run(t, "ip", "-n", pod.Name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", peer.Name)
@@ -171,7 +197,13 @@ func TestPackets(t *testing.T) {
 			for _, p := range []string{"15001", "15006"} {
 				for _, n := range []struct{ network, host string }{{"tcp4", "0.0.0.0"}, {"tcp6", "::"}} {
 					port := p
-					serve(t, listenIn(t, pod.Name, n.network, net.JoinHostPort(n.host, p)), func(c net.Conn) string {
+					// TPROXY delivers inbound connections unchanged: the listener must be
+					// transparent, and the connection's own address is the original one.
+					transparent := tproxy && p == "15006"
+					serve(t, listenTransparentIn(t, pod.Name, n.network, net.JoinHostPort(n.host, p), transparent), func(c net.Conn) string {
+						if transparent {
+							return "proxy " + port + " " + c.LocalAddr().String()
+						}
 						od, err := originalDst(c)
 						if err != nil {
 							return "proxy " + port + " error " + err.Error()
@@ -192,7 +224,7 @@ func TestPackets(t *testing.T) {
 			// Before capture, everything reaches its destination.
 			expect(t, peer.Name, -1, podIP+":8080", "app 8080")
 
-			pod.Exec(t, bin, "capture", "--backend", string(backend), "-d", "8081", "-o", "9001")
+			pod.Exec(t, bin, "capture", "--backend", string(backend), "-m", tc.mode, "-d", "8081", "-o", "9001")
 
 			for _, v := range []struct{ pod, peer string }{{podIP, peerIP}, {podIP6, peerIP6}} {
 				// Inbound: captured to 15006 with the original port; excluded and 15021 reach the app.
