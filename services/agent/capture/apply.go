@@ -30,6 +30,23 @@ func DetectBackend() Backend {
 	return IPTables
 }
 
+// available says which program a backend lacks: the image that runs capture must have them.
+func (b Backend) available(ipv6 bool) error {
+	need := []string{"nft"}
+	if b == IPTables {
+		need = []string{"iptables-restore", "iptables-save"}
+		if ipv6 {
+			need = append(need, "ip6tables-restore", "ip6tables-save")
+		}
+	}
+	for _, p := range need {
+		if _, err := exec.LookPath(p); err != nil {
+			return fmt.Errorf("capture backend %s needs %s, which is not installed (the capture image needs nftables, or iptables, and iproute2): %w", b, p, err)
+		}
+	}
+	return nil
+}
+
 // Installer applies rules in the current network namespace (the init container's, or the one
 // the caller's thread is in).
 type Installer struct {
@@ -41,6 +58,9 @@ type Installer struct {
 // the same rules are already in place (changed false). The kernel switches from the old rules
 // to the new ones in one step: one nft transaction, or one iptables-restore per table.
 func (in Installer) Apply(ctx context.Context, r *Rules) (changed bool, err error) {
+	if err := in.Backend.available(r.IPv6); err != nil {
+		return false, err
+	}
 	switch in.Backend {
 	case NFTables:
 		return in.applyNFT(ctx, r)
