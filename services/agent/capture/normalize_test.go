@@ -162,9 +162,13 @@ func (n normalized) sortReturnRuns() {
 // nftRule splits an nft rule into match units and statements.
 func nftRule(tok []string, chain func(string) string) ([]string, string, error) {
 	var t []string
-	for _, x := range tok {
-		if x != "meta" && x != "counter" {
-			t = append(t, x)
+	for i := 0; i < len(tok); i++ {
+		switch tok[i] {
+		case "meta", "counter":
+		case "comment": // and its one-word quoted text
+			i++
+		default:
+			t = append(t, tok[i])
 		}
 	}
 	var matches, stmts []string
