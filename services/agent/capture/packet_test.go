@@ -182,7 +182,8 @@ func TestPackets(t *testing.T) {
 		backend := tc.backend
 		tproxy := tc.mode == "TPROXY"
 		t.Run(string(backend)+"/"+tc.mode, func(t *testing.T) {
-			pod := newNetns(t, "")
+			const resolv = "nameserver 198.18.201.1\nnameserver 2001:2:1::1\n"
+			pod := newNetns(t, resolv)
 			peer := newNetns(t, "")
 			run(t, "ip", "-n", pod.Name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", peer.Name)
 			const podIP, peerIP, podIP6, peerIP6 = "198.18.201.2", "198.18.201.1", "2001:2:1::2", "2001:2:1::1"
@@ -194,7 +195,7 @@ func TestPackets(t *testing.T) {
 			peer.IP(t, "link", "set", "eth0", "up")
 
 			// Envoy's stand-in and the app, in the pod; a server in the peer.
-			for _, p := range []string{"15001", "15006"} {
+			for _, p := range []string{"15001", "15006", "15053"} {
 				for _, n := range []struct{ network, host string }{{"tcp4", "0.0.0.0"}, {"tcp6", "::"}} {
 					port := p
 					// TPROXY delivers inbound connections unchanged: the listener must be
@@ -216,15 +217,23 @@ func TestPackets(t *testing.T) {
 				port := p
 				serve(t, listenIn(t, pod.Name, "tcp", ":"+p), func(net.Conn) string { return "app " + port })
 			}
-			for _, p := range []string{"9000", "9001"} {
+			for _, p := range []string{"9000", "9001", "53"} {
 				port := p
 				serve(t, listenIn(t, peer.Name, "tcp", ":"+p), func(net.Conn) string { return "peer " + port })
 			}
+			// DNS over UDP: the agent's DNS proxy in the pod, the resolv.conf server in the peer.
+			// The proxy runs as the agent does, uid 1337: its answers must be in the conntrack zone
+			// the rules put them in to be un-NATed back to the app.
+			// It listens on localhost, as the agent does: a reply from another address would not
+			// be the NATed flow's.
+			serveUDP(t, pod.Name, 1337, "127.0.0.1:15053", "proxy 15053")
+			serveUDP(t, pod.Name, 1337, "[::1]:15053", "proxy 15053")
+			serveUDP(t, peer.Name, -1, ":53", "peer 53")
 
 			// Before capture, everything reaches its destination.
 			expect(t, peer.Name, -1, podIP+":8080", "app 8080")
 
-			pod.Exec(t, bin, "capture", "--backend", string(backend), "-m", tc.mode, "-d", "8081", "-o", "9001")
+			pod.Exec(t, bin, "capture", "--backend", string(backend), "-m", tc.mode, "-d", "8081", "-o", "9001", "--redirect-dns")
 
 			for _, v := range []struct{ pod, peer string }{{podIP, peerIP}, {podIP6, peerIP6}} {
 				// Inbound: captured to 15006 with the original port; excluded and 15021 reach the app.
@@ -236,6 +245,13 @@ func TestPackets(t *testing.T) {
 				expect(t, pod.Name, -1, net.JoinHostPort(v.peer, "9000"), "proxy 15001 "+net.JoinHostPort(v.peer, "9000"))
 				expect(t, pod.Name, 1337, net.JoinHostPort(v.peer, "9000"), "peer 9000")
 				expect(t, pod.Name, -1, net.JoinHostPort(v.peer, "9001"), "peer 9001")
+				// DNS to resolv.conf's server goes to the agent's proxy, over UDP and TCP; the
+				// agent's own queries (uid 1337) reach the server.
+				dns := net.JoinHostPort(v.peer, "53")
+				expectUDP(t, pod.Name, -1, dns, "proxy 15053")
+				expectUDP(t, pod.Name, 1337, dns, "peer 53")
+				expect(t, pod.Name, -1, dns, "proxy 15053 "+dns)
+				expect(t, pod.Name, 1337, dns, "peer 53")
 				// The app calling itself on localhost is not captured.
 				loop := "127.0.0.1"
 				if strings.Contains(v.pod, ":") {
@@ -248,6 +264,50 @@ func TestPackets(t *testing.T) {
 			expect(t, peer.Name, -1, podIP+":8080", "app 8080")
 			expect(t, pod.Name, -1, peerIP+":9000", "peer 9000")
 		})
+	}
+}
+
+// serveUDP answers each datagram on addr in ns with reply, from a socket of uid's.
+func serveUDP(t *testing.T, ns string, uid int, addr, reply string) {
+	t.Helper()
+	var pc net.PacketConn
+	if err := inNetns(ns, uid, func() (err error) {
+		pc, err = net.ListenPacket("udp", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("listen udp %s in %s: %v", addr, ns, err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo([]byte(reply), from)
+		}
+	}()
+}
+
+// expectUDP sends one datagram from ns (as uid) to addr and checks the answer.
+func expectUDP(t *testing.T, ns string, uid int, addr, want string) {
+	t.Helper()
+	var conn net.Conn
+	if err := inNetns(ns, uid, func() (err error) {
+		conn, err = net.Dial("udp", addr)
+		return err
+	}); err != nil {
+		t.Errorf("udp %s from %s: %v", addr, ns, err)
+		return
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 512)
+	_, _ = conn.Write([]byte("query"))
+	n, err := conn.Read(buf)
+	if err != nil || string(buf[:n]) != want {
+		t.Errorf("udp %s from %s as uid %d: answered %q (%v), want %q", addr, ns, uid, buf[:n], err, want)
 	}
 }
 
