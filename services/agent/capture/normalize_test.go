@@ -140,6 +140,32 @@ func normalizeNFT(n normalized, text string, ipv6 bool, tableOf func(table, chai
 	return nil
 }
 
+// dropEmptyJumps removes jumps to chains that hold no rule for that family: they change
+// nothing (Istio's nftables jumps to its DNS chains for both families when only IPv4 servers
+// have rules there; ours test the family first).
+func (n normalized) dropEmptyJumps() {
+	for changed := true; changed; {
+		changed = false
+		for k, l := range n {
+			fam, rest, _ := strings.Cut(k, " ")
+			table, _, _ := strings.Cut(rest, " ")
+			kept := slices.DeleteFunc(slices.Clone(l), func(r string) bool {
+				_, target, ok := strings.Cut(r, "=> jump ")
+				if !ok {
+					_, target, ok = strings.Cut(r, "=> ")
+					if !ok || !strings.HasPrefix(target, "ISTIO_") {
+						return false
+					}
+				}
+				return len(n[fam+" "+table+" "+target]) == 0
+			})
+			if len(kept) != len(l) {
+				n[k], changed = kept, true
+			}
+		}
+	}
+}
+
 // sortReturnRuns sorts each run of consecutive rules that only return: which of them matches
 // first changes nothing.
 func (n normalized) sortReturnRuns() {

@@ -54,7 +54,7 @@ func digest(s string) string {
 }
 
 func (r *Rules) iptablesBody(f Family, comment string) string {
-	l := r.Family(f)
+	l := r.family(f)
 	if f == V6 && !r.IPv6 {
 		return ""
 	}
@@ -276,7 +276,7 @@ func (r *Rules) nftChains() []*knftables.Chain {
 	return out
 }
 
-// NFTChainCount is how many chains and rules the table holds once installed.
+// nftCounts is how many chains and rules the table holds once installed.
 func (r *Rules) nftCounts() (chains, rules int) {
 	return len(r.nftChains()), len(r.nftRules())
 }

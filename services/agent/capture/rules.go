@@ -131,8 +131,8 @@ type chainKey struct {
 
 type chains map[chainKey][]Rule
 
-// Family returns the rules of one IP version, per chain in order.
-func (r *Rules) Family(f Family) map[chainKey][]Rule {
+// family is the rules of one IP version, per chain in order.
+func (r *Rules) family(f Family) chains {
 	if f == V6 {
 		return r.v6
 	}
