@@ -84,12 +84,20 @@ type proc struct {
 }
 
 func startProc(name, logPath, bin string, args ...string) (*proc, error) {
+	return startProcEnv(name, logPath, nil, bin, args...)
+}
+
+// startProcEnv is startProc with env (KEY=value) added to the test's environment.
+func startProcEnv(name, logPath string, env []string, bin string, args ...string) (*proc, error) {
 	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("testenv: %s log: %w", name, err)
 	}
 	fmt.Fprintf(lf, "### %s %s\n", bin, strings.Join(args, " "))
 	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout = lf
 	cmd.Stderr = lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{
