@@ -3,9 +3,11 @@ package xdsdiff
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"sigs.k8s.io/yaml"
@@ -83,10 +85,11 @@ func LoadAllowlist(path string) (*Allowlist, error) {
 func parseEntry(r map[string]any) (Entry, error) {
 	var e Entry
 	var vals [5]string
-	for k, v := range r {
-		s, ok := v.(string)
-		if !ok {
-			return e, fmt.Errorf("field %q: want a string, got %T", k, v)
+	keys := slices.Sorted(maps.Keys(r)) // the first error of an entry is always the same one
+	for _, k := range keys {
+		s, err := scalarText(r[k])
+		if err != nil {
+			return e, fmt.Errorf("field %q: %w", k, err)
 		}
 		switch i := slices.Index(entryKeys[:], k); {
 		case i >= 0:
@@ -117,6 +120,17 @@ func parseEntry(r map[string]any) (Entry, error) {
 		return e, errors.New("no case, node, type, resource or path: it would allow every difference")
 	}
 	return e, nil
+}
+
+// scalarText accepts numbers too: a route configuration named 8080 is written resource: 8080.
+func scalarText(v any) (string, error) {
+	switch v := v.(type) {
+	case string:
+		return v, nil
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64), nil
+	}
+	return "", fmt.Errorf("want a string, got %T", v)
 }
 
 // glob compiles a pattern where "*" is any text (brackets and slashes included: paths are full of

@@ -13,6 +13,7 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -26,28 +27,18 @@ import (
 var (
 	// noiseNames are dropped wherever a field of that name appears.
 	noiseNames = map[protoreflect.Name]bool{
-		"stat_prefix": true, "alt_stat_name": true, "access_log": true, "access_log_options": true,
+		"stat_prefix": true, "alt_stat_name": true, "shadow_rules_stat_prefix": true, "access_log": true, "access_log_options": true,
 	}
 	// noiseFields are dropped in the one message that has them.
 	noiseFields = map[protoreflect.FullName]bool{
 		// Keys, or names of generated internals.
-		"envoy.config.cluster.v3.Cluster.name":                                        true,
-		"envoy.config.listener.v3.Listener.name":                                      true,
-		"envoy.config.listener.v3.FilterChain.name":                                   true,
-		"envoy.config.listener.v3.FilterChain.filter_chain_match":                     true, // its key
-		"envoy.config.listener.v3.Filter.name":                                        true,
-		"envoy.config.listener.v3.ListenerFilter.name":                                true,
-		"envoy.config.cluster.v3.Filter.name":                                         true,
-		"envoy.config.route.v3.RouteConfiguration.name":                               true,
-		"envoy.config.route.v3.VirtualHost.name":                                      true,
-		"envoy.config.route.v3.Route.name":                                            true,
-		"envoy.config.route.v3.Route.match":                                           true, // its key
-		"envoy.config.route.v3.WeightedCluster.ClusterWeight.name":                    true,
-		"envoy.config.cluster.v3.Cluster.TransportSocketMatch.name":                   true,
-		"envoy.config.cluster.v3.Cluster.TransportSocketMatch.match":                  true, // its key
-		"envoy.config.core.v3.TransportSocket.name":                                   true,
-		"envoy.config.route.v3.RouteAction.RequestMirrorPolicy.cluster":               true, // its key
-		"envoy.extensions.filters.network.http_connection_manager.v3.HttpFilter.name": true,
+		"envoy.config.cluster.v3.Cluster.name":                      true,
+		"envoy.config.listener.v3.Listener.name":                    true,
+		"envoy.config.listener.v3.FilterChain.name":                 true,
+		"envoy.config.route.v3.RouteConfiguration.name":             true,
+		"envoy.config.route.v3.Route.name":                          true,
+		"envoy.config.cluster.v3.Cluster.TransportSocketMatch.name": true,
+		"envoy.config.core.v3.TransportSocket.name":                 true,
 		// Followed references: compared as the resource they point to.
 		"envoy.config.cluster.v3.Cluster.eds_cluster_config":                                             true,
 		"envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.rds":          true,
@@ -75,33 +66,28 @@ var (
 // listRules says how the items of a repeated message field are identified. Lists not named here
 // keep their order and are keyed by index; lists of plain values are one leaf.
 type listRule struct {
-	key     func(p *projector, m protoreflect.Message) string
-	ordered bool // Envoy honours the order (first match wins, filters run in sequence)
+	key     protoreflect.Name // the field identifying an item, shown in its key rather than in it; "" = the whole item
+	ordered bool              // Envoy honours the order (first match wins, filters run in sequence)
 }
 
-// listRules is set in init: its key functions project, which reads it.
-var listRules map[protoreflect.FullName]listRule
-
-func init() {
-	listRules = map[protoreflect.FullName]listRule{
-		"envoy.config.listener.v3.Listener.filter_chains":                                                      {key: chainKey},
-		"envoy.config.listener.v3.Listener.listener_filters":                                                   {key: byName, ordered: true},
-		"envoy.config.listener.v3.FilterChain.filters":                                                         {key: byName, ordered: true},
-		"envoy.config.cluster.v3.Cluster.filters":                                                              {key: byName, ordered: true},
-		"envoy.config.cluster.v3.Cluster.transport_socket_matches":                                             {key: byField("match"), ordered: true},
-		"envoy.config.cluster.v3.CircuitBreakers.thresholds":                                                   {key: byField("priority")},
-		"envoy.config.route.v3.RouteConfiguration.virtual_hosts":                                               {key: byName},
-		"envoy.config.route.v3.VirtualHost.routes":                                                             {key: byField("match"), ordered: true},
-		"envoy.config.route.v3.WeightedCluster.clusters":                                                       {key: byName},
-		"envoy.config.route.v3.RouteAction.request_mirror_policies":                                            {key: byField("cluster")},
-		"envoy.config.route.v3.RouteMatch.headers":                                                             {key: byName},
-		"envoy.config.route.v3.RouteMatch.query_parameters":                                                    {key: byName},
-		"envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.WeightedCluster.clusters":                      {key: byName},
-		"envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.http_filters":       {key: byName, ordered: true},
-		"envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.upgrade_configs":    {key: byField("upgrade_type")},
-		"envoy.extensions.transport_sockets.tls.v3.CertificateValidationContext.match_subject_alt_names":       {key: byAll},
-		"envoy.extensions.transport_sockets.tls.v3.CertificateValidationContext.match_typed_subject_alt_names": {key: byAll},
-	}
+var listRules = map[protoreflect.FullName]listRule{
+	"envoy.config.listener.v3.Listener.filter_chains":                                                      {key: "filter_chain_match"},
+	"envoy.config.listener.v3.Listener.listener_filters":                                                   {key: "name", ordered: true},
+	"envoy.config.listener.v3.FilterChain.filters":                                                         {key: "name", ordered: true},
+	"envoy.config.cluster.v3.Cluster.filters":                                                              {key: "name", ordered: true},
+	"envoy.config.cluster.v3.Cluster.transport_socket_matches":                                             {key: "match", ordered: true},
+	"envoy.config.cluster.v3.CircuitBreakers.thresholds":                                                   {key: "priority"},
+	"envoy.config.route.v3.RouteConfiguration.virtual_hosts":                                               {key: "name"},
+	"envoy.config.route.v3.VirtualHost.routes":                                                             {key: "match", ordered: true},
+	"envoy.config.route.v3.WeightedCluster.clusters":                                                       {key: "name"},
+	"envoy.config.route.v3.RouteAction.request_mirror_policies":                                            {key: "cluster"},
+	"envoy.config.route.v3.RouteMatch.headers":                                                             {key: "name"},
+	"envoy.config.route.v3.RouteMatch.query_parameters":                                                    {key: "name"},
+	"envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.WeightedCluster.clusters":                      {key: "name"},
+	"envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.http_filters":       {key: "name", ordered: true},
+	"envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.upgrade_configs":    {key: "upgrade_type"},
+	"envoy.extensions.transport_sockets.tls.v3.CertificateValidationContext.match_subject_alt_names":       {},
+	"envoy.extensions.transport_sockets.tls.v3.CertificateValidationContext.match_typed_subject_alt_names": {},
 }
 
 // unorderedValues are lists of plain values that are sets to Envoy: compared sorted.
@@ -121,6 +107,8 @@ var chainMatchAlias = map[string]string{
 	"application_protocols": "alpn", "prefix_ranges": "ip", "source_prefix_ranges": "src",
 	"direct_source_prefix_ranges": "dsrc", "source_type": "srctype", "source_ports": "srcport",
 }
+
+const rawBufferType = "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
 
 // routeRef is how an HTTP connection manager names its route configuration.
 type routeRef struct {
@@ -148,12 +136,19 @@ func (p *projector) message(path string, m protoreflect.Message) any {
 		return plain(v.AsMap())
 	case *structpb.Value:
 		return plain(v.AsInterface())
+	case *structpb.ListValue:
+		return plain(v.AsSlice())
 	case *corev3.Address:
 		return address(v)
 	case *corev3.CidrRange:
 		return fmt.Sprintf("%s/%d", v.GetAddressPrefix(), v.GetPrefixLen().GetValue())
 	case *endpointv3.ClusterLoadAssignment:
 		return p.endpoints(path, v)
+	case *corev3.TransportSocket:
+		// Plain TCP is what Envoy does without a transport socket: the same config.
+		if v.GetTypedConfig().GetTypeUrl() == rawBufferType {
+			return nil
+		}
 	case *hcmv3.HttpConnectionManager:
 		if p.refs != nil {
 			p.refs[path] = routeRef{rds: v.GetRds().GetRouteConfigName(), inline: v.GetRouteConfig()}
@@ -169,7 +164,11 @@ func (p *projector) message(path string, m protoreflect.Message) any {
 			return true
 		}
 		name := string(fd.Name())
-		x := p.field(join(path, name), fd, v)
+		sub := join(path, name)
+		if name == "typed_config" {
+			sub = path // merged into this message, below
+		}
+		x := p.field(sub, fd, v)
 		if x == nil {
 			return true
 		}
@@ -193,9 +192,7 @@ func (p *projector) field(path string, fd protoreflect.FieldDescriptor, v protor
 		out := keyed{}
 		v.Map().Range(func(k protoreflect.MapKey, v protoreflect.Value) bool {
 			key := k.String()
-			if fd.FullName() == "envoy.config.route.v3.VirtualHost.typed_per_filter_config" ||
-				fd.FullName() == "envoy.config.route.v3.Route.typed_per_filter_config" ||
-				fd.FullName() == "envoy.config.route.v3.RouteConfiguration.typed_per_filter_config" {
+			if fd.Name() == "typed_per_filter_config" { // keyed by filter name
 				if telemetryFilters[key] {
 					return true
 				}
@@ -206,6 +203,9 @@ func (p *projector) field(path string, fd protoreflect.FieldDescriptor, v protor
 			}
 			return true
 		})
+		if len(out) == 0 {
+			return nil // only telemetry filters' configs
+		}
 		return out
 	case fd.IsList():
 		return p.list(path, fd, v.List())
@@ -223,8 +223,8 @@ func (p *projector) value(path string, fd protoreflect.FieldDescriptor, v protor
 func (p *projector) list(path string, fd protoreflect.FieldDescriptor, l protoreflect.List) any {
 	rule, ruled := listRules[fd.FullName()]
 	isMsg := fd.Kind() == protoreflect.MessageKind
-	if !ruled && isMsg {
-		rule = listRule{key: nil, ordered: true}
+	if !ruled {
+		rule.ordered = true
 	}
 	o := &ordered{}
 	var leaves []string
@@ -235,11 +235,17 @@ func (p *projector) list(path string, fd protoreflect.FieldDescriptor, l protore
 			if n := nameOf(v.Message()); n != "" && telemetryFilters[n] {
 				continue
 			}
-			if rule.key != nil {
-				key = rule.key(p, v.Message())
+			if ruled {
+				key = itemKey(rule.key, v.Message())
 			}
 		}
 		x := p.value(path+"["+key+"]", fd, v)
+		if x == nil {
+			continue
+		}
+		if f, ok := x.(fields); ok && rule.key != "" {
+			delete(f, string(rule.key))
+		}
 		if s, ok := x.(string); ok && !ruled {
 			leaves = append(leaves, s)
 			continue
@@ -253,7 +259,10 @@ func (p *projector) list(path string, fd protoreflect.FieldDescriptor, l protore
 		}
 		return strings.Join(leaves, ",")
 	}
-	if rule.ordered {
+	switch {
+	case len(o.keys) == 0:
+		return nil // only telemetry filters: as if there were none
+	case rule.ordered:
 		return o
 	}
 	return keyed(o.items)
@@ -271,11 +280,34 @@ func (p *projector) any(path string, a *anypb.Any) any {
 		}
 		return fmt.Sprintf("<%s %s sha256:%s>", what, a.GetTypeUrl(), hex.EncodeToString(sum[:6]))
 	}
-	x := p.project(path, m)
+	typ := string(m.ProtoReflect().Descriptor().FullName())
+	var x any
+	if ts, ok := m.(typedStruct); ok {
+		// A TypedStruct is a config in JSON form: Envoy reads it as the message it names, and
+		// so is it compared (as its JSON when that message is not registered here).
+		typ = ts.GetTypeUrl()[strings.LastIndex(ts.GetTypeUrl(), "/")+1:]
+		if mt, err := protoregistry.GlobalTypes.FindMessageByURL(ts.GetTypeUrl()); err == nil {
+			msg := mt.New().Interface()
+			if js, err := protojson.Marshal(ts.GetValue()); err == nil && protojson.Unmarshal(js, msg) == nil {
+				x = p.project(path, msg)
+			}
+		}
+		if x == nil {
+			x = plain(ts.GetValue().AsMap())
+		}
+	} else {
+		x = p.project(path, m)
+	}
 	if f, ok := x.(fields); ok {
-		f["@type"] = string(m.ProtoReflect().Descriptor().FullName())
+		f["@type"] = typ
 	}
 	return x
+}
+
+// typedStruct is udpa.type.v1.TypedStruct or xds.type.v3.TypedStruct.
+type typedStruct interface {
+	GetTypeUrl() string
+	GetValue() *structpb.Struct
 }
 
 // endpoints flattens a load assignment into its endpoints by address: what a request can reach
@@ -345,28 +377,24 @@ func address(a *corev3.Address) string {
 
 // Keys of list items.
 
-func byName(_ *projector, m protoreflect.Message) string { return shortName(nameOf(m)) }
-
-func byField(name protoreflect.Name) func(*projector, protoreflect.Message) string {
-	return func(p *projector, m protoreflect.Message) string {
-		fd := m.Descriptor().Fields().ByName(name)
-		if fd.Kind() == protoreflect.MessageKind && !m.Has(fd) {
-			return "*"
-		}
-		return keyText((&projector{}).field("", fd, m.Get(fd)), nil)
+// itemKey identifies a list item by one of its fields (all of it when field is ""), as text.
+func itemKey(field protoreflect.Name, m protoreflect.Message) string {
+	if field == "" {
+		return keyText((&projector{}).message("", m), nil)
 	}
-}
-
-func byAll(_ *projector, m protoreflect.Message) string {
-	return keyText((&projector{}).message("", m), nil)
-}
-
-func chainKey(_ *projector, m protoreflect.Message) string {
-	fd := m.Descriptor().Fields().ByName("filter_chain_match")
-	if !m.Has(fd) {
-		return "*"
+	fd := m.Descriptor().Fields().ByName(field)
+	if fd.Kind() == protoreflect.MessageKind && !m.Has(fd) {
+		return "*" // no match: matches everything
 	}
-	return keyText((&projector{}).message("", m.Get(fd).Message()), chainMatchAlias)
+	v := (&projector{}).field("", fd, m.Get(fd))
+	if s, ok := v.(string); ok && field == "name" {
+		return shortName(s)
+	}
+	var alias map[string]string
+	if field == "filter_chain_match" {
+		alias = chainMatchAlias
+	}
+	return keyText(v, alias)
 }
 
 // keyText renders a projected value as a key: leaves as name=value, space separated.
@@ -382,6 +410,9 @@ func keyText(v any, alias map[string]string) string {
 				parts = append(parts, prefix+"="+v)
 			}
 		case fields:
+			if len(v) == 0 && prefix != "" {
+				parts = append(parts, prefix) // a set empty message, like a gRPC route match
+			}
 			for _, k := range unionKeys(v, nil) {
 				name := k
 				if a, ok := alias[k]; ok && prefix == "" {

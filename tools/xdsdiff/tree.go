@@ -92,7 +92,7 @@ func (d *differ) diff(path string, a, b any) {
 		if b, ok := b.(*ordered); ok {
 			d.leaves++
 			if ca, cb := common(a.keys, b.items), common(b.keys, a.items); !slices.Equal(ca, cb) {
-				d.emit(path+" (order)", strings.Join(ca, ", "), strings.Join(cb, ", "))
+				d.emit(path+" (order)", bracketed(ca), bracketed(cb))
 			}
 			for _, k := range unionKeys(a.items, b.items) {
 				d.diff(path+"["+k+"]", a.items[k], b.items[k])
@@ -184,32 +184,39 @@ func renderTo(b *strings.Builder, v any) {
 	case string:
 		b.WriteString(v)
 	case fields:
-		renderMap(b, v, "{", "}", ": ")
+		renderMap(b, v, "{", "}", false)
 	case keyed:
-		renderMap(b, v, "[", "]", "=")
+		renderMap(b, v, "{", "}", true)
 	case *ordered:
 		b.WriteString("[")
 		for i, k := range v.keys {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			b.WriteString(k)
-			b.WriteString("=")
+			b.WriteString("[" + k + "]: ")
 			renderTo(b, v.items[k])
 		}
 		b.WriteString("]")
 	}
 }
 
-func renderMap[M ~map[string]any](b *strings.Builder, m M, open, close, sep string) {
+// renderMap prints fields as {name: value} and keyed items as {[key]: value}.
+func renderMap[M ~map[string]any](b *strings.Builder, m M, open, close string, item bool) {
 	b.WriteString(open)
 	for i, k := range unionKeys(m, nil) {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(k)
-		b.WriteString(sep)
+		label := k
+		if item {
+			label = "[" + k + "]"
+		}
+		b.WriteString(label + ": ")
 		renderTo(b, m[k])
 	}
 	b.WriteString(close)
+}
+
+func bracketed(keys []string) string {
+	return "[" + strings.Join(keys, "] [") + "]"
 }

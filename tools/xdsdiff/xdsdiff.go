@@ -2,11 +2,15 @@ package xdsdiff
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -24,8 +28,8 @@ const (
 type Snapshot map[string][]*anypb.Any
 
 // Difference is one property on which istiod and Sailplane disagree. Case and Node are the
-// caller's (Compare leaves them empty). Path is empty when a whole resource is on one side only;
-// a value is "<absent>" on the side that lacks the property.
+// caller's (Compare leaves them empty). Path is empty when a whole resource is on one side only.
+// A value is "<absent>" on the side that does not set the property (Envoy's default applies).
 type Difference struct{ Case, Node, Type, Resource, Path, Istiod, Ours string }
 
 // String is one readable block, for test logs.
@@ -65,7 +69,7 @@ func Compare(istiod, ours Snapshot) ([]Difference, Stats, error) {
 		return nil, Stats{}, err
 	}
 	c := &comparison{}
-	c.compareByName("CDS", is.clusters, us.clusters)
+	c.compareTrees("CDS", projectAll(is.clusters), projectAll(us.clusters))
 	c.compareEndpoints(is, us)
 	il, ul := is.projectListeners(), us.projectListeners()
 	c.compareTrees("LDS", il.trees, ul.trees)
@@ -73,6 +77,12 @@ func Compare(istiod, ours Snapshot) ([]Difference, Stats, error) {
 	for _, t := range unionKeys(toAny(is.other), toAny(us.other)) {
 		c.compareByName(t, is.other[t], us.other[t])
 	}
+	// By type (CDS, EDS, LDS, RDS sort that way), then resource; within a resource the walk's
+	// order (sorted keys) is kept.
+	sort.SliceStable(c.diffs, func(i, j int) bool {
+		a, b := c.diffs[i], c.diffs[j]
+		return a.Type < b.Type || a.Type == b.Type && a.Resource < b.Resource
+	})
 	return c.diffs, Stats{Resources: c.resources, Properties: c.d.leaves}, nil
 }
 
@@ -92,7 +102,7 @@ func (c *comparison) compareByName(typ string, a, b map[string]proto.Message) {
 	c.compareTrees(typ, projectAll(a), projectAll(b))
 }
 
-func projectAll(ms map[string]proto.Message) map[string]any {
+func projectAll[M proto.Message](ms map[string]M) map[string]any {
 	out := make(map[string]any, len(ms))
 	for n, m := range ms {
 		out[n] = (&projector{}).project("", m)
@@ -102,6 +112,9 @@ func projectAll(ms map[string]proto.Message) map[string]any {
 
 // compare diffs one resource; one missing is a single Difference with an empty path.
 func (c *comparison) compare(typ, name string, a, b any) {
+	if a == nil && b == nil {
+		return // a reference neither side can follow: nothing to compare
+	}
 	c.resources++
 	if a == nil || b == nil {
 		c.d.leaves += countLeaves(a) + countLeaves(b)
@@ -118,7 +131,10 @@ func presence(v any) string {
 	if v == nil {
 		return absent
 	}
-	return fmt.Sprintf("<present: %d properties>", countLeaves(v))
+	if n := countLeaves(v); n != 1 {
+		return fmt.Sprintf("<present: %d properties>", n)
+	}
+	return "<present: 1 property>"
 }
 
 // compareEndpoints follows each cluster to its load assignment (EDS service name, or the
@@ -127,16 +143,11 @@ func presence(v any) string {
 func (c *comparison) compareEndpoints(is, us *side) {
 	ia, ib := is.assignments(), us.assignments()
 	for _, name := range unionKeys(toAny(ia.used), toAny(ib.used)) {
-		c.compare("EDS", name, projectCLA(ia.used[name]), projectCLA(ib.used[name]))
+		if a, b := ia.used[name], ib.used[name]; a != nil || b != nil {
+			c.compare("EDS", name, projectCLA(a), projectCLA(b))
+		}
 	}
-	ua, ub := map[string]any{}, map[string]any{}
-	for n, m := range ia.unused {
-		ua[n] = projectCLA(m)
-	}
-	for n, m := range ib.unused {
-		ub[n] = projectCLA(m)
-	}
-	c.compareTrees("EDS", ua, ub)
+	c.compareTrees("EDS", projectAll(ia.unused), projectAll(ib.unused))
 }
 
 func projectCLA(m *endpointv3.ClusterLoadAssignment) any {
@@ -152,12 +163,8 @@ type assignments struct {
 }
 
 func (s *side) assignments() assignments {
-	a := assignments{used: map[string]*endpointv3.ClusterLoadAssignment{}, unused: map[string]*endpointv3.ClusterLoadAssignment{}}
-	for n, m := range s.endpoints {
-		a.unused[n] = m.(*endpointv3.ClusterLoadAssignment)
-	}
-	for n, m := range s.clusters {
-		cl := m.(*clusterv3.Cluster)
+	a := assignments{used: map[string]*endpointv3.ClusterLoadAssignment{}, unused: maps.Clone(s.endpoints)}
+	for n, cl := range s.clusters {
 		if cl.GetType() != clusterv3.Cluster_EDS {
 			continue
 		}
@@ -165,11 +172,8 @@ func (s *side) assignments() assignments {
 		if ref == "" {
 			ref = n
 		}
-		a.used[n] = nil
-		if cla, ok := s.endpoints[ref]; ok {
-			a.used[n] = cla.(*endpointv3.ClusterLoadAssignment)
-			delete(a.unused, ref)
-		}
+		a.used[n] = s.endpoints[ref] // nil if missing
+		delete(a.unused, ref)
 	}
 	return a
 }
@@ -200,9 +204,9 @@ func (c *comparison) compareRoutes(is, us *side, ia, ib map[string]routeRef) {
 	seen := map[pair]bool{}
 	usedA, usedB := map[string]bool{}, map[string]bool{}
 	for _, site := range unionKeys(toAny(ia), nil) {
-		ra, okb := ia[site], false
-		var rb routeRef
-		if rb, okb = ib[site]; !okb {
+		ra := ia[site]
+		rb, ok := ib[site]
+		if !ok {
 			continue // the listener diff already shows the missing connection manager
 		}
 		na, nb := refName(ra, site), refName(rb, site)
@@ -213,18 +217,17 @@ func (c *comparison) compareRoutes(is, us *side, ia, ib map[string]routeRef) {
 		seen[pair{na, nb}] = true
 		c.compare("RDS", na, is.route(ra), us.route(rb))
 	}
-	ua, ub := map[string]any{}, map[string]any{}
-	for n, m := range is.routes {
-		if !usedA[n] {
-			ua[n] = (&projector{}).project("", m)
+	c.compareTrees("RDS", projectAll(unused(is.routes, usedA)), projectAll(unused(us.routes, usedB)))
+}
+
+func unused[M any](ms map[string]M, used map[string]bool) map[string]M {
+	out := map[string]M{}
+	for n, m := range ms {
+		if !used[n] {
+			out[n] = m
 		}
 	}
-	for n, m := range us.routes {
-		if !usedB[n] {
-			ub[n] = (&projector{}).project("", m)
-		}
-	}
-	c.compareTrees("RDS", ua, ub)
+	return out
 }
 
 // refName names a route configuration in reports: its RDS name, or where it is inlined.
@@ -247,59 +250,63 @@ func (s *side) route(r routeRef) any {
 
 // side is one snapshot, decoded and indexed by resource name.
 type side struct {
-	clusters, endpoints, listeners, routes map[string]proto.Message
-	other                                  map[string]map[string]proto.Message // by type URL
+	clusters  map[string]*clusterv3.Cluster
+	endpoints map[string]*endpointv3.ClusterLoadAssignment
+	listeners map[string]*listenerv3.Listener
+	routes    map[string]*routev3.RouteConfiguration
+	other     map[string]map[string]proto.Message // by type URL
 }
 
 func decode(who string, s Snapshot) (*side, error) {
-	d := &side{clusters: map[string]proto.Message{}, endpoints: map[string]proto.Message{},
-		listeners: map[string]proto.Message{}, routes: map[string]proto.Message{},
+	d := &side{clusters: map[string]*clusterv3.Cluster{}, endpoints: map[string]*endpointv3.ClusterLoadAssignment{},
+		listeners: map[string]*listenerv3.Listener{}, routes: map[string]*routev3.RouteConfiguration{},
 		other: map[string]map[string]proto.Message{}}
-	urls := make([]string, 0, len(s))
-	for u := range s {
-		urls = append(urls, u)
-	}
-	sort.Strings(urls)
-	for _, url := range urls {
-		var into map[string]proto.Message
-		switch url {
-		case ClusterType:
-			into = d.clusters
-		case EndpointType:
-			into = d.endpoints
-		case ListenerType:
-			into = d.listeners
-		case RouteType:
-			into = d.routes
-		default:
-			into = map[string]proto.Message{}
-			d.other[url] = into
-		}
+	for _, url := range slices.Sorted(maps.Keys(s)) {
 		for i, a := range s[url] {
+			if a.GetTypeUrl() != url {
+				return nil, fmt.Errorf("%s: %s resource %d is a %s", who, url, i, a.GetTypeUrl())
+			}
 			m, err := a.UnmarshalNew()
 			if err != nil {
 				return nil, fmt.Errorf("%s: %s resource %d: %w", who, url, i, err)
 			}
-			name := resourceName(m)
-			if _, dup := into[name]; dup {
+			if name, ok := d.add(url, m); !ok {
 				return nil, fmt.Errorf("%s: %s: two resources named %q", who, url, name)
 			}
-			into[name] = m
 		}
 	}
 	return d, nil
 }
 
-// resourceName is the name a resource is known by (a load assignment's cluster_name).
-func resourceName(m proto.Message) string {
-	if cla, ok := m.(*endpointv3.ClusterLoadAssignment); ok {
-		return cla.GetClusterName()
+// add indexes a resource by the name it is known by (a load assignment's is its cluster_name);
+// false if the name is taken.
+func (d *side) add(url string, m proto.Message) (string, bool) {
+	switch m := m.(type) {
+	case *clusterv3.Cluster:
+		return m.GetName(), put(d.clusters, m.GetName(), m)
+	case *endpointv3.ClusterLoadAssignment:
+		return m.GetClusterName(), put(d.endpoints, m.GetClusterName(), m)
+	case *listenerv3.Listener:
+		return m.GetName(), put(d.listeners, m.GetName(), m)
+	case *routev3.RouteConfiguration:
+		return m.GetName(), put(d.routes, m.GetName(), m)
 	}
-	fd := m.ProtoReflect().Descriptor().Fields().ByName("name")
-	if fd != nil && fd.Kind() == protoreflect.StringKind && !fd.IsList() {
-		return m.ProtoReflect().Get(fd).String()
+	if d.other[url] == nil {
+		d.other[url] = map[string]proto.Message{}
 	}
-	return ""
+	name := ""
+	if fd := m.ProtoReflect().Descriptor().Fields().ByName("name"); fd != nil && fd.Kind() == protoreflect.StringKind && !fd.IsList() {
+		name = m.ProtoReflect().Get(fd).String()
+	}
+	return name, put(d.other[url], name, m)
+}
+
+func put[M any](ms map[string]M, name string, m M) bool {
+	if _, dup := ms[name]; dup {
+		return false
+	}
+	ms[name] = m
+	return true
 }
 
 func toAny[V any](m map[string]V) map[string]any {

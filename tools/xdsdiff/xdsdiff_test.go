@@ -1,0 +1,64 @@
+package xdsdiff
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"sailplane.dev/shared/golden"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestGolden compares testdata/<case>/istiod.json with ours.json (each a JSON list of resources
+// in protojson, "@type" naming the type) and checks the report against golden.txt.
+func TestGolden(t *testing.T) {
+	cases, err := filepath.Glob(filepath.Join("testdata", "*", "istiod.json"))
+	if err != nil || len(cases) == 0 {
+		t.Fatalf("no golden cases: %v", err)
+	}
+	for _, c := range cases {
+		dir := filepath.Dir(c)
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			diffs, stats, err := Compare(readSnapshot(t, c), readSnapshot(t, filepath.Join(dir, "ours.json")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b strings.Builder
+			fmt.Fprintf(&b, "%d differences; compared %d resources, %d properties\n", len(diffs), stats.Resources, stats.Properties)
+			for _, d := range diffs {
+				d.Case = filepath.Base(dir)
+				b.WriteString("\n" + d.String())
+			}
+			golden.Compare(t, filepath.Join(dir, "golden.txt"), []byte(b.String()))
+		})
+	}
+}
+
+func readSnapshot(t *testing.T, path string) Snapshot {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raws []json.RawMessage
+	if err := json.Unmarshal(data, &raws); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	s := Snapshot{}
+	for i, r := range raws {
+		a := &anypb.Any{}
+		if err := protojson.Unmarshal(r, a); err != nil {
+			t.Fatalf("%s: resource %d: %v", path, i, err)
+		}
+		s[a.TypeUrl] = append(s[a.TypeUrl], a)
+	}
+	return s
+}
