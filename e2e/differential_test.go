@@ -182,6 +182,7 @@ func runDifferentialCase(t *testing.T, name string) ([]xdsdiff.Difference, xdsdi
 		}
 		t.Logf("node %s: %d resources, %d properties, %d differences", n.name(), st.Resources, st.Properties, len(diffs))
 		all = append(all, diffs...)
+		dumpDifferences(t, name, n, diffs)
 		stats.Resources += st.Resources
 		stats.Properties += st.Properties
 	}
@@ -271,6 +272,23 @@ func dumpSnapshots(t *testing.T, caseName string, n diffNode, ref, ours xdsdiff.
 		}
 	}
 	t.Logf("wrote %s/%s.{istiod,ours}.json", dir, base)
+}
+
+// dumpDifferences writes a node's differences under $SAILPLANE_DIFF_DUMP as JSON, for whoever
+// writes the allowlist.
+func dumpDifferences(t *testing.T, caseName string, n diffNode, diffs []xdsdiff.Difference) {
+	root := os.Getenv("SAILPLANE_DIFF_DUMP")
+	if root == "" {
+		return
+	}
+	b, err := json.MarshalIndent(diffs, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(root, caseName, strings.ReplaceAll(n.name(), "/", "_")+".differences.json")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // casePods are the Pods of a case, by namespace/name; each must have status.podIP.
