@@ -39,6 +39,10 @@ func TestCompare(t *testing.T) {
 		our:    []proto.Message{routes("r", vhost("v", []string{"*"}, route("/", "b"), route("/a", "a")))},
 		want:   []string{"RDS r virtual_hosts[v].routes (order): [prefix=/a] [prefix=/] | [prefix=/] [prefix=/a]"},
 	}, {
+		name:   "retry conditions are a set",
+		istiod: []proto.Message{routes("r", vhost("v", []string{"*"}, retrying(route("/", "a"), "connect-failure,refused-stream,unavailable")))},
+		our:    []proto.Message{routes("r", vhost("v", []string{"*"}, retrying(route("/", "a"), "unavailable, connect-failure,refused-stream")))},
+	}, {
 		name:   "HTTP filters in another order differ",
 		istiod: []proto.Message{hcmListener("l", rds("r"), "envoy.filters.http.fault", "envoy.filters.http.router")},
 		our:    []proto.Message{hcmListener("l", rds("r"), "envoy.filters.http.router", "envoy.filters.http.fault")},
@@ -348,4 +352,9 @@ func BenchmarkCompare(b *testing.B) {
 			b.Fatal(d, err)
 		}
 	}
+}
+
+func retrying(r *routev3.Route, on string) *routev3.Route {
+	r.GetRoute().RetryPolicy = &routev3.RetryPolicy{RetryOn: on}
+	return r
 }

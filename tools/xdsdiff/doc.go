@@ -16,7 +16,8 @@
 // filters, transport socket matches) the order is compared on its own, reported at
 // "<list> (order)", so one moved route is one difference. Lists of plain values are one leaf,
 // sorted where they are sets to Envoy (domains; a chain match's SNI names, ALPN, CIDR ranges,
-// source ports). Any other list is compared item by item, in order.
+// source ports), as are comma-separated sets (retry_on, CORS methods and headers). Any other
+// list is compared item by item, in order.
 //
 // References whose names are an internal choice are followed, not compared: a route
 // configuration is compared as reached from the HTTP connection manager using it (by RDS name or

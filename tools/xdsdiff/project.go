@@ -101,6 +101,14 @@ var unorderedValues = map[protoreflect.FullName]bool{
 	"envoy.config.listener.v3.FilterChainMatch.source_ports":                true,
 }
 
+// commaSets are strings Envoy reads as comma-separated sets: compared sorted.
+var commaSets = map[protoreflect.FullName]bool{
+	"envoy.config.route.v3.RetryPolicy.retry_on":                      true,
+	"envoy.extensions.filters.http.cors.v3.CorsPolicy.allow_methods":  true,
+	"envoy.extensions.filters.http.cors.v3.CorsPolicy.allow_headers":  true,
+	"envoy.extensions.filters.http.cors.v3.CorsPolicy.expose_headers": true,
+}
+
 // chainMatchAlias shortens filter chain match fields in keys: filter_chains[port=80 sni=a.com].
 var chainMatchAlias = map[string]string{
 	"destination_port": "port", "server_names": "sni", "transport_protocol": "transport",
@@ -463,6 +471,15 @@ func isWrapper(n protoreflect.FullName) bool {
 
 func scalar(fd protoreflect.FieldDescriptor, v protoreflect.Value) any {
 	switch fd.Kind() {
+	case protoreflect.StringKind:
+		if commaSets[fd.FullName()] {
+			items := strings.Split(v.String(), ",")
+			for i := range items {
+				items[i] = strings.TrimSpace(items[i])
+			}
+			slices.Sort(items)
+			return strings.Join(items, ",")
+		}
 	case protoreflect.EnumKind:
 		if ev := fd.Enum().Values().ByNumber(v.Enum()); ev != nil {
 			return string(ev.Name())

@@ -3,8 +3,10 @@ package xdsdiff
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -17,8 +19,10 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// TestGolden compares testdata/<case>/istiod.json with ours.json (each a JSON list of resources
-// in protojson, "@type" naming the type) and checks the report against golden.txt.
+// TestGolden compares testdata/<case>/istiod.json with ours.json and checks the report against
+// golden.txt. Each file holds resources in protojson ("@type" naming the type): a list, or lists
+// by type URL as the differential e2e test dumps them (SAILPLANE_DIFF_DUMP), so that a case it
+// fails on can be kept here.
 func TestGolden(t *testing.T) {
 	cases, err := filepath.Glob(filepath.Join("testdata", "*", "istiod.json"))
 	if err != nil || len(cases) == 0 {
@@ -50,7 +54,13 @@ func readSnapshot(t *testing.T, path string) Snapshot {
 	}
 	var raws []json.RawMessage
 	if err := json.Unmarshal(data, &raws); err != nil {
-		t.Fatalf("%s: %v", path, err)
+		var byType map[string][]json.RawMessage
+		if err := json.Unmarshal(data, &byType); err != nil {
+			t.Fatalf("%s: neither a list of resources nor lists by type URL: %v", path, err)
+		}
+		for _, url := range slices.Sorted(maps.Keys(byType)) {
+			raws = append(raws, byType[url]...)
+		}
 	}
 	s := Snapshot{}
 	for i, r := range raws {
