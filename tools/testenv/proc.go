@@ -170,14 +170,14 @@ func tailFile(path string, max int64) string {
 	return string(buf[:n])
 }
 
-// logsOf is the tail of each log, without kube-apiserver's start-up listing of every flag: a
-// failed test prints it, and hundreds of FLAG lines would bury what went wrong.
+// logsOf is the tail of each log, without kube-apiserver's and istiod's start-up listing of
+// every flag: a failed test prints it, and hundreds of FLAG lines would bury what went wrong.
 func logsOf(paths ...string) string {
 	var b strings.Builder
 	for _, p := range paths {
 		fmt.Fprintf(&b, "===== %s =====\n", filepath.Base(p))
 		for line := range strings.Lines(tailFile(p, 64<<10)) {
-			if !strings.Contains(line, "] FLAG: --") {
+			if !strings.Contains(line, "] FLAG: --") && !strings.Contains(line, "\tFLAG: --") {
 				b.WriteString(line)
 			}
 		}
