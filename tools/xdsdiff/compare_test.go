@@ -70,6 +70,17 @@ func TestCompare(t *testing.T) {
 		our:    []proto.Message{edsCluster("c", ""), cla("c", "198.18.0.1", "198.18.0.2")},
 		want:   []string{"EDS c endpoints[198.18.0.2:80]: <absent> | {}"},
 	}, {
+		name:   "an endpoint's defaults stated equal defaults left out",
+		istiod: []proto.Message{edsCluster("c", ""), withEndpoint(cla("c", "198.18.0.1"), &corev3.Locality{}, 1, corev3.HealthStatus_HEALTHY)},
+		our:    []proto.Message{edsCluster("c", ""), cla("c", "198.18.0.1")},
+	}, {
+		name:   "an endpoint's weight, locality and health are compared",
+		istiod: []proto.Message{edsCluster("c", ""), withEndpoint(cla("c", "198.18.0.1"), &corev3.Locality{Region: "eu", Zone: "eu-1"}, 2, corev3.HealthStatus_DRAINING)},
+		our:    []proto.Message{edsCluster("c", ""), cla("c", "198.18.0.1")},
+		want: []string{"EDS c endpoints[198.18.0.1:80].health_status: DRAINING | <absent>",
+			"EDS c endpoints[198.18.0.1:80].locality: eu/eu-1/ | <absent>",
+			"EDS c endpoints[198.18.0.1:80].weight: 2 | <absent>"},
+	}, {
 		name:   "an unregistered Any with the same bytes is equal",
 		istiod: []proto.Message{tcpListener("l", unregistered("abc"))},
 		our:    []proto.Message{tcpListener("l", unregistered("abc"))},
@@ -234,6 +245,15 @@ func cla(name string, ips ...string) *endpointv3.ClusterLoadAssignment {
 		c.Endpoints = append(c.Endpoints, &endpointv3.LocalityLbEndpoints{LbEndpoints: []*endpointv3.LbEndpoint{{
 			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: sockAddr(ip, 80)}}}}})
 	}
+	return c
+}
+
+// withEndpoint sets the first endpoint's locality, weight and health.
+func withEndpoint(c *endpointv3.ClusterLoadAssignment, l *corev3.Locality, weight uint32, h corev3.HealthStatus) *endpointv3.ClusterLoadAssignment {
+	c.Endpoints[0].Locality = l
+	lb := c.Endpoints[0].LbEndpoints[0]
+	lb.LoadBalancingWeight = wrapperspb.UInt32(weight)
+	lb.HealthStatus = h
 	return c
 }
 

@@ -28,7 +28,8 @@
 // Properties. Everything else a resource sets is compared, field by field: the discovery type,
 // load balancing, timeouts, circuit breakers, outlier detection, HTTP protocol options,
 // transport sockets (SNI, SANs, SDS secret names, validation context, ALPN, TLS parameters),
-// static and DNS endpoints; per endpoint its locality, priority, weights, health and tlsMode;
+// static and DNS endpoints; per endpoint its locality, priority, weights, health and tlsMode
+// (Envoy's defaults stated equal them left out: weight 1, empty locality, HEALTHY);
 // listener addresses and flags, filter chain matches, filter configs (tcp_proxy clusters and
 // weights, connection manager settings, RBAC policies as trees, downstream TLS); routes' match,
 // action, timeouts, retries, mirrors, redirects, direct responses, header mutations and per-filter

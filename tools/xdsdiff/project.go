@@ -319,19 +319,23 @@ type typedStruct interface {
 }
 
 // endpoints flattens a load assignment into its endpoints by address: what a request can reach
-// and with which weight, locality, health and mTLS mode.
+// and with which weight, locality, health and mTLS mode. Envoy's defaults are left out, so that
+// stating them equals not: an empty locality, weight 1, health UNKNOWN or HEALTHY (Envoy
+// routes to both).
 func (p *projector) endpoints(path string, cla *endpointv3.ClusterLoadAssignment) any {
 	eps := keyed{}
 	for _, loc := range cla.GetEndpoints() {
 		for _, lb := range loc.GetLbEndpoints() {
 			ep := fields{}
-			if l := loc.GetLocality(); l != nil {
+			if l := loc.GetLocality(); l.GetRegion()+l.GetZone()+l.GetSubZone() != "" {
 				ep["locality"] = l.GetRegion() + "/" + l.GetZone() + "/" + l.GetSubZone()
 			}
 			setNum(ep, "priority", uint64(loc.GetPriority()))
 			setNum(ep, "locality_weight", uint64(loc.GetLoadBalancingWeight().GetValue()))
-			setNum(ep, "weight", uint64(lb.GetLoadBalancingWeight().GetValue()))
-			if h := lb.GetHealthStatus(); h != corev3.HealthStatus_UNKNOWN {
+			if w := lb.GetLoadBalancingWeight().GetValue(); w > 1 {
+				setNum(ep, "weight", uint64(w))
+			}
+			if h := lb.GetHealthStatus(); h != corev3.HealthStatus_UNKNOWN && h != corev3.HealthStatus_HEALTHY {
 				ep["health_status"] = h.String()
 			}
 			if h := lb.GetEndpoint().GetHostname(); h != "" {

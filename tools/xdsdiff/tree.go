@@ -23,8 +23,8 @@ type (
 	}
 )
 
-// add appends an item under key, making the key unique when two items share it (Envoy would
-// reject most such configs, but the diff must still show both).
+// add appends an item under key, made unique when two items share it (Istio sends two RBAC
+// filters, say: rbac and rbac#2).
 func (o *ordered) add(key string, v any) {
 	if o.items == nil {
 		o.items = map[string]any{}
