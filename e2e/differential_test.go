@@ -62,7 +62,7 @@ func TestDifferentialIstiod(t *testing.T) {
 		t.Fatalf("no cases under %s", differentialDir)
 	}
 	used := map[int]bool{} // allowlist entries that matched, by index
-	compared := 0           // cases that got as far as comparing every node
+	compared := 0          // cases that got as far as comparing every node
 	var total xdsdiff.Stats
 	start := time.Now()
 	for _, name := range cases {
