@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -199,13 +200,30 @@ func startDifferentialHyper(t *testing.T, k *testenv.Kube, mesh string) string {
 	t.Helper()
 	dir := t.TempDir()
 	framework.WriteFile(t, dir, "mesh.yaml", mesh)
-	xds := framework.FreeAddr(t)
-	p := framework.Start(t, dir, framework.Binary(t, "hyper"),
+	addrs := distinctFreeAddrs(t, 5)
+	xds, monitoring := addrs[0], addrs[4]
+	framework.Start(t, dir, framework.Binary(t, "hyper"),
 		"--kubeconfig", k.KubeconfigPath(), "--config-source", "kubernetes", "--mesh-config", filepath.Join(dir, "mesh.yaml"),
-		"--xds-listen", xds, "--bus-listen", framework.FreeAddr(t), "--xds-tls-listen", framework.FreeAddr(t),
-		"--webhook-listen", framework.FreeAddr(t), "--pod-name", "sailplane-differential")
-	framework.WaitReady(t, p)
+		"--xds-listen", xds, "--bus-listen", addrs[1], "--xds-tls-listen", addrs[2], "--webhook-listen", addrs[3],
+		"--monitoring-listen", monitoring, "--pod-name", "sailplane-differential")
+	framework.WaitReadyAt(t, monitoring)
 	return xds
+}
+
+// distinctFreeAddrs returns n loopback addresses free a moment ago, all different: each is held
+// until the last is picked (framework.FreeAddr, called n times, may return one port twice).
+func distinctFreeAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	var addrs []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		addrs = append(addrs, l.Addr().String())
+	}
+	return addrs
 }
 
 // stableSnapshot fetches what the server at addr sends node until two fetches in a row are
