@@ -76,6 +76,8 @@ type localityInputs struct {
 	snap         *model.Snapshot
 	matters      bool
 	failoverKeys []string
+	// viewerKeys are the labels through which the client's labels matter (model.ViewerLabelKeys).
+	viewerKeys []string
 }
 
 var (
@@ -88,10 +90,11 @@ func newProxylessGenerator(log *slog.Logger) *proxylessGenerator {
 }
 
 // CacheScope: grpcgen reads nothing of the proxy but what its namespace can see, its DNS
-// domain (the short names of routes), for clusters whether it is in the mesh (auto mTLS) and
-// for endpoints its locality when locality load balancing may apply.
+// domain (the short names of routes), its values of the labels routes' sourceLabels and
+// DestinationRule workloadSelectors name, for clusters whether it is in the mesh (auto mTLS)
+// and for endpoints its locality when locality load balancing may apply.
 func (g *proxylessGenerator) CacheScope(snap *model.Snapshot, p *model.Proxy, typeURL string) string {
-	scope := "grpc/" + p.Namespace + "/d=" + p.DNSDomain
+	scope := "grpc/" + p.Namespace + "/d=" + p.DNSDomain + g.viewerKey(snap, p)
 	switch typeURL {
 	case resourcev3.ListenerType:
 		return scope + serverScope(snap, p)
@@ -104,16 +107,44 @@ func (g *proxylessGenerator) CacheScope(snap *model.Snapshot, p *model.Proxy, ty
 	return scope + g.localityKey(snap, p)
 }
 
-// localityKey is translate.LocalityKey when locality load balancing may apply in snap, else "".
-func (g *proxylessGenerator) localityKey(snap *model.Snapshot, p *model.Proxy) string {
+// inputs returns what of the proxy snap's output may depend on, computed once per snapshot.
+func (g *proxylessGenerator) inputs(snap *model.Snapshot) localityInputs {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	in := g.locality
 	if in.snap != snap {
 		in.snap = snap
 		in.matters, in.failoverKeys = translate.LocalityInputs(snap)
+		in.viewerKeys = snap.ViewerLabelKeys()
 		g.locality = in
 	}
-	g.mu.Unlock()
+	return in
+}
+
+// viewerKey names p's values of the labels its routes and DestinationRules may select on.
+func (g *proxylessGenerator) viewerKey(snap *model.Snapshot, p *model.Proxy) string {
+	keys := g.inputs(snap).viewerKeys
+	if len(keys) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("/l=")
+	for _, k := range keys {
+		if v, ok := p.Labels[k]; ok {
+			b.WriteString(k + "=" + v + ";")
+		}
+	}
+	return b.String()
+}
+
+// viewerOf is whom grpcgen resolves config for.
+func viewerOf(p *model.Proxy) *model.Viewer {
+	return &model.Viewer{Namespace: p.Namespace, Labels: p.Labels}
+}
+
+// localityKey is translate.LocalityKey when locality load balancing may apply in snap, else "".
+func (g *proxylessGenerator) localityKey(snap *model.Snapshot, p *model.Proxy) string {
+	in := g.inputs(snap)
 	if !in.matters {
 		return ""
 	}
@@ -139,7 +170,7 @@ func (g *proxylessGenerator) Generate(snap *model.Snapshot, p *model.Proxy, type
 			hosts[hostOf(n)] = true
 		}
 		client, _ := g.client(snap, p)
-		res = grpcgen.Generate(visible(snap, p.Namespace, hosts), p.DNSDomain, client, p.InMesh(), g.log)
+		res = grpcgen.Generate(visible(snap, p.Namespace, hosts), p.DNSDomain, viewerOf(p), client, p.InMesh(), g.log)
 	} else {
 		res = g.translate(snap, p)
 	}
@@ -177,13 +208,13 @@ func (g *proxylessGenerator) Generate(snap *model.Snapshot, p *model.Proxy, type
 
 func (g *proxylessGenerator) translate(snap *model.Snapshot, p *model.Proxy) *grpcgen.Resources {
 	client, key := g.client(snap, p)
-	key = p.Namespace + "/d=" + p.DNSDomain + "/m=" + strconv.FormatBool(p.InMesh()) + key
+	key = p.Namespace + "/d=" + p.DNSDomain + g.viewerKey(snap, p) + "/m=" + strconv.FormatBool(p.InMesh()) + key
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if m, ok := g.memo[key]; ok && m.snap == snap {
 		return m.res
 	}
-	res := grpcgen.Generate(visible(snap, p.Namespace, nil), p.DNSDomain, client, p.InMesh(), g.log)
+	res := grpcgen.Generate(visible(snap, p.Namespace, nil), p.DNSDomain, viewerOf(p), client, p.InMesh(), g.log)
 	g.memo[key] = proxylessMemo{snap: snap, res: res}
 	return res
 }
@@ -192,8 +223,7 @@ func (g *proxylessGenerator) translate(snap *model.Snapshot, p *model.Proxy) *gr
 // snap itself when nothing is left out.
 func visible(snap *model.Snapshot, ns string, hosts map[string]bool) *model.Snapshot {
 	keep := func(h string, svc *model.Service) bool {
-		return (hosts == nil || hosts[h]) &&
-			model.ExportVisibility(svc.Spec.GetNamespace(), svc.Spec.GetExportTo()).Sees(ns)
+		return (hosts == nil || hosts[h]) && snap.ServiceVisible(svc, ns)
 	}
 	all := true
 	for h, svc := range snap.Services {

@@ -150,10 +150,12 @@ func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host 
 		if m.GetPort() != 0 && m.GetPort() != port {
 			return nil, false
 		}
-		if !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), nil) {
-			return nil, false
-		}
-		if len(m.GetGateways()) > 0 && !gws.accepts(m.GetGateways(), vs.Namespace) {
+		// As istiod's sourceMatchHTTP: a match naming gateways ignores its source conditions.
+		if len(m.GetGateways()) > 0 {
+			if !gws.accepts(m.GetGateways(), vs.Namespace) {
+				return nil, false
+			}
+		} else if !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), nil) {
 			return nil, false
 		}
 		r := translate.MatchRoute(hr, m, translate.Envoy, log)

@@ -83,6 +83,8 @@ type Snapshot struct {
 
 	// workloads indexes endpoints by address on first use; nil in snapshots built by hand.
 	workloads *workloadIndex
+	// drs indexes DestinationRules on first use (see Bindings); nil in snapshots built by hand.
+	drs *drIndexOnce
 }
 
 type workloadIndex struct {
@@ -372,7 +374,7 @@ func (s *Store) Snapshot() *Snapshot {
 }
 
 func (s *Store) build() *Snapshot {
-	snap := &Snapshot{Services: map[string]*Service{}, Mesh: &meshv1alpha1.MeshConfig{}, workloads: &workloadIndex{}}
+	snap := &Snapshot{Services: map[string]*Service{}, Mesh: &meshv1alpha1.MeshConfig{}, workloads: &workloadIndex{}, drs: &drIndexOnce{}}
 
 	// Several registries may publish one hostname in different namespaces; the first bus name
 	// in order wins so the result does not depend on map iteration.
