@@ -43,7 +43,6 @@ type builder struct {
 
 func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *slog.Logger) *builder {
 	b := &builder{snap: snap, proxy: proxy, ix: ix, log: log, allowAny: true}
-	b.binds = snap.Bindings(viewerOf(proxy))
 	b.locality = proxy.Locality(snap.ProxyEndpoint(proxy))
 	b.topologyLabels = translate.TopologyLabels(proxy.Labels, b.locality, proxy.ClusterID, proxy.Network)
 	if p := snap.Mesh.GetOutboundTrafficPolicy(); p != nil {
@@ -65,6 +64,7 @@ func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *sl
 			}
 		}
 	}
+	b.binds = snap.Bindings(viewerOf(proxy, b.sidecar))
 	for _, h := range snap.Hostnames() {
 		svc := snap.Services[h]
 		if b.serviceVisible(svc) {
@@ -84,8 +84,8 @@ func (b *builder) report(metric, key, message string) {
 func (b *builder) rootNamespace() string { return b.snap.RootNamespace() }
 
 // viewerOf is whom a proxy's VirtualServices and DestinationRules are resolved for.
-func viewerOf(p *model.Proxy) *model.Viewer {
-	return &model.Viewer{Namespace: p.Namespace, Labels: p.Labels}
+func viewerOf(p *model.Proxy, sc *model.Config[*networking.Sidecar]) *model.Viewer {
+	return &model.Viewer{Namespace: p.Namespace, Labels: p.Labels, Sidecar: sc}
 }
 
 func (b *builder) serviceVisible(svc *model.Service) bool {

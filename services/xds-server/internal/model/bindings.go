@@ -10,10 +10,12 @@ import (
 )
 
 // Viewer is whom VirtualServices and DestinationRules are resolved for: a proxy (sidecar,
-// gateway or proxyless client) of Namespace, with Labels (DestinationRule workloadSelectors).
+// gateway or proxyless client) of Namespace, with Labels (DestinationRule workloadSelectors),
+// and the Sidecar that applies to it, if any (its egress hosts import VirtualServices).
 type Viewer struct {
 	Namespace string
 	Labels    map[string]string
+	Sidecar   *Config[*networking.Sidecar]
 }
 
 // Bindings finds the VirtualService and DestinationRule that bind a host for one viewer,
@@ -77,8 +79,8 @@ func (s *Snapshot) ServiceVisible(svc *Service, viewer string) bool {
 	return ExportedTo(svc.Spec.GetNamespace(), svc.Spec.GetExportTo(), s.Mesh.GetDefaultServiceExportTo(), viewer)
 }
 
-// visibleVirtualServices lists the mesh VirtualServices v sees in istiod's order of
-// precedence: those of v's namespace kept to it, then those exported to it by name, then the
+// visibleVirtualServices lists the mesh VirtualServices v sees (exportTo, and the egress hosts
+// of its Sidecar) in istiod's order of precedence: those of v's namespace kept to it, then those exported to it by name, then the
 // public ones, each by age.
 func (s *Snapshot) visibleVirtualServices(v *Viewer) []*Config[*networking.VirtualService] {
 	var private, named, public []*Config[*networking.VirtualService]
@@ -90,6 +92,9 @@ func (s *Snapshot) visibleVirtualServices(v *Viewer) []*Config[*networking.Virtu
 		}
 		if v == nil {
 			public = append(public, vs)
+			continue
+		}
+		if sc := v.Sidecar; sc != nil && !SidecarImportsVirtualService(sc.Spec, sc.Namespace, vs.Namespace, resolvedHosts(vs)) {
 			continue
 		}
 		exportTo := vs.Spec.GetExportTo()
@@ -107,6 +112,14 @@ func (s *Snapshot) visibleVirtualServices(v *Viewer) []*Config[*networking.Virtu
 		}
 	}
 	return slices.Concat(private, named, public)
+}
+
+func resolvedHosts(vs *Config[*networking.VirtualService]) []string {
+	out := make([]string, 0, len(vs.Spec.GetHosts()))
+	for _, h := range vs.Spec.GetHosts() {
+		out = append(out, ResolveHost(h, vs.Namespace))
+	}
+	return out
 }
 
 // VirtualService finds the mesh VirtualService the viewer uses for host: the first (see

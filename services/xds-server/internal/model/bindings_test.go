@@ -243,6 +243,31 @@ func TestVirtualServiceVisibility(t *testing.T) {
 	}
 }
 
+// TestVirtualServiceSidecarImport: a Sidecar's egress hosts import VirtualServices by the
+// VirtualService's namespace, as istiod's SelectVirtualServices.
+func TestVirtualServiceSidecarImport(t *testing.T) {
+	snap := cartSnapshot(nil)
+	snap.VirtualServices = []Config[*networking.VirtualService]{testVS("a", "x", 1, []string{cartHost})}
+	for _, tc := range []struct {
+		hosts []string
+		want  string
+	}{
+		{[]string{"backend/*"}, ""},
+		{[]string{"backend/*", "a/*"}, "x"},
+		{[]string{"*/*", "~a/" + cartHost}, ""},
+	} {
+		sc := &Config[*networking.Sidecar]{Namespace: "frontend", Name: "sc", Spec: &networking.Sidecar{
+			Egress: []*networking.IstioEgressListener{{Hosts: tc.hosts}}}}
+		got := ""
+		if vs := snap.Bindings(&Viewer{Namespace: "frontend", Sidecar: sc}).VirtualService(cartHost); vs != nil {
+			got = vs.Name
+		}
+		if got != tc.want {
+			t.Errorf("egress %v: VirtualService = %q, want %q", tc.hosts, got, tc.want)
+		}
+	}
+}
+
 func TestServiceVisible(t *testing.T) {
 	private := &meshv1alpha1.MeshConfig{DefaultServiceExportTo: []string{"."}}
 	tests := []struct {
