@@ -80,21 +80,37 @@ func (s *Snapshot) ServiceVisible(svc *Service, viewer string) bool {
 }
 
 // visibleVirtualServices lists the mesh VirtualServices v sees (exportTo, and the egress hosts
-// of its Sidecar) in istiod's order of precedence: those of v's namespace kept to it, then those exported to it by name, then the
-// public ones, each by age.
+// of its Sidecar) in istiod's order of precedence (see VirtualServicesFor); a nil viewer sees
+// every one, by age.
 func (s *Snapshot) visibleVirtualServices(v *Viewer) []*Config[*networking.VirtualService] {
+	if v == nil {
+		var out []*Config[*networking.VirtualService]
+		for i := range s.VirtualServices {
+			if AppliesToMesh(s.VirtualServices[i].Spec.GetGateways()) {
+				out = append(out, &s.VirtualServices[i])
+			}
+		}
+		return out
+	}
+	return s.VirtualServicesFor(v.Namespace, func(vs *Config[*networking.VirtualService]) bool {
+		if !AppliesToMesh(vs.Spec.GetGateways()) {
+			return false
+		}
+		sc := v.Sidecar
+		return sc == nil || SidecarImportsVirtualService(sc.Spec, sc.Namespace, vs.Namespace, resolvedHosts(vs))
+	})
+}
+
+// VirtualServicesFor lists the VirtualServices that include keeps and a proxy of namespace ns
+// sees through their exportTo (else the mesh's defaultVirtualServiceExportTo), in istiod's order
+// of precedence: those of ns kept to it, then those exported to ns by name, then the public
+// ones, each by age.
+func (s *Snapshot) VirtualServicesFor(ns string, include func(*Config[*networking.VirtualService]) bool) []*Config[*networking.VirtualService] {
 	var private, named, public []*Config[*networking.VirtualService]
 	defaults := s.Mesh.GetDefaultVirtualServiceExportTo()
 	for i := range s.VirtualServices {
 		vs := &s.VirtualServices[i]
-		if !AppliesToMesh(vs.Spec.GetGateways()) {
-			continue
-		}
-		if v == nil {
-			public = append(public, vs)
-			continue
-		}
-		if sc := v.Sidecar; sc != nil && !SidecarImportsVirtualService(sc.Spec, sc.Namespace, vs.Namespace, resolvedHosts(vs)) {
+		if !include(vs) {
 			continue
 		}
 		exportTo := vs.Spec.GetExportTo()
@@ -105,9 +121,9 @@ func (s *Snapshot) visibleVirtualServices(v *Viewer) []*Config[*networking.Virtu
 		case len(exportTo) == 0 || slices.Contains(exportTo, "*"):
 			public = append(public, vs)
 		case slices.Contains(exportTo, "~"):
-		case vs.Namespace == v.Namespace && (slices.Contains(exportTo, ".") || slices.Contains(exportTo, v.Namespace)):
+		case vs.Namespace == ns && (slices.Contains(exportTo, ".") || slices.Contains(exportTo, ns)):
 			private = append(private, vs)
-		case slices.Contains(exportTo, v.Namespace):
+		case slices.Contains(exportTo, ns):
 			named = append(named, vs)
 		}
 	}
