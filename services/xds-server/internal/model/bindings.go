@@ -32,10 +32,8 @@ type Bindings struct {
 // (with the mesh defaults) and the DestinationRule lookup path apply. A nil viewer sees every
 // rule, without lookup path or merging (mesh-wide reports).
 func (s *Snapshot) Bindings(v *Viewer) *Bindings {
-	b := &Bindings{snap: s, viewer: v,
+	return &Bindings{snap: s, viewer: v,
 		vs: map[string]*Config[*networking.VirtualService]{}, dr: map[string]*Config[*networking.DestinationRule]{}}
-	b.vsList = s.visibleVirtualServices(v)
-	return b
 }
 
 // AppliesToMesh reports whether a VirtualService (or match) bound to gateways applies to
@@ -145,6 +143,10 @@ func (b *Bindings) VirtualService(host string) *Config[*networking.VirtualServic
 	if vs, ok := b.vs[host]; ok {
 		return vs
 	}
+	if b.vsList == nil {
+		// Listed on first use: cache scopes resolve only DestinationRules.
+		b.vsList = nonNil(b.snap.visibleVirtualServices(b.viewer))
+	}
 	var best *Config[*networking.VirtualService]
 	bestHost := ""
 	for _, vs := range b.vsList {
@@ -161,6 +163,13 @@ func (b *Bindings) VirtualService(host string) *Config[*networking.VirtualServic
 	}
 	b.vs[host] = best
 	return best
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
 // moreSpecific orders wildcard hosts as istiod does: longer first, then alphabetically.
@@ -211,7 +220,21 @@ func (b *Bindings) anyDestinationRule(host string) *Config[*networking.Destinati
 	return best
 }
 
+// InboundDestinationRule is the rule of host for the viewer's inbound side (the services its
+// workload serves): as DestinationRule, but workloadSelectors, which istiod honours only for
+// outbound traffic, never pick a rule.
+func (b *Bindings) InboundDestinationRule(host string) *Config[*networking.DestinationRule] {
+	if b.viewer == nil {
+		return b.anyDestinationRule(host)
+	}
+	return b.pickFor(b.snap.drIndex().lookup(b.snap, b.viewer.Namespace, host), false)
+}
+
 func (b *Bindings) pick(rules []*mergedRule) *Config[*networking.DestinationRule] {
+	return b.pickFor(rules, true)
+}
+
+func (b *Bindings) pickFor(rules []*mergedRule, outbound bool) *Config[*networking.DestinationRule] {
 	var catchAll *Config[*networking.DestinationRule]
 	for _, r := range rules {
 		sel := r.cfg.Spec.GetWorkloadSelector()
@@ -220,7 +243,7 @@ func (b *Bindings) pick(rules []*mergedRule) *Config[*networking.DestinationRule
 			continue
 		}
 		// Selectors apply only to outbound traffic of workloads in the rule's own namespace.
-		if r.cfg.Namespace == b.viewer.Namespace && LabelsMatch(sel.GetMatchLabels(), b.viewer.Labels) {
+		if outbound && r.cfg.Namespace == b.viewer.Namespace && LabelsMatch(sel.GetMatchLabels(), b.viewer.Labels) {
 			return r.cfg
 		}
 	}

@@ -187,9 +187,15 @@ func TestDestinationRuleMerge(t *testing.T) {
 			}
 		})
 	}
+	// On the inbound side a workloadSelector never picks the rule (istiod honours it outbound only).
+	snap := cartSnapshot(nil)
+	snap.DestinationRules = tests[3].rules
+	if dr := snap.Bindings(&tests[3].viewer).InboundDestinationRule(cartHost); dr == nil || dr.Name != "all" {
+		t.Errorf("inbound DestinationRule = %v, want all", dr)
+	}
 	// Merging never changes the snapshot's rules.
 	a := withSubsets(testDR("backend", "a", "cart", 1), nil, "v1")
-	snap := cartSnapshot(nil)
+	snap = cartSnapshot(nil)
 	snap.DestinationRules = []Config[*networking.DestinationRule]{a, withSubsets(testDR("backend", "b", "cart", 2), nil, "v2")}
 	snap.Bindings(&Viewer{Namespace: "frontend"}).DestinationRule(cartHost)
 	if len(a.Spec.GetSubsets()) != 1 {
