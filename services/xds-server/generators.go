@@ -229,9 +229,11 @@ func (g *proxylessGenerator) translate(snap *model.Snapshot, p *model.Proxy) *gr
 }
 
 // visible is snap restricted to the services v can see (exportTo, and its Sidecar's egress
-// hosts, which may also leave out ports) and to hosts, if given; snap itself when nothing is
-// left out.
+// hosts, which may also leave out ports) and to hosts, if given, with the one v's namespace
+// sees of a hostname several namespaces publish; snap itself when nothing changes.
 func visible(snap *model.Snapshot, v *model.Viewer, hosts map[string]bool) *model.Snapshot {
+	// A hostname several namespaces publish resolves to the one v's namespace sees.
+	snap = snap.ForNamespace(v.Namespace, false)
 	// scoped is svc as v sees it: nil when not at all, a copy when some ports are left out.
 	scoped := func(h string, svc *model.Service) *model.Service {
 		if (hosts != nil && !hosts[h]) || !snap.ServiceVisible(svc, v.Namespace) {

@@ -55,7 +55,7 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 		if typeURL == resourcev3.ClusterType || typeURL == resourcev3.ListenerType {
 			b.WriteString("/in=")
 			// The rules the proxy's namespace sees, as its builder resolves them.
-			binds := snap.Bindings(viewerOf(proxy, sc))
+			binds := snap.ForNamespace(proxy.Namespace, false).Bindings(viewerOf(proxy, sc))
 			for _, in := range ix.inboundPorts(specOf(sc), proxy, nil) {
 				b.WriteString(in.key(binds))
 				b.WriteByte(';')

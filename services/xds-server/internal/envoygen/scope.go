@@ -42,6 +42,8 @@ type builder struct {
 }
 
 func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *slog.Logger) *builder {
+	// A hostname several namespaces publish resolves to the one the proxy's namespace sees.
+	snap = snap.ForNamespace(proxy.Namespace, proxy.IsRouter())
 	b := &builder{snap: snap, proxy: proxy, ix: ix, log: log, allowAny: true}
 	b.locality = proxy.Locality(snap.ProxyEndpoint(proxy))
 	b.topologyLabels = translate.TopologyLabels(proxy.Labels, b.locality, proxy.ClusterID, proxy.Network)

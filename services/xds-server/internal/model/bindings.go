@@ -1,6 +1,8 @@
 package model
 
 import (
+	"cmp"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -499,4 +501,49 @@ func (s *Snapshot) ViewerLabelKeys() []string {
 	}
 	slices.Sort(keys)
 	return slices.Compact(keys)
+}
+
+// ForNamespace is the snapshot as proxies of namespace ns see services published under one
+// hostname by several namespaces, as istiod's SidecarScope picks among them: of those visible
+// to ns, the one of ns itself (sidecar and proxyless clients; not gateways, where istiod keeps
+// the first), else a Kubernetes Service, else the first by bus name. s itself when no hostname
+// is published twice or ns sees the same as everyone.
+func (s *Snapshot) ForNamespace(ns string, gateway bool) *Snapshot {
+	if len(s.shadowed) == 0 {
+		return s
+	}
+	var out *Snapshot
+	for h, others := range s.shadowed {
+		var own, kube, first *Service
+		for _, c := range append([]*Service{s.Services[h]}, others...) {
+			if !s.ServiceVisible(c, ns) {
+				continue
+			}
+			if first == nil {
+				first = c
+			}
+			if kube == nil && c.Spec.GetRegistry() == "kubernetes" {
+				kube = c
+			}
+			if own == nil && !gateway && c.Spec.GetNamespace() == ns {
+				own = c
+			}
+		}
+		pick := cmp.Or(own, kube, first)
+		if pick == nil || pick == s.Services[h] {
+			continue
+		}
+		if out == nil {
+			cp := *s
+			cp.Services = maps.Clone(s.Services)
+			// The address index reads Services: this copy needs its own.
+			cp.workloads = &workloadIndex{}
+			out = &cp
+		}
+		out.Services[h] = pick
+	}
+	if out == nil {
+		return s
+	}
+	return out
 }

@@ -10,6 +10,8 @@ import (
 	typev1beta1 "istio.io/api/type/v1beta1"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/schema"
 )
 
 const cartHost = "cart.backend.svc.cluster.local"
@@ -326,5 +328,51 @@ func TestSourceMatches(t *testing.T) {
 				t.Errorf("SourceMatches = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestForNamespace: a hostname several namespaces publish (ServiceEntries) resolves per
+// namespace as istiod's SidecarScope does: the namespace's own when visible, else the first
+// visible, Kubernetes first; endpoints follow each, also through endpoints-only snapshots.
+func TestForNamespace(t *testing.T) {
+	s := NewStore()
+	apply := applier(t, s.Handler(nil))
+	svc := func(ns, registry string, exportTo ...string) *bus.Resource {
+		return &bus.Resource{Name: ns + "/api.example.com", Body: &discoveryv1.Service{Hostname: "api.example.com",
+			Namespace: ns, Registry: registry, ExportTo: exportTo}}
+	}
+	eps := func(ns, addr string) *bus.Resource {
+		return &bus.Resource{Name: ns + "/api.example.com", Body: &discoveryv1.Endpoints{Hostname: "api.example.com",
+			Namespace: ns, Endpoints: []*discoveryv1.Endpoint{{Address: addr}}}}
+	}
+	apply(bus.Change{TypeURL: schema.Service.TypeURL, Updated: []*bus.Resource{
+		svc("a", "serviceentry", "a"), svc("b", "serviceentry", "b"), svc("c", "serviceentry"), svc("d", "kubernetes", "*"),
+	}})
+	apply(bus.Change{TypeURL: schema.Endpoints.TypeURL, Updated: []*bus.Resource{
+		eps("a", "198.18.0.1"), eps("b", "198.18.0.2"), eps("c", "198.18.0.3"), eps("d", "198.18.0.4"),
+	}})
+	check := func(snap *Snapshot, ns string, gateway bool, wantNS, wantAddr string) {
+		t.Helper()
+		got := snap.ForNamespace(ns, gateway).Services["api.example.com"]
+		if got.Spec.GetNamespace() != wantNS || len(got.Endpoints) != 1 || got.Endpoints[0].GetAddress() != wantAddr {
+			t.Errorf("namespace %s (gateway %v): %s %v, want %s %s", ns, gateway, got.Spec.GetNamespace(), got.Endpoints, wantNS, wantAddr)
+		}
+	}
+	snap, _ := s.Next()
+	check(snap, "a", false, "a", "198.18.0.1")
+	check(snap, "b", false, "b", "198.18.0.2")
+	check(snap, "c", false, "c", "198.18.0.3")
+	check(snap, "z", false, "d", "198.18.0.4") // a and b are kept to themselves; Kubernetes first
+	check(snap, "b", true, "d", "198.18.0.4")  // a gateway does not prefer its namespace
+
+	apply(bus.Change{TypeURL: schema.Endpoints.TypeURL, Updated: []*bus.Resource{eps("b", "198.18.0.20")}})
+	snap, ch := s.Next()
+	if ch.Full {
+		t.Fatal("an endpoints-only change built a full snapshot")
+	}
+	check(snap, "b", false, "b", "198.18.0.20")
+	check(snap, "a", false, "a", "198.18.0.1")
+	if s := (&Snapshot{Services: snap.Services}); s.ForNamespace("b", false) != s {
+		t.Error("ForNamespace copied a snapshot without shadowed services")
 	}
 }

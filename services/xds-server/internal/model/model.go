@@ -54,7 +54,8 @@ type Service struct {
 
 // Snapshot is an immutable view of the mesh; nothing in it may be modified.
 type Snapshot struct {
-	// Services by hostname.
+	// Services by hostname. Where several namespaces publish one hostname (ServiceEntries),
+	// the first by bus name; ForNamespace picks the one a namespace sees.
 	Services map[string]*Service
 	// VirtualServices and DestinationRules ordered by creation time, then namespace/name, which
 	// is the precedence Istio applies when several bind the same host.
@@ -85,6 +86,9 @@ type Snapshot struct {
 	workloads *workloadIndex
 	// drs indexes DestinationRules on first use (see Bindings); nil in snapshots built by hand.
 	drs *drIndexOnce
+	// shadowed holds, by hostname, the services of other namespaces that Services' entry hides,
+	// in bus name order.
+	shadowed map[string][]*Service
 }
 
 type workloadIndex struct {
@@ -383,20 +387,26 @@ func (s *Store) build() *Snapshot {
 		if svc.GetHostname() == "" {
 			continue
 		}
+		entry := &Service{Spec: svc, EndpointsVersion: s.epVersion[svc.GetHostname()]}
 		if _, dup := snap.Services[svc.GetHostname()]; dup {
+			if snap.shadowed == nil {
+				snap.shadowed = map[string][]*Service{}
+			}
+			snap.shadowed[svc.GetHostname()] = append(snap.shadowed[svc.GetHostname()], entry)
 			continue
 		}
-		snap.Services[svc.GetHostname()] = &Service{Spec: svc, EndpointsVersion: s.epVersion[svc.GetHostname()]}
+		snap.Services[svc.GetHostname()] = entry
 	}
 	for _, r := range sortedResources(s.state[schema.Endpoints.TypeURL]) {
 		eps := r.Body.(*discoveryv1.Endpoints)
-		svc := snap.Services[eps.GetHostname()]
-		if svc == nil || svc.Endpoints != nil || svc.Spec.GetNamespace() != eps.GetNamespace() {
-			continue
-		}
-		svc.Endpoints = eps.GetEndpoints()
-		if svc.Endpoints == nil {
-			svc.Endpoints = []*discoveryv1.Endpoint{}
+		for _, svc := range append([]*Service{snap.Services[eps.GetHostname()]}, snap.shadowed[eps.GetHostname()]...) {
+			if svc == nil || svc.Endpoints != nil || svc.Spec.GetNamespace() != eps.GetNamespace() {
+				continue
+			}
+			svc.Endpoints = eps.GetEndpoints()
+			if svc.Endpoints == nil {
+				svc.Endpoints = []*discoveryv1.Endpoint{}
+			}
 		}
 	}
 	snap.VirtualServices = configs[*networking.VirtualService](s.state[schema.VirtualService.TypeURL])
@@ -422,12 +432,21 @@ func (s *Store) patchEndpoints(hosts map[string]struct{}) *Snapshot {
 	for h, svc := range s.current.Services {
 		next.Services[h] = svc
 	}
+	// The shadowed services of hosts change too; the map is shared with the current snapshot.
+	next.shadowed = maps.Clone(s.current.shadowed)
 	for h := range hosts {
 		old := next.Services[h]
 		if old == nil {
 			continue
 		}
 		next.Services[h] = &Service{Spec: old.Spec, Endpoints: s.endpointsOf(old.Spec), EndpointsVersion: s.epVersion[h]}
+		if sh := s.current.shadowed[h]; len(sh) > 0 {
+			patched := make([]*Service, len(sh))
+			for i, o := range sh {
+				patched[i] = &Service{Spec: o.Spec, Endpoints: s.endpointsOf(o.Spec), EndpointsVersion: s.epVersion[h]}
+			}
+			next.shadowed[h] = patched
+		}
 	}
 	return &next
 }
