@@ -13,8 +13,8 @@ import (
 
 // TestRestartAfterInvalidEdit: traffic split 80/20 by a VirtualService whose file then becomes
 // invalid. The running control plane keeps the last valid version; after a restart it must
-// still serve it (from its state folder, var/lib/sailplane under the working folder by
-// default), not drop the VirtualService and split 50/50.
+// still serve it (from its state folder, by default var/lib/sailplane beside the mesh file's
+// etc/sailplane), not drop the VirtualService and split 50/50.
 func TestRestartAfterInvalidEdit(t *testing.T) {
 	for _, tc := range []struct {
 		name string

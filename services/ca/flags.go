@@ -2,6 +2,7 @@ package ca
 
 import (
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -10,8 +11,8 @@ import (
 	"sailplane.dev/shared/cli"
 )
 
-// DefaultCertDir keeps the self-signed root without Kubernetes, relative to the working folder
-// (the seed's layout: etc/certs beside etc/sailplane).
+// DefaultCertDir keeps the self-signed root without Kubernetes, under the root folder UseKube is
+// given (the seed's layout: etc/certs beside etc/sailplane).
 const DefaultCertDir = "etc/certs"
 
 // AddFlags registers the ca's flags, for the ca and hyper binaries. --namespace and
@@ -19,7 +20,8 @@ const DefaultCertDir = "etc/certs"
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Listen, "ca-listen", "127.0.0.1:15012", "TLS address serving Istio's CreateCertificate API")
 	fs.StringVar(&c.TrustDomain, "trust-domain", "cluster.local", "trust domain of the identities signed: spiffe://<trust-domain>/ns/<ns>/sa/<sa>")
-	fs.StringVar(&c.CertDir, "ca-cert-dir", "", "keep the self-signed root in this folder (istio-ca-secret's file names) instead of a Secret; the default without Kubernetes is "+DefaultCertDir)
+	fs.StringVar(&c.CertDir, "ca-cert-dir", "", "keep the self-signed root in this folder (istio-ca-secret's file names) instead of a Secret; the default without Kubernetes is "+DefaultCertDir+
+		" (in hyper, beside the mesh file's etc/sailplane: <root>/etc/certs for <root>/etc/sailplane/mesh.yaml)")
 	fs.StringVar(&c.PluggedCertDir, "cacerts-dir", "", "a plugged-in CA in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); takes precedence")
 	fs.StringSliceVar(&c.ServingDNSNames, "ca-dns-names", nil, "DNS names of the listener's certificate (default istiod.<namespace>.svc and localhost; the listen host, 127.0.0.1 and ::1 always)")
 	fs.StringVar(&c.ServingCertDir, "serving-cert-dir", "", "keep a serving certificate for the --ca-dns-names in this folder (tls.crt, tls.key, ca.crt), renewed at half its life: xds-server's --tls-cert-dir in microservices mode; empty: none")
@@ -40,11 +42,12 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 }
 
 // UseKube sets the API server (nil: none). Without one, and without a folder asked for, the
-// root is kept in DefaultCertDir.
-func (c *Config) UseKube(kube *rest.Config) {
+// root is kept in DefaultCertDir under root: hyper passes its mesh file's root (mesh.Root), so
+// that each configuration has its own CA; the ca binary, which reads no mesh file, ".".
+func (c *Config) UseKube(kube *rest.Config, root string) {
 	c.Kube = kube
 	if kube == nil && c.CertDir == "" && c.PluggedCertDir == "" {
-		c.CertDir = DefaultCertDir
+		c.CertDir = filepath.Join(root, DefaultCertDir)
 	}
 }
 

@@ -68,9 +68,11 @@ type Config struct {
 	// in place is halfway) must stay unchanged before its removals are published; 1s when zero.
 	Settle time.Duration
 	// StateDir, when set, is the folder where the last valid version of every file's resources
-	// is saved (StateFile), so that a restart serves exactly what was served before even when
-	// files became invalid or unreadable meanwhile; in Kubernetes mode, the last valid version
-	// of every resource invalid in the API server (kubesource.StateFile). Empty: nothing is saved.
+	// is saved (StateFile), by config source, so that a restart serves exactly what was served
+	// before even when files became invalid or unreadable meanwhile, for the sources still
+	// configured; in Kubernetes mode, the last valid version of every resource invalid in the
+	// API server (kubesource.StateFile, by object UID). Empty: nothing is saved. The mains
+	// default it to StateDirFor(MeshFile).
 	StateDir string
 
 	// Kube, when set, selects Kubernetes mode: the Istio config kinds are read from this API
@@ -191,7 +193,8 @@ func (s *Service) Problems() []error {
 
 // Run loads the mesh config and the config folders, publishes them, then follows changes until
 // ctx is done. It fails only when the mesh file cannot be loaded at start and no mesh config was
-// saved in StateDir by a previous run, or when the folders cannot be watched at all.
+// saved for it in StateDir by a previous run (*MeshFileError, as CheckMesh says beforehand), or
+// when the folders cannot be watched at all.
 //
 // In Kubernetes mode it publishes once the informers have synced and follows the API server,
 // riding out its outages (nothing is deleted while it is unreachable); it fails only when a

@@ -3,6 +3,7 @@ package configingest
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -25,17 +26,34 @@ import (
 	"sailplane.dev/shared/schema"
 )
 
-// DefaultStateDir is the mains' --state-dir: relative to the working folder, like the default
-// mesh file etc/sailplane/mesh.yaml, so /var/lib/sailplane when run from /.
+// DefaultStateDir is the mains' --state-dir under the mesh file's root (mesh.Root): beside its
+// etc/sailplane, so /var/lib/sailplane for /etc/sailplane/mesh.yaml. See StateDirFor.
 const DefaultStateDir = "var/lib/sailplane"
 
-// MeshStateFile is the file, under Config.StateDir, holding the last good mesh config: used at
-// start when the mesh file cannot be loaded.
+// StateDirFor is the default state folder of a mesh file: DefaultStateDir under mesh.Root, so
+// that each configuration keeps its own state whatever the working folder (and, with no mesh
+// file, under the working folder).
+func StateDirFor(meshFile string) string {
+	return filepath.Join(mesh.Root(meshFile), DefaultStateDir)
+}
+
+// MeshStateFile is the file, under Config.StateDir, holding the last good mesh config and the
+// mesh file it came from: used at start when that mesh file cannot be loaded.
 const MeshStateFile = "config-ingest-mesh.json"
 
 // StateFile is the file, under Config.StateDir, holding the last valid version of every config
-// file's resources.
+// file's resources, by config source.
 const StateFile = "config-ingest-files.json"
+
+// meshStateVersion is the format of MeshStateFile; the first format was the bare mesh config,
+// without the mesh file it came from.
+const meshStateVersion = 2
+
+type savedMesh struct {
+	Version  int             `json:"version"`
+	MeshFile string          `json:"meshFile"` // absolute
+	Mesh     json.RawMessage `json:"mesh"`
+}
 
 // maxDelay bounds how long a continuous stream of events can postpone a rescan.
 const maxDelay = time.Second
@@ -84,7 +102,7 @@ func (s *Service) runFiles(ctx context.Context) error {
 		select {
 		case current = <-meshCh:
 		case err := <-watchErr:
-			return err
+			return &MeshFileError{Path: s.cfg.MeshFile, Err: err}
 		case <-ctx.Done():
 			return nil
 		}
@@ -106,8 +124,8 @@ func (s *Service) runFiles(ctx context.Context) error {
 		f.writer = statefile.NewWriter(s.log, f.statePath())
 		defer f.writer.Close()
 	}
-	f.restore()
 	f.setSources(current)
+	f.restore()
 	f.scan()
 	for _, k := range schema.IstioConfig {
 		state := f.tree.State(k.TypeURL)
@@ -192,6 +210,38 @@ func (s *Service) runFiles(ctx context.Context) error {
 			f.save()
 		}
 	}
+}
+
+// MeshFileError: in files mode, the mesh file cannot be loaded at start and no mesh config was
+// saved for it by a previous run.
+type MeshFileError struct {
+	Path string // as configured
+	Err  error
+}
+
+func (e *MeshFileError) Error() string {
+	if errors.Is(e.Err, fs.ErrNotExist) {
+		return fmt.Sprintf("no mesh config file %s: name the mesh file with --mesh-config, "+
+			"or read config from Kubernetes with --config-source=kubernetes", absPath(e.Path))
+	}
+	return e.Err.Error() // names the file, and the field
+}
+
+func (e *MeshFileError) Unwrap() error { return e.Err }
+
+// CheckMesh reports, reading only, whether Run can start: in files mode, the mesh file must
+// load, or a mesh config saved for it by a previous run stand in (*MeshFileError otherwise).
+// A main calls it before starting anything, so that a folder without its configuration gets
+// no files written (a CA root, a state folder) by a control plane that cannot run.
+func (s *Service) CheckMesh() error {
+	if s.kube != nil || s.cfg.MeshFile == "" {
+		return nil
+	}
+	_, err := mesh.Load(s.cfg.MeshFile)
+	if err == nil || s.savedMesh() != nil {
+		return nil
+	}
+	return fmt.Errorf("config-ingest: %w", &MeshFileError{Path: s.cfg.MeshFile, Err: err})
 }
 
 // folders is the state of files mode: the tree of config files, what is watched, and what was
@@ -295,8 +345,8 @@ func (f *folders) watch() bool {
 
 func (f *folders) statePath() string { return filepath.Join(f.s.cfg.StateDir, StateFile) }
 
-// restore loads the saved state, if any, so that the first scan keeps the last valid version
-// of what is now invalid or unreadable, as the previous run did.
+// restore loads the saved state of the configured sources, if any, so that the first scan
+// keeps the last valid version of what is now invalid or unreadable, as the previous run did.
 func (f *folders) restore() {
 	if f.s.cfg.StateDir == "" {
 		return
@@ -305,12 +355,16 @@ func (f *folders) restore() {
 	if errors.Is(err, fs.ErrNotExist) {
 		return
 	}
+	var ignored []string
 	if err == nil {
-		err = f.tree.RestoreState(data)
+		ignored, err = f.tree.RestoreState(data, f.roots)
 	}
 	if err != nil {
 		f.s.log.Warn("saved config state ignored: the last valid version of files that are now invalid is lost", "file", f.statePath(), "error", err)
 		return
+	}
+	if len(ignored) > 0 {
+		f.s.log.Info("saved config state of sources no longer configured ignored", "file", f.statePath(), "sources", ignored)
 	}
 	f.saved = data
 	f.s.log.Info("saved config state restored", "file", f.statePath())
@@ -333,10 +387,11 @@ func (f *folders) save() {
 	f.writer.Write(data)
 }
 
-// savedMesh returns the mesh config saved by a previous run, nil when there is none (or no
-// StateDir).
+// savedMesh returns the mesh config a previous run saved for this mesh file, nil when there is
+// none (or no StateDir). One saved for another mesh file is not used: it is another
+// configuration's.
 func (s *Service) savedMesh() *meshv1alpha1.MeshConfig {
-	if s.cfg.StateDir == "" {
+	if s.cfg.StateDir == "" || s.cfg.MeshFile == "" {
 		return nil
 	}
 	path := filepath.Join(s.cfg.StateDir, MeshStateFile)
@@ -344,24 +399,39 @@ func (s *Service) savedMesh() *meshv1alpha1.MeshConfig {
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
+	var saved savedMesh
+	if err == nil {
+		err = json.Unmarshal(data, &saved)
+	}
+	if err == nil && saved.Version != meshStateVersion {
+		err = errors.New("saved by an older Sailplane, which did not record the mesh file")
+	}
 	m := &meshv1alpha1.MeshConfig{}
 	if err == nil {
-		err = protojson.Unmarshal(data, m)
+		err = protojson.Unmarshal(saved.Mesh, m)
 	}
 	if err != nil {
 		s.log.Warn("saved mesh config ignored", "file", path, "error", err)
 		return nil
 	}
+	if own := absPath(s.cfg.MeshFile); saved.MeshFile != own {
+		s.log.Info("saved mesh config ignored: it is another mesh file's", "file", path, "saved-for", saved.MeshFile, "mesh-config", own)
+		return nil
+	}
 	return m
 }
 
-// saveMesh saves m as the last good mesh config; failing to is logged.
+// saveMesh saves m as the last good mesh config of the mesh file; failing to is logged.
 func (s *Service) saveMesh(m *meshv1alpha1.MeshConfig) {
-	if s.cfg.StateDir == "" {
+	if s.cfg.StateDir == "" || s.cfg.MeshFile == "" {
 		return
 	}
 	path := filepath.Join(s.cfg.StateDir, MeshStateFile)
-	data, err := protojson.Marshal(m)
+	body, err := protojson.Marshal(m)
+	var data []byte
+	if err == nil {
+		data, err = json.Marshal(savedMesh{Version: meshStateVersion, MeshFile: absPath(s.cfg.MeshFile), Mesh: body})
+	}
 	if err == nil {
 		err = statefile.WriteAtomic(path, data)
 	}
@@ -400,6 +470,14 @@ func (s *Service) sources(m *meshv1alpha1.MeshConfig) ([]string, error) {
 		out[i] = filepath.Clean(d)
 	}
 	return out, err
+}
+
+// absPath is p made absolute; p itself when the working folder cannot be known.
+func absPath(p string) string {
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
 }
 
 func (s *Service) setProblems(p []error) {

@@ -1,10 +1,14 @@
 package configingest_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -263,4 +267,147 @@ func TestRestartWithBrokenMeshFile(t *testing.T) {
 	}
 	write(t, mesh, "rootNamespace: fixed\nconfigSources: [{address: fs://custom}]\n")
 	eventually(t, "mesh file fixed", func() bool { return rootNS() == "fixed" && len(svc.Problems()) == 0 })
+}
+
+// Two configurations run one after the other with the same state folder (two mesh files in one
+// folder, as hyper --mesh-config does): the second, whose only config source cannot be read,
+// serves nothing of the first's config and does not take the first's mesh config as its own.
+func TestStateBelongsToItsConfiguration(t *testing.T) {
+	root := t.TempDir()
+	first, second, state := filepath.Join(root, "mesh.yaml"), filepath.Join(root, "other.yaml"), filepath.Join(root, "state")
+	write(t, first, "rootNamespace: first\n")
+	write(t, filepath.Join(root, "conf", "split.yaml"), split("split", 80, 20))
+	_, stop := run(t, configingest.Config{MeshFile: first, StateDir: state}, newRecorder())
+	stop()
+
+	write(t, second, "configSources: [{address: xds://127.0.0.1:15010}]\n")
+	rec := newRecorder()
+	svc, _ := run(t, configingest.Config{MeshFile: second, StateDir: state}, rec)
+	if got := rec.count(schema.VirtualService); got != 0 {
+		t.Fatalf("the second configuration serves %d VirtualServices of the first", got)
+	}
+	if !hasProblem(svc, nil, "xds://127.0.0.1:15010") {
+		t.Fatalf("problems = %v, want the unreadable source named", svc.Problems())
+	}
+
+	// A mesh file that cannot be loaded does not start from another mesh file's saved config.
+	if err := os.Remove(first); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := configingest.New(configingest.Config{MeshFile: first, StateDir: state}, configingest.Deps{Logger: testlog.New(t, slog.LevelDebug), Publisher: newRecorder()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.CheckMesh(); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("CheckMesh with the mesh file gone and only another's saved = %v, want not found", err)
+	}
+}
+
+// The first run of a folder without its mesh file fails before writing anything, with an error
+// naming the file looked for and the way out; a mesh config saved for that very file stands in.
+func TestCheckMesh(t *testing.T) {
+	root := t.TempDir()
+	mesh, state := filepath.Join(root, "etc/sailplane/mesh.yaml"), filepath.Join(root, "var/lib/sailplane")
+	cfg := configingest.Config{MeshFile: mesh, StateDir: state}
+	svc, err := configingest.New(cfg, configingest.Deps{Logger: testlog.New(t, slog.LevelDebug), Publisher: newRecorder()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = svc.CheckMesh()
+	var mfe *configingest.MeshFileError
+	if !errors.As(err, &mfe) || !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("CheckMesh = %v, want a *MeshFileError, not found", err)
+	}
+	for _, want := range []string{mesh, "--mesh-config", "--config-source"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	// Run says the same.
+	if err := svc.Run(context.Background()); !errors.As(err, &mfe) || !strings.Contains(err.Error(), mesh) {
+		t.Errorf("Run = %v, want the mesh file named", err)
+	}
+	if entries, _ := os.ReadDir(root); len(entries) != 0 {
+		t.Fatalf("files written without a mesh file: %v", entries)
+	}
+
+	write(t, mesh, "rootNamespace: saved\n")
+	_, stop := run(t, cfg, newRecorder())
+	stop()
+	if err := os.Remove(mesh); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.CheckMesh(); err != nil {
+		t.Fatalf("CheckMesh with a mesh config saved for this file = %v", err)
+	}
+}
+
+// State files of the previous format say nothing of the configuration they came from: they are
+// ignored, with a log line naming the file.
+func TestOldStateFilesIgnored(t *testing.T) {
+	root := t.TempDir()
+	mesh, state := filepath.Join(root, "mesh.yaml"), filepath.Join(root, "state")
+	write(t, filepath.Join(state, configingest.MeshStateFile), `{"rootNamespace":"old"}`)
+	write(t, filepath.Join(state, configingest.StateFile),
+		`{"version":1,"roots":["`+filepath.Join(root, "conf")+`"],"files":{"`+filepath.Join(root, "conf", "split.yaml")+`":[`+
+			`{"type":"networking.istio.io/v1/VirtualService","namespace":"default","name":"split","spec":{"hosts":["echo"]}}]}}`)
+	logs := &logBuffer{}
+	svc, err := configingest.New(configingest.Config{MeshFile: mesh, StateDir: state}, configingest.Deps{Logger: slog.New(slog.NewTextHandler(logs, nil)), Publisher: newRecorder()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.CheckMesh(); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("CheckMesh with an old saved mesh config = %v, want not found", err)
+	}
+	if !strings.Contains(logs.String(), "saved mesh config ignored") || !strings.Contains(logs.String(), filepath.Join(state, configingest.MeshStateFile)) {
+		t.Errorf("log does not name the old mesh state file:\n%s", logs)
+	}
+
+	write(t, mesh, "")
+	write(t, filepath.Join(root, "conf", "split.yaml"), "kind: VirtualService\nspec: [unclosed\n")
+	logs = &logBuffer{}
+	rec := newRecorder()
+	svc, err = configingest.New(configingest.Config{MeshFile: mesh, StateDir: state, Debounce: 20 * time.Millisecond}, configingest.Deps{Logger: slog.New(slog.NewTextHandler(logs, nil)), Publisher: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	select {
+	case <-svc.Ready():
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("not ready")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.count(schema.VirtualService); got != 0 {
+		t.Errorf("%d VirtualServices restored from a state of the old format", got)
+	}
+	if !strings.Contains(logs.String(), "saved config state ignored") || !strings.Contains(logs.String(), filepath.Join(state, configingest.StateFile)) ||
+		!strings.Contains(logs.String(), "format 1") {
+		t.Errorf("log does not name the old state file:\n%s", logs)
+	}
+}
+
+// logBuffer is a log destination safe for the service's goroutines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

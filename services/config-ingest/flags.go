@@ -17,7 +17,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		"mesh config file (Istio meshConfig format); with Kubernetes, only when set, instead of the istio ConfigMap")
 	fs.StringSliceVar(&c.ConfigDirs, "config-dir", nil, "config folders to read, overriding the mesh config's fs:// configSources")
 	fs.StringVar(&c.StateDir, "state-dir", DefaultStateDir,
-		"folder keeping the last valid config across restarts: every file's resources, or the Kubernetes resources now invalid; empty: none")
+		"folder keeping the last valid config across restarts: every file's resources, or the Kubernetes resources now invalid; empty: none. "+
+			"The default is under the mesh file's root, beside its etc/sailplane (<root>/var/lib/sailplane for <root>/etc/sailplane/mesh.yaml), or under the working folder without a mesh file")
 	cli.NamespaceVar(fs, &c.Namespace)
 	cli.PodNameVar(fs, &c.PodName, "this replica's name: its identity in the status Lease and, in xds-server, in proxy status (default: $POD_NAME, else the host name)")
 }
@@ -40,14 +41,19 @@ func (f SourceFlags) Resolve() (*rest.Config, string, error) {
 	return ResolveSource(f.Mode, f.Kubeconfig)
 }
 
-// UseKube selects Kubernetes mode when kube (from Resolve) is not nil: the mesh config then
-// comes from the istio ConfigMap unless --mesh-config was given in fs.
-func (c *Config) UseKube(kube *rest.Config, fs *pflag.FlagSet) {
-	if kube == nil {
-		return
+// UseSource settles what depends on where config comes from, once fs is parsed: Kubernetes
+// mode when kube (from Resolve) is not nil, the mesh config then coming from the istio ConfigMap
+// unless --mesh-config was given; and, unless --state-dir was given, the state folder of the
+// mesh file (StateDirFor), so that another mesh file run from the same working folder does not
+// find this one's state.
+func (c *Config) UseSource(kube *rest.Config, fs *pflag.FlagSet) {
+	if kube != nil {
+		c.Kube = kube
+		if !fs.Changed("mesh-config") {
+			c.MeshFile = ""
+		}
 	}
-	c.Kube = kube
-	if !fs.Changed("mesh-config") {
-		c.MeshFile = ""
+	if !fs.Changed("state-dir") {
+		c.StateDir = StateDirFor(c.MeshFile)
 	}
 }

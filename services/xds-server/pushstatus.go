@@ -31,6 +31,8 @@ var pushStatusMetrics = []struct{ name, help string }{
 	{model.MetricDNSClusterNoEndpoints, "DNS clusters without endpoints caused by the endpoint field in STRICT_DNS type cluster is not set or the corresponding subset cannot select any endpoint"},
 	{model.MetricEDSNoInstances, "Number of clusters without instances."},
 	{model.MetricEndpointNotReady, "Endpoint found in unready state."},
+	{model.MetricClusterTLSRefused, "Clusters left out because their DestinationRule asks for TLS the proxy cannot be given."},
+	{model.MetricCredentialNotServed, "credentialName secrets gateways need that are not served over SDS."},
 }
 
 // pushStatus is istiod's push status: the problems generation reported for the config version

@@ -885,7 +885,7 @@ func (v *validator) gateway(name string, s *networking.Gateway) {
 			v.add(p.Child("hosts"), "at least one host is required")
 		}
 		for j, h := range srv.Hosts {
-			v.namespacedHost(p.Child("hosts").Index(j), h, false)
+			v.namespacedHost(p.Child("hosts").Index(j), h, true)
 		}
 		proto := strings.ToUpper(srv.GetPort().GetProtocol())
 		if (proto == "HTTPS" || proto == "TLS") && srv.Tls == nil {
@@ -909,27 +909,67 @@ func (v *validator) gateway(name string, s *networking.Gateway) {
 	}
 }
 
-// namespacedHost checks "namespace/host" (Sidecar egress, Gateway servers): namespace "*",
-// ".", "~" or a namespace name; required says whether the "namespace/" part is.
-func (v *validator) namespacedHost(p *field.Path, h string, required bool) {
+// namespacedHost checks a Gateway server's or Sidecar egress listener's host, as Istio does
+// (ValidateNamespaceSlashWildcardHostname): "namespace/host", where namespace is "*", "." or a
+// namespace name (for Sidecars also "~" and "~name"), the namespace part optional on Gateways
+// (gateway says which). The host is an FQDN, "*.suffix" or "*": short names are refused,
+// since Gateway and Sidecar hosts do not resolve them in any namespace; Gateways also take IPs.
+func (v *validator) namespacedHost(p *field.Path, h string, gateway bool) {
 	ns, host, ok := strings.Cut(h, "/")
 	if !ok {
-		if required {
+		if !gateway {
 			v.add(p, "%q must be namespace/host", h)
 			return
 		}
-		host = h
-	} else {
-		switch ns {
-		case "*", ".", "~":
-		default:
-			if msg := dnsLabel(ns); msg != "" {
-				v.add(p, "invalid namespace in %q: %s", h, msg)
-				return
-			}
+		v.addMsg(p, meshHost(h, gateway))
+		return
+	}
+	if ns == "" || host == "" {
+		v.add(p, "%q: the namespace and the host of namespace/host must not be empty", h)
+		return
+	}
+	allowed, n := `"*", "." or a namespace name`, ns
+	if !gateway {
+		allowed, n = `"*", "." or a namespace name, each optionally after "~"`, strings.TrimPrefix(ns, "~")
+	}
+	if (n != "" || gateway) && n != "*" && n != "." && dnsLabel(n) != "" {
+		v.add(p, "invalid namespace %q in %q: must be %s", ns, h, allowed)
+		return
+	}
+	v.addMsg(p, meshHost(host, gateway))
+}
+
+// meshHost returns why host may not be a Gateway (gateway) or Sidecar host, or "".
+func meshHost(host string, gateway bool) string {
+	switch {
+	case host == "*":
+		return ""
+	case !strings.Contains(host, "."):
+		return fmt.Sprintf("short names (non FQDN) are not allowed: %q; write the FQDN, e.g. %q", host, host+".<namespace>.svc.cluster.local")
+	case strings.Contains(host, "*") && !strings.HasPrefix(host, "*."):
+		return fmt.Sprintf("partial wildcard %q not allowed: only a leading \"*.\" or \"*\" alone", host)
+	case gateway && isIP(host):
+		return ""
+	}
+	return fqdn(strings.TrimPrefix(host, "*."), host)
+}
+
+// fqdn returns why name (written as whole) is not a DNS name as Istio reads one: labels of
+// letters, digits and '-', a top-level label not all digits, an optional trailing dot.
+func fqdn(name, whole string) string {
+	if len(whole) > 255 {
+		return fmt.Sprintf("%q is longer than 255 characters", whole)
+	}
+	labels := strings.Split(strings.TrimSuffix(name, "."), ".")
+	if tld := labels[len(labels)-1]; tld != "" && strings.Trim(tld, "0123456789") == "" {
+		return fmt.Sprintf("%q: the top-level domain %q must not be all digits", whole, tld)
+	}
+	for _, l := range labels {
+		if len(l) > 63 || !dnsLabelRE.MatchString(l) {
+			return fmt.Sprintf("%q is not a valid DNS name (label %q)", whole, l)
 		}
 	}
-	v.addMsg(p, hostName(host, true))
+	return ""
 }
 
 func (v *validator) defaultEndpoint(p *field.Path, ep string) {
@@ -1004,7 +1044,7 @@ func (v *validator) sidecar(s *networking.Sidecar) {
 			v.add(p.Child("hosts"), "at least one host is required")
 		}
 		for j, h := range eg.Hosts {
-			v.namespacedHost(p.Child("hosts").Index(j), h, true)
+			v.namespacedHost(p.Child("hosts").Index(j), h, false)
 		}
 		if eg.Bind != "" && !isIP(eg.Bind) && !strings.HasPrefix(eg.Bind, "unix://") {
 			v.add(p.Child("bind"), "%q is not an IP address or unix:// path", eg.Bind)

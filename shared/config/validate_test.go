@@ -1,6 +1,7 @@
 package config
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -399,5 +400,64 @@ func TestValidateMessage(t *testing.T) {
 	const want = "conf/reviews.yaml: document 1: VirtualService ns/x: spec.http[0].route[0].weight: must not be negative, got -150"
 	if err == nil || err.Error() != want {
 		t.Fatalf("got %v\nwant %s", err, want)
+	}
+}
+
+// TestValidateGatewayAndSidecarHosts: the hosts of Gateway servers and Sidecar egress
+// listeners, with the verdict `istioctl validate -f` (Istio 1.31 master, the reference build)
+// gives each: short names, partial wildcards, "~" on Gateways, empty parts, an all-digit
+// top-level domain are refused; Gateways take IPv4 addresses (an IPv6 one has no dot: a short
+// name to Istio), Sidecars do not.
+func TestValidateGatewayAndSidecarHosts(t *testing.T) {
+	gateway := map[string]bool{ // host -> valid
+		"*": true, "ns/*": true, "*/*": true, "./foo.example.com": true, "foo.example.com": true,
+		"*.example.com": true, "1.2.3.4": true, "ns/1.2.3.4": true, "example.com.": true,
+		"UPPER.Example.com": true,
+		"ext-host":          false, "ns/ext-host": false, "foo*.example.com": false, "*foo.example.com": false,
+		"~/foo.example.com": false, "/foo.com": false, "ns/": false, "Bad_NS/a.com": false,
+		"foo.123": false, "::1": false, "2001:db8::1": false, "a..b.com": false,
+	}
+	sidecar := map[string]bool{
+		"~/foo.example.com": true, "~ns/foo.example.com": true, "~*/foo.example.com": true,
+		"*/*": true, "./*": true,
+		"ns/short": false, "ns/1.2.3.4": false, "foo.example.com": false, "ns/*foo.example.com": false,
+	}
+	var cases []vcase
+	for _, h := range slices.Sorted(maps.Keys(gateway)) {
+		c := vcase{name: h, kind: "Gateway", spec: `
+selector: {istio: ingressgateway}
+servers:
+- port: {number: 80, name: http, protocol: HTTP}
+  hosts: ["` + h + `"]
+`}
+		if !gateway[h] {
+			c.want = []string{"spec.servers[0].hosts[0]"}
+		}
+		cases = append(cases, c)
+	}
+	for _, h := range slices.Sorted(maps.Keys(sidecar)) {
+		c := vcase{name: h, kind: "Sidecar", spec: "egress:\n- hosts: [\"" + h + "\"]\n"}
+		if !sidecar[h] {
+			c.want = []string{"spec.egress[0].hosts[0]"}
+		}
+		cases = append(cases, c)
+	}
+	runValidate(t, cases)
+}
+
+// TestValidateShortGatewayHostMessage: the error says what is wrong and what to write.
+func TestValidateShortGatewayHostMessage(t *testing.T) {
+	cfgs, errs := ParseYAML("gw.yaml", []byte(doc("Gateway", `
+servers:
+- port: {number: 80, name: http, protocol: HTTP}
+  hosts: [ext-host]
+`)), "default")
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	_, err := Validate(cfgs[0])
+	want := `gw.yaml: document 1: Gateway ns/x: spec.servers[0].hosts[0]: short names (non FQDN) are not allowed: "ext-host"`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %v, want it to contain %q", err, want)
 	}
 }

@@ -143,6 +143,33 @@ func (e *UnsupportedSourcesError) Error() string {
 	return fmt.Sprintf("config sources %s: only fs:// is supported yet (k8s:// and xds:// are not supported yet)", strings.Join(e.Addresses, ", "))
 }
 
+// ConfigDir is the folder, under a root, holding the mesh file (etc/sailplane/mesh.yaml); the
+// control plane keeps its other files beside it under the same root (etc/certs,
+// var/lib/sailplane).
+const ConfigDir = "etc/sailplane"
+
+// Root returns the folder the mesh file's layout hangs from: <root> for a mesh file at
+// <root>/etc/sailplane/<file>, else the mesh file's own folder; "." for no mesh file. The
+// defaults of the files the control plane keeps (the ca's root, the saved config state) are
+// under it, so that each mesh file has its own and a second configuration run from the same
+// working folder does not pick up the first one's.
+func Root(meshFile string) string {
+	if meshFile == "" {
+		return "."
+	}
+	dir := filepath.Dir(filepath.Clean(meshFile))
+	if root, ok := strings.CutSuffix(dir, string(filepath.Separator)+filepath.FromSlash(ConfigDir)); ok {
+		if root == "" {
+			return string(filepath.Separator)
+		}
+		return root
+	}
+	if dir == filepath.FromSlash(ConfigDir) {
+		return "."
+	}
+	return dir
+}
+
 // DefaultConfigDir is the folder, beside the mesh file, read when the mesh config names no
 // configSources: etc/sailplane/conf/ for etc/sailplane/mesh.yaml.
 const DefaultConfigDir = "conf"

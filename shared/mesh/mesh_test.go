@@ -315,3 +315,30 @@ func TestWatcherInitialError(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// A mesh file whose folder is missing is an error naming the file (fsnotify's names no path).
+func TestWatcherMissingFolder(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "etc/sailplane/mesh.yaml")
+	err := NewWatcher(p, func(*meshv1alpha1.MeshConfig) { t.Error("called") }).Run(context.Background())
+	if !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), p) {
+		t.Fatalf("err = %v, want one naming %s", err, p)
+	}
+}
+
+func TestRoot(t *testing.T) {
+	for _, tc := range []struct{ mesh, want string }{
+		{"", "."},
+		{"etc/sailplane/mesh.yaml", "."},
+		{"./etc/sailplane/mesh.yaml", "."},
+		{"/srv/a/etc/sailplane/mesh.yaml", "/srv/a"},
+		{"/etc/sailplane/mesh.yaml", "/"},
+		{"b/etc/sailplane/other.yaml", "b"},
+		{"/tmp/x/mesh.yaml", "/tmp/x"},
+		{"mesh.yaml", "."},
+		{"/srv/notetc/sailplane/mesh.yaml", "/srv/notetc/sailplane"},
+	} {
+		if got := Root(tc.mesh); got != tc.want {
+			t.Errorf("Root(%q) = %q, want %q", tc.mesh, got, tc.want)
+		}
+	}
+}

@@ -85,7 +85,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 	// Watch the folder, not the file: editors replace files by renaming a new one over them and
 	// Kubernetes swaps a ConfigMap's "..data" symlink, both of which end a watch on the file.
 	if err := fw.Add(filepath.Dir(w.path)); err != nil {
-		return fmt.Errorf("mesh watcher: %w", err)
+		// fsnotify's error names no path: say which file this is about.
+		return fmt.Errorf("mesh config %s: cannot watch its folder: %w", w.path, err)
 	}
 	first, err := w.load()
 	if err != nil && w.fallback == nil {

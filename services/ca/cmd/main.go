@@ -56,7 +56,7 @@ func main() {
 			default:
 				return errors.New(`--kubernetes: want auto, true or false`)
 			}
-			cfg.UseKube(cfg.Kube)
+			cfg.UseKube(cfg.Kube, ".")
 			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
 			deps := ca.Deps{Logger: log.With("component", "ca"), Publisher: store}
 			svc, err := ca.New(cfg, deps)

@@ -43,11 +43,15 @@ func main() {
 			if err != nil {
 				return err
 			}
-			cfg.UseKube(kubeCfg, cmd.Flags())
+			cfg.UseSource(kubeCfg, cmd.Flags())
 			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
 			ingest, err := configingest.New(cfg,
 				configingest.Deps{Logger: log.With("component", "config-ingest"), Publisher: store})
 			if err != nil {
+				return err
+			}
+			// Before anything listens: without its mesh file, config-ingest cannot run.
+			if err := ingest.CheckMesh(); err != nil {
 				return err
 			}
 			store.SyncAfter(ingest.Ready(), configingest.PublishedTypes()...)

@@ -15,6 +15,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/mesh"
 	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
 	"sailplane.dev/shared/spiffe"
@@ -69,9 +70,10 @@ func newCommand() *cobra.Command {
 			}
 			log.Info("config source", "source", chosen)
 			// One cluster for config and discovery.
-			ingestCfg.UseKube(kubeCfg, cmd.Flags())
+			ingestCfg.UseSource(kubeCfg, cmd.Flags())
 			watcherCfg.Kube = kubeCfg
-			caCfg.UseKube(kubeCfg)
+			// The CA root, as the saved config state, belongs to the mesh file's configuration.
+			caCfg.UseKube(kubeCfg, mesh.Root(ingestCfg.MeshFile))
 			// The ca shares the secure xDS port unless given its own.
 			if !cmd.Flags().Changed("ca-listen") {
 				caCfg.Listen = xdsCfg.SecureListen
@@ -84,6 +86,11 @@ func newCommand() *cobra.Command {
 			xdsDeps := xdsserver.Deps{Logger: log.With("component", "xds-server"), Config: local("xds-server"), Registry: local("xds-server"), Bundle: local("xds-server")}
 			if xdsCfg.SecureListen != "" {
 				xdsDeps.TLS = authority.ServerTLS()
+				// One token reviewer (audiences, cache) for the ca and xDS: pilot-agent sends
+				// the same token to both. Nil (no Kubernetes) leaves TLS xDS to certificates.
+				if r := authority.TokenReviewer(); r != nil {
+					xdsDeps.Tokens = r
+				}
 			}
 			if caCfg.Embedded {
 				xdsDeps.SecureServices = authority.Register
@@ -100,6 +107,10 @@ func newCommand() *cobra.Command {
 			}
 			xds, err := xdsserver.New(xdsCfg, xdsDeps)
 			if err != nil {
+				return err
+			}
+			// Nothing is written (a CA root, a state folder) before the configuration is found.
+			if err := ingest.CheckMesh(); err != nil {
 				return err
 			}
 			// Consumers (in-process and external) see each producer's state only once it is whole.

@@ -65,7 +65,7 @@ func TestRestoreServesWhatWasServed(t *testing.T) {
 	}
 
 	after, _, _ := newTree(t)
-	if err := after.RestoreState(saved); err != nil {
+	if _, err := after.RestoreState(saved, []string{conf}); err != nil {
 		t.Fatal(err)
 	}
 	after.Scan([]string{conf})
@@ -95,7 +95,7 @@ func TestRestoreServesWhatWasServed(t *testing.T) {
 	}
 }
 
-// A restart while the configured folder cannot be read serves what the previous folders held.
+// A restart while the configured folder cannot be read serves what that folder held.
 func TestRestoreWithUnreadableSource(t *testing.T) {
 	base := t.TempDir()
 	conf := filepath.Join(base, "conf")
@@ -106,26 +106,93 @@ func TestRestoreWithUnreadableSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	after, _, _ := newTree(t)
-	if err := after.RestoreState(saved); err != nil {
+	if err := os.Rename(conf, filepath.Join(base, "away")); err != nil {
 		t.Fatal(err)
 	}
-	after.Scan([]string{filepath.Join(base, "typo")})
+	after, _, _ := newTree(t)
+	if _, err := after.RestoreState(saved, []string{conf}); err != nil {
+		t.Fatal(err)
+	}
+	after.Scan([]string{conf})
 	if got := weights(t, after, "demo/split"); !slices.Equal(got, []int32{80, 20}) {
-		t.Fatalf("weights = %v, want 80/20 kept while the new folder cannot be read", got)
+		t.Fatalf("weights = %v, want 80/20 kept while the folder cannot be read", got)
+	}
+}
+
+// The saved state belongs to the sources it was read from: a restart configured with other
+// folders (another mesh file run from the same working folder) serves none of it, even while
+// its own folders cannot be read; a source that stays configured keeps its part.
+func TestRestoreOnlyConfiguredSources(t *testing.T) {
+	base := t.TempDir()
+	first, shared := filepath.Join(base, "first"), filepath.Join(base, "shared")
+	put(t, filepath.Join(first, "a.yaml"), vsDoc("first", 80, 20))
+	put(t, filepath.Join(shared, "b.yaml"), vsDoc("shared", 70, 30))
+	before, _, _ := newTree(t)
+	before.Scan([]string{first, shared})
+	saved, err := before.MarshalState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// While stopped, the shared folder goes missing (a mount not there yet).
+	if err := os.RemoveAll(shared); err != nil {
+		t.Fatal(err)
+	}
+
+	other := filepath.Join(base, "other")
+	after, _, _ := newTree(t)
+	ignored, err := after.RestoreState(saved, []string{other, shared})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{SourceAddress(first)}; !slices.Equal(ignored, want) {
+		t.Errorf("ignored sources = %v, want %v", ignored, want)
+	}
+	after.Scan([]string{other, shared}, errors.New("xds://upstream: not supported"))
+	if got := names(after, schema.VirtualService.TypeURL); !slices.Equal(got, []string{"demo/shared"}) {
+		t.Fatalf("VirtualServices = %v, want only demo/shared, of the source still configured", got)
+	}
+}
+
+// Sources are matched by absolute path: a state saved with a relative root is restored for the
+// same folder reached by another path, and its files take the new path.
+func TestRestoreSameFolderOtherPath(t *testing.T) {
+	base := t.TempDir()
+	put(t, filepath.Join(base, "etc/sailplane/conf/a.yaml"), vsDoc("split", 80, 20))
+	t.Chdir(base)
+	before, _, _ := newTree(t)
+	before.Scan([]string{"etc/sailplane/conf"})
+	saved, err := before.MarshalState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, filepath.Join(base, "etc/sailplane/conf/a.yaml"), vsDoc("split", -80, 20))
+	t.Chdir(t.TempDir())
+	conf := filepath.Join(base, "etc/sailplane/conf")
+	after, _, _ := newTree(t)
+	if _, err := after.RestoreState(saved, []string{conf}); err != nil {
+		t.Fatal(err)
+	}
+	after.Scan([]string{conf})
+	if got := weights(t, after, "demo/split"); !slices.Equal(got, []int32{80, 20}) {
+		t.Fatalf("weights = %v, want the saved 80/20", got)
+	}
+	if !hasProblem(after, filepath.Join(conf, "a.yaml")) {
+		t.Errorf("no problem names %s: %v", filepath.Join(conf, "a.yaml"), after.Problems())
 	}
 }
 
 func TestRestoreRejectsBadState(t *testing.T) {
 	for name, data := range map[string]string{
 		"not JSON":     "{",
-		"version":      `{"version": 99, "files": {}}`,
-		"unknown type": `{"version": 1, "files": {"a.yaml": [{"type": "x/v1/Nope", "name": "n", "spec": {}}]}}`,
-		"bad spec":     `{"version": 1, "files": {"a.yaml": [{"type": "networking.istio.io/v1/VirtualService", "name": "n", "spec": {"hosts": 1}}]}}`,
+		"version":      `{"version": 99, "sources": []}`,
+		"format 1":     `{"version": 1, "roots": ["/c"], "files": {"/c/a.yaml": []}}`,
+		"unknown type": `{"version": 2, "sources": [{"source": "fs:///c", "files": {"a.yaml": [{"type": "x/v1/Nope", "name": "n", "spec": {}}]}}]}`,
+		"bad spec":     `{"version": 2, "sources": [{"source": "fs:///c", "files": {"a.yaml": [{"type": "networking.istio.io/v1/VirtualService", "name": "n", "spec": {"hosts": 1}}]}}]}`,
+		"outside":      `{"version": 2, "sources": [{"source": "fs:///c", "files": {"../a.yaml": []}}]}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			tr, _, _ := newTree(t)
-			if err := tr.RestoreState([]byte(data)); !errors.Is(err, ErrState) {
+			if _, err := tr.RestoreState([]byte(data), []string{"/c"}); !errors.Is(err, ErrState) {
 				t.Fatalf("err = %v, want ErrState", err)
 			}
 		})

@@ -77,6 +77,7 @@ type Tree struct {
 	// roots are the folders of the last scan that could read every source; while a new source
 	// cannot be read, what the previous roots published stays.
 	roots    []string
+	scanned  []string        // the roots of the last scan
 	logged   map[string]bool // scan problems already logged, so each is logged once while it lasts
 	problems []error
 	dirs     []string
@@ -218,6 +219,7 @@ func (t *Tree) Scan(roots []string, unreadableSources ...error) []Change {
 	} else {
 		t.roots = slices.Clone(roots)
 	}
+	t.scanned = roots
 
 	t.settleAt = time.Time{}
 	files := make(map[string]*file, len(w.paths))

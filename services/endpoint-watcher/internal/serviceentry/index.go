@@ -254,6 +254,7 @@ func (x *Index) compute(k hostKey) (*discoveryv1.Service, *discoveryv1.Endpoints
 			}
 		}
 		for _, a := range se.spec.GetAddresses() {
+			a, _ = listenAddress(a) // validated in convertServiceEntry
 			if !slices.Contains(svc.Addresses, a) {
 				svc.Addresses = append(svc.Addresses, a)
 			}

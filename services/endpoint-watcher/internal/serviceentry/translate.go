@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -153,6 +154,11 @@ func convertServiceEntry(r *bus.Resource) (*serviceEntry, error) {
 	if len(se.hosts) == 0 {
 		return nil, fail("spec.hosts", "no hosts")
 	}
+	for i, a := range spec.GetAddresses() {
+		if _, err := listenAddress(a); err != nil {
+			return nil, fail(fmt.Sprintf("spec.addresses[%d]", i), "%v", err)
+		}
+	}
 	names := map[string]bool{}
 	for i, p := range spec.GetPorts() {
 		field := fmt.Sprintf("spec.ports[%d]", i)
@@ -260,6 +266,23 @@ func parseLocality(s string) (*discoveryv1.Locality, error) {
 	}
 	parts = append(parts, "", "")
 	return &discoveryv1.Locality{Region: parts[0], Zone: parts[1], SubZone: parts[2]}, nil
+}
+
+// listenAddress reads a ServiceEntry address: an IP, or a CIDR range, which sidecars match
+// as a destination range. As istiod does, a range of a single address (/32, /128) is written
+// as the plain address, which gets a listener of its own.
+func listenAddress(a string) (string, error) {
+	if _, err := netip.ParseAddr(a); err == nil {
+		return a, nil
+	}
+	p, err := netip.ParsePrefix(a)
+	if err != nil {
+		return "", fmt.Errorf("address %q is neither an IP address nor a CIDR range", a)
+	}
+	if p.IsSingleIP() {
+		return p.Addr().String(), nil
+	}
+	return a, nil
 }
 
 func resolution(r networking.ServiceEntry_Resolution) (discoveryv1.Resolution, error) {

@@ -97,6 +97,16 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 			}
 		}
 	}
+	if (typeURL == resourcev3.ListenerType || typeURL == resourcev3.RouteType) && proxy.IsRouter() {
+		// Gateway servers listen on the targetPorts of the services the gateway pod is in.
+		b.WriteString("/gp=")
+		ports := ix.gatewayPorts(proxy)
+		for _, from := range slices.Sorted(maps.Keys(ports)) {
+			if to := ports[from]; to != from {
+				b.WriteString(itoa(from) + ">" + itoa(to) + ";")
+			}
+		}
+	}
 	if typeURL == resourcev3.ListenerType && proxy.IsSidecar() {
 		// Security policies select workloads by labels.
 		b.WriteString("/a=")

@@ -2,6 +2,7 @@ package envoygen
 
 import (
 	"cmp"
+	"fmt"
 	"math"
 	"net/netip"
 	"strings"
@@ -67,6 +68,16 @@ func (b *builder) outboundClusters(withTLS bool) []outboundCluster {
 		for _, port := range b.visiblePorts(svc) {
 			for _, ss := range append([]*networking.Subset{nil}, translate.Subsets(specOf(dr))...) {
 				pol := translate.TrafficPolicy(specOf(dr), port.GetNumber(), ss.GetName())
+				if why := b.tlsRefusal(pol.TLS); why != "" {
+					// Traffic the rule says to encrypt must not leave in plaintext: no cluster
+					// (requests for it fail) rather than one without the TLS.
+					name := ClusterName(port.GetNumber(), ss.GetName(), host)
+					if withTLS {
+						b.log.Warn("leaving out cluster whose TLS cannot be built", "cluster", name, "reason", why)
+						b.report(model.MetricClusterTLSRefused, name, why)
+					}
+					continue
+				}
 				lb := translate.NewLocalityLB(pol, b.snap.Mesh, b.locality, b.topologyLabels)
 				out = append(out, outboundCluster{svc: svc, port: port, subset: ss, lb: lb,
 					cluster: b.outboundCluster(svc, port, ss, pol, lb, withTLS)})
@@ -114,6 +125,11 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 		}
 		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
 		c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
+		if t := port.GetTargetPort(); t != 0 && svc.Spec.GetRegistry() == "serviceentry" {
+			// As istiod: a ServiceEntry's targetPort still applies at the original destination.
+			c.LbConfig = &clusterv3.Cluster_OriginalDstLbConfig_{OriginalDstLbConfig: &clusterv3.Cluster_OriginalDstLbConfig{
+				UpstreamPortOverride: wrapperspb.UInt32(t)}}
+		}
 	default:
 		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS}
 		c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsConfigSource(), ServiceName: name}
@@ -435,6 +451,35 @@ func applyOutlier(c *clusterv3.Cluster, od *networking.OutlierDetection) {
 	c.CommonLbConfig.HealthyPanicThreshold = &typev3.Percent{Value: float64(min(max(od.GetMinHealthPercent(), 0), 100))}
 }
 
+// tlsRefusal says why the proxy cannot be given the TLS origination t asks for, "" when it
+// can (or t asks for none). Such a cluster is left out, never sent without TLS:
+//
+//   - credentialName on a sidecar: the client certificate or CA is a Kubernetes Secret (or
+//     ConfigMap) that only an SDS server reading the API can hand out, and Sailplane serves
+//     none to sidecars (istiod sends a rule without workloadSelector as plaintext, and serves
+//     one with a selector only if the sidecar's account may read the Secret);
+//   - MUTUAL without a client certificate (credentialName, or clientCertificate and
+//     privateKey): istiod logs and sends plaintext;
+//   - a mode this code does not know.
+func (b *builder) tlsRefusal(t *networking.ClientTLSSettings) string {
+	switch t.GetMode() {
+	case networking.ClientTLSSettings_DISABLE, networking.ClientTLSSettings_ISTIO_MUTUAL:
+		return ""
+	case networking.ClientTLSSettings_SIMPLE, networking.ClientTLSSettings_MUTUAL:
+		mode := t.GetMode().String()
+		switch cred := t.GetCredentialName(); {
+		case cred != "" && b.proxy.IsSidecar():
+			return fmt.Sprintf("DestinationRule tls mode %s with credentialName %q: Sailplane delivers no credentialName "+
+				"secret (%s) to sidecars, and will not send the cluster without TLS", mode, cred, credentialResource(cred))
+		case cred == "" && t.GetMode() == networking.ClientTLSSettings_MUTUAL &&
+			(t.GetClientCertificate() == "" || t.GetPrivateKey() == ""):
+			return "DestinationRule tls mode MUTUAL needs credentialName, or clientCertificate and privateKey"
+		}
+		return ""
+	}
+	return fmt.Sprintf("DestinationRule tls mode %s is not supported", t.GetMode().String())
+}
+
 // upstreamTLS builds TLS origination as istiod does (cluster_tls.go). Certificates always come
 // over SDS from the agent, named as Istio names them, so no key material travels in CDS.
 //
@@ -472,11 +517,6 @@ func (b *builder) upstreamTLS(t *networking.ClientTLSSettings, svc *model.Servic
 		ctx.Sni = cmp.Or(t.GetSni(), "outbound_."+itoa(port)+"_."+subset+"_."+host)
 	case networking.ClientTLSSettings_SIMPLE, networking.ClientTLSSettings_MUTUAL:
 		cred := t.GetCredentialName()
-		if cred != "" && !strings.HasPrefix(cred, "configmap://") && b.proxy.IsSidecar() {
-			// istiod: a sidecar may not read secrets, so a rule naming one originates no TLS.
-			log.Debug("credentialName is for gateways; sidecars originate no TLS with it", "credentialName", cred)
-			return nil, nil
-		}
 		skipVerify := t.GetInsecureSkipVerify().GetValue()
 		ctx.Sni = t.GetSni()
 		if ctx.Sni == "" {
@@ -492,17 +532,15 @@ func (b *builder) upstreamTLS(t *networking.ClientTLSSettings, svc *model.Servic
 		case cred != "":
 			name := credentialResource(cred)
 			if mutual {
-				common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret(name)}
+				common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{credentialSDS(name)}
+				b.credentialNotServed(name)
 			}
 			if !skipVerify {
-				common.ValidationContextType = combinedValidation(sans, name+"-cacert")
+				common.ValidationContextType = combinedValidationFrom(sans, credentialSDS(name+"-cacert"))
+				b.credentialNotServed(name + "-cacert")
 			}
 		default:
-			if mutual {
-				if t.GetClientCertificate() == "" || t.GetPrivateKey() == "" {
-					log.Debug("MUTUAL TLS needs clientCertificate and privateKey; originating no TLS")
-					return nil, nil
-				}
+			if mutual { // with both files: tlsRefusal leaves out clusters without them
 				common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{
 					sdsSecret("file-cert:" + t.GetClientCertificate() + "~" + t.GetPrivateKey())}
 			}
@@ -525,6 +563,7 @@ func (b *builder) upstreamTLS(t *networking.ClientTLSSettings, svc *model.Servic
 			common.AlpnProtocols = []string{"h2"}
 		}
 	default:
+		// tlsRefusal leaves out clusters of other modes; nothing reaches here.
 		log.Debug("unknown TLS mode", "mode", t.GetMode().String())
 		return nil, nil
 	}
@@ -535,6 +574,11 @@ func (b *builder) upstreamTLS(t *networking.ClientTLSSettings, svc *model.Servic
 // combinedValidation accepts peers whose certificate chains to the SDS root named root and
 // carries one of sans (any, when sans is empty).
 func combinedValidation(sans []string, root string) *tlsv3.CommonTlsContext_CombinedValidationContext {
+	return combinedValidationFrom(sans, sdsSecret(root))
+}
+
+// combinedValidationFrom is combinedValidation with the root from the SDS secret root.
+func combinedValidationFrom(sans []string, root *tlsv3.SdsSecretConfig) *tlsv3.CommonTlsContext_CombinedValidationContext {
 	v := &tlsv3.CertificateValidationContext{}
 	for _, s := range sans {
 		v.MatchTypedSubjectAltNames = append(v.MatchTypedSubjectAltNames, &tlsv3.SubjectAltNameMatcher{
@@ -544,7 +588,7 @@ func combinedValidation(sans []string, root string) *tlsv3.CommonTlsContext_Comb
 	return &tlsv3.CommonTlsContext_CombinedValidationContext{
 		CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
 			DefaultValidationContext:         v,
-			ValidationContextSdsSecretConfig: sdsSecret(root),
+			ValidationContextSdsSecretConfig: root,
 		}}
 }
 

@@ -26,6 +26,9 @@ type gatewayServer struct {
 	gwName  string
 	server  *networking.Server
 	proto   protocol
+	// listenPort is where the gateway pod listens for the server: the targetPort of the
+	// server's port in a Service selecting the pod, else the server's port itself.
+	listenPort uint32
 }
 
 // terminates reports whether the server ends TLS itself (SIMPLE, MUTUAL, ISTIO_MUTUAL); only
@@ -49,19 +52,20 @@ func (s gatewayServer) passthrough() bool {
 		s.server.GetTls().GetMode() == networking.ServerTLSSettings_PASSTHROUGH
 }
 
-// httpRouteName is the RDS name of an HTTP-speaking server: one per port for plaintext, one
-// per server for TLS-terminating ones, as istiod names them.
+// httpRouteName is the RDS name of an HTTP-speaking server: one per listening port for
+// plaintext, one per server for TLS-terminating ones, named, as istiod names them, by the
+// server's own port.
 func (s gatewayServer) httpRouteName() string {
-	port := itoa(s.server.GetPort().GetNumber())
 	if s.terminates() {
-		return "https." + port + "." + s.server.GetPort().GetName() + "." + s.gwName + "." + s.gwNS
+		return "https." + itoa(s.server.GetPort().GetNumber()) + "." + s.server.GetPort().GetName() + "." + s.gwName + "." + s.gwNS
 	}
-	return "http." + port
+	return "http." + itoa(s.listenPort)
 }
 
 // gatewayServers lists the servers of the Gateways whose selector matches the proxy's labels.
 func (b *builder) gatewayServers() []gatewayServer {
 	var out []gatewayServer
+	ports := b.ix.gatewayPorts(b.proxy)
 	for i := range b.snap.Gateways {
 		gw := &b.snap.Gateways[i]
 		if !model.LabelsMatch(gw.Spec.GetSelector(), b.proxy.Labels) {
@@ -72,7 +76,41 @@ func (b *builder) gatewayServers() []gatewayServer {
 				continue
 			}
 			out = append(out, gatewayServer{gateway: gw.Namespace + "/" + gw.Name, gwNS: gw.Namespace, gwName: gw.Name,
-				server: s, proto: parseProtocol(s.GetPort().GetProtocol())})
+				server: s, proto: parseProtocol(s.GetPort().GetProtocol()),
+				listenPort: cmp.Or(ports[s.GetPort().GetNumber()], s.GetPort().GetNumber())})
+		}
+	}
+	return out
+}
+
+// DisableGatewayPortTranslationLabel on a Service keeps its ports from translating Gateway
+// ports (istiod's, for Knative).
+const DisableGatewayPortTranslationLabel = "experimental.istio.io/disable-gateway-port-translation"
+
+// gatewayPorts maps service ports to the ports the gateway pod listens on, from the services
+// that have the pod among their endpoints, as istiod translates Gateway ports (resolvePorts):
+// a Gateway server on port 80 of a Service whose targetPort is 8080 listens on 8080, since the
+// Service delivers there. The first service (by hostname) mapping a port wins. A named
+// targetPort the pod does not declare is left out of its EndpointSlice, so it maps nothing,
+// and a port no Service maps is listened on as written.
+func (ix *snapIndex) gatewayPorts(proxy *model.Proxy) map[uint32]uint32 {
+	out := map[uint32]uint32{}
+	for _, ip := range proxy.IPs {
+		for _, e := range ix.byIP[ip] {
+			if _, off := e.svc.Spec.GetLabels()[DisableGatewayPortTranslationLabel]; off {
+				continue
+			}
+			for _, p := range e.svc.Spec.GetPorts() {
+				if _, done := out[p.GetNumber()]; done {
+					continue
+				}
+				if _, ok := e.ep.GetPorts()[p.GetName()]; len(e.ep.GetPorts()) > 0 && !ok {
+					continue // unresolved named targetPort
+				}
+				if t := translate.EndpointPort(e.ep, p); t != 0 {
+					out[p.GetNumber()] = t
+				}
+			}
 		}
 	}
 	return out
@@ -126,7 +164,7 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 	byPort := map[uint32][]gatewayServer{}
 	var ports []uint32
 	for _, s := range b.gatewayServers() {
-		p := s.server.GetPort().GetNumber()
+		p := s.listenPort
 		if byPort[p] == nil {
 			ports = append(ports, p)
 		}
@@ -153,6 +191,15 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 		httpDone := false
 		for _, s := range byPort[port] {
 			log := b.log.With("gateway", s.gateway, "port", port)
+			if cred := s.server.GetTls().GetCredentialName(); cred != "" && s.terminates() &&
+				s.server.GetTls().GetMode() != networking.ServerTLSSettings_ISTIO_MUTUAL {
+				b.credentialNotServed(credentialResource(cred))
+				if m := s.server.GetTls().GetMode(); m == networking.ServerTLSSettings_MUTUAL || m == networking.ServerTLSSettings_OPTIONAL_MUTUAL {
+					b.credentialNotServed(credentialResource(cred) + "-cacert")
+				}
+			}
+			// VirtualService port matches and default destination ports are the server's.
+			serverPort := s.server.GetPort().GetNumber()
 			switch {
 			case s.terminates() && strings.EqualFold(s.server.GetPort().GetProtocol(), "HTTPS"):
 				hcm := b.hcm("outbound_"+name, s.httpRouteName(), nil, true)
@@ -169,11 +216,11 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 				addChain(&listenerv3.FilterChain{Filters: []*listenerv3.Filter{
 					hcmFilterOf(b.hcm("outbound_"+name, s.httpRouteName(), nil, true))}})
 			case s.passthrough():
-				for _, fc := range b.passthroughChains(s, port) {
+				for _, fc := range b.passthroughChains(s, serverPort) {
 					addChain(fc)
 				}
 			case s.proto == protoTCP || s.terminates():
-				tp := b.gatewayTCPRoute(s, port)
+				tp := b.gatewayTCPRoute(s, serverPort)
 				if tp == nil {
 					log.Debug("no tcp route for gateway server")
 					continue
@@ -292,30 +339,32 @@ func tcpProxyFor(dests []translate.WeightedDest) *tcpv3.TcpProxy {
 	return &tcpv3.TcpProxy{StatPrefix: dests[0].Cluster, ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}}
 }
 
-// downstreamTLS terminates TLS with certificates the agent serves over SDS: Kubernetes
-// secrets as "kubernetes://<credentialName>", files as "file-cert:<cert>~<key>".
+// downstreamTLS terminates TLS with certificates served over SDS: Kubernetes secrets as
+// "kubernetes://<credentialName>" over ADS (see credentialSDS), files as
+// "file-cert:<cert>~<key>" by the agent.
 func downstreamTLS(t *networking.ServerTLSSettings, http bool) *corev3.TransportSocket {
 	ctx := &tlsv3.DownstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{}}
 	common := ctx.CommonTlsContext
 	if http {
 		common.AlpnProtocols = []string{"h2", "http/1.1"}
 	}
-	var root string
+	var root *tlsv3.SdsSecretConfig
 	switch {
 	case t.GetMode() == networking.ServerTLSSettings_ISTIO_MUTUAL:
 		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret("default")}
-		root = "ROOTCA"
+		root = sdsSecret("ROOTCA")
 	case t.GetCredentialName() != "":
-		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret("kubernetes://" + t.GetCredentialName())}
-		root = "kubernetes://" + t.GetCredentialName() + "-cacert"
+		name := credentialResource(t.GetCredentialName())
+		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{credentialSDS(name)}
+		root = credentialSDS(name + "-cacert")
 	default:
 		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{
 			sdsSecret("file-cert:" + t.GetServerCertificate() + "~" + t.GetPrivateKey())}
 		if t.GetCaCertificates() != "" {
-			root = "file-root:" + t.GetCaCertificates()
+			root = sdsSecret("file-root:" + t.GetCaCertificates())
 		}
 	}
-	if t.GetMode() != networking.ServerTLSSettings_SIMPLE && root != "" {
+	if t.GetMode() != networking.ServerTLSSettings_SIMPLE && root != nil {
 		v := &tlsv3.CertificateValidationContext{}
 		for _, s := range t.GetSubjectAltNames() {
 			v.MatchTypedSubjectAltNames = append(v.MatchTypedSubjectAltNames, &tlsv3.SubjectAltNameMatcher{
@@ -324,7 +373,7 @@ func downstreamTLS(t *networking.ServerTLSSettings, http bool) *corev3.Transport
 		}
 		common.ValidationContextType = &tlsv3.CommonTlsContext_CombinedValidationContext{
 			CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
-				DefaultValidationContext: v, ValidationContextSdsSecretConfig: sdsSecret(root)}}
+				DefaultValidationContext: v, ValidationContextSdsSecretConfig: root}}
 		ctx.RequireClientCertificate = wrapperspb.Bool(t.GetMode() != networking.ServerTLSSettings_OPTIONAL_MUTUAL)
 	}
 	if v, ok := tlsVersions[t.GetMinProtocolVersion()]; ok || t.GetMaxProtocolVersion() != 0 {
@@ -364,6 +413,24 @@ func (b *builder) gatewayRoutes() []*routev3.RouteConfiguration {
 	return out
 }
 
+// redirectHosts are the hosts of an httpsRedirect server that get a redirecting virtual host
+// of their own, lower-cased as istiod's. Hosts limited to a namespace ("ns/host") are left out:
+// istiod writes them into the domain as they are ("ns/host"), which no Host header matches.
+func redirectHosts(s gatewayServer) []string {
+	var out []string
+	for _, h := range s.server.GetHosts() {
+		ns, host, ok := strings.Cut(h, "/")
+		if ok && ns != "*" {
+			continue
+		}
+		if !ok {
+			host = ns
+		}
+		out = append(out, strings.ToLower(host))
+	}
+	return out
+}
+
 func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *routev3.RouteConfiguration {
 	rc := &routev3.RouteConfiguration{Name: name, ValidateClusters: wrapperspb.Bool(false),
 		IgnorePortInHostMatching: true}
@@ -371,7 +438,11 @@ func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *rout
 	vhosts := map[string]*routev3.VirtualHost{}
 	added := map[string]bool{}
 	for _, s := range servers {
-		redirect := s.server.GetTls().GetHttpsRedirect() && !s.terminates()
+		// Servers of several ports may share a listening port: each names its virtual hosts
+		// and matches routes by its own, as istiod's.
+		port := s.server.GetPort().GetNumber()
+		// istiod sets require_tls on an HTTPS server's hosts too, where it changes nothing.
+		redirect := s.server.GetTls().GetHttpsRedirect()
 		for _, vs := range b.boundVirtualServices(s.gateway) {
 			hosts := serverHosts(s, vs.Namespace)
 			for _, vh := range vs.Spec.GetHosts() {
@@ -381,6 +452,7 @@ func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *rout
 					if !ok {
 						continue
 					}
+					host = strings.ToLower(host)
 					// A VirtualService reached through several servers or hosts adds its routes once.
 					key := host + "\x00" + vs.Namespace + "/" + vs.Name
 					if added[key] {
@@ -400,6 +472,15 @@ func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *rout
 					if redirect {
 						v.RequireTls = routev3.VirtualHost_ALL
 					}
+				}
+			}
+		}
+		if redirect {
+			// A host no VirtualService routes still redirects plaintext requests to HTTPS.
+			for _, host := range redirectHosts(s) {
+				if vhosts[host] == nil {
+					vhosts[host] = &routev3.VirtualHost{Name: host + ":" + itoa(port), Domains: []string{host},
+						IncludeRequestAttemptCount: true, RequireTls: routev3.VirtualHost_ALL}
 				}
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -18,6 +19,7 @@ import (
 	origdstv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/original_dst/v3"
 	tlsinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	mongov3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/mongo_proxy/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/proto"
@@ -35,6 +37,7 @@ import (
 const (
 	hcmFilter           = "envoy.filters.network.http_connection_manager"
 	tcpProxyFilter      = "envoy.filters.network.tcp_proxy"
+	mongoProxyFilter    = "envoy.filters.network.mongo_proxy"
 	faultFilter         = "envoy.filters.http.fault"
 	corsFilter          = "envoy.filters.http.cors"
 	routerFilter        = "envoy.filters.http.router"
@@ -127,7 +130,7 @@ func (b *builder) virtualInbound() *listenerv3.Listener {
 	for _, in := range ports {
 		name := "0.0.0.0_" + itoa(in.port)
 		cluster := InboundClusterName(in.port)
-		c := inboundChain{name: name, httpName: name, port: in.port, cluster: cluster, proto: in.proto}
+		c := inboundChain{name: name, httpName: name, port: in.port, cluster: cluster, proto: in.proto, mongo: in.mongo}
 		var httpFilter *listenerv3.Filter
 		if in.proto.carriesHTTP() {
 			httpFilter = hcmFilterOf(b.inboundHCM("inbound_"+name, cluster, in.port))
@@ -144,6 +147,7 @@ type inboundChain struct {
 	port           uint32
 	cluster        string // also the stat prefix of TCP chains, as istiod names them
 	proto          protocol
+	mongo          bool
 }
 
 // inboundChains builds c's chains for mode: the HTTP ones run httpFilter (an HTTP manager,
@@ -162,7 +166,11 @@ func (b *builder) inboundChains(c inboundChain, mode authn.Mode, tcpAuthz []*lis
 			fc.Name = c.httpName
 			fc.Filters = []*listenerv3.Filter{httpFilter}
 		} else {
-			fc.Filters = append(slices.Clip(tcpAuthz), tcpProxy(c.cluster, c.cluster))
+			fc.Filters = slices.Clip(tcpAuthz)
+			if c.mongo {
+				fc.Filters = append(fc.Filters, mongoProxy(c.cluster))
+			}
+			fc.Filters = append(fc.Filters, tcpProxy(c.cluster, c.cluster))
 		}
 		if opt.mtls {
 			fc.TransportSocket = b.inboundMTLS(opt.http)
@@ -356,14 +364,45 @@ type outboundListener struct {
 	// "<host>:<port>" (sniffedHost), the wildcard listener shares "<port>".
 	rds         string
 	sniffedHost string
-	sni         []tcpChain // TLS services told apart by SNI
-	tcp         *tcpChain  // the one TCP service that takes every connection no other chain matches
+	// matched are the services a chain match tells apart: TLS ones by SNI, those of a
+	// ServiceEntry's CIDR address by destination range (and SNI for TLS).
+	matched []tcpChain
+	tcp     *tcpChain // the one TCP service that takes every connection no other chain matches
 }
 
 type tcpChain struct {
 	host  string
 	proto protocol
+	// mongo: a MONGO port, which Envoy's mongo_proxy decodes before tcp_proxy, as istiod does.
+	mongo bool
+	sni   []string // nil: any server name
+	cidrs []string // nil: any destination
 	proxy *tcpv3.TcpProxy
+}
+
+// sameMatch reports whether two chains match the same connections, which Envoy refuses on one
+// listener: same server names and same destination ranges once masked (1.2.3.4/8 is 1.5.6.7/8).
+func (c tcpChain) sameMatch(o tcpChain) bool {
+	masked := func(cidrs []string) []string {
+		var out []string
+		for _, s := range cidrs {
+			if p, ok := parseRange(s); ok {
+				out = append(out, p.Masked().String())
+			}
+		}
+		slices.Sort(out)
+		return slices.Compact(out)
+	}
+	return slices.Equal(c.sni, o.sni) && slices.Equal(masked(c.cidrs), masked(o.cidrs))
+}
+
+// parseRange reads a destination range: a CIDR, or an IP standing for itself alone.
+func parseRange(s string) (netip.Prefix, bool) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.PrefixFrom(a, a.BitLen()), true
+	}
+	p, err := netip.ParsePrefix(s)
+	return p, err == nil
 }
 
 // plaintextHTTPALPNs are the protocols http_inspector reports for HTTP/1.1 and cleartext HTTP/2
@@ -379,6 +418,9 @@ var plaintextHTTPALPNs = []string{"http/1.1", "h2c"}
 // what matches nothing goes to the port's TCP service if there is one, else to the outbound
 // traffic policy's PassthroughFilterChain, so a destination outside the registry on a known
 // port is passed through (ALLOW_ANY) or dropped (REGISTRY_ONLY) rather than broken.
+//
+// A ServiceEntry address that is a CIDR range cannot be a listener's address: its service
+// gets a chain matching the range (prefix_ranges) on the wildcard listener instead.
 //
 // A port whose protocol is not declared gets both: the service's TCP chain and an HTTP chain
 // for what http_inspector finds to be plaintext HTTP, so HTTP VirtualServices apply to it.
@@ -414,18 +456,12 @@ func (b *builder) outboundEntries() []*outboundListener {
 				ol.rds, ol.sniffedHost = itoa(p.GetNumber()), ""
 				continue
 			}
-			ip := wildcardIP
-			if a := svc.Spec.GetAddresses(); len(a) > 0 && a[0] != "" {
-				ip = a[0]
-			}
-			ips := []string{ip}
-			if model.ListensPerEndpoint(svc.Spec) {
-				if eps, ok := b.endpointListenIPs(svc); ok {
-					ips = eps
+			base := tcpChain{host: host, proto: proto, mongo: isMongo(p.GetProtocol())}
+			for _, addr := range b.tcpListenAddresses(svc) {
+				chain, ip := base, addr
+				if strings.Contains(addr, "/") {
+					chain.cidrs, ip = []string{addr}, wildcardIP
 				}
-			}
-			chain := tcpChain{host: host, proto: proto, proxy: b.tcpRoute(host, p.GetNumber())}
-			for _, ip := range ips {
 				ol := listener(ip, p.GetNumber())
 				if proto == protoSniffed && ol.rds == "" {
 					ol.rds = itoa(p.GetNumber())
@@ -433,20 +469,59 @@ func (b *builder) outboundEntries() []*outboundListener {
 						ol.rds, ol.sniffedHost = host+":"+itoa(p.GetNumber()), host
 					}
 				}
-				switch {
-				case ip == wildcardIP && proto == protoTLS:
-					ol.sni = append(ol.sni, chain)
-				case ol.tcp == nil:
-					ol.tcp = &chain
-				default:
-					b.log.Debug("skipping conflicting outbound listener", "listener", ol.name, "host", host)
-					b.report(model.MetricOutboundTCPConflict, ol.name, fmt.Sprintf("Listener=%s Accepted=%s Rejected=%s (%s)",
-						ol.name, ol.tcp.proto.listenerProtocol(), proto.listenerProtocol(), host))
+				if ip == wildcardIP && proto == protoTLS {
+					chain.sni = []string{host}
+				}
+				var chains []tcpChain
+				if proto == protoTLS {
+					chains = b.tlsRouteChains(host, p.GetNumber(), chain.cidrs)
+				}
+				if len(chains) == 0 {
+					chains = b.tcpRouteChains(chain, p.GetNumber())
+				}
+				for _, chain := range chains {
+					var taken *tcpChain
+					switch {
+					case chain.sni != nil || chain.cidrs != nil:
+						if i := slices.IndexFunc(ol.matched, chain.sameMatch); i >= 0 {
+							taken = &ol.matched[i]
+							break
+						}
+						ol.matched = append(ol.matched, chain)
+					case ol.tcp == nil:
+						ol.tcp = &chain
+					default:
+						taken = ol.tcp
+					}
+					if taken != nil {
+						b.log.Debug("skipping conflicting outbound listener", "listener", ol.name, "host", host)
+						b.report(model.MetricOutboundTCPConflict, ol.name, fmt.Sprintf("Listener=%s Accepted=%s Rejected=%s (%s)",
+							ol.name, taken.proto.listenerProtocol(), proto.listenerProtocol(), host))
+					}
 				}
 			}
 		}
 	}
 	return order
+}
+
+// tcpListenAddresses are the addresses of a service's listeners for its non-HTTP ports, IPs or
+// CIDR ranges: every address of a ServiceEntry (istiod makes a service of each), the first VIP
+// of other registries; without VIP, the wildcard, or the endpoints (see endpointListenIPs).
+func (b *builder) tcpListenAddresses(svc *model.Service) []string {
+	addrs := svc.Spec.GetAddresses()
+	if len(addrs) > 0 && addrs[0] != "" {
+		if svc.Spec.GetRegistry() != "serviceentry" {
+			return addrs[:1]
+		}
+		return slices.DeleteFunc(slices.Clone(addrs), func(a string) bool { return a == "" })
+	}
+	if model.ListensPerEndpoint(svc.Spec) {
+		if eps, ok := b.endpointListenIPs(svc); ok {
+			return eps
+		}
+	}
+	return []string{wildcardIP}
 }
 
 // endpointListenIPs are the addresses of the listeners istiod gives a service without VIP nor
@@ -480,7 +555,7 @@ func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
 		ContinueOnListenerFiltersTimeout: true,
 		ListenerFiltersTimeout:           durationpb.New(0),
 	}
-	if len(ol.sni) > 0 {
+	if slices.ContainsFunc(ol.matched, func(c tcpChain) bool { return c.sni != nil }) {
 		l.ListenerFilters = append(l.ListenerFilters, listenerFilter(tlsInspectorFilter,
 			&tlsinspectorv3.TlsInspector{InitialReadBufferSize: wrapperspb.UInt32(512)}))
 	}
@@ -495,22 +570,28 @@ func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
 		l.ListenerFilters = append(l.ListenerFilters, listenerFilter(httpInspectorFilter, &httpinspectorv3.HttpInspector{}))
 		l.ListenerFiltersTimeout = b.protocolDetectionTimeout()
 	}
-	slices.SortStableFunc(ol.sni, func(a, b tcpChain) int { return cmp.Compare(a.host, b.host) })
-	seen := map[string]bool{}
-	for _, c := range ol.sni {
-		if seen[c.host] {
-			continue
+	slices.SortStableFunc(ol.matched, func(a, b tcpChain) int {
+		return cmp.Or(cmp.Compare(a.host, b.host), slices.Compare(a.cidrs, b.cidrs))
+	})
+	for _, c := range ol.matched {
+		fc := serviceChain(c)
+		fc.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: c.sni}
+		for _, cidr := range slices.Sorted(slices.Values(c.cidrs)) { // sorted, as istiod writes them
+			p, ok := parseRange(cidr)
+			if !ok {
+				b.log.Debug("skipping destination range that is no IP nor CIDR", "range", cidr, "host", c.host)
+				continue
+			}
+			fc.FilterChainMatch.PrefixRanges = append(fc.FilterChainMatch.PrefixRanges, &corev3.CidrRange{
+				AddressPrefix: p.Addr().String(), PrefixLen: wrapperspb.UInt32(uint32(p.Bits()))})
 		}
-		seen[c.host] = true
-		fc := serviceChain(c.proxy)
-		fc.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: []string{c.host}}
 		l.FilterChains = append(l.FilterChains, fc)
 	}
 	switch {
 	case ol.tcp != nil && len(l.FilterChains) == 0:
-		l.FilterChains = []*listenerv3.FilterChain{serviceChain(ol.tcp.proxy)}
+		l.FilterChains = []*listenerv3.FilterChain{serviceChain(*ol.tcp)}
 	case ol.tcp != nil:
-		l.DefaultFilterChain = serviceChain(ol.tcp.proxy)
+		l.DefaultFilterChain = serviceChain(*ol.tcp)
 	default:
 		fallback := b.outboundFallbackCluster()
 		l.DefaultFilterChain = &listenerv3.FilterChain{
@@ -524,9 +605,22 @@ func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
 
 // serviceChain is a filter chain forwarding to a service; istiod bounds the transport
 // handshake of every such chain, against slow-handshake exhaustion.
-func serviceChain(tp *tcpv3.TcpProxy) *listenerv3.FilterChain {
-	return &listenerv3.FilterChain{Filters: []*listenerv3.Filter{tcpProxyFilterOf(tp)},
+func serviceChain(c tcpChain) *listenerv3.FilterChain {
+	var filters []*listenerv3.Filter
+	if c.mongo {
+		filters = append(filters, mongoProxy(c.proxy.GetStatPrefix()))
+	}
+	return &listenerv3.FilterChain{Filters: append(filters, tcpProxyFilterOf(c.proxy)),
 		TransportSocketConnectTimeout: durationpb.New(transportSocketConnectTimeout)}
+}
+
+func isMongo(protocol string) bool { return strings.EqualFold(protocol, "MONGO") }
+
+// mongoProxy decodes MongoDB's wire protocol for its statistics; istiod adds it by default
+// (PILOT_ENABLE_MONGO_FILTER) before the tcp_proxy of MONGO ports, with the same stat prefix.
+func mongoProxy(statPrefix string) *listenerv3.Filter {
+	return &listenerv3.Filter{Name: mongoProxyFilter, ConfigType: &listenerv3.Filter_TypedConfig{
+		TypedConfig: mustAny(&mongov3.MongoProxy{StatPrefix: statPrefix})}}
 }
 
 // protocolDetectionTimeout is how long http_inspector waits for the client to speak first:
@@ -542,54 +636,109 @@ func listenerFilter(name string, cfg proto.Message) *listenerv3.ListenerFilter {
 	return &listenerv3.ListenerFilter{Name: name, ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(cfg)}}
 }
 
-// tcpRoute is the tcp_proxy for a TCP service port: the destinations of the first matching
-// tcp route of its VirtualService, else the service's own cluster.
-func (b *builder) tcpRoute(host string, port uint32) *tcpv3.TcpProxy {
-	def := ClusterName(port, "", host)
-	tp := &tcpv3.TcpProxy{StatPrefix: def, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: def}}
-	vs := b.binds.VirtualService(host)
-	if vs == nil {
-		return tp
-	}
-	for _, r := range vs.Spec.GetTcp() {
-		if !b.l4Matches(r.GetMatch(), port) {
-			continue
-		}
-		dests := translate.WeightedDestinations(b.snap.Services, r.GetRoute(), vs.Namespace, host, port)
-		switch len(dests) {
-		case 0:
-			continue
-		case 1:
-			tp.StatPrefix = dests[0].Cluster
-			tp.ClusterSpecifier = &tcpv3.TcpProxy_Cluster{Cluster: dests[0].Cluster}
-		default:
-			wc := &tcpv3.TcpProxy_WeightedCluster{}
-			for _, d := range dests {
-				wc.Clusters = append(wc.Clusters, &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: d.Cluster, Weight: d.Weight})
+// tcpRouteChains are the chains of a port from the tcp routes of its VirtualService, as
+// istiod's, each a copy of base (the service's chain on one address): the routes apply in
+// order, those whose matches for this sidecar and port all name destinationSubnets as chains
+// on those ranges, until one applies to every destination of base; else the service's own
+// cluster takes the rest.
+func (b *builder) tcpRouteChains(base tcpChain, port uint32) []tcpChain {
+	def := ClusterName(port, "", base.host)
+	var out []tcpChain
+	if vs := b.binds.VirtualService(base.host); vs != nil {
+		for _, r := range vs.Spec.GetTcp() {
+			tp := b.routeProxy(vs, r.GetRoute(), base.host, port, def)
+			if tp == nil {
+				continue
 			}
-			tp.ClusterSpecifier = &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}
+			all := len(r.GetMatch()) == 0
+			var subnets []string
+			for _, m := range r.GetMatch() {
+				if !b.l4Applies(m, port) {
+					continue
+				}
+				if len(m.GetDestinationSubnets()) == 0 {
+					all = true
+					break
+				}
+				subnets = append(subnets, m.GetDestinationSubnets()...)
+			}
+			c := base
+			c.proxy = tp
+			if all {
+				return append(out, c)
+			}
+			if len(subnets) == 0 {
+				continue
+			}
+			c.cidrs = subnets
+			out = append(out, c)
+			if c.sameMatch(base) {
+				return out
+			}
 		}
-		return tp
 	}
-	return tp
+	base.proxy = &tcpv3.TcpProxy{StatPrefix: def, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: def}}
+	return append(out, base)
 }
 
-// l4Matches reports whether any of a tcp route's matches (none = all) applies to this sidecar
-// and port; address and SNI conditions cannot narrow a per-service listener and are ignored.
-func (b *builder) l4Matches(ms []*networking.L4MatchAttributes, port uint32) bool {
-	if len(ms) == 0 {
-		return true
+// routeProxy is the tcp_proxy to a tcp or tls route's destinations, nil when none is usable;
+// statPrefix names the stats of a weighted split.
+func (b *builder) routeProxy(vs *model.Config[*networking.VirtualService], routes []*networking.RouteDestination,
+	host string, port uint32, statPrefix string) *tcpv3.TcpProxy {
+	dests := translate.WeightedDestinations(b.snap.Services, routes, vs.Namespace, host, port)
+	switch len(dests) {
+	case 0:
+		return nil
+	case 1:
+		return &tcpv3.TcpProxy{StatPrefix: dests[0].Cluster, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: dests[0].Cluster}}
 	}
-	for _, m := range ms {
-		if m.GetPort() != 0 && m.GetPort() != port {
-			continue
-		}
-		if !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), m.GetGateways()) {
-			continue
-		}
-		return true
+	wc := &tcpv3.TcpProxy_WeightedCluster{}
+	for _, d := range dests {
+		wc.Clusters = append(wc.Clusters, &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: d.Cluster, Weight: d.Weight})
 	}
-	return false
+	return &tcpv3.TcpProxy{StatPrefix: statPrefix, ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}}
+}
+
+// tlsRouteChains are the chains the tls routes of a TLS port's VirtualService make, as
+// istiod's: one per match that applies to this sidecar and port, matching its sniHosts ("*":
+// any) and its destinationSubnets, else the address's range (cidrs), and forwarding to the
+// route's destinations; of matches alike the first wins. None when no route applies, which
+// leaves the service's own chain.
+func (b *builder) tlsRouteChains(host string, port uint32, cidrs []string) []tcpChain {
+	vs := b.binds.VirtualService(host)
+	if vs == nil {
+		return nil
+	}
+	var out []tcpChain
+	for _, r := range vs.Spec.GetTls() {
+		for _, m := range r.GetMatch() {
+			if (m.GetPort() != 0 && m.GetPort() != port) || !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), m.GetGateways()) {
+				continue
+			}
+			tp := b.routeProxy(vs, r.GetRoute(), host, port, ClusterName(port, "", host))
+			if tp == nil {
+				continue
+			}
+			c := tcpChain{host: host, proto: protoTLS, cidrs: cidrs, proxy: tp}
+			if len(m.GetDestinationSubnets()) > 0 {
+				c.cidrs = m.GetDestinationSubnets()
+			}
+			if !slices.Contains(m.GetSniHosts(), "*") {
+				c.sni = slices.Sorted(slices.Values(m.GetSniHosts()))
+			}
+			if !slices.ContainsFunc(out, c.sameMatch) {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// l4Applies reports whether a tcp route match's conditions on the client and port hold for
+// this sidecar; its destinationSubnets are matched by the proxy (see tcpRouteChains).
+func (b *builder) l4Applies(m *networking.L4MatchAttributes, port uint32) bool {
+	return (m.GetPort() == 0 || m.GetPort() == port) &&
+		b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), m.GetGateways())
 }
 
 // sourceMatches checks a match's conditions on the client: the proxy itself.

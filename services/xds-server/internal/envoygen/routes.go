@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
 
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/translate"
 )
@@ -44,6 +45,9 @@ func (b *builder) sidecarRouteConfig(port uint32) *routev3.RouteConfiguration {
 	rc := &routev3.RouteConfiguration{Name: itoa(port), ValidateClusters: wrapperspb.Bool(false),
 		IgnorePortInHostMatching: true}
 	taken := map[string]bool{}
+	if port == unregisteredHostsPort {
+		rc.VirtualHosts = b.unregisteredHostVirtualHosts(port, taken)
+	}
 	for _, svc := range b.services {
 		for _, p := range b.visiblePorts(svc) {
 			if p.GetNumber() != port || !portProtocol(p).carriesHTTP() {
@@ -74,6 +78,55 @@ func (b *builder) sidecarRouteConfig(port uint32) *routev3.RouteConfiguration {
 	sortByName(rc.VirtualHosts)
 	rc.VirtualHosts = append(rc.VirtualHosts, b.catchAllVirtualHost())
 	return rc
+}
+
+// unregisteredHostsPort is the only port whose routes istiod gives the hosts of VirtualServices
+// that no service of that port answers.
+const unregisteredHostsPort = 80
+
+// unregisteredHostVirtualHosts are the virtual hosts istiod adds to RDS "80" for the hosts of
+// mesh VirtualServices that no service with port 80 answers, such as an external host whose
+// traffic the mesh sends to an egress gateway: named "<host>:80", matching the host alone,
+// with its VirtualService's routes (none if no route applies to this proxy and port). They
+// come before the services' hosts, which lose a domain already taken.
+func (b *builder) unregisteredHostVirtualHosts(port uint32, taken map[string]bool) []*routev3.VirtualHost {
+	var withPort []string
+	for _, svc := range b.services {
+		if slices.ContainsFunc(b.visiblePorts(svc), func(p *discoveryv1.Port) bool { return p.GetNumber() == port }) {
+			withPort = append(withPort, svc.Spec.GetHostname())
+		}
+	}
+	answered := func(host string) bool {
+		return slices.ContainsFunc(withPort, func(h string) bool {
+			return h == host || (strings.Contains(host+h, "*") && (model.HostMatches(host, h) || model.HostMatches(h, host)))
+		})
+	}
+	var out []*routev3.VirtualHost
+	// The mesh VirtualServices the proxy sees (exportTo, Sidecar imports), in istiod's order.
+	for _, vs := range b.binds.VirtualServices() {
+		for _, h := range vs.Spec.GetHosts() {
+			host := strings.ToLower(model.ResolveHost(h, vs.Namespace))
+			if answered(host) {
+				continue
+			}
+			if b.sidecar != nil && !model.SidecarImportsPort(b.sidecar.Spec, b.sidecar.Namespace, vs.Namespace, host, port) {
+				continue
+			}
+			routes := b.httpRoutes(vs, host, port, nil)
+			if len(routes) == 0 {
+				continue
+			}
+			name := host + ":" + itoa(port)
+			if taken[host] {
+				b.report(model.MetricDupDomain, name, "duplicate domain from virtual service: "+name)
+				continue
+			}
+			taken[host] = true
+			out = append(out, &routev3.VirtualHost{Name: name, Domains: []string{host},
+				Routes: routes, IncludeRequestAttemptCount: true})
+		}
+	}
+	return out
 }
 
 // sniffedRouteConfig is RDS "<host>:<port>" of the listener a sniffed service port has on its

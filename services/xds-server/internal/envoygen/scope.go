@@ -2,6 +2,7 @@ package envoygen
 
 import (
 	"log/slog"
+	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
@@ -118,7 +119,8 @@ func (b *builder) visiblePorts(svc *model.Service) []*discoveryv1.Port {
 	var out []*discoveryv1.Port
 	seen := map[uint32]bool{}
 	for _, p := range svc.Spec.GetPorts() {
-		if p.GetNumber() == 0 || seen[p.GetNumber()] || !b.portVisible(svc, p) {
+		// As istiod, no UDP port gets an outbound listener or cluster: Envoy proxies TCP here.
+		if p.GetNumber() == 0 || seen[p.GetNumber()] || strings.EqualFold(p.GetProtocol(), "UDP") || !b.portVisible(svc, p) {
 			continue
 		}
 		seen[p.GetNumber()] = true

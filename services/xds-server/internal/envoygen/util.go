@@ -62,6 +62,28 @@ func newSDSSecret(name string) *tlsv3.SdsSecretConfig {
 	}}
 }
 
+// credentialSDS names a credentialName secret ("kubernetes://<name>", its "-cacert" CA, a
+// "configmap://" CA), which istiod serves over ADS itself (its agent serves only the workload's
+// own certificates) after checking that the proxy may read it. Like istiod, no initial fetch
+// timeout of 0: a secret that never comes must not hold the whole listener or cluster back
+// (without it the TLS handshakes fail, they never fall back to plaintext). Sailplane's
+// xds-server serves no such secrets yet.
+func credentialSDS(name string) *tlsv3.SdsSecretConfig {
+	return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: &corev3.ConfigSource{
+		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+		ResourceApiVersion:    corev3.ApiVersion_V3,
+	}}
+}
+
+// credentialNotServed reports the credentialName secrets (SDS names) the proxy's TLS needs:
+// none reaches it until a Secret SDS server exists, so its handshakes that need them fail.
+func (b *builder) credentialNotServed(names ...string) {
+	for _, n := range names {
+		b.report(model.MetricCredentialNotServed, n, "credentialName secret "+n+
+			" is not served: Sailplane serves no Kubernetes Secrets over SDS yet, so TLS handshakes needing it fail")
+	}
+}
+
 // specOf is the spec of an optional config, nil when there is none.
 func specOf[T proto.Message](c *model.Config[T]) T {
 	if c == nil {

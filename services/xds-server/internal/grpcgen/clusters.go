@@ -27,17 +27,23 @@ type subsetCluster struct {
 func (g *generator) clusters(svc *model.Service, port *discoveryv1.Port,
 	dr *model.Config[*networking.DestinationRule]) []subsetCluster {
 	host := svc.Spec.GetHostname()
-	out := []subsetCluster{{cluster: g.cluster(ClusterName(port.GetNumber(), "", host), svc, dr, port.GetNumber(), "")}}
+	var out []subsetCluster
+	if c := g.cluster(ClusterName(port.GetNumber(), "", host), svc, dr, port.GetNumber(), ""); c != nil {
+		out = append(out, subsetCluster{cluster: c})
+	}
 	if dr == nil {
 		return out
 	}
 	for _, ss := range translate.Subsets(dr.Spec) {
 		name := ClusterName(port.GetNumber(), ss.GetName(), host)
-		out = append(out, subsetCluster{cluster: g.cluster(name, svc, dr, port.GetNumber(), ss.GetName()), subset: ss})
+		if c := g.cluster(name, svc, dr, port.GetNumber(), ss.GetName()); c != nil {
+			out = append(out, subsetCluster{cluster: c, subset: ss})
+		}
 	}
 	return out
 }
 
+// cluster builds one cluster, nil when the rule asks for TLS gRPC cannot be given.
 func (g *generator) cluster(name string, svc *model.Service, dr *model.Config[*networking.DestinationRule], port uint32,
 	subset string) *clusterv3.Cluster {
 	c := &clusterv3.Cluster{
@@ -73,8 +79,13 @@ func (g *generator) cluster(name string, svc *model.Service, dr *model.Config[*n
 			sans = translate.ServiceIdentities(svc, g.snap.Mesh)
 		}
 		c.TransportSocket = istioMutualTLS(sans)
-	case pol.TLS.GetMode() == networking.ClientTLSSettings_SIMPLE, pol.TLS.GetMode() == networking.ClientTLSSettings_MUTUAL:
-		log.Debug("TLS origination is not supported for gRPC clients (nor by istiod); plaintext", "mode", pol.TLS.GetMode().String())
+	case pol.TLS.GetMode() == networking.ClientTLSSettings_DISABLE:
+	default:
+		// gRPC clients take TLS only from certificate providers (no SDS, no files named in
+		// xDS); istiod sends SIMPLE and MUTUAL clusters in plaintext. What the rule asks to
+		// encrypt must not go out in the clear: no cluster, so its RPCs fail.
+		log.Debug("leaving out cluster: its TLS origination cannot be built for gRPC clients", "mode", pol.TLS.GetMode().String())
+		return nil
 	}
 	switch {
 	case lb == nil:

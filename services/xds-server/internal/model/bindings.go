@@ -138,6 +138,16 @@ func resolvedHosts(vs *Config[*networking.VirtualService]) []string {
 	return out
 }
 
+// VirtualServices lists the mesh VirtualServices the viewer sees, in istiod's order of
+// precedence (see VirtualServicesFor).
+func (b *Bindings) VirtualServices() []*Config[*networking.VirtualService] {
+	if b.vsList == nil {
+		// Listed on first use: cache scopes resolve only DestinationRules.
+		b.vsList = nonNil(b.snap.visibleVirtualServices(b.viewer))
+	}
+	return b.vsList
+}
+
 // VirtualService finds the mesh VirtualService the viewer uses for host: the first (see
 // visibleVirtualServices) naming host exactly, else the first with the most specific
 // wildcard matching it.
@@ -145,13 +155,9 @@ func (b *Bindings) VirtualService(host string) *Config[*networking.VirtualServic
 	if vs, ok := b.vs[host]; ok {
 		return vs
 	}
-	if b.vsList == nil {
-		// Listed on first use: cache scopes resolve only DestinationRules.
-		b.vsList = nonNil(b.snap.visibleVirtualServices(b.viewer))
-	}
 	var best *Config[*networking.VirtualService]
 	bestHost := ""
-	for _, vs := range b.vsList {
+	for _, vs := range b.VirtualServices() {
 		for _, h := range vs.Spec.GetHosts() {
 			rh := ResolveHost(h, vs.Namespace)
 			if rh == host {

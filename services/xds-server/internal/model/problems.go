@@ -22,6 +22,14 @@ const (
 	MetricEDSNoInstances = "pilot_eds_no_instances"
 	// MetricEndpointNotReady: a connected proxy's own endpoint is unhealthy (key: the proxy).
 	MetricEndpointNotReady = "pilot_endpoint_not_ready"
+	// MetricClusterTLSRefused (Sailplane's own, istiod has none): a cluster whose
+	// DestinationRule asks for TLS this proxy cannot be given was left out rather than sent
+	// without that TLS (key: the cluster).
+	MetricClusterTLSRefused = "sailplane_cluster_tls_refused"
+	// MetricCredentialNotServed (Sailplane's own): a gateway's TLS needs a credentialName
+	// secret, which Sailplane does not serve over SDS yet; the handshakes needing it fail
+	// (key: the SDS resource, "kubernetes://<name>").
+	MetricCredentialNotServed = "sailplane_credential_not_served"
 )
 
 // Problem is one entry of the push status: istiod's ProxyPushStatus under its metric and key.
