@@ -1,6 +1,7 @@
 package model
 
 import (
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -372,6 +373,15 @@ func TestForNamespace(t *testing.T) {
 	}
 	check(snap, "b", false, "b", "198.18.0.20")
 	check(snap, "a", false, "a", "198.18.0.1")
+	// b's endpoint joins the mesh: clusters that verify it (auto mTLS) are rebuilt for b.
+	inMesh := eps("b", "198.18.0.20")
+	inMesh.Body.(*discoveryv1.Endpoints).Endpoints[0].Labels = map[string]string{TLSModeLabel: "istio"}
+	apply(bus.Change{TypeURL: schema.Endpoints.TypeURL, Updated: []*bus.Resource{inMesh}})
+	if _, ch := s.Next(); !ch.Full || !slices.ContainsFunc(slices.Collect(maps.Keys(ch.Configs)), func(k ConfigKey) bool {
+		return k.Kind == EndpointTLSKind && k.Namespace == "b"
+	}) {
+		t.Errorf("the hidden service's endpoint joining the mesh: change %+v, want an EndpointTLS change of b", ch.Configs)
+	}
 	if s := (&Snapshot{Services: snap.Services}); s.ForNamespace("b", false) != s {
 		t.Error("ForNamespace copied a snapshot without shadowed services")
 	}

@@ -329,14 +329,19 @@ const EndpointTLSKind = "EndpointTLS"
 // pushed. Rare: identities and mesh labels seldom change as pods come and go.
 func (s *Store) noteEndpointTLS(ch *Change, snap *Snapshot) {
 	for h := range ch.Endpoints {
-		old, cur := s.current.Services[h], snap.Services[h]
-		if old == nil || cur == nil || sameEndpointTLS(old.Endpoints, cur.Endpoints) {
-			continue
+		// Every namespace's service of the hostname (see ForNamespace), in the same order in
+		// both snapshots: an endpoints-only change keeps the services.
+		olds := append([]*Service{s.current.Services[h]}, s.current.shadowed[h]...)
+		curs := append([]*Service{snap.Services[h]}, snap.shadowed[h]...)
+		for i, cur := range curs {
+			if i >= len(olds) || olds[i] == nil || cur == nil || sameEndpointTLS(olds[i].Endpoints, cur.Endpoints) {
+				continue
+			}
+			ch.Full = true
+			key := ConfigKey{Kind: EndpointTLSKind, Namespace: cur.Spec.GetNamespace(), Name: h}
+			ch.addConfig(key, ExportVisibility(cur.Spec.GetNamespace(), cur.Spec.GetExportTo()))
+			ch.addHosts(key, HostSet{Hosts: []HostRef{{Namespace: cur.Spec.GetNamespace(), Hostname: h}}})
 		}
-		ch.Full = true
-		key := ConfigKey{Kind: EndpointTLSKind, Namespace: cur.Spec.GetNamespace(), Name: h}
-		ch.addConfig(key, ExportVisibility(cur.Spec.GetNamespace(), cur.Spec.GetExportTo()))
-		ch.addHosts(key, HostSet{Hosts: []HostRef{{Namespace: cur.Spec.GetNamespace(), Hostname: h}}})
 	}
 	if ch.Full {
 		snap.ConfigVersion = s.version
