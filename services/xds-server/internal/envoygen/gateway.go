@@ -251,16 +251,13 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 	return out
 }
 
-// boundVirtualServices are the VirtualServices attached to a gateway, oldest first.
+// boundVirtualServices are the VirtualServices attached to a gateway that the gateway proxy's
+// namespace sees (exportTo), in istiod's precedence: its namespace's own, those exported to it
+// by name, then the public ones, each oldest first.
 func (b *builder) boundVirtualServices(gateway string) []*model.Config[*networking.VirtualService] {
-	var out []*model.Config[*networking.VirtualService]
-	for i := range b.snap.VirtualServices {
-		vs := &b.snap.VirtualServices[i]
-		if slices.ContainsFunc(vs.Spec.GetGateways(), func(g string) bool { return qualifyGateway(g, vs.Namespace) == gateway }) {
-			out = append(out, vs)
-		}
-	}
-	return out
+	return b.snap.VirtualServicesFor(b.proxy.Namespace, func(vs *model.Config[*networking.VirtualService]) bool {
+		return slices.ContainsFunc(vs.Spec.GetGateways(), func(g string) bool { return qualifyGateway(g, vs.Namespace) == gateway })
+	})
 }
 
 // passthroughChains route TLS by SNI without terminating it, from the VirtualServices' tls
