@@ -34,7 +34,8 @@ import (
 //     than the IPs themselves, so every replica of a workload shares them;
 //   - for clusters and endpoints, when some DestinationRule or the mesh could turn locality
 //     load balancing on, the proxy's locality and its values of the labels failoverPriority
-//     names (DNS clusters carry their endpoints inline).
+//     names (DNS clusters carry their endpoints inline);
+//   - for clusters, whether the proxy has only IPv6 addresses (DNS clusters' lookup family).
 //
 // Endpoints are cached by the xds server per host on top of this (EndpointsVersion).
 func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL string) string {
@@ -64,6 +65,9 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 	}
 	if ix.localityLB && (typeURL == resourcev3.ClusterType || typeURL == resourcev3.EndpointType) {
 		b.WriteString(translate.LocalityKey(snap, proxy, ix.failoverLabelKeys))
+	}
+	if typeURL == resourcev3.ClusterType && ipv6Only(proxy.IPs) {
+		b.WriteString("/v6")
 	}
 	if (typeURL == resourcev3.ListenerType || typeURL == resourcev3.RouteType) && proxy.IsSidecar() &&
 		len(proxy.IPs) > 0 && slices.ContainsFunc(ix.byIP[proxy.IPs[0]], func(e ipEndpoint) bool {

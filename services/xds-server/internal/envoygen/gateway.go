@@ -203,7 +203,7 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 			serverPort := s.server.GetPort().GetNumber()
 			switch {
 			case s.terminates() && strings.EqualFold(s.server.GetPort().GetProtocol(), "HTTPS"):
-				hcm := b.hcm("outbound_"+name, s.httpRouteName(), nil, true)
+				hcm := b.hcm("outbound_"+name, s.httpRouteName(), nil, hcmGateway)
 				addChain(&listenerv3.FilterChain{
 					FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: sniNames(serverHosts(s, ""))},
 					Filters:          []*listenerv3.Filter{hcmFilterOf(hcm)},
@@ -215,7 +215,7 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 				}
 				httpDone = true
 				addChain(&listenerv3.FilterChain{Filters: []*listenerv3.Filter{
-					hcmFilterOf(b.hcm("outbound_"+name, s.httpRouteName(), nil, true))}})
+					hcmFilterOf(b.hcm("outbound_"+name, s.httpRouteName(), nil, hcmGateway))}})
 			case s.passthrough():
 				for _, fc := range b.passthroughChains(s, serverPort) {
 					addChain(fc)

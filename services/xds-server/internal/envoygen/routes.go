@@ -158,6 +158,7 @@ func (b *builder) catchAllVirtualHost() *routev3.VirtualHost {
 			Routes: []*routev3.Route{{Name: "allow_any", Match: match, Action: &routev3.Route_Route{Route: &routev3.RouteAction{
 				ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: PassthroughCluster},
 				Timeout:          durationpb.New(0),
+				MaxGrpcTimeout:   durationpb.New(0), //nolint:staticcheck // as istiod, see forwardAction
 			}}}}}
 	}
 	return &routev3.VirtualHost{Name: "block_all", Domains: []string{"*"}, IncludeRequestAttemptCount: true,
@@ -166,7 +167,9 @@ func (b *builder) catchAllVirtualHost() *routev3.VirtualHost {
 }
 
 func (b *builder) defaultRoute(host string, port uint32) *routev3.Route {
-	return translate.DefaultRoute(ClusterName(port, "", host), b.hashPolicy(host, port, ""))
+	r := translate.DefaultRoute(ClusterName(port, "", host), b.hashPolicy(host, port, ""))
+	r.GetRoute().MaxGrpcTimeout = r.GetRoute().GetTimeout() //nolint:staticcheck // as istiod, see forwardAction
+	return r
 }
 
 // gatewayFilter says which gateway-level match conditions a route must meet: nil for the
@@ -297,6 +300,10 @@ func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port 
 	if t := hr.GetTimeout(); t != nil {
 		act.Timeout = t
 	}
+	// As istiod: a gRPC client's grpc-timeout header bounds the request, up to the route's
+	// timeout (0: no cap). istiod sets the deprecated field, as its replacement
+	// (max_stream_duration) regressed in Envoy.
+	act.MaxGrpcTimeout = act.Timeout //nolint:staticcheck // see above
 	act.RetryPolicy = translate.RetryPolicy(hr.GetRetries())
 	if rw := hr.GetRewrite(); rw != nil {
 		if u := rw.GetUri(); u != "" {
