@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode"
 
@@ -21,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"sigs.k8s.io/yaml"
 
+	"sailplane.dev/shared/capture"
 	"sailplane.dev/shared/mesh"
 )
 
@@ -259,7 +262,53 @@ func (s *templateSet) templateData(pod *corev1.Pod, revision string, mc *meshv1a
 	}
 	data.ProxyResources = res
 	data.ProxyUID, data.ProxyGID = proxyIDs(&stripped.Spec, proxyValues["uid"])
+	cc, err := podCapture(meta.Annotations, pc, data.ProxyUID, data.ProxyGID)
+	if err != nil {
+		return nil, err
+	}
+	if cc.Mode == capture.TProxy {
+		// TPROXY keeps inbound packets' destination; the proxy must then be uid 1337, whose
+		// traffic the rules return (Istio's template forces it too).
+		data.ProxyUID, data.ProxyGID = capture.ProxyUID, capture.ProxyUID
+	}
+	pilot, _ := values["pilot"].(map[string]any)
+	cni, _ := pilot["cni"].(map[string]any)
+	data.CNI, _ = cni["enabled"].(bool)
+	if cc.Mode != capture.None {
+		data.CaptureArgs = cc.Args()
+	}
 	return data, nil
+}
+
+// podCapture is what the pod's capture installs: its annotations over Istio's defaults, the
+// proxy's uid/gid never captured, the status port never captured inbound, DNS captured when
+// the proxy's metadata says so.
+func podCapture(annotations map[string]string, pc *meshv1alpha1.ProxyConfig, uid, gid int64) (capture.Config, error) {
+	base := capture.Default()
+	base.ProxyUIDs, base.ProxyGIDs = []uint32{uint32(uid)}, []uint32{uint32(gid)}
+	if _, ok := annotations[capture.AnnotationStatusPort]; !ok && pc.GetStatusPort() > 0 {
+		// The agent's status port is the ProxyConfig's: the one the rules leave alone.
+		annotations = maps.Clone(annotations)
+		if annotations == nil {
+			annotations = map[string]string{}
+		}
+		annotations[capture.AnnotationStatusPort] = strconv.Itoa(int(pc.GetStatusPort()))
+	}
+	c, err := capture.FromAnnotations(annotations, base)
+	if err != nil {
+		return capture.Config{}, err
+	}
+	if p := pc.GetStatusPort(); p > 0 {
+		c.ExcludeInboundPorts = capture.ExcludeInbound(c.ExcludeInboundPorts, uint16(p))
+	}
+	if v, ok := pc.GetProxyMetadata()["ISTIO_META_DNS_CAPTURE"]; ok {
+		dns, err := strconv.ParseBool(v)
+		if err != nil {
+			return capture.Config{}, fmt.Errorf("proxyMetadata ISTIO_META_DNS_CAPTURE (mesh defaultConfig or annotation %s): %q is not a boolean", annoProxyConfig, v)
+		}
+		c.DNS = dns
+	}
+	return c, nil
 }
 
 var envoyLevels = []string{"trace", "debug", "info", "warning", "warn", "error", "critical", "off"}
