@@ -59,7 +59,7 @@ func (o *CommandOptions) Run(ctx context.Context, log *slog.Logger, out io.Write
 	opts := Options{}
 	switch o.IPv6 {
 	case "auto":
-		opts.IPv6 = hasIPv6()
+		opts.IPv6 = HasIPv6()
 	case "true":
 		opts.IPv6 = true
 	case "false":
@@ -113,9 +113,9 @@ func (o *CommandOptions) Run(ctx context.Context, log *slog.Logger, out io.Write
 	return nil
 }
 
-// hasIPv6 is whether an interface has a global IPv6 address (a pod with an IPv6 address,
+// HasIPv6 is whether an interface has a global IPv6 address (a pod with an IPv6 address,
 // alone or dual-stack, gets the IPv6 rules).
-func hasIPv6() bool {
+func HasIPv6() bool {
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
 		return false

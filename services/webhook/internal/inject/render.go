@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -280,35 +279,19 @@ func (s *templateSet) templateData(pod *corev1.Pod, revision string, mc *meshv1a
 	return data, nil
 }
 
-// podCapture is what the pod's capture installs: its annotations over Istio's defaults, the
-// proxy's uid/gid never captured, the status port never captured inbound, DNS captured when
-// the proxy's metadata says so.
+// podCapture is what the pod's capture installs (shared/capture's ForPod, as the CNI plugin
+// computes it): the proxy's uid/gid and status port never captured, DNS captured when the
+// proxy's metadata says so.
 func podCapture(annotations map[string]string, pc *meshv1alpha1.ProxyConfig, uid, gid int64) (capture.Config, error) {
-	base := capture.Default()
-	base.ProxyUIDs, base.ProxyGIDs = []uint32{uint32(uid)}, []uint32{uint32(gid)}
-	if _, ok := annotations[capture.AnnotationStatusPort]; !ok && pc.GetStatusPort() > 0 {
-		// The agent's status port is the ProxyConfig's: the one the rules leave alone.
-		annotations = maps.Clone(annotations)
-		if annotations == nil {
-			annotations = map[string]string{}
-		}
-		annotations[capture.AnnotationStatusPort] = strconv.Itoa(int(pc.GetStatusPort()))
-	}
-	c, err := capture.FromAnnotations(annotations, base)
-	if err != nil {
-		return capture.Config{}, err
-	}
-	if p := pc.GetStatusPort(); p > 0 {
-		c.ExcludeInboundPorts = capture.ExcludeInbound(c.ExcludeInboundPorts, uint16(p))
-	}
+	p := capture.Proxy{UID: uint32(uid), GID: uint32(gid), StatusPort: uint16(pc.GetStatusPort())}
 	if v, ok := pc.GetProxyMetadata()["ISTIO_META_DNS_CAPTURE"]; ok {
 		dns, err := strconv.ParseBool(v)
 		if err != nil {
 			return capture.Config{}, fmt.Errorf("proxyMetadata ISTIO_META_DNS_CAPTURE (mesh defaultConfig or annotation %s): %q is not a boolean", annoProxyConfig, v)
 		}
-		c.DNS = dns
+		p.DNS = dns
 	}
-	return c, nil
+	return capture.ForPod(annotations, p)
 }
 
 var envoyLevels = []string{"trace", "debug", "info", "warning", "warn", "error", "critical", "off"}
