@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -151,6 +152,14 @@ func testRestrictedPodSecurity(t *testing.T, client kubernetes.Interface) {
 			var injected corev1.Pod
 			if err := json.Unmarshal(applyPatch(t, pod, resp.Patch), &injected); err != nil {
 				t.Fatal(err)
+			}
+			if tc.inj == cniMode {
+				// No istio-init: the validation container, first, as the proxy's user (the pod's
+				// runAsUser), the one the rules return.
+				v := injected.Spec.InitContainers[0]
+				if v.Name != "istio-validation" || !slices.Contains(v.Args, "--validate") || v.SecurityContext == nil || v.SecurityContext.RunAsUser == nil || *v.SecurityContext.RunAsUser != 65532 || !slices.Contains(v.Args, "65532") {
+					t.Errorf("CNI mode: first init container %s %q, want istio-validation running --validate as the proxy's uid 65532", v.Name, v.Args)
+				}
 			}
 			_, err := client.CoreV1().Pods("restricted").Create(ctx, &injected, metav1.CreateOptions{})
 			switch {
