@@ -49,13 +49,43 @@ func pluginBinary(t testing.TB) string {
 	return pluginBin
 }
 
+var (
+	agentOnce sync.Once
+	agentBin  string
+	agentErr  error
+	agentOut  []byte
+)
+
+// agentBinary builds the agent once: its `capture --validate` is what CNI mode's validation
+// init container runs in the pod.
+func agentBinary(t testing.TB) string {
+	t.Helper()
+	agentOnce.Do(func() {
+		agentBin = filepath.Join(filepath.Dir(pluginBinary(t)), "agent")
+		agentOut, agentErr = exec.Command("go", "build", "-o", agentBin, "sailplane.dev/services/agent/cmd").CombinedOutput()
+	})
+	if agentErr != nil {
+		t.Fatalf("go build the agent: %v\n%s", agentErr, agentOut)
+	}
+	return agentBin
+}
+
+// validate runs the validation init container's command in netns, as the proxy's uid 1337
+// without capabilities.
+func validate(t testing.TB, netns string) (string, error) {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", netns, "setpriv", "--reuid=1337", "--regid=1337", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
+		agentBinary(t), "capture", "--validate", "--validate-timeout=2s").CombinedOutput()
+	return string(out), err
+}
+
 // needRoot fails (never skips) a test that needs root and the capture tools.
 func needRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("this test creates network namespaces and installs rules: it needs root (CI runs as root)")
 	}
-	for _, tool := range []string{"ip", "nft", "iptables-restore", "iptables-save", "ip6tables-save"} {
+	for _, tool := range []string{"ip", "nft", "iptables-restore", "iptables-save", "ip6tables-save", "setpriv"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s is not installed: apt-get install -y iproute2 iptables nftables (.ci/run does it): %v", tool, err)
 		}
@@ -209,7 +239,9 @@ func netConf(t testing.TB, kubeconfig, backend string) map[string]any {
 // API server holding the pods: an injected pod gets the rules `agent capture` installs (both
 // backends), with its annotations; the previous result comes back unchanged; a second ADD
 // changes nothing; pods not injected, or in an excluded namespace, are untouched; a bad
-// annotation fails ADD naming it; DEL and CHECK succeed; VERSION answers.
+// annotation fails ADD naming it; DEL and CHECK succeed; VERSION answers. The validation init
+// container's check (`agent capture --validate`, as uid 1337) passes on the plugin's rules and
+// fails where the plugin passed the pod through.
 func TestPlugin(t *testing.T) {
 	needRoot(t)
 	bin := pluginBinary(t)
@@ -275,6 +307,10 @@ func TestPlugin(t *testing.T) {
 			if again := rules(t, netns); again != installed {
 				t.Errorf("a second ADD changed the rules:\n%s", again)
 			}
+			// The validation init container, which runs next in the pod, sees the capture.
+			if out, err := validate(t, netns); err != nil {
+				t.Errorf("the validation fails on the plugin's rules: %v\n%s", err, out)
+			}
 			for _, command := range []string{"CHECK", "DEL"} {
 				call.command = command
 				if out, err := call.invoke(t); err != nil {
@@ -300,6 +336,12 @@ func TestPlugin(t *testing.T) {
 			checkEchoed(t, out)
 			if after := rules(t, netns); after != before {
 				t.Errorf("ADD changed the namespace of a pod it should pass through:\n%s", after)
+			}
+			if tc.name == "excluded-namespace" {
+				// Such a pod, had it been injected in CNI mode, fails its validation.
+				if out, err := validate(t, netns); err == nil {
+					t.Errorf("the validation passes in a namespace the plugin passed through:\n%s", out)
+				}
 			}
 		})
 	}
