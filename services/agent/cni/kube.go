@@ -147,8 +147,8 @@ type container struct {
 	} `json:"securityContext"`
 }
 
-// errNotFound is a pod the API server does not have.
-var errNotFound = errors.New("not found")
+// errFinal is an answer asking again will not change (refused, not found): ADD fails at once.
+var errFinal = errors.New("the API server's answer is final")
 
 // getPod asks the API server for namespace/name.
 func (c *kubeClient) getPod(ctx context.Context, namespace, name string) (*pod, error) {
@@ -176,11 +176,18 @@ func (c *kubeClient) getPod(ctx context.Context, namespace, name string) (*pod, 
 	if err != nil {
 		return nil, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
 	}
+	// A refusal is a Status whose message says why.
+	msg := strings.TrimSpace(string(body))
+	var status struct{ Message string }
+	if json.Unmarshal(body, &status) == nil && status.Message != "" {
+		msg = status.Message
+	}
 	switch {
-	case resp.StatusCode == http.StatusNotFound:
-		return nil, fmt.Errorf("get pod %s/%s: %w", namespace, name, errNotFound)
-	case resp.StatusCode != http.StatusOK:
-		return nil, fmt.Errorf("get pod %s/%s: %s: %s", namespace, name, resp.Status, strings.TrimSpace(string(body)))
+	case resp.StatusCode == http.StatusOK:
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500:
+		return nil, fmt.Errorf("get pod %s/%s: %s: %s", namespace, name, resp.Status, msg)
+	default: // 401, 403, 404: the token, the RBAC or the pod is wrong
+		return nil, fmt.Errorf("get pod %s/%s: %s: %s (%w)", namespace, name, resp.Status, msg, errFinal)
 	}
 	var p pod
 	if err := json.Unmarshal(body, &p); err != nil {

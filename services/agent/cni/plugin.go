@@ -9,6 +9,7 @@ package cni
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -52,8 +53,9 @@ type k8sArgs struct {
 type Plugin struct {
 	Stdout io.Writer
 	Stderr io.Writer
-	// PodTimeout bounds how long ADD retries the API server for the pod (default 30 s: the
-	// runtime retries a failed ADD, but a control-plane blip should not fail pod starts).
+	// PodTimeout bounds how long ADD retries the API server for the pod when it cannot be
+	// reached or answers 5xx/429 (default 30 s: the runtime retries a failed ADD, but a
+	// control-plane blip should not fail pod starts); a refusal or a missing pod fails at once.
 	PodTimeout time.Duration
 }
 
@@ -158,6 +160,9 @@ func (p *Plugin) podCapture(conf *NetConf, args *skel.CmdArgs, log *slog.Logger)
 		pd, err = kube.getPod(ctx, ns, name)
 		if err == nil {
 			break
+		}
+		if errors.Is(err, errFinal) {
+			return nil, "", fmt.Errorf("sailplane-cni: %w", err)
 		}
 		log.Debug("get pod", "error", err)
 		select {

@@ -365,6 +365,14 @@ func TestPlugin(t *testing.T) {
 		}
 	})
 
+	t.Run("pod-not-found", func(t *testing.T) {
+		// The API server's answer is final: ADD fails at once, naming the pod.
+		out, err := cniEnv{bin: bin, command: "ADD", netns: newNetns(t), namespace: "demo", pod: "ghost", conf: conf("nftables")}.invoke(t)
+		if err == nil || !strings.Contains(string(out), `pods \"ghost\" not found`) {
+			t.Errorf("ADD for a pod the API server does not have: %v: %s", err, out)
+		}
+	})
+
 	t.Run("version", func(t *testing.T) {
 		out, err := cniEnv{bin: bin, command: "VERSION", netns: "x", conf: map[string]any{"cniVersion": "1.0.0"}}.invoke(t)
 		if err != nil || !strings.Contains(string(out), `"1.0.0"`) {
