@@ -25,6 +25,10 @@ type CommandOptions struct {
 	DryRun     bool
 	Cleanup    bool
 	ResolvConf string
+	// Validate checks capture instead of installing it (the validation init container of CNI
+	// mode), for ValidateTimeout.
+	Validate        bool
+	ValidateTimeout time.Duration
 }
 
 // AddFlags registers the command's flags.
@@ -35,6 +39,8 @@ func (o *CommandOptions) AddFlags(cmd *cobra.Command) {
 	fs.StringVar(&o.IPv6, "ipv6", "auto", "install the IPv6 rules: true, false, or auto: when the namespace has a global IPv6 address")
 	fs.BoolVarP(&o.DryRun, "dry-run", "n", false, "print the rules instead of installing them")
 	fs.BoolVar(&o.Cleanup, "cleanup-only", false, "remove the capture rules (either backend) and routes, install nothing")
+	fs.BoolVar(&o.Validate, "validate", false, "check that capture is in place (connect through the capture ports, read the original destination) instead of installing it; run as the proxy's uid, without capabilities (CNI mode's validation)")
+	fs.DurationVar(&o.ValidateTimeout, "validate-timeout", 5*time.Second, "how long --validate waits for a captured connection")
 	fs.StringVar(&o.ResolvConf, "resolv-conf", "/etc/resolv.conf", "where DNS capture reads the servers to capture, without --dns-servers")
 }
 
@@ -45,6 +51,12 @@ func (o *CommandOptions) Run(ctx context.Context, log *slog.Logger, out io.Write
 	cfg, err := o.Capture.Config()
 	if err != nil {
 		return err
+	}
+	if o.Validate {
+		if cfg.Mode == capture.None {
+			return nil
+		}
+		return Validate(ctx, log, cfg.ProxyPort, cfg.InboundCapturePort, o.ValidateTimeout)
 	}
 	if cfg.DNS && !cfg.CaptureAllDNS && !o.Capture.DNSServersSet() {
 		servers, err := resolvServers(o.ResolvConf)
@@ -59,7 +71,7 @@ func (o *CommandOptions) Run(ctx context.Context, log *slog.Logger, out io.Write
 	opts := Options{}
 	switch o.IPv6 {
 	case "auto":
-		opts.IPv6 = hasIPv6()
+		opts.IPv6 = HasIPv6()
 	case "true":
 		opts.IPv6 = true
 	case "false":
@@ -113,9 +125,9 @@ func (o *CommandOptions) Run(ctx context.Context, log *slog.Logger, out io.Write
 	return nil
 }
 
-// hasIPv6 is whether an interface has a global IPv6 address (a pod with an IPv6 address,
+// HasIPv6 is whether an interface has a global IPv6 address (a pod with an IPv6 address,
 // alone or dual-stack, gets the IPv6 rules).
-func hasIPv6() bool {
+func HasIPv6() bool {
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
 		return false
