@@ -15,6 +15,7 @@ LDFLAGS := $(if $(VERSION),-X sailplane.dev/shared/version.Version=$(VERSION))
 build:
 	@mkdir -p $(BIN)
 	@for s in $(SERVICES); do $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/$$s ./services/$$s/cmd || exit 1; done
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sailplane-cni ./services/agent/cmd/sailplane-cni
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sailplanectl ./tools/sailplanectl
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/demo ./tools/demo
 
