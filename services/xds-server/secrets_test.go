@@ -99,6 +99,54 @@ func TestCredentialSecrets(t *testing.T) {
 		t.Fatalf("after the update: got %d secrets, want the new key pair", len(got))
 	}
 
+	// Delta ADS (Istio's proxies' default): the same, and a name that cannot be served is
+	// answered as removed (not there), so the proxy waits for it.
+	delta := deltaStream(t, srv.SecureAddr().String(), creds("gw", "ingress"))
+	dresp, err := delta.send(t, &discoverygrpc.DeltaDiscoveryRequest{TypeUrl: resourcev3.SecretType, Node: gatewayNode("gw", "ingress"),
+		ResourceNamesSubscribe: []string{"kubernetes://gw-cert", "kubernetes://bad-cert"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dresp.GetResources()) == 0 {
+		dresp, err = delta.recv() // the removal may come first
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var dsec tlsv3.Secret
+	if len(dresp.GetResources()) != 1 || dresp.GetResources()[0].GetResource().UnmarshalTo(&dsec) != nil ||
+		!bytes.Equal(dsec.GetTlsCertificate().GetCertificateChain().GetInlineBytes(), certPEM2) {
+		t.Fatalf("delta: got %d resources, want the key pair of kubernetes://gw-cert", len(dresp.GetResources()))
+	}
+
+	// The Secret goes bad: reported, and the proxy keeps what it holds (no removal, nothing
+	// weaker); fixed, the new pair is the next thing it is sent.
+	gwCert.Data = map[string][]byte{"tls.crt": []byte("garbage"), "tls.key": keyPEM2, "ca.crt": caPEM}
+	if gwCert, err = secrets.Update(ctx, gwCert, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, func() bool {
+		return strings.Contains(srv.pushStatus()["sailplane_credential_not_served"]["kubernetes://gw/gw-cert"].Message, `key "tls.crt"`)
+	})
+	certPEM3, keyPEM3 := keyPairPEM(t, gwCA, "www.example.com")
+	gwCert.Data = map[string][]byte{"tls.crt": certPEM3, "tls.key": keyPEM3, "ca.crt": caPEM}
+	if _, err := secrets.Update(ctx, gwCert, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if dresp, err = delta.recv(); err != nil {
+		t.Fatal(err)
+	}
+	if len(dresp.GetRemovedResources()) > 0 || len(dresp.GetResources()) != 1 || dresp.GetResources()[0].GetResource().UnmarshalTo(&dsec) != nil ||
+		!bytes.Equal(dsec.GetTlsCertificate().GetCertificateChain().GetInlineBytes(), certPEM3) {
+		t.Fatalf("delta after the Secret went bad and was fixed: removed %v, %d resources; want only the new pair",
+			dresp.GetRemovedResources(), len(dresp.GetResources()))
+	}
+	// The state-of-the-world stream was sent nothing while the Secret was bad, then the new pair.
+	resp = gateway.ackAndRecv(t, resp)
+	if got := secretsOf(t, resp); len(got) != 1 || !bytes.Equal(got[0].GetTlsCertificate().GetCertificateChain().GetInlineBytes(), certPEM3) {
+		t.Fatalf("SotW after the Secret went bad and was fixed: got %d secrets, want the new pair", len(got))
+	}
+
 	// "-cacert": the validation context of the Secret's ca.crt, to an account without RBAC too.
 	for _, sa := range []string{"ingress", "norbac"} {
 		s := sdsStream(t, srv.SecureAddr().String(), creds("gw", sa), gatewayNode("gw", sa))
@@ -152,6 +200,34 @@ func TestCredentialSecrets(t *testing.T) {
 		})
 	}
 }
+
+type deltaSDS struct {
+	stream discoverygrpc.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
+}
+
+func deltaStream(t *testing.T, addr string, creds credentials.TransportCredentials) *deltaSDS {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	stream, err := discoverygrpc.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(streamContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &deltaSDS{stream: stream}
+}
+
+func (d *deltaSDS) send(t *testing.T, req *discoverygrpc.DeltaDiscoveryRequest) (*discoverygrpc.DeltaDiscoveryResponse, error) {
+	t.Helper()
+	if err := d.stream.Send(req); err != nil {
+		return nil, err
+	}
+	return d.recv()
+}
+
+func (d *deltaSDS) recv() (*discoverygrpc.DeltaDiscoveryResponse, error) { return d.stream.Recv() }
 
 // keyPairPEM is a serving certificate for host from ca, and its key, in PEM.
 func keyPairPEM(t *testing.T, ca *pki.Authority, host string) (cert, key []byte) {

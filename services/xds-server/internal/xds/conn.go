@@ -526,10 +526,14 @@ func (c *conn) sync(snap *model.Snapshot, w *watch, onlyHosts map[string]struct{
 	}
 	// Removals: what the client holds that it should not.
 	var removed []string
+	// A secret the proxy holds and still asks for stays with it when it can no longer be
+	// built (its Secret went bad or away), as istiod's SDS leaves it: removing it would take
+	// down the listeners using it, and the proxy's copy is no weaker than what it was given.
+	keepHeld := w.typeURL == resourcev3.SecretType && c.s.opts.Secrets != nil
 	if onlyHosts == nil {
 		if w.client.base != st || len(w.client.over) > 0 || !w.wildcard {
 			w.client.names(func(name string) {
-				if e := st.entries[name]; e == nil || !inScope(name) {
+				if e := st.entries[name]; (e == nil && !(keepHeld && inScope(name))) || !inScope(name) {
 					removed = append(removed, name)
 				}
 			})
