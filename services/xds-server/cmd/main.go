@@ -4,12 +4,15 @@ package main
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
 	"sailplane.dev/shared/telemetry"
@@ -30,6 +33,8 @@ func main() {
 		certDir     string
 		caBus       string
 		identity    serviceid.Flags
+		creds       string
+		credsKube   string
 	)
 	cmd := &cobra.Command{
 		Use:   "xds-server",
@@ -60,6 +65,12 @@ func main() {
 				deps.TLS = xdsserver.ServingTLS(workloadcert.GetCertificate(certs))
 			default:
 				return errors.New("--xds-tls-listen needs a certificate: --ca-address (this server's own, with istiod's names) or --tls-cert-dir (the folder where the ca keeps one, ca --serving-cert-dir)")
+			}
+			if deps.Credentials, err = credentialsCluster(creds, credsKube); err != nil {
+				return err
+			}
+			if deps.Credentials != nil {
+				log.Info("serving credentialName secrets from Kubernetes")
 			}
 			srv, err := xdsserver.New(cfg, deps)
 			if err != nil {
@@ -93,5 +104,31 @@ func main() {
 	cmd.Flags().StringVar(&certDir, "tls-cert-dir", "", "folder holding the TLS listener's certificate (tls.crt, tls.key), kept by the ca (--serving-cert-dir) or a mounted kubernetes.io/tls Secret, instead of this server's own; re-read when it changes")
 	identity.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")
+	cmd.Flags().StringVar(&creds, "credentials", "false", "serve credentialName secrets (kubernetes://<name>, and <name>-cacert) over SDS from this cluster's Secrets, "+
+		"to the proxies allowed to read them (needs get, list and watch on secrets and create on subjectaccessreviews): true, auto (when a cluster is found) or false")
+	cmd.Flags().StringVar(&credsKube, "credentials-kubeconfig", "", "kubeconfig file for --credentials (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
 	cli.Execute(cmd)
+}
+
+// credentialsCluster is the cluster --credentials asks for; nil for none.
+func credentialsCluster(mode, kubeconfig string) (kubernetes.Interface, error) {
+	switch mode {
+	case "false":
+		return nil, nil
+	case "auto", "true":
+	default:
+		return nil, fmt.Errorf("--credentials %q: want auto, true or false", mode)
+	}
+	found, err := kube.Discover(kubeconfig)
+	switch {
+	case errors.Is(err, kube.ErrNoCluster) && mode == "auto":
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("--credentials: %w", err)
+	}
+	c, err := kubernetes.NewForConfig(kube.WithRateLimits(found.Config))
+	if err != nil {
+		return nil, fmt.Errorf("--credentials: %w", err)
+	}
+	return c, nil
 }
