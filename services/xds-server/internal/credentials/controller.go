@@ -160,6 +160,9 @@ func (c *Controller) Secrets(ctx context.Context, proxy, peer string, names []st
 			continue
 		}
 		s, err := c.build(ref)
+		if err != nil && !c.HasSynced() {
+			continue // not known yet: sent when the first list is in (OnChange)
+		}
 		if err != nil {
 			report(key, "credentialName secret "+name+" is not served: "+err.Error())
 			continue
