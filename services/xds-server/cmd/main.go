@@ -33,8 +33,10 @@ func main() {
 		certDir     string
 		caBus       string
 		identity    serviceid.Flags
+		useKube     string
+		kubeconfig  string
+		tokens      kube.TokenReviewOptions
 		creds       string
-		credsKube   string
 	)
 	cmd := &cobra.Command{
 		Use:   "xds-server",
@@ -66,7 +68,14 @@ func main() {
 			default:
 				return errors.New("--xds-tls-listen needs a certificate: --ca-address (this server's own, with istiod's names) or --tls-cert-dir (the folder where the ca keeps one, ca --serving-cert-dir)")
 			}
-			if deps.Credentials, err = credentialsCluster(creds, credsKube); err != nil {
+			tokens.TrustDomain = identity.Bus.TrustDomain
+			if deps.Tokens, err = tokenReviewer(useKube, kubeconfig, tokens); err != nil {
+				return err
+			}
+			if deps.Tokens != nil {
+				log.Info("TLS xDS clients may authenticate with service-account tokens", "audiences", tokens.Audiences)
+			}
+			if deps.Credentials, err = cluster("--credentials", creds, kubeconfig); err != nil {
 				return err
 			}
 			if deps.Credentials != nil {
@@ -104,31 +113,44 @@ func main() {
 	cmd.Flags().StringVar(&certDir, "tls-cert-dir", "", "folder holding the TLS listener's certificate (tls.crt, tls.key), kept by the ca (--serving-cert-dir) or a mounted kubernetes.io/tls Secret, instead of this server's own; re-read when it changes")
 	identity.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")
+	cmd.Flags().StringVar(&useKube, "kubernetes", "false", "review the service-account tokens of TLS xDS clients without a client certificate with this cluster (TokenReview; needs RBAC to create tokenreviews): true, auto (when a cluster is found) or false (such clients are refused)")
 	cmd.Flags().StringVar(&creds, "credentials", "false", "serve credentialName secrets (kubernetes://<name>, and <name>-cacert) over SDS from this cluster's Secrets, "+
-		"to the proxies allowed to read them (needs get, list and watch on secrets and create on subjectaccessreviews): true, auto (when a cluster is found) or false")
-	cmd.Flags().StringVar(&credsKube, "credentials-kubeconfig", "", "kubeconfig file for --credentials (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
+		"to the proxies allowed to read them (needs list and watch on secrets and create on subjectaccessreviews): true, auto (when a cluster is found) or false")
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file for --kubernetes and --credentials (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
+	cmd.Flags().StringSliceVar(&tokens.Audiences, "token-audiences", kube.DefaultTokenAudiences, "audiences a service-account token must be valid for (istiod's TOKEN_AUDIENCES)")
 	cli.Execute(cmd)
 }
 
-// credentialsCluster is the cluster --credentials asks for; nil for none.
-func credentialsCluster(mode, kubeconfig string) (kubernetes.Interface, error) {
+// tokenReviewer is the reviewer of the TLS clients' tokens that --kubernetes asks for; nil
+// for none.
+func tokenReviewer(useKube, kubeconfig string, opts kube.TokenReviewOptions) (xdsserver.TokenReviewer, error) {
+	c, err := cluster("--kubernetes", useKube, kubeconfig)
+	if c == nil || err != nil {
+		return nil, err
+	}
+	return kube.NewTokenReviewer(c, opts), nil
+}
+
+// cluster is the cluster a flag (--kubernetes, --credentials) of mode true, auto or false asks
+// for; nil for none.
+func cluster(flag, mode, kubeconfig string) (kubernetes.Interface, error) {
 	switch mode {
 	case "false":
 		return nil, nil
 	case "auto", "true":
 	default:
-		return nil, fmt.Errorf("--credentials %q: want auto, true or false", mode)
+		return nil, fmt.Errorf("%s %q: want auto, true or false", flag, mode)
 	}
 	found, err := kube.Discover(kubeconfig)
 	switch {
 	case errors.Is(err, kube.ErrNoCluster) && mode == "auto":
 		return nil, nil
 	case err != nil:
-		return nil, fmt.Errorf("--credentials: %w", err)
+		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
 	c, err := kubernetes.NewForConfig(kube.WithRateLimits(found.Config))
 	if err != nil {
-		return nil, fmt.Errorf("--credentials: %w", err)
+		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
 	return c, nil
 }

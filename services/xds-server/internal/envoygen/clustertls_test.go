@@ -110,13 +110,13 @@ func TestClusterTLSNeverDowngraded(t *testing.T) {
 						continue // one field, set twice
 					}
 					for _, lv := range levels {
-						rule := lv.rule(settings)
-						if selected {
-							rule.WorkloadSelector = &typev1beta1.WorkloadSelector{MatchLabels: map[string]string{"app": "client"}}
-						}
-						snap := &model.Snapshot{Services: map[string]*model.Service{host: svc},
-							DestinationRules: []model.Config[*networking.DestinationRule]{{Namespace: "ns", Name: "dr", Spec: rule}}}
 						for _, p := range proxies {
+							rule := lv.rule(settings)
+							if selected { // a selector of the proxy
+								rule.WorkloadSelector = &typev1beta1.WorkloadSelector{MatchLabels: p.Labels}
+							}
+							snap := &model.Snapshot{Services: map[string]*model.Service{host: svc},
+								DestinationRules: []model.Config[*networking.DestinationRule]{{Namespace: "ns", Name: "dr", Spec: rule}}}
 							name := fmt.Sprintf("served=%v/selector=%v/%s/%s/%s/%s", served, selected, mode, lv.name, p.Type, strings.Join(set, "+"))
 							problems := &problemLog{}
 							res, err := New(nil, WithProblems(problems), WithCredentials(served)).GenerateAll(snap, p)

@@ -145,7 +145,7 @@ func (in inboundPort) destinationRule(binds *model.Bindings) *model.Config[*netw
 	if in.host == "" {
 		return nil
 	}
-	return binds.DestinationRule(in.host)
+	return binds.InboundDestinationRule(in.host)
 }
 
 // parseDefaultEndpoint reads a Sidecar ingress defaultEndpoint as istiod does:

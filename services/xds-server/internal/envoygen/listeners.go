@@ -78,6 +78,8 @@ func (b *builder) virtualOutbound() *listenerv3.Listener {
 		Address:          translate.SocketAddress(wildcardIP, VirtualOutboundPort),
 		UseOriginalDst:   wrapperspb.Bool(true),
 		TrafficDirection: corev3.TrafficDirection_OUTBOUND,
+		// As istiod: one connection per wakeup spreads them over Envoy's workers.
+		MaxConnectionsToAcceptPerSocketEvent: wrapperspb.UInt32(1),
 		FilterChains: []*listenerv3.FilterChain{{
 			Name:             VirtualOutboundListener + "-blackhole",
 			FilterChainMatch: &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(VirtualOutboundPort)},
@@ -97,11 +99,12 @@ func (b *builder) virtualOutbound() *listenerv3.Listener {
 // or both; undeclared protocols add http_inspector's plaintext HTTP chain to the TCP one.
 func (b *builder) virtualInbound() *listenerv3.Listener {
 	l := &listenerv3.Listener{
-		Name:                             VirtualInboundListener,
-		Address:                          translate.SocketAddress(wildcardIP, VirtualInboundPort),
-		TrafficDirection:                 corev3.TrafficDirection_INBOUND,
-		ContinueOnListenerFiltersTimeout: true,
-		ListenerFiltersTimeout:           b.protocolDetectionTimeout(),
+		Name:                                 VirtualInboundListener,
+		Address:                              translate.SocketAddress(wildcardIP, VirtualInboundPort),
+		TrafficDirection:                     corev3.TrafficDirection_INBOUND,
+		ContinueOnListenerFiltersTimeout:     true,
+		ListenerFiltersTimeout:               b.protocolDetectionTimeout(),
+		MaxConnectionsToAcceptPerSocketEvent: wrapperspb.UInt32(1),
 		// A connection addressed to 15006 itself would loop; drop it, as istiod does.
 		FilterChains: []*listenerv3.FilterChain{{
 			Name:             VirtualInboundListener + "-blackhole",

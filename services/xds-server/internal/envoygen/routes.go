@@ -102,11 +102,8 @@ func (b *builder) unregisteredHostVirtualHosts(port uint32, taken map[string]boo
 		})
 	}
 	var out []*routev3.VirtualHost
-	for i := range b.snap.VirtualServices {
-		vs := &b.snap.VirtualServices[i]
-		if !model.AppliesToMesh(vs.Spec.GetGateways()) || !b.exported(vs.Namespace, vs.Spec.GetExportTo()) {
-			continue
-		}
+	// The mesh VirtualServices the proxy sees (exportTo, Sidecar imports), in istiod's order.
+	for _, vs := range b.binds.VirtualServices() {
 		for _, h := range vs.Spec.GetHosts() {
 			host := strings.ToLower(model.ResolveHost(h, vs.Namespace))
 			if answered(host) {
@@ -206,10 +203,12 @@ func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host 
 		if m.GetPort() != 0 && m.GetPort() != port {
 			return nil, false
 		}
-		if !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), nil) {
-			return nil, false
-		}
-		if len(m.GetGateways()) > 0 && !gws.accepts(m.GetGateways(), vs.Namespace) {
+		// As istiod's sourceMatchHTTP: a match naming gateways ignores its source conditions.
+		if len(m.GetGateways()) > 0 {
+			if !gws.accepts(m.GetGateways(), vs.Namespace) {
+				return nil, false
+			}
+		} else if !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), nil) {
 			return nil, false
 		}
 		r := translate.MatchRoute(hr, m, translate.Envoy, log)
