@@ -33,7 +33,8 @@ import (
 // gateway asking for kubernetes://gw-cert gets the Secret's key pair and, when the Secret
 // changes, the new one; "-cacert" gives a validation context (to a service account without
 // RBAC too: a CA is public within the namespace); a proxy of another namespace, one whose
-// service account may not read Secrets, and a plaintext stream get nothing; a malformed Secret
+// service account may not read Secrets, a proxy of another cluster and a plaintext stream get
+// nothing; a malformed Secret
 // is reported naming the Secret and the key, and not served.
 func TestCredentialSecrets(t *testing.T) {
 	kube := testenv.KubeForTest(t)
@@ -175,6 +176,8 @@ func TestCredentialSecrets(t *testing.T) {
 			[]string{"kubernetes://gw/gw-cert", "kubernetes://gw/gw-cert-cacert"}, "only Secrets of its own namespace"},
 		{"plaintext", "kubernetes://gw-cert (ingress-1.gw)", sdsStream(t, srv.Addr().String(), insecure.NewCredentials(), gatewayNode("gw", "ingress")),
 			[]string{"kubernetes://gw-cert"}, "not authenticated"},
+		{"another cluster", "kubernetes://gw-cert (ingress-1.gw)", sdsStream(t, srv.SecureAddr().String(), creds("gw", "ingress"), remoteNode("gw", "ingress")),
+			[]string{"kubernetes://gw-cert"}, "the proxy is of cluster remote"},
 		{"malformed", "kubernetes://gw/bad-cert", gateway, []string{"kubernetes://gw-cert", "kubernetes://bad-cert"}, `Secret gw/bad-cert: key "tls.crt": no PEM certificate`},
 	}
 	for _, tc := range refused {
@@ -251,6 +254,13 @@ func gatewayNode(ns, sa string) *corev3.Node {
 	return &corev3.Node{Id: "router~198.18.0.1~ingress-1." + ns + "~" + ns + ".svc.cluster.local",
 		Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 			"NAMESPACE": structpb.NewStringValue(ns), "SERVICE_ACCOUNT": structpb.NewStringValue(sa)}}}
+}
+
+// remoteNode is gatewayNode of another cluster (CLUSTER_ID).
+func remoteNode(ns, sa string) *corev3.Node {
+	n := gatewayNode(ns, sa)
+	n.Metadata.Fields["CLUSTER_ID"] = structpb.NewStringValue("remote")
+	return n
 }
 
 // sds is a state-of-the-world ADS stream asking for secrets, as Envoy's SDS over ADS.

@@ -226,7 +226,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if deps.Credentials != nil {
 		s.secrets = sdscredentials.New(deps.Credentials, log.With("component", "credentials"))
 		s.secrets.OnChange(func(ns string) { s.xds.PushSecrets(ns) })
-		secrets = secretSource{s.secrets}
+		secrets = secretSource{c: s.secrets, cluster: cfg.ClusterID}
 	}
 	s.xds = xds.NewServer(xds.Options{
 		Logger:          log.With("component", "ads"),
@@ -503,8 +503,11 @@ func stopGracefully(gs *grpc.Server) {
 }
 
 // secretSource serves SDS from the credentials controller.
-type secretSource struct{ c *sdscredentials.Controller }
+type secretSource struct {
+	c       *sdscredentials.Controller
+	cluster string // Config.ClusterID
+}
 
 func (s secretSource) Secrets(ctx context.Context, p *model.Proxy, peer string, names []string) []types.Resource {
-	return asResources(s.c.Secrets(ctx, p.ID, peer, names))
+	return asResources(s.c.Secrets(ctx, p.ID, p.ClusterID, s.cluster, peer, names))
 }

@@ -134,7 +134,11 @@ func (c *Controller) HasSynced() bool { return c.informer.HasSynced() }
 // service account may list Secrets there (SubjectAccessReview); a "-cacert" CA is public
 // within the namespace. A name it may not have, or whose Secret is missing or malformed, is
 // left out (the proxy keeps waiting for it, nothing weaker is served) and reported.
-func (c *Controller) Secrets(ctx context.Context, proxy, peer string, names []string) []*tlsv3.Secret {
+//
+// Secrets are read from one cluster; a proxy of another (proxyCluster, its CLUSTER_ID, not
+// cluster) is refused: istiod reads such a proxy's Secrets, and reviews its account, in the
+// proxy's own cluster, and this cluster's RBAC says nothing of that one's accounts.
+func (c *Controller) Secrets(ctx context.Context, proxy, proxyCluster, cluster, peer string, names []string) []*tlsv3.Secret {
 	var out []*tlsv3.Secret
 	var problems []model.Problem
 	// Problems are keyed by the Secret (kubernetes://<namespace>/<name>) where it is known, so
@@ -147,6 +151,11 @@ func (c *Controller) Secrets(ctx context.Context, proxy, peer string, names []st
 		if peer == "" || idErr != nil {
 			report(name+" ("+proxy+")", "credentialName secret "+name+" is not served: the proxy's stream is not authenticated "+
 				"(secrets are served only to a client certificate or token of the TLS xDS port, as istiod serves them)")
+			continue
+		}
+		if proxyCluster != cluster {
+			report(name+" ("+proxy+")", "credentialName secret "+name+" is not served: the proxy is of cluster "+proxyCluster+
+				", and Secrets are read only from this control plane's cluster, "+cluster)
 			continue
 		}
 		ref, err := Parse(name, id.Namespace)
