@@ -25,10 +25,12 @@ import (
 )
 
 // generatorFor serves proxyless gRPC clients from grpcgen and Envoy from envoygen, which
-// reports the conflicts it resolves to problems.
-func generatorFor(log *slog.Logger, problems model.Problems) func(*model.Proxy) xds.Generator {
+// reports the conflicts it resolves to problems; credentials says whether credentialName
+// secrets are served (Deps.Credentials).
+func generatorFor(log *slog.Logger, problems model.Problems, credentials bool) func(*model.Proxy) xds.Generator {
 	proxyless := newProxylessGenerator(log.With("component", "grpcgen"))
-	envoy := envoyGenerator{envoygen.New(log.With("component", "envoygen"), envoygen.WithProblems(problems))}
+	envoy := envoyGenerator{envoygen.New(log.With("component", "envoygen"), envoygen.WithProblems(problems),
+		envoygen.WithCredentials(credentials))}
 	return func(p *model.Proxy) xds.Generator {
 		if p.IsProxyless() {
 			return proxyless

@@ -60,6 +60,8 @@ type PushRequest struct {
 	Forced bool
 	// Resend sends again everything the proxy holds, even unchanged (istiod's debug push).
 	Resend bool
+	// Secrets: Kubernetes Secrets changed; SDS is brought up to date (see Options.Secrets).
+	Secrets bool
 	// Start is when the oldest merged change happened, for latency metrics.
 	Start time.Time
 	// Traces are the sampled pushes this request belongs to (see PushTracer), merged
@@ -85,7 +87,7 @@ func (r *PushRequest) Merge(o *PushRequest) *PushRequest {
 	if start.IsZero() || (!o.Start.IsZero() && o.Start.Before(start)) {
 		start = o.Start
 	}
-	return &PushRequest{Full: out.Full, Configs: out.Configs, Endpoints: out.Endpoints, Hosts: out.Hosts, Forced: r.Forced || o.Forced, Resend: r.Resend || o.Resend, Start: start,
+	return &PushRequest{Full: out.Full, Configs: out.Configs, Endpoints: out.Endpoints, Hosts: out.Hosts, Forced: r.Forced || o.Forced, Resend: r.Resend || o.Resend, Secrets: r.Secrets || o.Secrets, Start: start,
 		Traces: mergeTraces(r.Traces, o.Traces)}
 }
 
