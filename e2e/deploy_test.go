@@ -326,7 +326,9 @@ func serviceNeeds(caNamespace string) map[string][]access {
 		// credentialName secrets: a field-selected Secret informer, and whether a proxy's account
 		// may read its namespace's Secrets.
 		"xds-server": append(each(read, access{resource: "secrets"}),
-			access{verb: "create", group: "authorization.k8s.io", resource: "subjectaccessreviews"}),
+			access{verb: "create", group: "authorization.k8s.io", resource: "subjectaccessreviews"},
+			// Tokens on the TLS xDS port, reviewed as istiod reviews them.
+			access{verb: "create", group: "authentication.k8s.io", resource: "tokenreviews"}),
 	}
 }
 
