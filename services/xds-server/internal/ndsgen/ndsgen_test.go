@@ -156,4 +156,3 @@ func TestAllocatorCollisions(t *testing.T) {
 		t.Errorf("%s and %s share %v", x, y, both["ns/"+x])
 	}
 }
-
