@@ -90,7 +90,7 @@ func sampleTable() *ndsv1.NameTable {
 // startProxy runs a DNS proxy for namespace shop on a free loopback port until the test ends.
 func startProxy(t *testing.T, u *upstream) *Server {
 	t.Helper()
-	s, err := New(Config{Addr: "127.0.0.1:0", Namespace: "shop", ResolvConf: resolvConf(t), UpstreamPort: u.port,
+	s, err := New(Config{Addr: "127.0.0.1:0", ResolvConf: resolvConf(t), UpstreamPort: u.port,
 		UpstreamTimeout: 2 * time.Second, Logger: testlog.New(t, slog.LevelDebug)})
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +150,7 @@ func TestAnswers(t *testing.T) {
 	if got := render(query(t, s, "udp", "api.partner.example.", dns.TypeA)); got != "SERVFAIL: " {
 		t.Errorf("before the first table: %s, want SERVFAIL", got)
 	}
-	s.Update(sampleTable())
+	s.Update(sampleTable(), "shop")
 	for _, proto := range []string{"udp", "tcp"} {
 		for _, tc := range []struct {
 			name  string
@@ -191,7 +191,7 @@ func TestAnswers(t *testing.T) {
 func TestForwardsUnknownOnly(t *testing.T) {
 	u := startUpstream(t)
 	s := startProxy(t, u)
-	s.Update(sampleTable())
+	s.Update(sampleTable(), "shop")
 	query(t, s, "udp", "api.partner.example.", dns.TypeA)
 	query(t, s, "udp", "web.shop.svc.cluster.local.", dns.TypeA)
 	if n := u.asked.Load(); n != 0 {
@@ -215,7 +215,7 @@ func TestUpstreamDown(t *testing.T) {
 	_, port, _ := net.SplitHostPort(pc.LocalAddr().String())
 	_ = pc.Close()
 	s := startProxy(t, &upstream{port: port})
-	s.Update(sampleTable())
+	s.Update(sampleTable(), "shop")
 	if got := render(query(t, s, "udp", "unknown.example.org.", dns.TypeA)); got != "SERVFAIL: " {
 		t.Errorf("unknown name without upstream: %s", got)
 	}
@@ -265,8 +265,8 @@ func TestMemory10k(t *testing.T) {
 		return m.HeapAlloc
 	}
 	before := heap()
-	s := Server{cfg: Config{Namespace: "ns-1"}, log: slog.New(slog.DiscardHandler)}
-	s.Update(bigTable(10000))
+	s := Server{log: slog.New(slog.DiscardHandler)}
+	s.Update(bigTable(10000), "ns-1")
 	after := heap()
 	tbl := s.table.Load()
 	t.Logf("10,000-host name table: %d names answered, %.1f MiB of heap once loaded", tbl.Hosts(), float64(after-before)/(1<<20))
@@ -283,7 +283,7 @@ func BenchmarkAnswerFromTable(b *testing.B) {
 	if err := os.WriteFile(p, []byte("search ns-1.svc.cluster.local svc.cluster.local\nnameserver 127.0.0.1\n"), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	s, err := New(Config{Addr: "127.0.0.1:0", Namespace: "ns-1", ResolvConf: p})
+	s, err := New(Config{Addr: "127.0.0.1:0", ResolvConf: p})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func BenchmarkAnswerFromTable(b *testing.B) {
 	go func() { done <- s.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	<-s.Bound()
-	s.Update(bigTable(10000))
+	s.Update(bigTable(10000), "ns-1")
 	conn, err := dns.Dial("udp", s.Addrs()[0].String())
 	if err != nil {
 		b.Fatal(err)

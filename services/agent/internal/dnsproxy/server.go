@@ -25,8 +25,6 @@ const DefaultAddr = "127.0.0.1:15053"
 type Config struct {
 	// Addr is the UDP and TCP address served; DefaultAddr when empty.
 	Addr string
-	// Namespace is the workload's namespace: its services answer by their short name too.
-	Namespace string
 	// ResolvConf is the resolver configuration whose nameservers get the queries the table
 	// does not answer, and whose search domains the table answers under; /etc/resolv.conf when
 	// empty. Read once, at New.
@@ -74,9 +72,10 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Update makes nt the table answered from.
-func (s *Server) Update(nt *ndsv1.NameTable) {
-	t := NewTable(nt, s.cfg.Namespace, s.search)
+// Update makes nt the table answered from, for a workload of namespace ns (its services
+// answer by their short name too).
+func (s *Server) Update(nt *ndsv1.NameTable, ns string) {
+	t := NewTable(nt, ns, s.search)
 	s.table.Store(t)
 	s.log.Debug("name table updated", "names", t.Hosts())
 }
