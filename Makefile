@@ -15,6 +15,7 @@ LDFLAGS := $(if $(VERSION),-X sailplane.dev/shared/version.Version=$(VERSION))
 build:
 	@mkdir -p $(BIN)
 	@for s in $(SERVICES); do $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/$$s ./services/$$s/cmd || exit 1; done
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sailplane-cni ./services/agent/cmd/sailplane-cni
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sailplanectl ./tools/sailplanectl
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/demo ./tools/demo
 
@@ -24,10 +25,11 @@ run: build
 	@echo "next: the quick start's demo services (README.md)"
 	cd examples && ../$(BIN)/hyper --config-source files
 
-# Builds (once) and caches etcd, kube-apiserver, kubectl, consul and Istio's pilot-agent and istioctl
-# (test clients) outside the repo, under $${SAILPLANE_CACHE:-~/.cache/sailplane}; tests start them on
+# Builds (once) and caches etcd, kube-apiserver, kubectl, consul and Istio's pilot-agent, istioctl
+# (test clients) and pilot-discovery (istiod, the differential tests' reference) outside the repo, under $${SAILPLANE_CACHE:-~/.cache/sailplane}; tests start them on
 # 127.0.0.1. About 13 minutes with empty Go caches on 2 cores (README, "Tests"; docs/testing.md).
 testenv:
+	@for p in ip iptables nft; do command -v $$p >/dev/null || { echo "testenv: $$p is missing; the capture tests need it: apt-get install iproute2 iptables nftables"; exit 1; }; done
 	$(GO) run ./tools/cmd/testenv build
 
 # A real API server (with Istio's CRDs) and Consul on 127.0.0.1 to try Sailplane by hand; its

@@ -54,7 +54,7 @@ func TestHyperNoFlags(t *testing.T) {
 			t.Errorf("the ca's root is not in etc/certs/: %v", err)
 		}
 	}
-	secure := framework.XDSClientTLS(t, "127.0.0.1:15012", echoTarget, filepath.Join(certs, pki.RootCertFile))
+	secure := framework.XDSClientTLS(t, "127.0.0.1:15012", echoTarget, certs)
 	framework.WaitServing(ctx, t, secure)
 	if counts := countBackends(ctx, t, secure, 10); counts["v2"] != 10 {
 		t.Fatalf("over TLS, want all 10 RPCs on v2, got %v", counts)

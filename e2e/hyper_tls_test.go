@@ -85,7 +85,8 @@ func waitServiceCerts(t *testing.T, dir, caAddr string) (identity func(serviceAc
 // TestSecureXDS: Sailplane keeps its root under etc/certs (generated on the first start) and
 // serves xDS over TLS (istiod's 15012) with a serving certificate the root verifies; in hyper
 // the ca's CreateCertificate answers on the same port. A gRPC xDS client bootstrapped with that
-// root ("tls" channel credentials) gets its config; a client without it fails the handshake.
+// root ("tls" channel credentials) and a certificate it issued gets its config; a client without
+// the root fails the handshake.
 func TestSecureXDS(t *testing.T) {
 	for _, topo := range secureTopologies {
 		t.Run(topo.name, func(t *testing.T) { testSecureXDS(t, topo.name == "hyper", topo.start) })
@@ -144,7 +145,7 @@ func testSecureXDS(t *testing.T, caOnXDSPort bool, start func(*testing.T, string
 		t.Errorf("a client without the root: got %v, want an unknown-authority handshake failure", err)
 	}
 
-	client := framework.XDSClientTLS(t, secure, echoTarget, rootFile)
+	client := framework.XDSClientTLS(t, secure, echoTarget, filepath.Dir(rootFile))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	framework.WaitServing(ctx, t, client)

@@ -19,6 +19,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -78,6 +79,7 @@ var securedKubeTopologies = []struct {
 			"--kubeconfig", k.KubeconfigPath(), "--kubernetes", "on", "--config-bus", configBus, "--bus-listen", registryBus)...)
 		p := framework.Start(t, dir, framework.Binary(t, "xds-server"), append(identity("xds-server"),
 			"--config-bus", configBus, "--registry-bus", registryBus, "--ca-bus", caBus,
+			"--kubernetes=true", "--kubeconfig", k.KubeconfigPath(), // reviews the TLS clients' tokens
 			"--xds-listen=", "--xds-tls-listen", secure, "--log-level", "debug")...)
 		return securedOnKube{ca: caAddr, xds: secure, xdsLog: p}
 	}},
@@ -93,11 +95,24 @@ var securedKubeTopologies = []struct {
 func TestIstioPilotAgent(t *testing.T) {
 	pilotAgent := testenv.PilotAgentForTest(t)
 	for _, topo := range securedKubeTopologies {
-		t.Run(topo.name, func(t *testing.T) { testIstioPilotAgent(t, pilotAgent, topo.start) })
+		t.Run(topo.name, func(t *testing.T) { testIstioPilotAgent(t, pilotAgent, topo.start, false) })
 	}
 }
 
-func testIstioPilotAgent(t *testing.T, pilotAgent string, start func(*testing.T, *testenv.Kube, *framework.Kube) securedOnKube) {
+// TestIstioPilotAgentToken: pilot-agent as a pod's agent without a provisioned certificate
+// (no PROV_CERT) connects to the TLS xDS port with no client certificate, only its
+// service-account token (authorization: Bearer, audience istio-ca) and ClusterID, as it does to
+// istiod's 15012: the token is reviewed (TokenReview) and the sidecar served, named by the
+// token's identity; a sidecar claiming another namespace through it is refused, as istiod
+// refuses it (PermissionDenied).
+func TestIstioPilotAgentToken(t *testing.T) {
+	pilotAgent := testenv.PilotAgentForTest(t)
+	for _, topo := range securedKubeTopologies {
+		t.Run(topo.name, func(t *testing.T) { testIstioPilotAgent(t, pilotAgent, topo.start, true) })
+	}
+}
+
+func testIstioPilotAgent(t *testing.T, pilotAgent string, start func(*testing.T, *testenv.Kube, *framework.Kube) securedOnKube, viaToken bool) {
 	k := testenv.KubeForTest(t)
 	kube := framework.NewKube(t, k.RestConfig())
 	// pilot-agent's status server listens on every interface and cannot be told otherwise, so
@@ -136,18 +151,23 @@ func testIstioPilotAgent(t *testing.T, pilotAgent string, start func(*testing.T,
 		t.Fatal(err)
 	}
 	pilotAgentBin, pilotAgentArgs := host.Command(pilotAgent, "proxy", "sidecar")
-	agent := framework.StartEnv(t, []string{
+	env := []string{
 		"PROXY_CONFIG=" + string(proxyConfig),
 		"CA_ADDR=" + sp.ca,
 		"POD_NAME=web-0", "POD_NAMESPACE=" + id.Namespace, "SERVICE_ACCOUNT=" + id.ServiceAccount,
 		"INSTANCE_IP=" + host.IP(), "ISTIO_META_CLUSTER_ID=Kubernetes",
 		// No Envoy binary here: the agent runs alone (Istio's proxyless mode), fetching the
-		// certificate eagerly and writing it where PROV_CERT then finds it, so its xDS
-		// connection presents it (Istio's VM setup).
+		// certificate eagerly and writing it out.
 		"DISABLE_ENVOY=true",
-		"OUTPUT_CERTS=./etc/certs", "PROV_CERT=./etc/certs",
+		"OUTPUT_CERTS=./etc/certs",
 		"CA_ROOT_CA=./var/run/secrets/istio/root-cert.pem", "XDS_ROOT_CA=./var/run/secrets/istio/root-cert.pem",
-	}, dir, pilotAgentBin, pilotAgentArgs...)
+	}
+	if !viaToken {
+		// PROV_CERT finds the certificate written out, so the xDS connection presents it
+		// (Istio's VM setup); without it, the connection carries the token only.
+		env = append(env, "PROV_CERT=./etc/certs")
+	}
+	agent := framework.StartEnv(t, env, dir, pilotAgentBin, pilotAgentArgs...)
 
 	// The workload certificate: the token's identity, signed by Sailplane's root.
 	certFile := filepath.Join(dir, "etc/certs", pki.CertChainFile)
@@ -218,8 +238,43 @@ func testIstioPilotAgent(t *testing.T, pilotAgent string, start func(*testing.T,
 		return errors.New("xds-server has not logged the sidecar's connection")
 	})
 	if !strings.Contains(connected, "peer="+id.String()) {
-		t.Errorf("xds-server did not name the sidecar's connection by its certificate's identity %s: %s", id, connected)
+		t.Errorf("xds-server did not name the sidecar's connection by its identity %s: %s", id, connected)
 	}
+	if !viaToken {
+		return
+	}
+	// The identity came from the token: the upstream connection had no certificate.
+	var authenticated string
+	for line := range strings.Lines(sp.xdsLog.Log()) {
+		if strings.Contains(line, `"xDS client authenticated"`) {
+			authenticated = line
+		}
+	}
+	if !strings.Contains(authenticated, "auth=token") || !strings.Contains(authenticated, "identity="+id.String()) {
+		t.Errorf("xds-server did not authenticate pilot-agent's stream by its token: %q", authenticated)
+	}
+	if strings.Contains(sp.xdsLog.Log(), token) {
+		t.Error("xds-server logged the token")
+	}
+	// A sidecar behind this agent claiming another namespace is refused, not served its config.
+	other := proto.CloneOf(node)
+	other.Id = "sidecar~" + host.IP() + "~web-0.payments~payments.svc.cluster.local"
+	other.Metadata.Fields["NAMESPACE"] = structpb.NewStringValue("payments")
+	refusedCtx, cancelRefused := context.WithTimeout(ctx, time.Minute)
+	defer cancelRefused()
+	if s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(refusedCtx); err == nil {
+		if names, err := adsNames(s, other, "type.googleapis.com/envoy.config.cluster.v3.Cluster"); err == nil {
+			t.Errorf("a sidecar claiming namespace payments with demo's token was served %d clusters", len(names))
+		}
+	}
+	framework.Eventually(t, time.Minute, func() error {
+		for line := range strings.Lines(sp.xdsLog.Log()) {
+			if strings.Contains(line, `"proxy refused"`) && strings.Contains(line, other.Id) && strings.Contains(line, "authenticated as "+id.String()) {
+				return nil
+			}
+		}
+		return errors.New("xds-server has not logged refusing the sidecar claiming namespace payments")
+	})
 }
 
 // adsNames asks for every resource of typeURL on stream and returns the names of the first

@@ -2,10 +2,15 @@ package framework
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
+	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +20,8 @@ import (
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/xds"
 
+	"sailplane.dev/shared/pki"
+	"sailplane.dev/shared/spiffe"
 	"sailplane.dev/tools/demo/echo"
 )
 
@@ -74,9 +81,11 @@ func GRPCBootstrapIn(xdsAddr, nodeID, region, zone string) []byte {
 }
 
 // GRPCBootstrapTLS is GRPCBootstrap over TLS (istiod's 15012): the client verifies the xDS
-// server's certificate with the roots in rootFile.
-func GRPCBootstrapTLS(xdsAddr, nodeID, rootFile string) []byte {
-	return clientBootstrap(xdsAddr, nodeID, "", "", map[string]any{"type": "tls", "config": map[string]any{"ca_certificate_file": rootFile}})
+// server's certificate with the roots in rootFile, and authenticates with the certificate and
+// key in certFile and keyFile (the TLS port serves only authenticated clients).
+func GRPCBootstrapTLS(xdsAddr, nodeID, rootFile, certFile, keyFile string) []byte {
+	return clientBootstrap(xdsAddr, nodeID, "", "", map[string]any{"type": "tls", "config": map[string]any{
+		"ca_certificate_file": rootFile, "certificate_file": certFile, "private_key_file": keyFile}})
 }
 
 var insecureCreds = map[string]any{"type": "insecure"}
@@ -169,11 +178,51 @@ func XDSClientIn(t testing.TB, xdsAddr, target, region, zone string) EchoClient 
 	return xdsClient(t, target, GRPCBootstrapIn(xdsAddr, nodeID, region, zone))
 }
 
-// XDSClientTLS is XDSClient for an xDS server over TLS, verified with the roots in rootFile.
-func XDSClientTLS(t testing.TB, xdsAddr, target, rootFile string) EchoClient {
+// XDSClientTLS is XDSClient for an xDS server over TLS, verified with the roots in
+// certDir/root-cert.pem; the client authenticates with a certificate of demo/default that it
+// issues itself with the ca's key in certDir (the self-signed root's folder, istio-ca-secret's
+// file names).
+func XDSClientTLS(t testing.TB, xdsAddr, target, certDir string) EchoClient {
 	t.Helper()
 	nodeID := fmt.Sprintf("sidecar~127.0.0.1~%s.demo~demo.svc.cluster.local", strings.ReplaceAll(t.Name(), "/", "-"))
-	return xdsClient(t, target, GRPCBootstrapTLS(xdsAddr, nodeID, rootFile))
+	certFile, keyFile := ClientCertFrom(t, certDir, spiffe.ID{TrustDomain: "cluster.local", Namespace: "demo", ServiceAccount: "default"})
+	return xdsClient(t, target, GRPCBootstrapTLS(xdsAddr, nodeID, filepath.Join(certDir, pki.RootCertFile), certFile, keyFile))
+}
+
+// ClientCertFrom issues a client certificate of id with the CA in certDir (Istio's layout:
+// ca-cert.pem, ca-key.pem, root-cert.pem) and writes it and its key to a temporary folder,
+// returning their paths.
+func ClientCertFrom(t testing.TB, certDir string, id spiffe.ID) (certFile, keyFile string) {
+	t.Helper()
+	files := map[string][]byte{}
+	for _, name := range []string{pki.CACertFile, pki.CAKeyFile, pki.CertChainFile, pki.RootCertFile} {
+		data, err := os.ReadFile(filepath.Join(certDir, name))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+		files[name] = data
+	}
+	auth, err := pki.FromIstioLayout(files)
+	if err != nil {
+		t.Fatalf("CA in %s: %v", certDir, err)
+	}
+	key, err := pki.GenerateKey(pki.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{URIs: []*url.URL{id.URL()}, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := pki.EncodeKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert-chain.pem"), filepath.Join(dir, "key.pem")
+	WriteFile(t, dir, "cert-chain.pem", string(pki.EncodeCerts(append([]*x509.Certificate{leaf}, auth.Chain()...)...)))
+	WriteFile(t, dir, "key.pem", string(keyPEM))
+	return certFile, keyFile
 }
 
 func xdsClient(t testing.TB, target string, bootstrap []byte) EchoClient {

@@ -2,24 +2,16 @@ package ca
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/x509"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
-	"sync"
-	"time"
-
-	authnv1 "k8s.io/api/authentication/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
+	"sailplane.dev/shared/grpcserver"
+	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/spiffe"
 )
@@ -68,38 +60,30 @@ func (s *Service) authenticate(ctx context.Context, auth *pki.Authority) (caller
 		return c, err
 	}
 
-	md, _ := metadata.FromIncomingContext(ctx)
-	token, found := bearerToken(md.Get("authorization"))
+	token, found := grpcserver.BearerToken(ctx)
 	if !found {
 		return c, fmt.Errorf("%w: neither a client certificate nor an authorization: Bearer token", errUnauthenticated)
 	}
-	c.via, c.token = "token", tokenHash(token)[:16]
+	c.via, c.token = "token", kube.TokenFingerprint(token)
 	if !isTLS {
 		return c, fmt.Errorf("%w: a bearer token over plaintext is refused", errUnauthenticated)
 	}
+	md, _ := metadata.FromIncomingContext(ctx)
 	if ids := md.Get("clusterid"); len(ids) == 1 && ids[0] != "" && ids[0] != s.cfg.ClusterID {
 		return c, fmt.Errorf("%w: the caller claims cluster %q, this ca knows only %q", errUnauthenticated, ids[0], s.cfg.ClusterID)
 	}
 	if s.kube == nil {
 		return c, fmt.Errorf("%w: tokens cannot be reviewed without Kubernetes; use a client certificate", errUnauthenticated)
 	}
-	id, err := s.tokens().review(ctx, token)
+	id, err := s.tokens().Review(ctx, token)
 	c.id = id
-	return c, err
-}
-
-func bearerToken(values []string) (string, bool) {
-	for _, v := range values {
-		if t, ok := strings.CutPrefix(v, "Bearer "); ok && t != "" {
-			return t, true
-		}
+	switch {
+	case errors.Is(err, kube.ErrTokenReviewUnavailable):
+		return c, fmt.Errorf("%w: %w", errUnavailable, err)
+	case err != nil:
+		return c, fmt.Errorf("%w: %w", errUnauthenticated, err)
 	}
-	return "", false
-}
-
-func tokenHash(token string) string {
-	sum := sha256.Sum256([]byte(token))
-	return hex.EncodeToString(sum[:])
+	return c, nil
 }
 
 // certIdentity verifies a client chain against the roots now and reads its one SPIFFE URI SAN.
@@ -117,115 +101,22 @@ func (s *Service) certIdentity(auth *pki.Authority, chain []*x509.Certificate) (
 	return id, nil
 }
 
-// tokenReviewer reviews service-account tokens with the API server, reusing a review for a
-// while so a storm of requests with the same token costs one TokenReview.
-type tokenReviewer struct {
-	kube        kubernetes.Interface
-	audiences   []string
-	trustDomain string
-	ttl         time.Duration
-	size        int
-
-	mu       sync.Mutex
-	cache    map[string]cachedReview // by token hash
-	inFlight map[string]*review
-}
-
-type cachedReview struct {
-	id      spiffe.ID
-	expires time.Time
-}
-
-type review struct {
-	done chan struct{}
-	id   spiffe.ID
-	err  error
-}
-
-func (s *Service) tokens() *tokenReviewer {
+// tokens is the ca's token reviewer, made on first use.
+func (s *Service) tokens() *kube.TokenReviewer {
 	s.reviewerOnce.Do(func() {
-		s.reviewer = &tokenReviewer{
-			kube: s.kube, audiences: s.cfg.TokenAudiences, trustDomain: s.cfg.TrustDomain,
-			ttl: s.cfg.TokenCacheTTL, size: s.cfg.TokenCacheSize,
-			cache: map[string]cachedReview{}, inFlight: map[string]*review{},
-		}
+		s.reviewer = kube.NewTokenReviewer(s.kube, kube.TokenReviewOptions{
+			Audiences: s.cfg.TokenAudiences, TrustDomain: s.cfg.TrustDomain, TTL: s.cfg.TokenCacheTTL, Size: s.cfg.TokenCacheSize,
+		})
 	})
 	return s.reviewer
 }
 
-func (r *tokenReviewer) review(ctx context.Context, token string) (spiffe.ID, error) {
-	key := tokenHash(token)
-	r.mu.Lock()
-	if e, ok := r.cache[key]; ok && time.Now().Before(e.expires) {
-		r.mu.Unlock()
-		return e.id, nil
+// TokenReviewer is the ca's token reviewer, for xds-server to authenticate its TLS callers with
+// the same audiences and cache (hyper): pilot-agent sends one token to both. Nil without
+// Kubernetes.
+func (s *Service) TokenReviewer() *kube.TokenReviewer {
+	if s.kube == nil {
+		return nil
 	}
-	if rv, ok := r.inFlight[key]; ok {
-		r.mu.Unlock()
-		select {
-		case <-rv.done:
-			return rv.id, rv.err
-		case <-ctx.Done():
-			return spiffe.ID{}, fmt.Errorf("%w: %w", errUnavailable, ctx.Err())
-		}
-	}
-	rv := &review{done: make(chan struct{})}
-	r.inFlight[key] = rv
-	r.mu.Unlock()
-
-	rv.id, rv.err = r.ask(ctx, token)
-
-	r.mu.Lock()
-	delete(r.inFlight, key)
-	if rv.err == nil { // refusals are not cached: a token may become valid (its account created)
-		r.evict()
-		r.cache[key] = cachedReview{id: rv.id, expires: time.Now().Add(r.ttl)}
-	}
-	r.mu.Unlock()
-	close(rv.done)
-	return rv.id, rv.err
-}
-
-// evict makes room for one entry: expired reviews go first, then arbitrary ones.
-func (r *tokenReviewer) evict() {
-	if len(r.cache) < r.size {
-		return
-	}
-	now := time.Now()
-	for k, e := range r.cache {
-		if now.After(e.expires) {
-			delete(r.cache, k)
-		}
-	}
-	for k := range r.cache {
-		if len(r.cache) < r.size {
-			break
-		}
-		delete(r.cache, k)
-	}
-}
-
-func (r *tokenReviewer) ask(ctx context.Context, token string) (spiffe.ID, error) {
-	res, err := r.kube.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{
-		Spec: authnv1.TokenReviewSpec{Token: token, Audiences: r.audiences},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return spiffe.ID{}, fmt.Errorf("%w: TokenReview: %w", errUnavailable, err)
-	}
-	st := res.Status
-	switch {
-	case st.Error != "":
-		return spiffe.ID{}, fmt.Errorf("%w: token review: %s", errUnauthenticated, st.Error)
-	case !st.Authenticated:
-		return spiffe.ID{}, fmt.Errorf("%w: the token is not authenticated", errUnauthenticated)
-	case !slices.Contains(st.User.Groups, "system:serviceaccounts"):
-		return spiffe.ID{}, fmt.Errorf("%w: the token is not a service account's (user %q)", errUnauthenticated, st.User.Username)
-	case !slices.ContainsFunc(st.Audiences, func(a string) bool { return slices.Contains(r.audiences, a) }):
-		return spiffe.ID{}, fmt.Errorf("%w: the token is valid for %v, not for %v", errUnauthenticated, st.Audiences, r.audiences)
-	}
-	id, err := spiffe.FromServiceAccountUser(r.trustDomain, st.User.Username)
-	if err != nil {
-		return spiffe.ID{}, fmt.Errorf("%w: %w", errUnauthenticated, err)
-	}
-	return id, nil
+	return s.tokens()
 }

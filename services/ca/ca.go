@@ -142,7 +142,7 @@ type Service struct {
 	rotated chan struct{} // closed (and replaced) when a rotation step changes auth
 
 	reviewerOnce sync.Once
-	reviewer     *tokenReviewer
+	reviewer     *kube.TokenReviewer
 
 	stats   stats
 	metrics csrMetrics

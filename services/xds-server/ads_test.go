@@ -191,7 +191,7 @@ func TestClientBeforeSync(t *testing.T) {
 	}
 }
 
-func waitUntil(t *testing.T, cond func() bool) {
+func waitUntil(t testing.TB, cond func() bool) {
 	t.Helper()
 	testwait.Until(t, waitFor, "condition", cond)
 }

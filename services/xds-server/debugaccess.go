@@ -15,8 +15,9 @@ import (
 // debugAccess is who may ask for Istio's debug types (proxy status and config dumps, which
 // show every proxy's configuration). istiod requires an authenticated caller unless
 // ENABLE_DEBUG_ENDPOINT_AUTH=false; here:
-//   - over TLS, a client certificate the mesh's trust bundle verifies, of a service account in
-//     the control plane's namespace (Config.Namespace);
+//   - over TLS, an identity (a client certificate the mesh's trust bundle verifies, or a
+//     service-account token) of a service account in the control plane's namespace
+//     (Config.Namespace);
 //   - over plaintext, anyone, but only when the plaintext listener is on a loopback address
 //     (so only this host can ask), or Config.DebugPlaintext says so.
 //
@@ -31,10 +32,10 @@ func (s *Server) debugAccess(ctx context.Context, client string) error {
 			return nil
 		}
 		return status.Errorf(codes.PermissionDenied, "xds-server: debug types are served over plaintext only on a loopback listener (or with --debug-plaintext); "+
-			"use the TLS port with a client certificate of a service account in %s", s.cfg.Namespace)
+			"use the TLS port with a client certificate or token of a service account in %s", s.cfg.Namespace)
 	}
 	if client == "" {
-		return status.Errorf(codes.Unauthenticated, "xds-server: debug types over TLS need a client certificate from the mesh's CA, of a service account in %s", s.cfg.Namespace)
+		return status.Errorf(codes.Unauthenticated, "xds-server: debug types over TLS need a client certificate from the mesh's CA or a token, of a service account in %s", s.cfg.Namespace)
 	}
 	id, err := spiffe.Parse(client)
 	if err != nil || id.Namespace != s.cfg.Namespace {

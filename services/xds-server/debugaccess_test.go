@@ -79,7 +79,9 @@ func TestDebugAccessRule(t *testing.T) {
 
 // secureServer is a running xds-server with plaintext and TLS listeners on loopback, trusting
 // the returned mesh root.
-func secureServer(t *testing.T) (*Server, *pki.Authority) {
+// secureServer runs a server with a plaintext and a TLS listener whose clients' certificates the
+// returned root verifies; opts adjust its config and deps first.
+func secureServer(t testing.TB, opts ...func(*Config, *Deps)) (*Server, *pki.Authority) {
 	t.Helper()
 	mesh, serving := servingCert(t)
 	store := bus.NewStore()
@@ -87,10 +89,15 @@ func secureServer(t *testing.T) (*Server, *pki.Authority) {
 		TrustDomain: "cluster.local", RootCertificates: []string{string(pki.EncodeCerts(mesh.Cert))}}}}); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := New(Config{Listen: "127.0.0.1:0", SecureListen: "127.0.0.1:0", PodName: "xds-0"}, Deps{
+	cfg := Config{Listen: "127.0.0.1:0", SecureListen: "127.0.0.1:0", PodName: "xds-0"}
+	deps := Deps{
 		Logger: testLogger(t), Config: fakebus.New(), Registry: fakebus.New(), Bundle: bus.Local(store),
 		TLS: ServingTLS(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &serving, nil }),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg, &deps)
+	}
+	srv, err := New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}

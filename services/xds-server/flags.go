@@ -23,6 +23,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	c.Overload.AddFlags(fs)
 	cli.NamespaceVar(fs, &c.Namespace)
 	cli.PodNameVar(fs, &c.PodName, "this replica's name: its identity in the status Lease and, in xds-server, in proxy status (default: $POD_NAME, else the host name)")
+	cli.SharedStringVar(fs, &c.ClusterID, "cluster-id", cli.EnvOr("CLUSTER_ID", "Kubernetes"), "this cluster's name; TLS xDS clients authenticating with a token while claiming another (clusterid metadata) are refused")
 	fs.BoolVar(&c.DebugPlaintext, "debug-plaintext", false,
-		"serve proxy status and config dumps (Istio's debug types) on a plaintext --xds-listen that is not loopback, to anyone who reaches it; off: only a loopback plaintext listener serves them, and TLS clients need a certificate of --namespace")
+		"serve proxy status and config dumps (Istio's debug types) on a plaintext --xds-listen that is not loopback, to anyone who reaches it; off: only a loopback plaintext listener serves them, and TLS clients need a certificate or token of a service account of --namespace")
 }

@@ -13,7 +13,9 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
 
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/authz"
 	"sailplane.dev/services/xds-server/internal/envoygen"
 	"sailplane.dev/services/xds-server/internal/grpcgen"
@@ -108,6 +110,8 @@ type localityInputs struct {
 	snap         *model.Snapshot
 	matters      bool
 	failoverKeys []string
+	// viewerKeys are the labels through which the client's labels matter (model.ViewerLabelKeys).
+	viewerKeys []string
 }
 
 var (
@@ -120,10 +124,11 @@ func newProxylessGenerator(log *slog.Logger) *proxylessGenerator {
 }
 
 // CacheScope: grpcgen reads nothing of the proxy but what its namespace can see, its DNS
-// domain (the short names of routes), for clusters whether it is in the mesh (auto mTLS) and
-// for endpoints its locality when locality load balancing may apply.
+// domain (the short names of routes), its values of the labels routes' sourceLabels and
+// DestinationRule workloadSelectors name, for clusters whether it is in the mesh (auto mTLS)
+// and for endpoints its locality when locality load balancing may apply.
 func (g *proxylessGenerator) CacheScope(snap *model.Snapshot, p *model.Proxy, typeURL string) string {
-	scope := "grpc/" + p.Namespace + "/d=" + p.DNSDomain
+	scope := "grpc/" + p.Namespace + "/d=" + p.DNSDomain + g.viewerKey(snap, p)
 	switch typeURL {
 	case resourcev3.ListenerType:
 		return scope + serverScope(snap, p)
@@ -136,16 +141,49 @@ func (g *proxylessGenerator) CacheScope(snap *model.Snapshot, p *model.Proxy, ty
 	return scope + g.localityKey(snap, p)
 }
 
-// localityKey is translate.LocalityKey when locality load balancing may apply in snap, else "".
-func (g *proxylessGenerator) localityKey(snap *model.Snapshot, p *model.Proxy) string {
+// inputs returns what of the proxy snap's output may depend on, computed once per snapshot.
+func (g *proxylessGenerator) inputs(snap *model.Snapshot) localityInputs {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	in := g.locality
 	if in.snap != snap {
 		in.snap = snap
 		in.matters, in.failoverKeys = translate.LocalityInputs(snap)
+		in.viewerKeys = snap.ViewerLabelKeys()
 		g.locality = in
 	}
-	g.mu.Unlock()
+	return in
+}
+
+// viewerKey names the Sidecar that applies to p and p's values of the labels its routes and
+// DestinationRules may select on.
+func (g *proxylessGenerator) viewerKey(snap *model.Snapshot, p *model.Proxy) string {
+	var b strings.Builder
+	if sc := model.SelectSidecar(snap, p); sc != nil {
+		b.WriteString("/sc=" + sc.Namespace + "/" + sc.Name)
+	}
+	keys := g.inputs(snap).viewerKeys
+	if len(keys) == 0 {
+		return b.String()
+	}
+	b.WriteString("/l=")
+	for _, k := range keys {
+		if v, ok := p.Labels[k]; ok {
+			b.WriteString(k + "=" + v + ";")
+		}
+	}
+	return b.String()
+}
+
+// viewerOf is whom grpcgen resolves config for: like istiod, which gives proxyless clients
+// ("sidecar~" nodes) a SidecarScope, the Sidecar resource that selects p applies.
+func viewerOf(snap *model.Snapshot, p *model.Proxy) *model.Viewer {
+	return &model.Viewer{Namespace: p.Namespace, Labels: p.Labels, Sidecar: model.SelectSidecar(snap, p)}
+}
+
+// localityKey is translate.LocalityKey when locality load balancing may apply in snap, else "".
+func (g *proxylessGenerator) localityKey(snap *model.Snapshot, p *model.Proxy) string {
+	in := g.inputs(snap)
 	if !in.matters {
 		return ""
 	}
@@ -171,7 +209,8 @@ func (g *proxylessGenerator) Generate(snap *model.Snapshot, p *model.Proxy, type
 			hosts[hostOf(n)] = true
 		}
 		client, _ := g.client(snap, p)
-		res = grpcgen.Generate(visible(snap, p.Namespace, hosts), p.DNSDomain, client, p.InMesh(), g.log)
+		v := viewerOf(snap, p)
+		res = grpcgen.Generate(visible(snap, v, hosts), p.DNSDomain, v, client, p.InMesh(), g.log)
 	} else {
 		res = g.translate(snap, p)
 	}
@@ -209,27 +248,53 @@ func (g *proxylessGenerator) Generate(snap *model.Snapshot, p *model.Proxy, type
 
 func (g *proxylessGenerator) translate(snap *model.Snapshot, p *model.Proxy) *grpcgen.Resources {
 	client, key := g.client(snap, p)
-	key = p.Namespace + "/d=" + p.DNSDomain + "/m=" + strconv.FormatBool(p.InMesh()) + key
+	key = p.Namespace + "/d=" + p.DNSDomain + g.viewerKey(snap, p) + "/m=" + strconv.FormatBool(p.InMesh()) + key
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if m, ok := g.memo[key]; ok && m.snap == snap {
 		return m.res
 	}
-	res := grpcgen.Generate(visible(snap, p.Namespace, nil), p.DNSDomain, client, p.InMesh(), g.log)
+	v := viewerOf(snap, p)
+	res := grpcgen.Generate(visible(snap, v, nil), p.DNSDomain, v, client, p.InMesh(), g.log)
 	g.memo[key] = proxylessMemo{snap: snap, res: res}
 	return res
 }
 
-// visible is snap restricted to the services namespace ns can see (and to hosts, if given);
-// snap itself when nothing is left out.
-func visible(snap *model.Snapshot, ns string, hosts map[string]bool) *model.Snapshot {
-	keep := func(h string, svc *model.Service) bool {
-		return (hosts == nil || hosts[h]) &&
-			model.ExportVisibility(svc.Spec.GetNamespace(), svc.Spec.GetExportTo()).Sees(ns)
+// visible is snap restricted to the services v can see (exportTo, and its Sidecar's egress
+// hosts, which may also leave out ports) and to hosts, if given, with the one v's namespace
+// sees of a hostname several namespaces publish; snap itself when nothing changes.
+func visible(snap *model.Snapshot, v *model.Viewer, hosts map[string]bool) *model.Snapshot {
+	// A hostname several namespaces publish resolves to the one v's namespace sees.
+	snap = snap.ForNamespace(v.Namespace, false)
+	// scoped is svc as v sees it: nil when not at all, a copy when some ports are left out.
+	scoped := func(h string, svc *model.Service) *model.Service {
+		if (hosts != nil && !hosts[h]) || !snap.ServiceVisible(svc, v.Namespace) {
+			return nil
+		}
+		if v.Sidecar == nil || len(v.Sidecar.Spec.GetEgress()) == 0 {
+			return svc
+		}
+		var ports []*discoveryv1.Port
+		for _, port := range svc.Spec.GetPorts() {
+			if model.SidecarImportsPort(v.Sidecar.Spec, v.Sidecar.Namespace, svc.Spec.GetNamespace(), h, port.GetNumber()) {
+				ports = append(ports, port)
+			}
+		}
+		switch len(ports) {
+		case 0:
+			return nil
+		case len(svc.Spec.GetPorts()):
+			return svc
+		}
+		spec := proto.Clone(svc.Spec).(*discoveryv1.Service)
+		spec.Ports = ports
+		cp := *svc
+		cp.Spec = spec
+		return &cp
 	}
 	all := true
 	for h, svc := range snap.Services {
-		if !keep(h, svc) {
+		if scoped(h, svc) != svc {
 			all = false
 			break
 		}
@@ -240,8 +305,8 @@ func visible(snap *model.Snapshot, ns string, hosts map[string]bool) *model.Snap
 	out := *snap
 	out.Services = map[string]*model.Service{}
 	for h, svc := range snap.Services {
-		if keep(h, svc) {
-			out.Services[h] = svc
+		if s := scoped(h, svc); s != nil {
+			out.Services[h] = s
 		}
 	}
 	return &out

@@ -155,7 +155,7 @@ func duplicateSubsets(snap *model.Snapshot) []model.Problem {
 // clustersWithoutInstances: the EDS clusters (of services resolved by their endpoints) whose
 // load assignment is empty: no healthy endpoint, or none in the subset.
 func clustersWithoutInstances(snap *model.Snapshot) []model.Problem {
-	binds := snap.Bindings(nil, nil)
+	binds := snap.Bindings(nil)
 	var out []model.Problem
 	for _, h := range snap.Hostnames() {
 		svc := snap.Services[h]

@@ -80,7 +80,7 @@ func TestSecureListenerAndTrustBundle(t *testing.T) {
 }
 
 // servingCert is a new root and a serving certificate it issued for istiod's name.
-func servingCert(t *testing.T) (*pki.Authority, tls.Certificate) {
+func servingCert(t testing.TB) (*pki.Authority, tls.Certificate) {
 	t.Helper()
 	auth, err := pki.NewSelfSigned(pki.ECDSAP256, "cluster.local", time.Hour)
 	if err != nil {
@@ -98,7 +98,7 @@ func servingCert(t *testing.T) (*pki.Authority, tls.Certificate) {
 }
 
 // issueFor is a client certificate of the service account ns/sa, from auth.
-func issueFor(t *testing.T, auth *pki.Authority, ns, sa string) tls.Certificate {
+func issueFor(t testing.TB, auth *pki.Authority, ns, sa string) tls.Certificate {
 	t.Helper()
 	key, err := pki.GenerateKey(pki.ECDSAP256)
 	if err != nil {

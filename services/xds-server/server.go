@@ -43,6 +43,7 @@ type Config struct {
 	// SecureListen are empty, off when only it is.
 	Listen string
 	// SecureListen is the ADS address over TLS (istiod's 15012), served with Deps.TLS; empty: off.
+	// Its xDS clients must authenticate (a client certificate or a token, see authenticate).
 	SecureListen string
 	// Debounce is how long changes must stay quiet before they are pushed; default 100ms.
 	Debounce time.Duration
@@ -60,13 +61,18 @@ type Config struct {
 	// MaxConnectionAgeGrace is how long a connection past its age may finish its streams;
 	// default 10s.
 	MaxConnectionAgeGrace time.Duration
-	// Namespace is the control plane's namespace: over TLS, only clients with a certificate
-	// of a service account in it may ask for the debug types (proxy status, config dumps).
+	// Namespace is the control plane's namespace: over TLS, only clients authenticated (by
+	// certificate or token) as a service account in it may ask for the debug types (proxy
+	// status, config dumps).
 	// Default cli.DefaultNamespace.
 	Namespace string
 	// PodName names this replica in debug responses (which replica a proxy is connected
 	// to); default the host name.
 	PodName string
+	// ClusterID is this cluster's name: a TLS client authenticating with a token while claiming
+	// another cluster (the "clusterid" metadata pilot-agent sends) is refused, as istiod refuses
+	// a token it has no API server for. "Kubernetes" (istiod's default) when empty.
+	ClusterID string
 	// DebugPlaintext serves the debug types on a plaintext listener that is not on a loopback
 	// address, to anyone who reaches it. Off: only a loopback plaintext listener serves them.
 	DebugPlaintext bool
@@ -97,6 +103,9 @@ type Deps struct {
 	// TLS is the secure listener's TLS config (its serving certificate); required with
 	// Config.SecureListen.
 	TLS *tls.Config
+	// Tokens, when set, reviews the service-account tokens of TLS clients without a client
+	// certificate (kube.TokenReviewer, audience istio-ca); without it such clients are refused.
+	Tokens TokenReviewer
 	// SecureServices, when set, registers more services on the secure listener (hyper: the ca's
 	// CreateCertificate, on one port as istiod serves it).
 	SecureServices func(grpc.ServiceRegistrar)
@@ -170,6 +179,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	cfg.PushConcurrency = cmp.Or(cfg.PushConcurrency, 16)
 	cfg.MaxConnectionAgeGrace = cmp.Or(cfg.MaxConnectionAgeGrace, 10*time.Second)
 	cfg.Namespace = cmp.Or(cfg.Namespace, cli.DefaultNamespace)
+	cfg.ClusterID = cmp.Or(cfg.ClusterID, "Kubernetes")
 	if cfg.PodName == "" {
 		cfg.PodName, _ = os.Hostname()
 	}
@@ -207,7 +217,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		Generator:       generatorFor(log, s.problems),
 		PushConcurrency: cfg.PushConcurrency,
 		CacheAssert:     cfg.CacheAssert,
-		PeerIdentity:    grpcserver.PeerIdentity, // verified by s.authenticate
+		PeerIdentity:    grpcserver.PeerIdentity, // authenticated by s.authenticate
 		DebugAccess:     s.debugAccess,
 		Replica:         cfg.PodName,
 		Version:         version.Get().Version,

@@ -84,12 +84,20 @@ type proc struct {
 }
 
 func startProc(name, logPath, bin string, args ...string) (*proc, error) {
+	return startProcEnv(name, logPath, nil, bin, args...)
+}
+
+// startProcEnv is startProc with env (KEY=value) added to the test's environment.
+func startProcEnv(name, logPath string, env []string, bin string, args ...string) (*proc, error) {
 	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("testenv: %s log: %w", name, err)
 	}
 	fmt.Fprintf(lf, "### %s %s\n", bin, strings.Join(args, " "))
 	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout = lf
 	cmd.Stderr = lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{
@@ -162,14 +170,14 @@ func tailFile(path string, max int64) string {
 	return string(buf[:n])
 }
 
-// logsOf is the tail of each log, without kube-apiserver's start-up listing of every flag: a
-// failed test prints it, and hundreds of FLAG lines would bury what went wrong.
+// logsOf is the tail of each log, without kube-apiserver's and istiod's start-up listing of
+// every flag: a failed test prints it, and hundreds of FLAG lines would bury what went wrong.
 func logsOf(paths ...string) string {
 	var b strings.Builder
 	for _, p := range paths {
 		fmt.Fprintf(&b, "===== %s =====\n", filepath.Base(p))
 		for line := range strings.Lines(tailFile(p, 64<<10)) {
-			if !strings.Contains(line, "] FLAG: --") {
+			if !strings.Contains(line, "] FLAG: --") && !strings.Contains(line, "\tFLAG: --") {
 				b.WriteString(line)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -289,5 +290,35 @@ func TestBuildErrorKeepsOutput(t *testing.T) {
 	}
 	if _, statErr := os.Stat(filepath.Join(os.Getenv("SAILPLANE_CACHE"), "bin", "nothing-v0.0.0")); statErr == nil {
 		t.Fatal("a failed build left a binary")
+	}
+}
+
+// TestIstiod starts Istio's istiod against a test API server: it becomes ready, serves the mesh
+// config it was given, listens on loopback only (its xDS address), and Stop ends it.
+func TestIstiod(t *testing.T) {
+	k := KubeForTest(t)
+	i := IstiodForTest(t, k, "rootNamespace: istio-system\ningressClass: testenv\n")
+	if !strings.HasPrefix(i.XDSAddr(), "127.0.0.1:") || !strings.HasPrefix(i.DebugAddr(), "127.0.0.1:") {
+		t.Fatalf("istiod listens on %s and %s, want loopback", i.XDSAddr(), i.DebugAddr())
+	}
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{}}
+	defer hc.CloseIdleConnections()
+	body, err := httpGet(testCtx(t), hc, "http://"+i.DebugAddr()+"/debug/mesh", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mesh struct{ IngressClass string }
+	if err := json.Unmarshal(body, &mesh); err != nil || mesh.IngressClass != "testenv" {
+		t.Fatalf("istiod's mesh config %s (%v), want ingressClass testenv", body, err)
+	}
+	conn, err := net.DialTimeout("tcp", i.XDSAddr(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("istiod's xDS port: %v", err)
+	}
+	conn.Close()
+	i.Stop()
+	if conn, err := net.DialTimeout("tcp", i.XDSAddr(), 5*time.Second); err == nil {
+		conn.Close()
+		t.Fatal("istiod's xDS port still answers after Stop")
 	}
 }

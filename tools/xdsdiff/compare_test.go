@@ -74,6 +74,14 @@ func TestCompare(t *testing.T) {
 		istiod: []proto.Message{edsCluster("c", ""), withEndpoint(cla("c", "198.18.0.1"), &corev3.Locality{}, 1, corev3.HealthStatus_HEALTHY)},
 		our:    []proto.Message{edsCluster("c", ""), cla("c", "198.18.0.1")},
 	}, {
+		name:   "a route match stating case_sensitive: true equals one leaving it out; false differs",
+		istiod: []proto.Message{routes("r", vhost("v", []string{"*"}, caseSensitive(route("/a", "a"), true), caseSensitive(route("/b", "b"), false)))},
+		our:    []proto.Message{routes("r", vhost("v", []string{"*"}, route("/a", "a"), route("/b", "b")))},
+		want: []string{
+			"RDS r virtual_hosts[v].routes[case_sensitive=false prefix=/b]: {route: {cluster: b}} | <absent>",
+			"RDS r virtual_hosts[v].routes[prefix=/b]: <absent> | {route: {cluster: b}}",
+		},
+	}, {
 		name:   "an endpoint's weight, locality and health are compared",
 		istiod: []proto.Message{edsCluster("c", ""), withEndpoint(cla("c", "198.18.0.1"), &corev3.Locality{Region: "eu", Zone: "eu-1"}, 2, corev3.HealthStatus_DRAINING)},
 		our:    []proto.Message{edsCluster("c", ""), cla("c", "198.18.0.1")},
@@ -342,6 +350,11 @@ func route(prefix, cluster string) *routev3.Route {
 		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: prefix}},
 		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
 			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster}}}}
+}
+
+func caseSensitive(r *routev3.Route, on bool) *routev3.Route {
+	r.Match.CaseSensitive = wrapperspb.Bool(on)
+	return r
 }
 
 // BenchmarkCompare compares a sidecar-sized snapshot with itself: 300 clusters with mTLS

@@ -101,6 +101,14 @@ var unorderedValues = map[protoreflect.FullName]bool{
 	"envoy.config.listener.v3.FilterChainMatch.source_ports":                true,
 }
 
+// statedDefaults are fields whose value, when it is Envoy's default, means what leaving them out
+// means: stated or not, they compare equal. "{}" is an empty message.
+var statedDefaults = map[protoreflect.FullName]string{
+	"envoy.config.route.v3.RouteMatch.case_sensitive":                                                         "true",
+	"envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext.require_client_certificate":               "false",
+	"envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.http_protocol_options": "{}",
+}
+
 // commaSets are strings Envoy reads as comma-separated sets: compared sorted.
 var commaSets = map[protoreflect.FullName]bool{
 	"envoy.config.route.v3.RetryPolicy.retry_on":                      true,
@@ -177,7 +185,7 @@ func (p *projector) message(path string, m protoreflect.Message) any {
 			sub = path // merged into this message, below
 		}
 		x := p.field(sub, fd, v)
-		if x == nil {
+		if x == nil || isStatedDefault(fd, x) {
 			return true
 		}
 		// A typed config is shown as properties of what it configures:
@@ -496,6 +504,17 @@ func scalar(fd protoreflect.FieldDescriptor, v protoreflect.Value) any {
 		return strconv.FormatFloat(v.Float(), 'g', -1, 64)
 	}
 	return v.String()
+}
+
+func isStatedDefault(fd protoreflect.FieldDescriptor, x any) bool {
+	d, ok := statedDefaults[fd.FullName()]
+	if !ok {
+		return false
+	}
+	if f, isMsg := x.(fields); isMsg {
+		return d == "{}" && len(f) == 0
+	}
+	return x == d
 }
 
 // plain turns decoded JSON-like values (Struct) into a tree.

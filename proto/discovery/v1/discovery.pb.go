@@ -139,7 +139,8 @@ type Service struct {
 	Labels       map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Where the service was discovered: "serviceentry", "kubernetes", "consul".
 	Registry string `protobuf:"bytes,8,opt,name=registry,proto3" json:"registry,omitempty"`
-	// Namespaces the service is visible to; empty means all ("*").
+	// Namespaces the service is visible to ("*": all); empty leaves the mesh's
+	// defaultServiceExportTo in force (all by default).
 	ExportTo  []string `protobuf:"bytes,9,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`
 	ClusterId string   `protobuf:"bytes,10,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	// Identities the service's workloads may present besides their endpoints' service accounts,

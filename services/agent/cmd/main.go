@@ -11,6 +11,7 @@ import (
 	"sailplane.dev/shared/component"
 
 	agent "sailplane.dev/services/agent"
+	"sailplane.dev/services/agent/capture"
 )
 
 func main() {
@@ -37,5 +38,32 @@ func main() {
 	}
 	logOpts.AddFlags(cmd.Flags())
 	cfg.AddFlags(cmd.Flags())
+	cmd.AddCommand(captureCommand())
 	cli.Execute(cmd)
+}
+
+// captureCommand is `agent capture`, the init container of an injected pod (as Istio's
+// istio-init): it installs the traffic capture rules in the pod's network namespace and exits.
+func captureCommand() *cobra.Command {
+	var (
+		logOpts cli.LogOptions
+		opts    capture.CommandOptions
+	)
+	cmd := &cobra.Command{
+		Use:   "capture",
+		Short: "Install the pod's traffic capture (Istio's istio-iptables flags): outbound TCP to 15001, inbound to 15006, DNS to 15053",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := logOpts.Logger()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := cli.SignalContext()
+			defer cancel()
+			return opts.Run(ctx, log.With("component", "capture"), cmd.OutOrStdout())
+		},
+	}
+	logOpts.AddFlags(cmd.Flags())
+	opts.AddFlags(cmd)
+	return cmd
 }

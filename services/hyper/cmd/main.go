@@ -86,6 +86,11 @@ func newCommand() *cobra.Command {
 			xdsDeps := xdsserver.Deps{Logger: log.With("component", "xds-server"), Config: local("xds-server"), Registry: local("xds-server"), Bundle: local("xds-server")}
 			if xdsCfg.SecureListen != "" {
 				xdsDeps.TLS = authority.ServerTLS()
+				// One token reviewer (audiences, cache) for the ca and xDS: pilot-agent sends
+				// the same token to both. Nil (no Kubernetes) leaves TLS xDS to certificates.
+				if r := authority.TokenReviewer(); r != nil {
+					xdsDeps.Tokens = r
+				}
 			}
 			if caCfg.Embedded {
 				xdsDeps.SecureServices = authority.Register

@@ -4,12 +4,15 @@ package main
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
 	"sailplane.dev/shared/telemetry"
@@ -30,6 +33,9 @@ func main() {
 		certDir     string
 		caBus       string
 		identity    serviceid.Flags
+		useKube     string
+		kubeconfig  string
+		tokens      kube.TokenReviewOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "xds-server",
@@ -60,6 +66,13 @@ func main() {
 				deps.TLS = xdsserver.ServingTLS(workloadcert.GetCertificate(certs))
 			default:
 				return errors.New("--xds-tls-listen needs a certificate: --ca-address (this server's own, with istiod's names) or --tls-cert-dir (the folder where the ca keeps one, ca --serving-cert-dir)")
+			}
+			tokens.TrustDomain = identity.Bus.TrustDomain
+			if deps.Tokens, err = tokenReviewer(useKube, kubeconfig, tokens); err != nil {
+				return err
+			}
+			if deps.Tokens != nil {
+				log.Info("TLS xDS clients may authenticate with service-account tokens", "audiences", tokens.Audiences)
 			}
 			srv, err := xdsserver.New(cfg, deps)
 			if err != nil {
@@ -93,5 +106,32 @@ func main() {
 	cmd.Flags().StringVar(&certDir, "tls-cert-dir", "", "folder holding the TLS listener's certificate (tls.crt, tls.key), kept by the ca (--serving-cert-dir) or a mounted kubernetes.io/tls Secret, instead of this server's own; re-read when it changes")
 	identity.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")
+	cmd.Flags().StringVar(&useKube, "kubernetes", "false", "review the service-account tokens of TLS xDS clients without a client certificate with this cluster (TokenReview; needs RBAC to create tokenreviews): true, auto (when a cluster is found) or false (such clients are refused)")
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file for --kubernetes (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
+	cmd.Flags().StringSliceVar(&tokens.Audiences, "token-audiences", kube.DefaultTokenAudiences, "audiences a service-account token must be valid for (istiod's TOKEN_AUDIENCES)")
 	cli.Execute(cmd)
+}
+
+// tokenReviewer is the reviewer of the TLS clients' tokens that --kubernetes asks for; nil
+// for none.
+func tokenReviewer(useKube, kubeconfig string, opts kube.TokenReviewOptions) (xdsserver.TokenReviewer, error) {
+	switch useKube {
+	case "false":
+		return nil, nil
+	case "auto", "true":
+	default:
+		return nil, errors.New(`--kubernetes: want auto, true or false`)
+	}
+	found, err := kube.Discover(kubeconfig)
+	switch {
+	case errors.Is(err, kube.ErrNoCluster) && useKube == "auto":
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("--kubernetes: %w", err)
+	}
+	c, err := kubernetes.NewForConfig(kube.WithRateLimits(found.Config))
+	if err != nil {
+		return nil, fmt.Errorf("--kubernetes: %w", err)
+	}
+	return kube.NewTokenReviewer(c, opts), nil
 }

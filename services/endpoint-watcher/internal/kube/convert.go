@@ -85,7 +85,8 @@ func Protocol(p corev1.ServicePort) string {
 }
 
 // exportTo parses the exportTo annotation: comma-separated namespaces, "." for the Service's
-// own, "*" (or nothing) for all, which the registry spells as empty.
+// own, "*" for all (kept, unlike an absent annotation, which leaves the mesh's
+// defaultServiceExportTo in force).
 func exportTo(ns, annotation string) []string {
 	var out []string
 	for e := range strings.SplitSeq(annotation, ",") {
@@ -93,7 +94,7 @@ func exportTo(ns, annotation string) []string {
 		case "":
 			continue
 		case "*":
-			return nil
+			return []string{"*"}
 		case ".":
 			e = ns
 		}

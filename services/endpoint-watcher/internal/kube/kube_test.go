@@ -77,10 +77,10 @@ func TestHealth(t *testing.T) {
 func TestExportTo(t *testing.T) {
 	for in, want := range map[string][]string{
 		"":        nil,
-		"*":       nil,
+		"*":       {"*"},
 		".":       {"ns"},
 		"b, ., a": {"a", "b", "ns"},
-		"a,*,b":   nil,
+		"a,*,b":   {"*"},
 	} {
 		if got := exportTo("ns", in); !slices.Equal(got, want) {
 			t.Errorf("exportTo(%q) = %v, want %v", in, got, want)

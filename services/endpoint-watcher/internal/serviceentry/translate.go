@@ -307,13 +307,14 @@ func isDNS(r networking.ServiceEntry_Resolution) bool {
 		r == networking.ServiceEntry_DYNAMIC_DNS
 }
 
-// exportTo resolves "." to the SE's namespace and collapses "*" to empty (visible to all).
+// exportTo resolves "." to the SE's namespace and collapses a list holding "*" to just "*"
+// (kept, unlike an empty exportTo, which leaves the mesh's defaultServiceExportTo in force).
 func exportTo(ns string, in []string) []string {
 	var out []string
 	for _, e := range in {
 		switch e {
 		case "*":
-			return nil
+			return []string{"*"}
 		case ".":
 			e = ns
 		}

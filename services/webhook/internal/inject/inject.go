@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"sailplane.dev/shared/capture"
 	"sailplane.dev/shared/mesh"
 )
 
@@ -185,6 +186,12 @@ func (i *Injector) Admit(req *admissionv1.AdmissionRequest) *admissionv1.Admissi
 	if !inject {
 		log.Debug("sidecar injection skipped", "reason", why)
 		return &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true, Warnings: warnings}
+	}
+	// A capture annotation that does not parse would leave the pod with half its rules: refuse
+	// it here, naming the annotation, as istiod does.
+	if _, err := capture.FromAnnotations(pod.Annotations, capture.Default()); err != nil {
+		log.Warn("sidecar injection refused", "error", err)
+		return refuse(req.UID, http.StatusBadRequest, fmt.Errorf("sidecar injection: %w", err))
 	}
 	original, err := json.Marshal(&pod)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode"
 
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"sigs.k8s.io/yaml"
 
+	"sailplane.dev/shared/capture"
 	"sailplane.dev/shared/mesh"
 )
 
@@ -259,7 +261,37 @@ func (s *templateSet) templateData(pod *corev1.Pod, revision string, mc *meshv1a
 	}
 	data.ProxyResources = res
 	data.ProxyUID, data.ProxyGID = proxyIDs(&stripped.Spec, proxyValues["uid"])
+	cc, err := podCapture(meta.Annotations, pc, data.ProxyUID, data.ProxyGID)
+	if err != nil {
+		return nil, err
+	}
+	if cc.Mode == capture.TProxy {
+		// TPROXY keeps inbound packets' destination; the proxy must then be uid 1337, whose
+		// traffic the rules return (Istio's template forces it too).
+		data.ProxyUID, data.ProxyGID = capture.ProxyUID, capture.ProxyUID
+	}
+	pilot, _ := values["pilot"].(map[string]any)
+	cni, _ := pilot["cni"].(map[string]any)
+	data.CNI, _ = cni["enabled"].(bool)
+	if cc.Mode != capture.None {
+		data.CaptureArgs = cc.Args()
+	}
 	return data, nil
+}
+
+// podCapture is what the pod's capture installs (shared/capture's ForPod, as the CNI plugin
+// computes it): the proxy's uid/gid and status port never captured, DNS captured when the
+// proxy's metadata says so.
+func podCapture(annotations map[string]string, pc *meshv1alpha1.ProxyConfig, uid, gid int64) (capture.Config, error) {
+	p := capture.Proxy{UID: uint32(uid), GID: uint32(gid), StatusPort: uint16(pc.GetStatusPort())}
+	if v, ok := pc.GetProxyMetadata()["ISTIO_META_DNS_CAPTURE"]; ok {
+		dns, err := strconv.ParseBool(v)
+		if err != nil {
+			return capture.Config{}, fmt.Errorf("proxyMetadata ISTIO_META_DNS_CAPTURE (mesh defaultConfig or annotation %s): %q is not a boolean", annoProxyConfig, v)
+		}
+		p.DNS = dns
+	}
+	return capture.ForPod(annotations, p)
 }
 
 var envoyLevels = []string{"trace", "debug", "info", "warning", "warn", "error", "critical", "off"}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -112,7 +113,10 @@ func testConfigMapReload(t *testing.T, client kubernetes.Interface) {
 
 // testRestrictedPodSecurity: pods injected with each built-in template are stored by the API
 // server in a namespace enforcing Pod Security "restricted", so the injected containers are
-// valid and restricted-friendly (the application's own containers being so too).
+// valid and restricted-friendly (the application's own containers being so too) — except the
+// sidecar's capture init container (NET_ADMIN, NET_RAW, root), which "restricted" refuses, as
+// it refuses Istio's istio-init: there CNI mode (values pilot.cni.enabled) is the way, its pod
+// having no such container.
 func testRestrictedPodSecurity(t *testing.T, client kubernetes.Interface) {
 	ctx := context.Background()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "restricted", Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}}}
@@ -124,15 +128,24 @@ func testRestrictedPodSecurity(t *testing.T, client kubernetes.Interface) {
 	if _, err := client.CoreV1().Pods("restricted").Create(ctx, plain, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "violates PodSecurity") {
 		t.Fatalf("creating a pod that is not restricted: %v, want a PodSecurity refusal", err)
 	}
-	inj := builtIn(t)
-	for _, templates := range []string{"sidecar", "grpc-agent"} {
-		t.Run(templates, func(t *testing.T) {
+	initMode := builtIn(t)
+	cniMode := withValues(t, strings.Replace(string(DefaultValues), `"cni": {"enabled": false}`, `"cni": {"enabled": true}`, 1))
+	for _, tc := range []struct {
+		name, templates string
+		inj             *Injector
+		refused         string // what Pod Security names, when it refuses the pod
+	}{
+		{name: "sidecar", templates: "sidecar", inj: initMode, refused: `container "istio-init" must not include "NET_ADMIN", "NET_RAW" in securityContext.capabilities.add`},
+		{name: "sidecar-cni", templates: "sidecar", inj: cniMode},
+		{name: "grpc-agent", templates: "grpc-agent", inj: initMode},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			// serviceAccountName set, as the API server's ServiceAccount admission does before
 			// calling webhooks.
-			pod := []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + templates + `","namespace":"restricted","annotations":{"inject.istio.io/templates":"` + templates + `"}},
+			pod := []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + tc.name + `","namespace":"restricted","annotations":{"inject.istio.io/templates":"` + tc.templates + `"}},
 				"spec":{"serviceAccountName":"default","securityContext":{"runAsNonRoot":true,"runAsUser":65532,"seccompProfile":{"type":"RuntimeDefault"}},
 				"containers":[{"name":"app","image":"app","resources":{},"securityContext":{"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]}}}]}}`)
-			resp := inj.Admit(podRequest(pod))
+			resp := tc.inj.Admit(podRequest(pod))
 			if !resp.Allowed || resp.Patch == nil {
 				t.Fatalf("allowed %v, patch %s: %+v", resp.Allowed, resp.Patch, resp.Result)
 			}
@@ -140,11 +153,36 @@ func testRestrictedPodSecurity(t *testing.T, client kubernetes.Interface) {
 			if err := json.Unmarshal(applyPatch(t, pod, resp.Patch), &injected); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := client.CoreV1().Pods("restricted").Create(ctx, &injected, metav1.CreateOptions{}); err != nil {
+			if tc.inj == cniMode {
+				// No istio-init: the validation container, first, as the proxy's user (the pod's
+				// runAsUser), the one the rules return.
+				v := injected.Spec.InitContainers[0]
+				if v.Name != "istio-validation" || !slices.Contains(v.Args, "--validate") || v.SecurityContext == nil || v.SecurityContext.RunAsUser == nil || *v.SecurityContext.RunAsUser != 65532 || !slices.Contains(v.Args, "65532") {
+					t.Errorf("CNI mode: first init container %s %q, want istio-validation running --validate as the proxy's uid 65532", v.Name, v.Args)
+				}
+			}
+			_, err := client.CoreV1().Pods("restricted").Create(ctx, &injected, metav1.CreateOptions{})
+			switch {
+			case tc.refused == "" && err != nil:
 				t.Fatalf("the API server refuses the injected pod: %v", err)
+			case tc.refused != "" && (err == nil || !strings.Contains(err.Error(), tc.refused)):
+				t.Fatalf("the API server's answer %v, want a refusal naming %s", err, tc.refused)
 			}
 		})
 	}
+}
+
+// withValues is a running Injector with the built-in config and these values, from a folder.
+func withValues(t *testing.T, values string) *Injector {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "config"), DefaultConfig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "values"), []byte(values), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return runInjector(t, Config{}, Deps{Logger: testlog.New(t, slog.LevelInfo), Dir: dir})
 }
 
 // agentImage admits a plain pod and returns the image of the injected agent.

@@ -182,8 +182,16 @@ type TemplateData struct {
 	ProxyResources *corev1.ResourceRequirements
 	// ProxyUID and ProxyGID are the user the agent and Envoy run as: the pod's runAsUser and
 	// runAsGroup when it sets them (so a proxyless application can read the key the agent
-	// writes), else values global.proxy.uid (Istio's 1337).
+	// writes), else values global.proxy.uid (Istio's 1337); 1337 in TPROXY mode, as Istio's.
 	ProxyUID, ProxyGID int64
+	// CaptureArgs are the flags of `agent capture` (Istio's istio-iptables flags) for this pod:
+	// its traffic.sidecar.istio.io/* annotations, the proxy's uid/gid and status port never
+	// captured, DNS captured when proxyMetadata sets ISTIO_META_DNS_CAPTURE. Empty when the
+	// pod's interceptionMode is NONE: no capture.
+	CaptureArgs []string
+	// CNI is values pilot.cni.enabled (Istio's): the node's CNI plugin installs the capture, the
+	// pod gets no capture init container.
+	CNI bool
 }
 
 // templateFuncs are the functions templates may call: Istio's injection helpers that make sense

@@ -21,8 +21,9 @@ import (
 // with equal scopes share one generation and encoding. It holds every proxy input the builder
 // reads for that type:
 //
-//   - the proxy type and namespace (exportTo, DestinationRule precedence), and for sidecar
+//   - the proxy type and namespace (exportTo, DestinationRule lookup path), and for sidecar
 //     routes its DNS domain (short host names);
+//   - its values of the label keys DestinationRule workloadSelectors name;
 //   - the Sidecar resource that applies (it is chosen from the namespace and labels);
 //   - for listeners and routes, the proxy's values of the label keys some selector of the
 //     snapshot names (VirtualService sourceLabels, and Gateway selectors for gateways), since
@@ -33,7 +34,8 @@ import (
 //     than the IPs themselves, so every replica of a workload shares them;
 //   - for clusters and endpoints, when some DestinationRule or the mesh could turn locality
 //     load balancing on, the proxy's locality and its values of the labels failoverPriority
-//     names (DNS clusters carry their endpoints inline).
+//     names (DNS clusters carry their endpoints inline);
+//   - for clusters, whether the proxy has only IPv6 addresses (DNS clusters' lookup family).
 //
 // Endpoints are cached by the xds server per host on top of this (EndpointsVersion).
 func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL string) string {
@@ -54,8 +56,7 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 		if typeURL == resourcev3.ClusterType || typeURL == resourcev3.ListenerType {
 			b.WriteString("/in=")
 			// The rules the proxy's namespace sees, as its builder resolves them.
-			view := &builder{snap: snap, proxy: proxy}
-			binds := snap.Bindings(view.exported, view.destinationRuleRank)
+			binds := snap.ForNamespace(proxy.Namespace, false).Bindings(viewerOf(proxy, sc))
 			for _, in := range ix.inboundPorts(specOf(sc), proxy, nil) {
 				b.WriteString(in.key(binds))
 				b.WriteByte(';')
@@ -64,6 +65,9 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 	}
 	if ix.localityLB && (typeURL == resourcev3.ClusterType || typeURL == resourcev3.EndpointType) {
 		b.WriteString(translate.LocalityKey(snap, proxy, ix.failoverLabelKeys))
+	}
+	if typeURL == resourcev3.ClusterType && ipv6Only(proxy.IPs) {
+		b.WriteString("/v6")
 	}
 	if (typeURL == resourcev3.ListenerType || typeURL == resourcev3.RouteType) && proxy.IsSidecar() &&
 		len(proxy.IPs) > 0 && slices.ContainsFunc(ix.byIP[proxy.IPs[0]], func(e ipEndpoint) bool {
@@ -83,6 +87,15 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 		}
 		b.WriteString("/l=")
 		for _, k := range keys {
+			if v, ok := proxy.Labels[k]; ok {
+				b.WriteString(k + "=" + v + ";")
+			}
+		}
+	}
+	if len(ix.drSelectorKeys) > 0 {
+		// DestinationRule workloadSelectors choose the rule of a proxy's namespace.
+		b.WriteString("/dr=")
+		for _, k := range ix.drSelectorKeys {
 			if v, ok := proxy.Labels[k]; ok {
 				b.WriteString(k + "=" + v + ";")
 			}
@@ -122,6 +135,8 @@ type snapIndex struct {
 	// securityLabelKeys are the label keys AuthorizationPolicy, RequestAuthentication and
 	// PeerAuthentication selectors name, sorted.
 	securityLabelKeys []string
+	// drSelectorKeys are the label keys DestinationRule workloadSelectors name, sorted.
+	drSelectorKeys []string
 	// localityLB is set when some DestinationRule has outlier detection or a locality setting,
 	// or the mesh distributes by locality: only then may output depend on the proxy's locality.
 	// failoverLabelKeys are the labels failoverPriority entries name, sorted.
@@ -240,6 +255,13 @@ func newSnapIndex(snap *model.Snapshot) *snapIndex {
 	}
 	ix.routerLabelKeys = translate.SortedKeys(keys)
 	ix.securityLabelKeys = authz.SelectorLabelKeys(snap)
+	drKeys := map[string]bool{}
+	for _, dr := range snap.DestinationRules {
+		for k := range dr.Spec.GetWorkloadSelector().GetMatchLabels() {
+			drKeys[k] = true
+		}
+	}
+	ix.drSelectorKeys = translate.SortedKeys(drKeys)
 	ix.localityLB, ix.failoverLabelKeys = translate.LocalityInputs(snap)
 	ix.peerDisables = slices.ContainsFunc(snap.PeerAuthentications, func(c model.Config[*security.PeerAuthentication]) bool {
 		disables := func(m *security.PeerAuthentication_MutualTLS) bool {

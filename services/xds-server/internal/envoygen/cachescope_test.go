@@ -44,6 +44,10 @@ func TestCacheScope(t *testing.T) {
 				v := clone(p)
 				v.IPs = []string{"198.51.100.7"}
 				proxies = append(proxies, v)
+				// IPv6-only: DNS clusters look up AAAA records.
+				v = clone(p)
+				v.IPs = []string{"2001:db8::7"}
+				proxies = append(proxies, v)
 				v = clone(p)
 				v.Labels["unrelated"] = "x"
 				proxies = append(proxies, v)

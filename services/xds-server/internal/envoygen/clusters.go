@@ -10,6 +10,7 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	caresv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/network/dns_resolver/cares/v3"
 	rawbufferv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/raw_buffer/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
@@ -113,7 +114,7 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 		} else {
 			c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_LOGICAL_DNS}
 		}
-		c.DnsLookupFamily = clusterv3.Cluster_V4_ONLY
+		b.setDNS(c)
 		c.LoadAssignment = b.dnsLoadAssignment(name, svc, port, subset, lb, b.endpointMTLS(svc, port, subset.GetName()))
 	case discoveryv1.Resolution_NONE:
 		if b.proxy.IsRouter() {
@@ -619,4 +620,43 @@ func (b *builder) blackHoleCluster() *clusterv3.Cluster {
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
 		ConnectTimeout:       b.connectTimeout(),
 	}
+}
+
+// defaultDNSRefreshRate is the mesh's dnsRefreshRate when it sets none, as istiod's.
+const defaultDNSRefreshRate = 60 * time.Second
+
+// caresResolver is istiod's DNS resolver of DNS clusters: Envoy's c-ares, which opens a new UDP
+// socket (a new source port) every 100 queries, making spoofed answers harder to land.
+var caresResolver = &corev3.TypedExtensionConfig{Name: "envoy.network.dns_resolver.cares",
+	TypedConfig: mustAny(&caresv3.CaresDnsResolverConfig{UdpMaxQueries: wrapperspb.UInt32(100)})}
+
+// setDNS configures how a DNS cluster resolves, as istiod: re-resolving when the records' TTL
+// expires, and after a failed lookup at the mesh's dnsRefreshRate (not Envoy's 5s, which would
+// load the DNS servers), with 100ms of jitter; IPv6 addresses for a proxy that has only IPv6
+// addresses, else IPv4. The fields are deprecated for the dns_cluster extension, which istiod
+// does not use yet.
+func (b *builder) setDNS(c *clusterv3.Cluster) {
+	c.DnsLookupFamily = clusterv3.Cluster_V4_ONLY
+	if ipv6Only(b.proxy.IPs) {
+		c.DnsLookupFamily = clusterv3.Cluster_V6_ONLY
+	}
+	rate := b.snap.Mesh.GetDnsRefreshRate()
+	if rate.AsDuration() <= time.Millisecond { // unset, or a rate Envoy refuses
+		rate = durationpb.New(defaultDNSRefreshRate)
+	}
+	c.DnsRefreshRate = rate                              //nolint:staticcheck // see above
+	c.RespectDnsTtl = true                               //nolint:staticcheck // see above
+	c.DnsJitter = durationpb.New(100 * time.Millisecond) //nolint:staticcheck // see above
+	c.TypedDnsResolverConfig = caresResolver
+}
+
+// ipv6Only reports whether the proxy has addresses and all of them are IPv6.
+func ipv6Only(ips []string) bool {
+	for _, ip := range ips {
+		a, err := netip.ParseAddr(ip)
+		if err != nil || a.Unmap().Is4() {
+			return false
+		}
+	}
+	return len(ips) > 0
 }

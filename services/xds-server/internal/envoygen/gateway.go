@@ -12,6 +12,7 @@ import (
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
 
@@ -202,7 +203,7 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 			serverPort := s.server.GetPort().GetNumber()
 			switch {
 			case s.terminates() && strings.EqualFold(s.server.GetPort().GetProtocol(), "HTTPS"):
-				hcm := b.hcm("outbound_"+name, s.httpRouteName(), nil, true)
+				hcm := b.hcm("outbound_"+name, s.httpRouteName(), nil, hcmGateway)
 				addChain(&listenerv3.FilterChain{
 					FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: sniNames(serverHosts(s, ""))},
 					Filters:          []*listenerv3.Filter{hcmFilterOf(hcm)},
@@ -214,7 +215,7 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 				}
 				httpDone = true
 				addChain(&listenerv3.FilterChain{Filters: []*listenerv3.Filter{
-					hcmFilterOf(b.hcm("outbound_"+name, s.httpRouteName(), nil, true))}})
+					hcmFilterOf(b.hcm("outbound_"+name, s.httpRouteName(), nil, hcmGateway))}})
 			case s.passthrough():
 				for _, fc := range b.passthroughChains(s, serverPort) {
 					addChain(fc)
@@ -241,26 +242,30 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 		}
 		for _, fc := range l.FilterChains {
 			if len(fc.GetFilterChainMatch().GetServerNames()) > 0 || fc.TransportSocket != nil {
-				l.ListenerFilters = []*listenerv3.ListenerFilter{{Name: tlsInspectorFilter,
-					ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&tlsinspectorv3.TlsInspector{})}}}
+				l.ListenerFilters = []*listenerv3.ListenerFilter{listenerFilter(tlsInspectorFilter,
+					&tlsinspectorv3.TlsInspector{InitialReadBufferSize: wrapperspb.UInt32(512)})}
 				break
 			}
 		}
+		// As istiod: a client gets 15 s to finish its TLS handshake (a stalled one no longer
+		// holds a connection), and each wakeup accepts one connection, spreading them over
+		// Envoy's workers.
+		for _, fc := range l.FilterChains {
+			fc.TransportSocketConnectTimeout = durationpb.New(transportSocketConnectTimeout)
+		}
+		l.MaxConnectionsToAcceptPerSocketEvent = wrapperspb.UInt32(1)
 		out = append(out, l)
 	}
 	return out
 }
 
-// boundVirtualServices are the VirtualServices attached to a gateway, oldest first.
+// boundVirtualServices are the VirtualServices attached to a gateway that the gateway proxy's
+// namespace sees (exportTo), in istiod's precedence: its namespace's own, those exported to it
+// by name, then the public ones, each oldest first.
 func (b *builder) boundVirtualServices(gateway string) []*model.Config[*networking.VirtualService] {
-	var out []*model.Config[*networking.VirtualService]
-	for i := range b.snap.VirtualServices {
-		vs := &b.snap.VirtualServices[i]
-		if slices.ContainsFunc(vs.Spec.GetGateways(), func(g string) bool { return qualifyGateway(g, vs.Namespace) == gateway }) {
-			out = append(out, vs)
-		}
-	}
-	return out
+	return b.snap.VirtualServicesFor(b.proxy.Namespace, func(vs *model.Config[*networking.VirtualService]) bool {
+		return slices.ContainsFunc(vs.Spec.GetGateways(), func(g string) bool { return qualifyGateway(g, vs.Namespace) == gateway })
+	})
 }
 
 // passthroughChains route TLS by SNI without terminating it, from the VirtualServices' tls

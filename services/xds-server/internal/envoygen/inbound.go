@@ -33,6 +33,7 @@ type inboundPort struct {
 	port  uint32 // the workload's port, which captured traffic is addressed to
 	proto protocol
 	mongo bool // declared MONGO: mongo_proxy before tcp_proxy (see mongoProxy)
+	grpc  bool // declared GRPC or GRPC-WEB: no inbound retries (see inboundHCM)
 	// endpoint is where the workload is reached; nil for the connection's original
 	// destination (the pod IP and port), istiod's default inbound passthrough.
 	endpoint *corev3.Address
@@ -70,7 +71,8 @@ func (ix *snapIndex) inboundPorts(sc *networking.Sidecar, proxy *model.Proxy, b 
 			if target == 0 {
 				continue
 			}
-			in := inboundPort{port: target, proto: portProtocol(p), mongo: isMongo(p.GetProtocol()), host: e.svc.Spec.GetHostname(), servicePort: p.GetNumber()}
+			in := inboundPort{port: target, proto: portProtocol(p), mongo: isMongo(p.GetProtocol()),
+				grpc: isGRPC(p.GetProtocol()), host: e.svc.Spec.GetHostname(), servicePort: p.GetNumber()}
 			if first, ok := taken[target]; ok {
 				// The first service keeps the port. Services of one protocol share it well
 				// enough; of different ones, the second's clients get the wrong handling.
@@ -111,7 +113,8 @@ func (ix *snapIndex) inboundPorts(sc *networking.Sidecar, proxy *model.Proxy, b 
 			addr = a
 		}
 		seen[p.GetNumber()] = true
-		in := inboundPort{port: p.GetNumber(), proto: parseProtocol(p.GetProtocol()), mongo: isMongo(p.GetProtocol()), endpoint: addr,
+		in := inboundPort{port: p.GetNumber(), proto: parseProtocol(p.GetProtocol()), mongo: isMongo(p.GetProtocol()),
+			grpc: isGRPC(p.GetProtocol()), endpoint: addr,
 			servicePort: p.GetNumber()}
 		// The service is the one whose workload port is the listener's, as in istiod.
 		if i := slices.IndexFunc(fromServices, func(s inboundPort) bool { return s.port == p.GetNumber() }); i >= 0 {
@@ -134,6 +137,12 @@ func (in inboundPort) key(binds *model.Bindings) string {
 		}
 	}
 	k := itoa(in.port) + "," + itoa(uint32(in.proto)) + "," + addr
+	if in.mongo {
+		k += ",mongo"
+	}
+	if in.grpc {
+		k += ",grpc"
+	}
 	if dr := in.destinationRule(binds); dr != nil {
 		k += ",dr=" + dr.Namespace + "/" + dr.Name + "," + itoa(in.servicePort)
 	}
@@ -145,7 +154,7 @@ func (in inboundPort) destinationRule(binds *model.Bindings) *model.Config[*netw
 	if in.host == "" {
 		return nil
 	}
-	return binds.DestinationRule(in.host)
+	return binds.InboundDestinationRule(in.host)
 }
 
 // parseDefaultEndpoint reads a Sidecar ingress defaultEndpoint as istiod does:

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	alpnv2alpha1 "istio.io/api/envoy/config/filter/http/alpn/v2alpha1"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 
@@ -52,6 +53,17 @@ const (
 	transportSocketConnectTimeout = 15 * time.Second
 )
 
+// alpnFilter is istiod's istio.alpn on outbound and gateway HTTP managers: Istio's Envoy then
+// offers istio-http/1.0, istio-http/1.1 or istio-h2 (then istio, then the plain protocol) in
+// the mTLS handshake of the upstream protocol it chose, from which an Istio peer sidecar picks
+// its HTTP inbound chain rather than the TCP one. Shared: generated resources are never modified.
+var alpnFilter = &hcmv3.HttpFilter{Name: "istio.alpn", ConfigType: &hcmv3.HttpFilter_TypedConfig{
+	TypedConfig: mustAny(&alpnv2alpha1.FilterConfig{AlpnOverride: []*alpnv2alpha1.FilterConfig_AlpnOverride{
+		{UpstreamProtocol: alpnv2alpha1.FilterConfig_HTTP10, AlpnOverride: []string{"istio-http/1.0", "istio", "http/1.0"}},
+		{UpstreamProtocol: alpnv2alpha1.FilterConfig_HTTP11, AlpnOverride: []string{"istio-http/1.1", "istio", "http/1.1"}},
+		{UpstreamProtocol: alpnv2alpha1.FilterConfig_HTTP2, AlpnOverride: []string{"istio-h2", "istio", "h2"}},
+	}})}}
+
 func (b *builder) listeners() []*listenerv3.Listener {
 	if b.proxy.IsRouter() {
 		return sortByName(b.gatewayListeners())
@@ -78,6 +90,8 @@ func (b *builder) virtualOutbound() *listenerv3.Listener {
 		Address:          translate.SocketAddress(wildcardIP, VirtualOutboundPort),
 		UseOriginalDst:   wrapperspb.Bool(true),
 		TrafficDirection: corev3.TrafficDirection_OUTBOUND,
+		// As istiod: one connection per wakeup spreads them over Envoy's workers.
+		MaxConnectionsToAcceptPerSocketEvent: wrapperspb.UInt32(1),
 		FilterChains: []*listenerv3.FilterChain{{
 			Name:             VirtualOutboundListener + "-blackhole",
 			FilterChainMatch: &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(VirtualOutboundPort)},
@@ -97,11 +111,12 @@ func (b *builder) virtualOutbound() *listenerv3.Listener {
 // or both; undeclared protocols add http_inspector's plaintext HTTP chain to the TCP one.
 func (b *builder) virtualInbound() *listenerv3.Listener {
 	l := &listenerv3.Listener{
-		Name:                             VirtualInboundListener,
-		Address:                          translate.SocketAddress(wildcardIP, VirtualInboundPort),
-		TrafficDirection:                 corev3.TrafficDirection_INBOUND,
-		ContinueOnListenerFiltersTimeout: true,
-		ListenerFiltersTimeout:           b.protocolDetectionTimeout(),
+		Name:                                 VirtualInboundListener,
+		Address:                              translate.SocketAddress(wildcardIP, VirtualInboundPort),
+		TrafficDirection:                     corev3.TrafficDirection_INBOUND,
+		ContinueOnListenerFiltersTimeout:     true,
+		ListenerFiltersTimeout:               b.protocolDetectionTimeout(),
+		MaxConnectionsToAcceptPerSocketEvent: wrapperspb.UInt32(1),
 		// A connection addressed to 15006 itself would loop; drop it, as istiod does.
 		FilterChains: []*listenerv3.FilterChain{{
 			Name:             VirtualInboundListener + "-blackhole",
@@ -115,7 +130,7 @@ func (b *builder) virtualInbound() *listenerv3.Listener {
 	ports := b.inboundPorts()
 	passthrough := inboundChain{name: VirtualInboundListener, httpName: VirtualInboundListener + "-catchall-http",
 		cluster: InboundPassthroughCluster, proto: protoSniffed}
-	passthroughHTTP := hcmFilterOf(b.inboundHCM(InboundPassthroughCluster, InboundPassthroughCluster, 0))
+	passthroughHTTP := hcmFilterOf(b.inboundHCM(InboundPassthroughCluster, InboundPassthroughCluster, 0, false))
 	l.FilterChains = append(l.FilterChains, b.inboundChains(passthrough, peer.Mode, tcpAuthz, passthroughHTTP)...)
 	// Ports a PeerAuthentication sets a mode for that no service declares get passthrough
 	// chains of their own, in that mode.
@@ -133,7 +148,7 @@ func (b *builder) virtualInbound() *listenerv3.Listener {
 		c := inboundChain{name: name, httpName: name, port: in.port, cluster: cluster, proto: in.proto, mongo: in.mongo}
 		var httpFilter *listenerv3.Filter
 		if in.proto.carriesHTTP() {
-			httpFilter = hcmFilterOf(b.inboundHCM("inbound_"+name, cluster, in.port))
+			httpFilter = hcmFilterOf(b.inboundHCM("inbound_"+name, cluster, in.port, in.grpc))
 		}
 		l.FilterChains = append(l.FilterChains, b.inboundChains(c, peer.ModeFor(in.port), tcpAuthz, httpFilter)...)
 	}
@@ -248,8 +263,20 @@ func portsPredicate(ports []uint32) *listenerv3.ListenerFilterChainMatchPredicat
 }
 
 // inboundHCM is the HTTP manager of an inbound chain: every request to cluster, the
-// workload's port or (port 0) the passthrough.
-func (b *builder) inboundHCM(statPrefix, cluster string, port uint32) *hcmv3.HttpConnectionManager {
+// workload's port or (port 0) the passthrough. As istiod: no timeout, but a gRPC client's
+// grpc-timeout header is honoured (grpc_timeout_header_max 0s: no cap); and a request the app
+// resets before answering anything is retried twice, except on gRPC ports, whose streams
+// such a retry does not suit.
+func (b *builder) inboundHCM(statPrefix, cluster string, port uint32, grpc bool) *hcmv3.HttpConnectionManager {
+	act := &routev3.RouteAction{
+		ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
+		Timeout:          durationpb.New(0),
+		MaxStreamDuration: &routev3.RouteAction_MaxStreamDuration{
+			MaxStreamDuration: durationpb.New(0), GrpcTimeoutHeaderMax: durationpb.New(0)},
+	}
+	if !grpc {
+		act.RetryPolicy = &routev3.RetryPolicy{RetryOn: "reset-before-request", NumRetries: wrapperspb.UInt32(2)}
+	}
 	rc := &routev3.RouteConfiguration{
 		Name:             cluster,
 		ValidateClusters: wrapperspb.Bool(false),
@@ -257,16 +284,13 @@ func (b *builder) inboundHCM(statPrefix, cluster string, port uint32) *hcmv3.Htt
 			Name:    "inbound|http|" + itoa(port),
 			Domains: []string{"*"},
 			Routes: []*routev3.Route{{
-				Name:  "default",
-				Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-				Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-					ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
-					Timeout:          durationpb.New(0),
-				}},
+				Name:   "default",
+				Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+				Action: &routev3.Route_Route{Route: act},
 			}},
 		}},
 	}
-	h := b.hcm(statPrefix, "", rc, false)
+	h := b.hcm(statPrefix, "", rc, hcmInbound)
 	h.HttpFilters = append(b.inboundAuthz().HTTP(), h.HttpFilters...)
 	b.setClientCertDetails(h, false)
 	return h
@@ -312,22 +336,37 @@ func envoyClientCertDetails(m meshv1alpha1.ForwardClientCertDetails) hcmv3.HttpC
 	return hcmv3.HttpConnectionManager_ForwardClientCertDetails(m - 1)
 }
 
-// hcm builds an HTTP connection manager with istiod's filter chain: fault and CORS (inert
-// unless a route configures them) before the router.
+// hcmClass is the proxy side an HTTP connection manager serves.
+type hcmClass int
+
+const (
+	hcmInbound hcmClass = iota
+	hcmOutbound
+	hcmGateway
+)
+
+// hcm builds an HTTP connection manager with istiod's filter chain: istio.alpn (not inbound),
+// fault and CORS (inert unless a route configures them) before the router. As istiod, an
+// Expect: 100-continue is answered by the upstream, whose 100 Continue is proxied, rather
+// than by Envoy before the upstream has seen the request.
 func (b *builder) hcm(statPrefix, rds string, inline *routev3.RouteConfiguration,
-	gateway bool) *hcmv3.HttpConnectionManager {
+	class hcmClass) *hcmv3.HttpConnectionManager {
+	gateway := class == hcmGateway
 	h := &hcmv3.HttpConnectionManager{
 		StatPrefix:        statPrefix,
 		UseRemoteAddress:  wrapperspb.Bool(gateway),
 		NormalizePath:     wrapperspb.Bool(true),
 		StreamIdleTimeout: durationpb.New(0),
 		UpgradeConfigs:    []*hcmv3.HttpConnectionManager_UpgradeConfig{{UpgradeType: "websocket"}},
-		HttpFilters: []*hcmv3.HttpFilter{
-			{Name: faultFilter, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&faultv3.HTTPFault{})}},
-			{Name: corsFilter, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&corsv3.Cors{})}},
-			{Name: routerFilter, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&routerv3.Router{})}},
-		},
+		Proxy_100Continue: true,
 	}
+	if class != hcmInbound {
+		h.HttpFilters = append(h.HttpFilters, alpnFilter)
+	}
+	h.HttpFilters = append(h.HttpFilters,
+		&hcmv3.HttpFilter{Name: faultFilter, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&faultv3.HTTPFault{})}},
+		&hcmv3.HttpFilter{Name: corsFilter, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&corsv3.Cors{})}},
+		&hcmv3.HttpFilter{Name: routerFilter, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&routerv3.Router{})}})
 	if inline != nil {
 		h.RouteSpecifier = &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: inline}
 	} else {
@@ -560,7 +599,7 @@ func (b *builder) outboundListener(ol *outboundListener) *listenerv3.Listener {
 			&tlsinspectorv3.TlsInspector{InitialReadBufferSize: wrapperspb.UInt32(512)}))
 	}
 	if ol.rds != "" {
-		hcm := b.hcm("outbound_"+ol.name, ol.rds, nil, false)
+		hcm := b.hcm("outbound_"+ol.name, ol.rds, nil, hcmOutbound)
 		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
 			FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "raw_buffer",
 				ApplicationProtocols: plaintextHTTPALPNs},
@@ -615,6 +654,10 @@ func serviceChain(c tcpChain) *listenerv3.FilterChain {
 }
 
 func isMongo(protocol string) bool { return strings.EqualFold(protocol, "MONGO") }
+
+func isGRPC(protocol string) bool {
+	return strings.EqualFold(protocol, "GRPC") || strings.EqualFold(protocol, "GRPC-WEB")
+}
 
 // mongoProxy decodes MongoDB's wire protocol for its statistics; istiod adds it by default
 // (PILOT_ENABLE_MONGO_FILTER) before the tcp_proxy of MONGO ports, with the same stat prefix.

@@ -102,11 +102,8 @@ func (b *builder) unregisteredHostVirtualHosts(port uint32, taken map[string]boo
 		})
 	}
 	var out []*routev3.VirtualHost
-	for i := range b.snap.VirtualServices {
-		vs := &b.snap.VirtualServices[i]
-		if !model.AppliesToMesh(vs.Spec.GetGateways()) || !b.exported(vs.Namespace, vs.Spec.GetExportTo()) {
-			continue
-		}
+	// The mesh VirtualServices the proxy sees (exportTo, Sidecar imports), in istiod's order.
+	for _, vs := range b.binds.VirtualServices() {
 		for _, h := range vs.Spec.GetHosts() {
 			host := strings.ToLower(model.ResolveHost(h, vs.Namespace))
 			if answered(host) {
@@ -161,6 +158,7 @@ func (b *builder) catchAllVirtualHost() *routev3.VirtualHost {
 			Routes: []*routev3.Route{{Name: "allow_any", Match: match, Action: &routev3.Route_Route{Route: &routev3.RouteAction{
 				ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: PassthroughCluster},
 				Timeout:          durationpb.New(0),
+				MaxGrpcTimeout:   durationpb.New(0), //nolint:staticcheck // as istiod, see forwardAction
 			}}}}}
 	}
 	return &routev3.VirtualHost{Name: "block_all", Domains: []string{"*"}, IncludeRequestAttemptCount: true,
@@ -169,7 +167,9 @@ func (b *builder) catchAllVirtualHost() *routev3.VirtualHost {
 }
 
 func (b *builder) defaultRoute(host string, port uint32) *routev3.Route {
-	return translate.DefaultRoute(ClusterName(port, "", host), b.hashPolicy(host, port, ""))
+	r := translate.DefaultRoute(ClusterName(port, "", host), b.hashPolicy(host, port, ""))
+	r.GetRoute().MaxGrpcTimeout = r.GetRoute().GetTimeout() //nolint:staticcheck // as istiod, see forwardAction
+	return r
 }
 
 // gatewayFilter says which gateway-level match conditions a route must meet: nil for the
@@ -206,10 +206,12 @@ func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host 
 		if m.GetPort() != 0 && m.GetPort() != port {
 			return nil, false
 		}
-		if !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), nil) {
-			return nil, false
-		}
-		if len(m.GetGateways()) > 0 && !gws.accepts(m.GetGateways(), vs.Namespace) {
+		// As istiod's sourceMatchHTTP: a match naming gateways ignores its source conditions.
+		if len(m.GetGateways()) > 0 {
+			if !gws.accepts(m.GetGateways(), vs.Namespace) {
+				return nil, false
+			}
+		} else if !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), nil) {
 			return nil, false
 		}
 		r := translate.MatchRoute(hr, m, translate.Envoy, log)
@@ -298,6 +300,10 @@ func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port 
 	if t := hr.GetTimeout(); t != nil {
 		act.Timeout = t
 	}
+	// As istiod: a gRPC client's grpc-timeout header bounds the request, up to the route's
+	// timeout (0: no cap). istiod sets the deprecated field, as its replacement
+	// (max_stream_duration) regressed in Envoy.
+	act.MaxGrpcTimeout = act.Timeout //nolint:staticcheck // see above
 	act.RetryPolicy = translate.RetryPolicy(hr.GetRetries())
 	if rw := hr.GetRewrite(); rw != nil {
 		if u := rw.GetUri(); u != "" {

@@ -43,8 +43,9 @@ type builder struct {
 }
 
 func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *slog.Logger) *builder {
+	// A hostname several namespaces publish resolves to the one the proxy's namespace sees.
+	snap = snap.ForNamespace(proxy.Namespace, proxy.IsRouter())
 	b := &builder{snap: snap, proxy: proxy, ix: ix, log: log, allowAny: true}
-	b.binds = snap.Bindings(b.exported, b.destinationRuleRank)
 	b.locality = proxy.Locality(snap.ProxyEndpoint(proxy))
 	b.topologyLabels = translate.TopologyLabels(proxy.Labels, b.locality, proxy.ClusterID, proxy.Network)
 	if p := snap.Mesh.GetOutboundTrafficPolicy(); p != nil {
@@ -66,6 +67,7 @@ func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *sl
 			}
 		}
 	}
+	b.binds = snap.Bindings(viewerOf(proxy, b.sidecar))
 	for _, h := range snap.Hostnames() {
 		svc := snap.Services[h]
 		if b.serviceVisible(svc) {
@@ -84,32 +86,13 @@ func (b *builder) report(metric, key, message string) {
 
 func (b *builder) rootNamespace() string { return b.snap.RootNamespace() }
 
-// exported reports whether config or a service of namespace ns with exportTo is visible to the
-// proxy's namespace.
-func (b *builder) exported(ns string, exportTo []string) bool {
-	if len(exportTo) == 0 {
-		return true
-	}
-	for _, e := range exportTo {
-		switch e {
-		case "*":
-			return true
-		case ".":
-			if ns == b.proxy.Namespace {
-				return true
-			}
-		case "~":
-		default:
-			if e == b.proxy.Namespace {
-				return true
-			}
-		}
-	}
-	return false
+// viewerOf is whom a proxy's VirtualServices and DestinationRules are resolved for.
+func viewerOf(p *model.Proxy, sc *model.Config[*networking.Sidecar]) *model.Viewer {
+	return &model.Viewer{Namespace: p.Namespace, Labels: p.Labels, Sidecar: sc}
 }
 
 func (b *builder) serviceVisible(svc *model.Service) bool {
-	if !b.exported(svc.Spec.GetNamespace(), svc.Spec.GetExportTo()) {
+	if !b.snap.ServiceVisible(svc, b.proxy.Namespace) {
 		return false
 	}
 	if len(specOf(b.sidecar).GetEgress()) == 0 {
@@ -144,22 +127,4 @@ func (b *builder) visiblePorts(svc *model.Service) []*discoveryv1.Port {
 		out = append(out, p)
 	}
 	return out
-}
-
-// destinationRuleRank prefers a rule in the proxy's namespace, then the service's, then the
-// root namespace, as Istio does for sidecars.
-func (b *builder) destinationRuleRank(ruleNS, host string) int {
-	svcNS := ""
-	if s := b.snap.Services[host]; s != nil {
-		svcNS = s.Spec.GetNamespace()
-	}
-	switch ruleNS {
-	case b.proxy.Namespace:
-		return 0
-	case svcNS:
-		return 1
-	case b.rootNamespace():
-		return 2
-	}
-	return 3
 }

@@ -43,14 +43,19 @@ func sdsSecret(name string) *tlsv3.SdsSecretConfig {
 	case "ROOTCA":
 		return sdsRootCA
 	}
-	return newSDSSecret(name)
+	return newSDSSecret(name, nil)
 }
 
-var sdsDefault, sdsRootCA = newSDSSecret("default"), newSDSSecret("ROOTCA")
+// The agent always has the workload's certificate and the mesh root, so Envoy waits for them
+// as long as it takes (0s: no timeout), as istiod does. A file named by a DestinationRule or
+// Gateway (file-cert:, file-root:) may never exist: like istiod, Envoy's default initial fetch
+// timeout (15s) applies, after which the listener or cluster starts without it and its TLS
+// handshakes fail (never plaintext) instead of holding Envoy's start-up forever.
+var sdsDefault, sdsRootCA = newSDSSecret("default", durationpb.New(0)), newSDSSecret("ROOTCA", durationpb.New(0))
 
-func newSDSSecret(name string) *tlsv3.SdsSecretConfig {
+func newSDSSecret(name string, initialFetchTimeout *durationpb.Duration) *tlsv3.SdsSecretConfig {
 	return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: &corev3.ConfigSource{
-		InitialFetchTimeout: durationpb.New(0),
+		InitialFetchTimeout: initialFetchTimeout,
 		ResourceApiVersion:  corev3.ApiVersion_V3,
 		ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
 			ApiType:                   corev3.ApiConfigSource_GRPC,

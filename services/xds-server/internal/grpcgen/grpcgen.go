@@ -58,16 +58,20 @@ type Client struct {
 
 // Generate translates a snapshot for a client in DNS domain dnsDomain (its node ID's last
 // part, "<namespace>.svc.cluster.local", which decides the short names its virtual hosts
-// match) and locality client (nil: unknown); inMesh says the client holds mesh certificates
-// (model.Proxy.InMesh), so auto mTLS may apply to its clusters. It never
+// match), seeing config as viewer (its namespace and labels: exportTo, the DestinationRule
+// lookup path, and the sourceLabels and sourceNamespace of routes apply to it as to a
+// sidecar, as in istiod) and in locality client (nil: unknown); inMesh says the client holds
+// mesh certificates (model.Proxy.InMesh), so auto mTLS may apply to its clusters. It never
 // fails: config gRPC cannot use is skipped and logged at debug level, so one bad resource
 // cannot take the whole mesh down.
-func Generate(snap *model.Snapshot, dnsDomain string, client *Client, inMesh bool, log *slog.Logger) *Resources {
+func Generate(snap *model.Snapshot, dnsDomain string, viewer *model.Viewer, client *Client, inMesh bool, log *slog.Logger) *Resources {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	// Proxyless clients see every rule: exportTo and namespace ranking are sidecar behaviour.
-	g := &generator{snap: snap, dnsDomain: dnsDomain, log: log, binds: snap.Bindings(nil, nil), inMesh: inMesh}
+	if viewer == nil {
+		viewer = &model.Viewer{}
+	}
+	g := &generator{snap: snap, dnsDomain: dnsDomain, log: log, viewer: viewer, binds: snap.Bindings(viewer), inMesh: inMesh}
 	out := &Resources{}
 	for _, host := range snap.Hostnames() {
 		svc := snap.Services[host]
@@ -116,6 +120,7 @@ type generator struct {
 	snap      *model.Snapshot
 	dnsDomain string
 	log       *slog.Logger
+	viewer    *model.Viewer
 	binds     *model.Bindings
 	inMesh    bool
 }

@@ -39,19 +39,20 @@ func generate(t *testing.T, dir string) *Resources {
 		}
 	}
 	snap := store.Snapshot()
-	// The client runs in namespace demo, as most test services, and holds mesh certificates
-	// unless client.yaml says otherwise.
-	inMesh := true
+	// The client runs in namespace demo, as most test services, without labels, and holds
+	// mesh certificates, unless client.yaml says otherwise.
+	c := struct {
+		InMesh    bool              `json:"inMesh"`
+		Namespace string            `json:"namespace"`
+		Labels    map[string]string `json:"labels"`
+	}{InMesh: true, Namespace: "demo"}
 	if b, err := os.ReadFile(filepath.Join(dir, "client.yaml")); err == nil {
-		var c struct {
-			InMesh bool `json:"inMesh"`
-		}
 		if err := yaml.UnmarshalStrict(b, &c); err != nil {
 			t.Fatalf("%s/client.yaml: %v", dir, err)
 		}
-		inMesh = c.InMesh
 	}
-	res := Generate(snap, "demo.svc.cluster.local", nil, inMesh, testLogger(t))
+	viewer := &model.Viewer{Namespace: c.Namespace, Labels: c.Labels}
+	res := Generate(snap, c.Namespace+".svc.cluster.local", viewer, nil, c.InMesh, testLogger(t))
 	// server.yaml, if present, names a proxyless server whose server-side listeners join.
 	if b, err := os.ReadFile(filepath.Join(dir, "server.yaml")); err == nil {
 		var srv struct {

@@ -60,7 +60,7 @@ func (g *generator) vsRoutes(svc *model.Service, port *discoveryv1.Port,
 		if m.GetPort() != 0 && m.GetPort() != port.GetNumber() {
 			return nil, false
 		}
-		if !model.AppliesToMesh(m.GetGateways()) {
+		if !model.SourceMatches(m, g.viewer) {
 			return nil, false
 		}
 		r := translate.MatchRoute(http, m, translate.Proxyless, log)

@@ -54,7 +54,8 @@ type Service struct {
 
 // Snapshot is an immutable view of the mesh; nothing in it may be modified.
 type Snapshot struct {
-	// Services by hostname.
+	// Services by hostname. Where several namespaces publish one hostname (ServiceEntries),
+	// the first by bus name; ForNamespace picks the one a namespace sees.
 	Services map[string]*Service
 	// VirtualServices and DestinationRules ordered by creation time, then namespace/name, which
 	// is the precedence Istio applies when several bind the same host.
@@ -83,6 +84,11 @@ type Snapshot struct {
 
 	// workloads indexes endpoints by address on first use; nil in snapshots built by hand.
 	workloads *workloadIndex
+	// drs indexes DestinationRules on first use (see Bindings); nil in snapshots built by hand.
+	drs *drIndexOnce
+	// shadowed holds, by hostname, the services of other namespaces that Services' entry hides,
+	// in bus name order.
+	shadowed map[string][]*Service
 }
 
 type workloadIndex struct {
@@ -323,14 +329,19 @@ const EndpointTLSKind = "EndpointTLS"
 // pushed. Rare: identities and mesh labels seldom change as pods come and go.
 func (s *Store) noteEndpointTLS(ch *Change, snap *Snapshot) {
 	for h := range ch.Endpoints {
-		old, cur := s.current.Services[h], snap.Services[h]
-		if old == nil || cur == nil || sameEndpointTLS(old.Endpoints, cur.Endpoints) {
-			continue
+		// Every namespace's service of the hostname (see ForNamespace), in the same order in
+		// both snapshots: an endpoints-only change keeps the services.
+		olds := append([]*Service{s.current.Services[h]}, s.current.shadowed[h]...)
+		curs := append([]*Service{snap.Services[h]}, snap.shadowed[h]...)
+		for i, cur := range curs {
+			if i >= len(olds) || olds[i] == nil || cur == nil || sameEndpointTLS(olds[i].Endpoints, cur.Endpoints) {
+				continue
+			}
+			ch.Full = true
+			key := ConfigKey{Kind: EndpointTLSKind, Namespace: cur.Spec.GetNamespace(), Name: h}
+			ch.addConfig(key, ExportVisibility(cur.Spec.GetNamespace(), cur.Spec.GetExportTo()))
+			ch.addHosts(key, HostSet{Hosts: []HostRef{{Namespace: cur.Spec.GetNamespace(), Hostname: h}}})
 		}
-		ch.Full = true
-		key := ConfigKey{Kind: EndpointTLSKind, Namespace: cur.Spec.GetNamespace(), Name: h}
-		ch.addConfig(key, ExportVisibility(cur.Spec.GetNamespace(), cur.Spec.GetExportTo()))
-		ch.addHosts(key, HostSet{Hosts: []HostRef{{Namespace: cur.Spec.GetNamespace(), Hostname: h}}})
 	}
 	if ch.Full {
 		snap.ConfigVersion = s.version
@@ -372,7 +383,7 @@ func (s *Store) Snapshot() *Snapshot {
 }
 
 func (s *Store) build() *Snapshot {
-	snap := &Snapshot{Services: map[string]*Service{}, Mesh: &meshv1alpha1.MeshConfig{}, workloads: &workloadIndex{}}
+	snap := &Snapshot{Services: map[string]*Service{}, Mesh: &meshv1alpha1.MeshConfig{}, workloads: &workloadIndex{}, drs: &drIndexOnce{}}
 
 	// Several registries may publish one hostname in different namespaces; the first bus name
 	// in order wins so the result does not depend on map iteration.
@@ -381,20 +392,26 @@ func (s *Store) build() *Snapshot {
 		if svc.GetHostname() == "" {
 			continue
 		}
+		entry := &Service{Spec: svc, EndpointsVersion: s.epVersion[svc.GetHostname()]}
 		if _, dup := snap.Services[svc.GetHostname()]; dup {
+			if snap.shadowed == nil {
+				snap.shadowed = map[string][]*Service{}
+			}
+			snap.shadowed[svc.GetHostname()] = append(snap.shadowed[svc.GetHostname()], entry)
 			continue
 		}
-		snap.Services[svc.GetHostname()] = &Service{Spec: svc, EndpointsVersion: s.epVersion[svc.GetHostname()]}
+		snap.Services[svc.GetHostname()] = entry
 	}
 	for _, r := range sortedResources(s.state[schema.Endpoints.TypeURL]) {
 		eps := r.Body.(*discoveryv1.Endpoints)
-		svc := snap.Services[eps.GetHostname()]
-		if svc == nil || svc.Endpoints != nil || svc.Spec.GetNamespace() != eps.GetNamespace() {
-			continue
-		}
-		svc.Endpoints = eps.GetEndpoints()
-		if svc.Endpoints == nil {
-			svc.Endpoints = []*discoveryv1.Endpoint{}
+		for _, svc := range append([]*Service{snap.Services[eps.GetHostname()]}, snap.shadowed[eps.GetHostname()]...) {
+			if svc == nil || svc.Endpoints != nil || svc.Spec.GetNamespace() != eps.GetNamespace() {
+				continue
+			}
+			svc.Endpoints = eps.GetEndpoints()
+			if svc.Endpoints == nil {
+				svc.Endpoints = []*discoveryv1.Endpoint{}
+			}
 		}
 	}
 	snap.VirtualServices = configs[*networking.VirtualService](s.state[schema.VirtualService.TypeURL])
@@ -420,12 +437,21 @@ func (s *Store) patchEndpoints(hosts map[string]struct{}) *Snapshot {
 	for h, svc := range s.current.Services {
 		next.Services[h] = svc
 	}
+	// The shadowed services of hosts change too; the map is shared with the current snapshot.
+	next.shadowed = maps.Clone(s.current.shadowed)
 	for h := range hosts {
 		old := next.Services[h]
 		if old == nil {
 			continue
 		}
 		next.Services[h] = &Service{Spec: old.Spec, Endpoints: s.endpointsOf(old.Spec), EndpointsVersion: s.epVersion[h]}
+		if sh := s.current.shadowed[h]; len(sh) > 0 {
+			patched := make([]*Service, len(sh))
+			for i, o := range sh {
+				patched[i] = &Service{Spec: o.Spec, Endpoints: s.endpointsOf(o.Spec), EndpointsVersion: s.epVersion[h]}
+			}
+			next.shadowed[h] = patched
+		}
 	}
 	return &next
 }

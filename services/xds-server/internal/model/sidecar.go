@@ -65,12 +65,60 @@ func sidecarImports(sc *networking.Sidecar, scNS, hostNS, hostname string, port 
 		if n := e.GetPort().GetNumber(); !anyPort && n != 0 && n != port {
 			continue
 		}
-		for _, h := range e.GetHosts() {
-			ns, host, ok := ParseEgressHost(h, scNS)
-			if !ok || ns == "~" || (ns != "*" && ns != hostNS) {
-				continue
+		matches := func(h string) bool { return HostMatches(h, hostname) }
+		if egressImports(e.GetHosts(), scNS, hostNS, matches, matches) {
+			return true
+		}
+	}
+	return false
+}
+
+// egressImports applies one egress listener's hosts to a resource of namespace ns, as istiod's
+// selectServices and SelectVirtualServices do: an entry "~ns/host" ("~/host": any namespace)
+// whose host excludes it does, whatever else imports it; otherwise an entry of namespace ns or
+// "*" whose host matches imports it.
+func egressImports(hosts []string, scNS, ns string, matches, excludes func(host string) bool) bool {
+	imported := false
+	for _, h := range hosts {
+		ens, host, ok := ParseEgressHost(h, scNS)
+		if !ok {
+			continue
+		}
+		exclude := false
+		if rest, found := strings.CutPrefix(ens, "~"); found {
+			exclude = true
+			ens = cmp.Or(rest, "*")
+			if ens == "." {
+				ens = scNS
 			}
-			if HostMatches(host, hostname) {
+		}
+		if ens != "*" && ens != ns {
+			continue
+		}
+		if exclude && excludes(host) {
+			return false
+		}
+		if !exclude && matches(host) {
+			imported = true
+		}
+	}
+	return imported
+}
+
+// SidecarImportsVirtualService reports whether a Sidecar of sidecarNamespace imports a
+// VirtualService of vsNamespace with hosts (resolved): some egress listener's entry for its
+// namespace (or "*") overlaps one of its hosts that no exclusion names. A nil Sidecar, or one
+// without egress, imports every VirtualService.
+func SidecarImportsVirtualService(sc *networking.Sidecar, sidecarNamespace, vsNamespace string, hosts []string) bool {
+	if len(sc.GetEgress()) == 0 {
+		return true
+	}
+	for _, e := range sc.GetEgress() {
+		for _, vh := range hosts {
+			// istiod matches VirtualService hosts both ways: "*.com" imports "a.com" and back.
+			overlaps := func(h string) bool { return HostMatches(h, vh) || HostMatches(vh, h) }
+			within := func(h string) bool { return HostMatches(h, vh) }
+			if egressImports(e.GetHosts(), sidecarNamespace, vsNamespace, overlaps, within) {
 				return true
 			}
 		}
@@ -79,7 +127,8 @@ func sidecarImports(sc *networking.Sidecar, scNS, hostNS, hostname string, port 
 }
 
 // ParseEgressHost splits a Sidecar egress host "ns/host", "." standing for the Sidecar's own
-// namespace; ok is false for entries without a namespace, which Istio rejects.
+// namespace (also after the exclusion prefix "~"); ok is false for entries without a
+// namespace, which Istio rejects.
 func ParseEgressHost(h, sidecarNamespace string) (ns, host string, ok bool) {
 	ns, host, ok = strings.Cut(h, "/")
 	if ns == "." {

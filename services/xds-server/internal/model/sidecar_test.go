@@ -41,6 +41,14 @@ func TestSidecarImports(t *testing.T) {
 		{name: "other port listener, any port", egress: []*networking.IstioEgressListener{egress(9090, "b/*")}, ns: "b", hostname: svcB, want: true},
 		{name: "other port listener, port 80", egress: []*networking.IstioEgressListener{egress(9090, "b/*")}, ns: "b", hostname: svcB, port: 80},
 		{name: "same port listener", egress: []*networking.IstioEgressListener{egress(80, "b/*")}, ns: "b", hostname: svcB, port: 80, want: true},
+		// "~" excludes, as in istiod, whatever else in the listener imports the host.
+		{name: "excluded host", egress: []*networking.IstioEgressListener{egress(0, "b/*", "~b/"+svcB)}, ns: "b", hostname: svcB},
+		{name: "excluded in any namespace", egress: []*networking.IstioEgressListener{egress(0, "*/*", "~/*.b.svc.cluster.local")}, ns: "b", hostname: svcB},
+		{name: "exclusion of another host", egress: []*networking.IstioEgressListener{egress(0, "b/*", "~b/o.b.svc.cluster.local")}, ns: "b", hostname: svcB, want: true},
+		{name: "exclusion of another namespace", egress: []*networking.IstioEgressListener{egress(0, "*/*", "~c/*")}, ns: "b", hostname: svcB, want: true},
+		{name: "excluded in the own namespace", egress: []*networking.IstioEgressListener{egress(0, "*/*", "~./*")}, ns: "a", hostname: "x.a.svc.cluster.local"},
+		{name: "another listener still imports", egress: []*networking.IstioEgressListener{egress(0, "b/*", "~b/"+svcB), egress(0, "*/"+svcB)},
+			ns: "b", hostname: svcB, want: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sc := &networking.Sidecar{Egress: tc.egress}
@@ -144,6 +152,40 @@ func TestChangeHosts(t *testing.T) {
 			got := ch.Hosts[tc.key]
 			if got.Unknown != tc.want.Unknown || !slices.Equal(got.Hosts, tc.want.Hosts) || !slices.Equal(got.Addresses, tc.want.Addresses) {
 				t.Fatalf("hosts = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSidecarImportsVirtualService(t *testing.T) {
+	const svcB = "svc.b.svc.cluster.local"
+	for _, tc := range []struct {
+		name   string
+		egress []*networking.IstioEgressListener
+		vsNS   string
+		hosts  []string
+		want   bool
+	}{
+		{name: "no egress imports all", vsNS: "c", hosts: []string{svcB}, want: true},
+		// A VirtualService is imported by its own namespace, not the host's.
+		{name: "host's namespace imported, VirtualService's not", egress: []*networking.IstioEgressListener{egress(0, "b/*")},
+			vsNS: "c", hosts: []string{svcB}},
+		{name: "VirtualService's namespace", egress: []*networking.IstioEgressListener{egress(0, "c/*")}, vsNS: "c", hosts: []string{svcB}, want: true},
+		{name: "own namespace", egress: []*networking.IstioEgressListener{egress(0, "./*")}, vsNS: "a", hosts: []string{svcB}, want: true},
+		{name: "exact host", egress: []*networking.IstioEgressListener{egress(0, "*/"+svcB)}, vsNS: "c", hosts: []string{svcB}, want: true},
+		{name: "other host", egress: []*networking.IstioEgressListener{egress(0, "*/"+svcB)}, vsNS: "c", hosts: []string{"o.b.svc.cluster.local"}},
+		{name: "wildcard VirtualService host matches an imported host", egress: []*networking.IstioEgressListener{egress(0, "*/"+svcB)},
+			vsNS: "c", hosts: []string{"*.b.svc.cluster.local"}, want: true},
+		{name: "excluded host", egress: []*networking.IstioEgressListener{egress(0, "*/*", "~c/"+svcB)}, vsNS: "c", hosts: []string{svcB}},
+		{name: "another host not excluded", egress: []*networking.IstioEgressListener{egress(0, "*/*", "~c/"+svcB)}, vsNS: "c",
+			hosts: []string{svcB, "o.b.svc.cluster.local"}, want: true},
+		{name: "a wildcard is not within an exact exclusion", egress: []*networking.IstioEgressListener{egress(0, "*/*", "~c/"+svcB)}, vsNS: "c",
+			hosts: []string{"*.b.svc.cluster.local"}, want: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sc := &networking.Sidecar{Egress: tc.egress}
+			if got := SidecarImportsVirtualService(sc, "a", tc.vsNS, tc.hosts); got != tc.want {
+				t.Fatalf("imports = %v, want %v", got, tc.want)
 			}
 		})
 	}

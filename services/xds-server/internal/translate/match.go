@@ -11,11 +11,11 @@ import (
 type Client int
 
 const (
-	// Envoy matches on everything a VirtualService can say; source matches are applied by the
-	// caller, which knows the proxy.
+	// Envoy matches on everything a VirtualService can say. For both clients source matches
+	// (sourceLabels, sourceNamespace, gateways) are applied by the caller, which knows the client
+	// (model.SourceMatches).
 	Envoy Client = iota
-	// Proxyless gRPC has no query parameters, no pseudo-header matches, and no proxy identity
-	// to apply source matches to.
+	// Proxyless gRPC has no query parameters and no pseudo-header matches.
 	Proxyless
 )
 
@@ -32,8 +32,6 @@ func RouteMatch(m *networking.HTTPMatchRequest, client Client) (*routev3.RouteMa
 			return nil, "queryParams"
 		case m.GetMethod() != nil, m.GetAuthority() != nil, m.GetScheme() != nil:
 			return nil, "method, authority and scheme matches"
-		case len(m.GetSourceLabels()) > 0, m.GetSourceNamespace() != "":
-			return nil, "source matches"
 		}
 	}
 	switch u := m.GetUri().GetMatchType().(type) {

@@ -55,7 +55,7 @@ func TestRouteMatchClients(t *testing.T) {
 		{"headers", &networking.HTTPMatchRequest{Headers: map[string]*networking.StringMatch{"h": exact}}, true, true},
 		{"query", &networking.HTTPMatchRequest{QueryParams: map[string]*networking.StringMatch{"q": exact}}, true, false},
 		{"method", &networking.HTTPMatchRequest{Method: exact}, true, false},
-		{"source", &networking.HTTPMatchRequest{SourceNamespace: "ns"}, true, false},
+		{"source (applied by the caller)", &networking.HTTPMatchRequest{SourceNamespace: "ns"}, true, true},
 		{"empty regex", &networking.HTTPMatchRequest{Uri: &networking.StringMatch{
 			MatchType: &networking.StringMatch_Regex{}}}, false, false},
 	}

@@ -24,7 +24,7 @@ type conn struct {
 	id    int64
 	delta bool
 	log   *slog.Logger
-	// peer is the client's verified certificate identity, "" without one.
+	// peer is the client's authenticated identity (certificate or token), "" without one.
 	peer string
 	// connectedAt is when the stream opened; address is the client's address.
 	connectedAt time.Time

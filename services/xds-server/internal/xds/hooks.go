@@ -23,8 +23,8 @@ var (
 	_ RequestGate = (*NackBackoff)(nil)
 )
 
-// peerClaims refuses a proxy whose node claims a namespace or service account other than its
-// certificate's (claimsMatchPeer), with PermissionDenied.
+// peerClaims refuses a proxy whose node claims a namespace or service account other than the
+// identity it authenticated with (claimsMatchPeer), with PermissionDenied.
 type peerClaims struct {
 	NopObserver
 	log *slog.Logger
@@ -39,23 +39,23 @@ func (pc peerClaims) Admit(s StreamInfo) error {
 	return nil
 }
 
-// claimsMatchPeer checks what a proxy says of itself against the certificate it connected with,
-// as istiod does: a workload of one namespace or service account must not be served another's
-// config by claiming its name. A peer without a certificate (plaintext, or TLS without a client
-// certificate) is not checked: it has no identity to hold the claims to.
+// claimsMatchPeer checks what a proxy says of itself against the identity it authenticated with
+// (its client certificate's or its service-account token's), as istiod does: a workload of one
+// namespace or service account must not be served another's config by claiming its name. A peer
+// without an identity (plaintext, where istiod asks none either) is not checked.
 func claimsMatchPeer(p *model.Proxy, peer string) error {
 	if peer == "" {
 		return nil
 	}
 	id, err := spiffe.Parse(peer)
 	if err != nil {
-		return fmt.Errorf("certificate identity %q: %w", peer, err)
+		return fmt.Errorf("identity %q: %w", peer, err)
 	}
 	if p.Namespace != id.Namespace {
-		return fmt.Errorf("claims namespace %q, its certificate is of %s", p.Namespace, peer)
+		return fmt.Errorf("claims namespace %q, but authenticated as %s", p.Namespace, peer)
 	}
 	if p.ServiceAccount != "" && p.ServiceAccount != id.ServiceAccount {
-		return fmt.Errorf("claims service account %q, its certificate is of %s", p.ServiceAccount, peer)
+		return fmt.Errorf("claims service account %q, but authenticated as %s", p.ServiceAccount, peer)
 	}
 	return nil
 }

@@ -27,7 +27,7 @@ type Observer interface {
 type StreamInfo struct {
 	ID    int64
 	Delta bool
-	Peer  string       // verified certificate identity, "" without one
+	Peer  string       // authenticated identity (certificate or token), "" without one
 	Proxy *model.Proxy // identified proxy (never nil in these calls)
 }
 

@@ -29,8 +29,9 @@ type Options struct {
 	// cache key would hold two values. For tests: it disables sharing.
 	CacheAssert      bool
 	OnCacheViolation func(error)
-	// PeerIdentity names the client of a stream by the certificate it presented (its verified
-	// SPIFFE ID), "" for none; logged when the proxy connects. Nil: not looked at.
+	// PeerIdentity names the client of a stream by the identity it authenticated with (the
+	// SPIFFE ID of its certificate or token), "" for none; logged when the proxy connects, and
+	// the node's namespace and service account must be its own. Nil: not looked at.
 	PeerIdentity func(context.Context) string
 	// DebugAccess decides whether the client of a stream (its context, and its identity as
 	// PeerIdentity named it when the stream opened) may ask for Istio's debug types

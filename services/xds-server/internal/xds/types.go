@@ -145,8 +145,10 @@ func affectedTypes(p *model.Proxy, req *PushRequest, snap *model.Snapshot) map[s
 				add(resourcev3.ListenerType, resourcev3.RouteType)
 			}
 		case "DestinationRule":
+			// Routes too: their hash policies come from the rule's consistentHash (istiod
+			// pushes RDS on DestinationRule changes).
 			if vis.Sees(p.Namespace) && imports(key) {
-				add(resourcev3.ClusterType, resourcev3.EndpointType)
+				add(resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.RouteType)
 			}
 		case "Service":
 			if vis.Sees(p.Namespace) && imports(key) {
