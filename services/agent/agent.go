@@ -158,12 +158,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
-	dns, err := newDNSProxy(cfg, deps)
-	if err != nil {
+	a := &Agent{cfg: cfg, log: deps.Logger, deps: deps, certs: certs, ready: make(chan struct{})}
+	a.metrics = newAgentMetrics(a, deps.Metrics.MeterProvider())
+	if a.dns, err = newDNSProxy(cfg, deps, a.metrics); err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: deps.Logger, deps: deps, certs: certs, ready: make(chan struct{}), dns: dns}
-	a.metrics = newAgentMetrics(a, deps.Metrics.MeterProvider())
 	certs.Observe(a.metrics.certRequested)
 	if cfg.SDSSocket != "" {
 		a.sds = newSDSServer(a.log, deps.Metrics.MeterProvider())

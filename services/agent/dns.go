@@ -170,8 +170,8 @@ func nameTableOf(resp *discoveryv3.DiscoveryResponse) (*ndsv1.NameTable, error) 
 	}
 }
 
-// newDNSProxy is the DNS proxy of cfg, nil without DNS capture.
-func newDNSProxy(cfg Config, deps Deps) (*dnsproxy.Server, error) {
+// newDNSProxy is the DNS proxy of cfg, nil without DNS capture; obs counts its queries.
+func newDNSProxy(cfg Config, deps Deps, obs dnsproxy.Observer) (*dnsproxy.Server, error) {
 	if !cfg.DNSCapture {
 		return nil, nil
 	}
@@ -179,5 +179,5 @@ func newDNSProxy(cfg Config, deps Deps) (*dnsproxy.Server, error) {
 		return nil, errors.New("agent: DNS capture gets its name table from the xDS server: set its address")
 	}
 	return dnsproxy.New(dnsproxy.Config{Addr: cfg.DNSAddr, ResolvConf: cfg.ResolvConf,
-		UpstreamPort: cfg.DNSUpstreamPort, Logger: deps.Logger.With("component", "dns-proxy")})
+		UpstreamPort: cfg.DNSUpstreamPort, Logger: deps.Logger.With("component", "dns-proxy"), Observer: obs})
 }

@@ -181,6 +181,11 @@ func TestDNSProxy(t *testing.T) {
 		}
 	}
 	check("with the xDS server")
+	// pilot-agent's DNS metrics: every query counted, the forwarded ones apart.
+	queries, forwarded := a.metrics.Value("dns_requests_total"), a.metrics.Value("dns_upstream_requests_total")
+	if queries < 10 || forwarded < 2 || forwarded >= queries {
+		t.Errorf("dns_requests_total %v, dns_upstream_requests_total %v: want every query counted and the 2+ forwarded apart", queries, forwarded)
+	}
 
 	nds.stop()
 	check("without the xDS server")

@@ -35,7 +35,22 @@ type Config struct {
 	// UpstreamTimeout bounds one forwarded query; 5s (Istio's) when zero.
 	UpstreamTimeout time.Duration
 	Logger          *slog.Logger
+	// Observer, when set, learns of every query and forwarded query (the agent's metrics).
+	Observer Observer
 }
+
+// Observer counts what the server does, as pilot-agent's DNS metrics.
+type Observer interface {
+	// Query is a query received.
+	Query()
+	// Forwarded is a query sent to the nameservers, taking d; failed when none answered.
+	Forwarded(d time.Duration, failed bool)
+}
+
+type noObserver struct{}
+
+func (noObserver) Query()                        {}
+func (noObserver) Forwarded(time.Duration, bool) {}
 
 // Server answers DNS from the last name table it was given.
 type Server struct {
@@ -57,6 +72,9 @@ func New(cfg Config) (*Server, error) {
 	cfg.UpstreamTimeout = cmp.Or(cfg.UpstreamTimeout, 5*time.Second)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = noObserver{}
 	}
 	rc, err := dns.ClientConfigFromFile(cfg.ResolvConf)
 	if err != nil {
@@ -148,6 +166,7 @@ func (s *Server) Run(ctx context.Context) error {
 // answer was truncated.
 func (s *Server) handler(proto string, client, retry *dns.Client) dns.Handler {
 	return dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
+		s.cfg.Observer.Query()
 		resp := s.answer(req)
 		if resp == nil {
 			resp = s.forward(req, client, retry)
@@ -196,6 +215,7 @@ func (s *Server) answer(req *dns.Msg) *dns.Msg {
 // forward asks the nameservers in order and returns the first answer; SERVFAIL if none
 // answers.
 func (s *Server) forward(req *dns.Msg, client, retry *dns.Client) *dns.Msg {
+	start := time.Now()
 	var errs []error
 	for _, up := range s.upstreams {
 		resp, _, err := client.Exchange(req, up)
@@ -203,10 +223,12 @@ func (s *Server) forward(req *dns.Msg, client, retry *dns.Client) *dns.Msg {
 			resp, _, err = retry.Exchange(req, up)
 		}
 		if err == nil {
+			s.cfg.Observer.Forwarded(time.Since(start), false)
 			return resp
 		}
 		errs = append(errs, err)
 	}
+	s.cfg.Observer.Forwarded(time.Since(start), true)
 	s.log.Debug("no upstream answered", "name", req.Question[0].Name, "err", errors.Join(errs...))
 	return reply(req, dns.RcodeServerFailure)
 }
