@@ -59,6 +59,8 @@ type Agent struct {
 	// XDSOverTLS: the xDS proxy reaches XDSAddr over mTLS with the workload certificate (as
 	// Istio's agent reaches 15012), and so does the bootstrap's channel.
 	XDSOverTLS bool
+	// Args are added to the agent's command line.
+	Args []string
 }
 
 // AgentProcess is a running agent and what it writes.
@@ -114,7 +116,7 @@ func StartAgent(t testing.TB, ca CA, a Agent) *AgentProcess {
 		sort.Strings(kv)
 		args = append(args, "--labels", strings.Join(kv, ","))
 	}
-	p := Start(t, dir, Binary(t, "agent"), args...)
+	p := Start(t, dir, Binary(t, "agent"), append(args, a.Args...)...)
 	Eventually(t, 30*time.Second, func() error {
 		resp, err := http.Get("http://" + ready + "/healthz/ready")
 		if err != nil {
