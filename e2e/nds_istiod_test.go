@@ -3,11 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
 	"net/netip"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -111,7 +107,7 @@ func TestNameTableMatchesIstiod(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	istiod := startIstiodForNDS(t, k)
+	istiod := testenv.IstiodForTest(t, k, "rootNamespace: istio-system\n").XDSAddr()
 	ours := startHyperOnKube(t, k, kube).xds
 
 	for _, capture := range []bool{true, false} {
@@ -197,58 +193,4 @@ func fetchNameTable(addr string, capture bool) (*ndsv1.NameTable, error) {
 	}
 	nt := &ndsv1.NameTable{}
 	return nt, resp.GetResources()[0].UnmarshalTo(nt)
-}
-
-// startIstiodForNDS runs Istio's pilot-discovery against k on free loopback ports until the
-// test ends and returns its plaintext xDS address once it is ready. Its CA, webhooks and
-// gateway controllers are off: the test environment has nothing they need.
-func startIstiodForNDS(t *testing.T, k *testenv.Kube) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	bin, err := testenv.EnsurePilotDiscovery(ctx, slog.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	framework.WriteFile(t, dir, "mesh.yaml", "rootNamespace: istio-system\n")
-	addrs := distinctAddrs(t, 5)
-	_, ctrlzPort, _ := net.SplitHostPort(addrs[4])
-	framework.StartEnv(t, []string{"POD_NAMESPACE=istio-system", "POD_NAME=istiod-nds", "PILOT_MAX_REQUESTS_PER_SECOND=10000",
-		"ENABLE_CA_SERVER=false", "VALIDATION_WEBHOOK_CONFIG_NAME=", "INJECTION_WEBHOOK_CONFIG_NAME=",
-		"PILOT_ENABLE_GATEWAY_API=false", "PILOT_ENABLE_GATEWAY_API_STATUS=false",
-		"PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER=false", "PILOT_ENABLE_GATEWAY_API_GATEWAYCLASS_CONTROLLER=false",
-		"KUBECONFIG=" + k.KubeconfigPath()}, dir, bin, "discovery",
-		"--kubeconfig="+k.KubeconfigPath(), "--meshConfig="+filepath.Join(dir, "mesh.yaml"),
-		"--networksConfig="+filepath.Join(dir, "meshNetworks"), "--grpcAddr="+addrs[0], "--httpAddr="+addrs[1],
-		"--httpsAddr="+addrs[2], "--monitoringAddr="+addrs[3], "--ctrlz_port="+ctrlzPort, "--ctrlz_address=127.0.0.1",
-		"--secureGRPCAddr=")
-	framework.Eventually(t, 2*time.Minute, func() error {
-		resp, err := http.Get("http://" + addrs[1] + "/ready")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("istiod /ready: %d", resp.StatusCode)
-		}
-		return nil
-	})
-	return addrs[0]
-}
-
-// distinctAddrs returns n loopback addresses free a moment ago, all different: each is held
-// until the last is picked.
-func distinctAddrs(t *testing.T, n int) []string {
-	t.Helper()
-	var out []string
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		out = append(out, l.Addr().String())
-	}
-	return out
 }
