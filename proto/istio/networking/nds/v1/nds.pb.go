@@ -4,6 +4,11 @@
 // 	protoc        v3.21.12
 // source: istio/networking/nds/v1/nds.proto
 
+// Istio's name table (NDS), which the agent's DNS proxy answers from. Istio defines it in
+// istio.io/istio (pkg/dns/proto), not in istio.io/api, and that module is too large to link
+// into the agent: this file declares the same package and fields, so the type URL
+// (type.googleapis.com/istio.networking.nds.v1.NameTable) and the wire format are Istio's.
+
 package ndsv1
 
 import (
@@ -22,7 +27,8 @@ const (
 )
 
 type NameTable struct {
-	state         protoimpl.MessageState         `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Hostname -> its addresses.
 	Table         map[string]*NameTable_NameInfo `protobuf:"bytes,1,rep,name=table,proto3" json:"table,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -66,11 +72,17 @@ func (x *NameTable) GetTable() map[string]*NameTable_NameInfo {
 }
 
 type NameTable_NameInfo struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Ips       []string               `protobuf:"bytes,1,rep,name=ips,proto3" json:"ips,omitempty"`
-	Registry  string                 `protobuf:"bytes,2,opt,name=registry,proto3" json:"registry,omitempty"`
-	Shortname string                 `protobuf:"bytes,3,opt,name=shortname,proto3" json:"shortname,omitempty"`
-	Namespace string                 `protobuf:"bytes,4,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The host's addresses.
+	Ips []string `protobuf:"bytes,1,rep,name=ips,proto3" json:"ips,omitempty"`
+	// The registry the host comes from ("Kubernetes", "External", ...).
+	Registry string `protobuf:"bytes,2,opt,name=registry,proto3" json:"registry,omitempty"`
+	// The Kubernetes service name; only for registry "Kubernetes".
+	Shortname string `protobuf:"bytes,3,opt,name=shortname,proto3" json:"shortname,omitempty"`
+	// The Kubernetes service namespace; only for registry "Kubernetes".
+	Namespace string `protobuf:"bytes,4,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Deprecated in Istio; never set.
+	//
 	// Deprecated: Marked as deprecated in istio/networking/nds/v1/nds.proto.
 	AltHosts      []string `protobuf:"bytes,5,rep,name=alt_hosts,json=altHosts,proto3" json:"alt_hosts,omitempty"`
 	unknownFields protoimpl.UnknownFields
