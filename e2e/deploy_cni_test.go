@@ -30,8 +30,8 @@ import (
 // root with no capability, no privilege and a read-only root filesystem, its arguments are flags
 // of `sailplane-cni install`, its probes ask its declared port; the injection values are
 // deploy/base/injection/values with pilot.cni.enabled. On a real API server the overlay applies
-// without warnings, the DaemonSet's pod is admitted, and the plugin's service account may get
-// pods and nothing more.
+// without warnings, the DaemonSet's pod is admitted, and its service account may get pods (the
+// plugin), list, watch and delete them and create events (the repair loop), and nothing more.
 func TestDeployCNI(t *testing.T) {
 	objs := kustomizeBuild(t, "cni")
 	var ds *unstructured.Unstructured
@@ -201,20 +201,31 @@ func TestDeployCNI(t *testing.T) {
 		review, err := kube.Clientset.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 			User:               "system:serviceaccount:istio-system:sailplane-cni",
 			Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:istio-system", "system:authenticated"},
-			ResourceAttributes: &authzv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource, Namespace: a.namespace, Name: a.name},
+			ResourceAttributes: &authzv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.subresource, Namespace: a.namespace, Name: a.name},
 		}}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return review.Status.Allowed
 	}
-	if !allowed(access{verb: "get", resource: "pods", namespace: "demo", name: "app"}) {
-		t.Error("deploy/cni: the plugin's account istio-system/sailplane-cni may not get pods")
+	// get: the plugin; list, watch, delete and events: the repair loop.
+	for _, a := range []access{
+		{verb: "get", resource: "pods", namespace: "demo", name: "app"},
+		{verb: "list", resource: "pods"},
+		{verb: "watch", resource: "pods"},
+		{verb: "delete", resource: "pods", namespace: "demo", name: "app"},
+		{verb: "create", resource: "events", namespace: "demo"},
+	} {
+		if !allowed(a) {
+			t.Errorf("deploy/cni: the account istio-system/sailplane-cni may not %s", a)
+		}
 	}
 	refused := append([]access{
-		{verb: "list", resource: "pods", namespace: "demo"},
-		{verb: "watch", resource: "pods"},
 		{verb: "update", resource: "pods", namespace: "demo", name: "app"},
+		{verb: "patch", resource: "pods", namespace: "demo", name: "app"},
+		{verb: "create", resource: "pods", namespace: "demo"},
+		{verb: "update", resource: "pods", subresource: "status", namespace: "demo", name: "app"},
+		{verb: "update", resource: "events", namespace: "demo", name: "e"},
 		{verb: "get", resource: "namespaces", name: "demo"},
 		{verb: "get", resource: "configmaps", namespace: "istio-system", name: "istio"},
 	}, neverAllowed...)
