@@ -36,8 +36,8 @@ func install(args []string) int {
 	in := &cni.Installer{}
 	var (
 		exclude, level, node string
-		repair             bool
-		repairQPS          float64
+		repair               bool
+		repairQPS            float64
 	)
 	fs.StringVar(&in.Binary, "binary", exe, "the plugin binary to copy")
 	fs.StringVar(&in.BinDir, "cni-bin-dir", "/host/opt/cni/bin", "the node's CNI bin folder, as mounted")
