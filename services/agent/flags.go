@@ -32,5 +32,6 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.XDSProxySocket, "xds-proxy-socket", "./etc/istio/proxy/XDS", "Unix socket forwarding the local proxy's ADS streams to --xds-address; empty: none")
 	fs.StringVar(&c.EnvoyBootstrap, "envoy-bootstrap", "./etc/istio/proxy/envoy-rev.json", "where Envoy's bootstrap is written (ADS through --xds-proxy-socket, SDS from --sds-socket); empty: none")
 	fs.StringVar(&c.EnvoyAdmin, "envoy-admin-address", "127.0.0.1:15000", "Envoy's admin address, written in its bootstrap; its /stats/prometheus is merged into the agent's")
-	fs.StringVar(&c.ReadinessAddr, "readiness-address", "127.0.0.1:15020", "address serving /healthz/ready, and Prometheus metrics at /stats/prometheus and /metrics; empty: none")
+	fs.StringVar(&c.ReadinessAddr, "readiness-address", "127.0.0.1:15020", "address serving /healthz/ready, /healthz/agent, POST /drain (from loopback), and Prometheus metrics at /stats/prometheus and /metrics; empty: none")
+	fs.BoolVar(&c.EnvoyReadiness, "envoy-readiness", cli.EnvOr("SAILPLANE_ENVOY_READINESS", "") == "true", "/healthz/ready also waits for Envoy (first LDS and CDS accepted, server LIVE, workers started), as pilot-agent's (env SAILPLANE_ENVOY_READINESS)")
 }
