@@ -156,3 +156,19 @@ func freePort(t *testing.T) int {
 	l.Close()
 	return port
 }
+
+// TestNoDrainOnStop: the agent stopping (SIGTERM, ctx cancelled) leaves Envoy alone. Envoy is
+// its own container: on pod termination the kubelet stops it before the agent (native sidecars
+// stop in reverse order), and when the agent alone restarts (a new image, a resize) draining
+// would close the listeners of an Envoy that keeps running.
+func TestNoDrainOnStop(t *testing.T) {
+	envoy := newFakeEnvoy(t)
+	_, cfg := provisionedAgent(t)
+	cfg.EnvoyAdmin, cfg.EnvoyReadiness = envoy.Listener.Addr().String(), true
+	a := startAgent(t, cfg)
+	waitReady(t, a)
+	a.stop()
+	if got := envoy.got(); len(got) != 0 {
+		t.Errorf("the stopping agent asked Envoy %q, want nothing", got)
+	}
+}
