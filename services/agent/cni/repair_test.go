@@ -37,45 +37,55 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// startRepair runs a Repairer for node-a against a real API server, as the DaemonSet's process
-// does (its own token and CA files); the returned buffer holds its log.
-func startRepair(t *testing.T, qps float64, burst int) (kubernetes.Interface, *syncBuffer) {
+// repairKube is a real API server with the namespace demo, and the token and CA files of the
+// node agent's account, as the DaemonSet mounts them.
+func repairKube(t *testing.T) (client kubernetes.Interface, host, token, ca string) {
 	t.Helper()
 	k := testenv.KubeForTest(t)
 	client, err := kubernetes.NewForConfig(k.RestConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, ns := range []string{"demo"} {
-		if _, err := client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "demo"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	token, ca := filepath.Join(dir, "token"), filepath.Join(dir, "ca.crt")
+	token, ca = filepath.Join(dir, "token"), filepath.Join(dir, "ca.crt")
 	if err := os.WriteFile(token, []byte(k.Token()), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(ca, k.CAData(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	r, err := NewRepairer(k.Host(), token, ca, "node-a", log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.QPS, r.Burst = qps, burst
+	return client, k.Host(), token, ca
+}
+
+// runUntilCleanup runs run until the test ends, logging logs when it failed.
+func runUntilCleanup(t *testing.T, logs *syncBuffer, run func(context.Context) error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); _ = r.Run(ctx) }()
+	go func() { defer close(done); _ = run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
 		<-done
 		if t.Failed() {
-			t.Logf("repair log:\n%s", logs)
+			t.Logf("log:\n%s", logs)
 		}
 	})
+}
+
+// startRepair runs a Repairer for node-a against a real API server, as the DaemonSet's process
+// does (its own token and CA files); the returned buffer holds its log.
+func startRepair(t *testing.T, qps float64, burst int) (kubernetes.Interface, *syncBuffer) {
+	t.Helper()
+	client, host, token, ca := repairKube(t)
+	logs := &syncBuffer{}
+	r, err := NewRepairer(host, token, ca, "node-a", slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.QPS, r.Burst = qps, burst
+	runUntilCleanup(t, logs, r.Run)
 	return client, logs
 }
 
@@ -218,4 +228,50 @@ func TestRepairRateLimit(t *testing.T) {
 	if p, err := client.CoreV1().Pods("demo").Get(context.Background(), "second", metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil {
 		t.Errorf("the second pod was deleted past the rate limit (err %v)", err)
 	}
+}
+
+// TestRepairAfterInstall: the installer starts its repair loop only once the plugin is in
+// place (a pod deleted before would start uncaptured again): while the node has no primary CNI
+// configuration the broken pod stays; once it has one, the pod is deleted.
+func TestRepairAfterInstall(t *testing.T) {
+	client, host, token, ca := repairKube(t)
+	createWithStatus(t, client, "broken", "node-a", true, stateFailed)
+	root := t.TempDir()
+	bin, conf := filepath.Join(root, "bin"), filepath.Join(root, "net.d")
+	for _, d := range []string{bin, conf} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "plugin"), []byte("binary"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	r, err := NewRepairer(host, token, ca, "node-a", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &Installer{
+		Binary: filepath.Join(root, "plugin"), BinDir: bin, ConfDir: conf, HostConfDir: "/etc/cni/net.d",
+		Server: host, TokenFile: token, CAFile: ca, Interval: 10 * time.Millisecond, Repair: r, Log: log,
+	}
+	runUntilCleanup(t, logs, in.Run)
+	deadline := time.Now().Add(30 * time.Second)
+	for strings.Count(logs.String(), "CNI plugin not installed") < 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("the installer did not try three times")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if p, err := client.CoreV1().Pods("demo").Get(context.Background(), "broken", metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil {
+		t.Fatalf("the pod was deleted before the plugin was installed (err %v)", err)
+	}
+	if strings.Contains(logs.String(), "repairing pods") {
+		t.Fatal("the repair loop started before the plugin was installed")
+	}
+	if err := os.WriteFile(filepath.Join(conf, "10-bridge.conflist"), []byte(`{"cniVersion":"1.0.0","name":"bridge","plugins":[{"type":"bridge"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitDeleted(t, client, "broken")
 }
