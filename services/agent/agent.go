@@ -81,9 +81,13 @@ type Config struct {
 	DNSAddr, ResolvConf         string
 	DNSUpstreamPort             string
 
-	// ReadinessAddr serves /healthz/ready (200 once a certificate is held, else 503) and the
+	// ReadinessAddr serves /healthz/agent (200 once a certificate is held, else 503),
+	// /healthz/ready (the same, and Envoy ready with EnvoyReadiness), POST /drain, and the
 	// agent's Prometheus metrics at /stats/prometheus and /metrics, with Envoy's when it runs.
 	ReadinessAddr string
+	// EnvoyReadiness makes /healthz/ready wait for Envoy, asked on EnvoyAdmin as pilot-agent
+	// does: its first LDS and CDS updates accepted, the server LIVE and its workers started.
+	EnvoyReadiness bool
 }
 
 // Deps are the agent's collaborators.
@@ -106,6 +110,8 @@ type Agent struct {
 	certs *workloadcert.Client
 	// metrics are recorded in deps.Metrics.
 	metrics *agentMetrics
+	// envoy is Envoy's admin API.
+	envoy *envoyAdmin
 
 	ready         chan struct{}
 	readyOnce     sync.Once
@@ -158,7 +164,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: deps.Logger, deps: deps, certs: certs, ready: make(chan struct{})}
+	a := &Agent{cfg: cfg, log: deps.Logger, deps: deps, certs: certs, ready: make(chan struct{}), envoy: newEnvoyAdmin(cfg.EnvoyAdmin)}
 	a.metrics = newAgentMetrics(a, deps.Metrics.MeterProvider())
 	if a.dns, err = newDNSProxy(cfg, deps, a.metrics); err != nil {
 		return nil, err

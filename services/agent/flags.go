@@ -37,5 +37,6 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.DNSAddr, "dns-address", cli.EnvOr("DNS_PROXY_ADDR", "127.0.0.1:15053"), "UDP and TCP address of the DNS proxy (Istio's DNS_PROXY_ADDR)")
 	fs.StringVar(&c.ResolvConf, "resolv-conf", "/etc/resolv.conf", "resolver configuration: the nameservers other names are forwarded to, and the search domains")
 	fs.StringVar(&c.DNSUpstreamPort, "dns-upstream-port", "53", "port of resolv.conf's nameservers (for tests; resolv.conf cannot name one)")
-	fs.StringVar(&c.ReadinessAddr, "readiness-address", "127.0.0.1:15020", "address serving /healthz/ready, and Prometheus metrics at /stats/prometheus and /metrics; empty: none")
+	fs.StringVar(&c.ReadinessAddr, "readiness-address", "127.0.0.1:15020", "address serving /healthz/ready, /healthz/agent, POST /drain (from loopback), and Prometheus metrics at /stats/prometheus and /metrics; empty: none")
+	fs.BoolVar(&c.EnvoyReadiness, "envoy-readiness", cli.EnvOr("SAILPLANE_ENVOY_READINESS", "") == "true", "/healthz/ready also waits for Envoy (first LDS and CDS accepted, server LIVE, workers started), as pilot-agent's (env SAILPLANE_ENVOY_READINESS)")
 }
