@@ -321,14 +321,18 @@ func serviceNeeds(caNamespace string) map[string][]access {
 	webhook = append(webhook, each([]string{"list", "watch"}, access{resource: "configmaps", namespace: "istio-system", name: "istio-sidecar-injector"})...)
 	webhook = append(webhook, access{verb: "create", group: "networking.istio.io", resource: "gateways", namespace: "istio-system"})
 
-	return map[string][]access{
-		"config-ingest": ingest, "endpoint-watcher": watcher, "ca": ca, "webhook": webhook,
-		// credentialName secrets: a field-selected Secret informer, and whether a proxy's account
-		// may read its namespace's Secrets.
-		"xds-server": append(each(read, access{resource: "secrets"}),
+	// credentialName secrets: a field-selected Secret informer, and whether a proxy's account
+	// may read its namespace's Secrets; tokens on the TLS xDS port, reviewed as istiod reviews
+	// them. With the ca segregated, none of it: listing Secrets everywhere would reach the
+	// signing key's namespace.
+	var xds []access
+	if caNamespace == "istio-system" {
+		xds = append(each(read, access{resource: "secrets"}),
 			access{verb: "create", group: "authorization.k8s.io", resource: "subjectaccessreviews"},
-			// Tokens on the TLS xDS port, reviewed as istiod reviews them.
-			access{verb: "create", group: "authentication.k8s.io", resource: "tokenreviews"}),
+			access{verb: "create", group: "authentication.k8s.io", resource: "tokenreviews"})
+	}
+	return map[string][]access{
+		"config-ingest": ingest, "endpoint-watcher": watcher, "ca": ca, "webhook": webhook, "xds-server": xds,
 	}
 }
 
@@ -351,10 +355,28 @@ var neverAllowed = []access{
 // other services, which its account must be refused; hyper's account may do what any service
 // does. In deploy/segregated-ca the ca's account and key are in sailplane-ca.
 func checkRBAC(ctx context.Context, t *testing.T, kube *framework.Kube) {
-	for _, overlay := range controlPlaneOverlays {
-		for _, obj := range kustomizeBuild(t, overlay) {
+	apply := func(overlay string) []*unstructured.Unstructured {
+		objs := kustomizeBuild(t, overlay)
+		for _, obj := range objs {
 			if err := serverSideApply(ctx, kube, obj, false); err != nil {
 				t.Fatalf("deploy/%s: %s: %v", overlay, ref(obj), err)
+			}
+		}
+		return objs
+	}
+	// The topologies share account names (istio-system/xds-server…) but not bindings: each is
+	// checked with its own bindings alone, as a cluster has one of them installed.
+	unbind := func(overlay string, objs []*unstructured.Unstructured) {
+		for _, obj := range objs {
+			if k := obj.GetKind(); k != "ClusterRoleBinding" && k != "RoleBinding" {
+				continue
+			}
+			ri, err := kube.Resource(obj)
+			if err == nil {
+				err = ri.Delete(ctx, obj.GetName(), metav1.DeleteOptions{})
+			}
+			if err != nil {
+				t.Fatalf("deploy/%s: deleting %s: %v", overlay, ref(obj), err)
 			}
 		}
 	}
@@ -378,6 +400,7 @@ func checkRBAC(ctx context.Context, t *testing.T, kube *framework.Kube) {
 	for _, topology := range []struct{ overlay, caNamespace string }{
 		{"microservices", "istio-system"}, {"segregated-ca", "sailplane-ca"},
 	} {
+		objs := apply(topology.overlay)
 		needs := serviceNeeds(topology.caNamespace)
 		namespaceOf := func(svc string) string {
 			if svc == "ca" {
@@ -406,7 +429,9 @@ func checkRBAC(ctx context.Context, t *testing.T, kube *framework.Kube) {
 				}
 			}
 		}
+		unbind(topology.overlay, objs)
 	}
+	apply("hyper") // last: it shares some bindings with the topologies, which unbind removed
 	for svc, needs := range serviceNeeds("istio-system") {
 		for _, a := range needs {
 			if !allowed("istio-system", sailName, a) {
