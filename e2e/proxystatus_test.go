@@ -108,9 +108,11 @@ func TestIstioctlProxyStatus(t *testing.T) {
 	for _, proxy := range []string{"web.demo", proxyless} {
 		dump := filepath.Join(t.TempDir(), "config_dump.json")
 		pc := exec.CommandContext(ctx, framework.Binary(t, "sailplanectl"), "proxy-config", "all", proxy, "--xds-address", xdsAddr, "-o", "json")
+		var stderr strings.Builder
+		pc.Stderr = &stderr
 		b, err := pc.Output()
 		if err != nil {
-			t.Fatalf("sailplanectl proxy-config all %s: %v", proxy, err)
+			t.Fatalf("sailplanectl proxy-config all %s: %v\n%s", proxy, err, stderr.String())
 		}
 		framework.WriteFile(t, filepath.Dir(dump), filepath.Base(dump), string(b))
 		out, err := istio("proxy-status", proxy, "--file", dump, "--xds-address", xdsAddr, "--plaintext", "-r", "default")
