@@ -689,7 +689,7 @@ func (b *builder) tcpRouteChains(base tcpChain, port uint32) []tcpChain {
 	var out []tcpChain
 	if vs := b.binds.VirtualService(base.host); vs != nil {
 		for _, r := range vs.Spec.GetTcp() {
-			tp := b.routeProxy(vs, r.GetRoute(), base.host, port, def)
+			tp := b.withTCPTimeouts(b.routeProxy(vs, r.GetRoute(), base.host, port, def), base.host)
 			if tp == nil {
 				continue
 			}
@@ -720,8 +720,20 @@ func (b *builder) tcpRouteChains(base tcpChain, port uint32) []tcpChain {
 			}
 		}
 	}
-	base.proxy = &tcpv3.TcpProxy{StatPrefix: def, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: def}}
+	base.proxy = b.withTCPTimeouts(&tcpv3.TcpProxy{StatPrefix: def, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: def}}, base.host)
 	return append(out, base)
+}
+
+// withTCPTimeouts bounds tp's connections as the DestinationRule of host asks, as istiod does:
+// the rule's own (not port-level or subset) tcp idleTimeout and maxConnectionDuration.
+func (b *builder) withTCPTimeouts(tp *tcpv3.TcpProxy, host string) *tcpv3.TcpProxy {
+	if tp == nil {
+		return nil
+	}
+	tcp := specOf(b.binds.DestinationRule(host)).GetTrafficPolicy().GetConnectionPool().GetTcp()
+	tp.IdleTimeout = tcp.GetIdleTimeout()
+	tp.MaxDownstreamConnectionDuration = tcp.GetMaxConnectionDuration()
+	return tp
 }
 
 // routeProxy is the tcp_proxy to a tcp or tls route's destinations, nil when none is usable;
@@ -758,7 +770,7 @@ func (b *builder) tlsRouteChains(host string, port uint32, cidrs []string) []tcp
 			if (m.GetPort() != 0 && m.GetPort() != port) || !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), m.GetGateways()) {
 				continue
 			}
-			tp := b.routeProxy(vs, r.GetRoute(), host, port, ClusterName(port, "", host))
+			tp := b.withTCPTimeouts(b.routeProxy(vs, r.GetRoute(), host, port, ClusterName(port, "", host)), host)
 			if tp == nil {
 				continue
 			}
