@@ -201,6 +201,7 @@ func qualifyGateway(ref, ns string) string {
 // matched in order, so nothing after one that matches every request is kept, as in istiod.
 func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host string, port uint32,
 	gws gatewayFilter) []*routev3.Route {
+	vs = b.withDelegates(vs)
 	out, skipped := translate.HTTPRoutes(vs.Spec.GetHttp(), func(i int, hr *networking.HTTPRoute,
 		m *networking.HTTPMatchRequest) (*routev3.Route, bool) {
 		log := b.log.With("virtualService", vs.Namespace+"/"+vs.Name, "http", i, "port", port)
@@ -255,7 +256,7 @@ func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, ho
 		}
 		r.Action = &routev3.Route_Route{Route: act}
 	default:
-		log.Debug("skipping http route without destination, redirect or direct response (delegation is not supported)")
+		log.Debug("skipping http route without destination, redirect or direct response")
 		return false
 	}
 	if h := hr.GetHeaders(); h != nil {
