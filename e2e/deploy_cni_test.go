@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,10 +14,13 @@ import (
 	"testing"
 	"time"
 
+	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"sigs.k8s.io/yaml"
 
@@ -30,8 +34,8 @@ import (
 // root with no capability, no privilege and a read-only root filesystem, its arguments are flags
 // of `sailplane-cni install`, its probes ask its declared port; the injection values are
 // deploy/base/injection/values with pilot.cni.enabled. On a real API server the overlay applies
-// without warnings, the DaemonSet's pod is admitted, and the plugin's service account may get
-// pods and nothing more.
+// without warnings, the DaemonSet's pod is admitted, and its service account may get pods (the
+// plugin), list, watch and delete them and create events (the repair loop), and nothing more.
 func TestDeployCNI(t *testing.T) {
 	objs := kustomizeBuild(t, "cni")
 	var ds *unstructured.Unstructured
@@ -201,20 +205,31 @@ func TestDeployCNI(t *testing.T) {
 		review, err := kube.Clientset.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 			User:               "system:serviceaccount:istio-system:sailplane-cni",
 			Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:istio-system", "system:authenticated"},
-			ResourceAttributes: &authzv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource, Namespace: a.namespace, Name: a.name},
+			ResourceAttributes: &authzv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.subresource, Namespace: a.namespace, Name: a.name},
 		}}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return review.Status.Allowed
 	}
-	if !allowed(access{verb: "get", resource: "pods", namespace: "demo", name: "app"}) {
-		t.Error("deploy/cni: the plugin's account istio-system/sailplane-cni may not get pods")
+	// get: the plugin; list, watch, delete and events: the repair loop.
+	for _, a := range []access{
+		{verb: "get", resource: "pods", namespace: "demo", name: "app"},
+		{verb: "list", resource: "pods"},
+		{verb: "watch", resource: "pods"},
+		{verb: "delete", resource: "pods", namespace: "demo", name: "app"},
+		{verb: "create", resource: "events", namespace: "demo"},
+	} {
+		if !allowed(a) {
+			t.Errorf("deploy/cni: the account istio-system/sailplane-cni may not %s", a)
+		}
 	}
 	refused := append([]access{
-		{verb: "list", resource: "pods", namespace: "demo"},
-		{verb: "watch", resource: "pods"},
 		{verb: "update", resource: "pods", namespace: "demo", name: "app"},
+		{verb: "patch", resource: "pods", namespace: "demo", name: "app"},
+		{verb: "create", resource: "pods", namespace: "demo"},
+		{verb: "update", resource: "pods", subresource: "status", namespace: "demo", name: "app"},
+		{verb: "update", resource: "events", namespace: "demo", name: "e"},
 		{verb: "get", resource: "namespaces", name: "demo"},
 		{verb: "get", resource: "configmaps", namespace: "istio-system", name: "istio"},
 	}, neverAllowed...)
@@ -222,6 +237,62 @@ func TestDeployCNI(t *testing.T) {
 		if allowed(a) {
 			t.Errorf("deploy/cni: the plugin's account istio-system/sailplane-cni may %s", a)
 		}
+	}
+	checkOwnNode(ctx, t, kube, k, tmpl.Spec)
+}
+
+// checkOwnNode: with the token of the DaemonSet's pod on node-a (bound to that pod, as the
+// kubelet gets it), the account may delete a pod of node-a, and is refused one of node-b by
+// deploy/cni's ValidatingAdmissionPolicy, naming why (dry-run deletions, the admission is the
+// same).
+func checkOwnNode(ctx context.Context, t *testing.T, kube *framework.Kube, k *testenv.Kube, spec corev1.PodSpec) {
+	t.Helper()
+	cs := kube.Clientset.CoreV1()
+	for _, node := range []string{"node-a", "node-b"} {
+		if _, err := cs.Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cs.Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "demo"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	spec.NodeName = "node-a"
+	agentPod, err := cs.Pods("istio-system").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cni-node-a"}, Spec: spec}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, node := range []string{"node-a", "node-b"} {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "on-" + node}, Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "app", Image: "app"}}}}
+		if _, err := cs.Pods("demo").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tok, err := cs.ServiceAccounts("istio-system").CreateToken(ctx, spec.ServiceAccountName, &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{
+		BoundObjectRef: &authnv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: agentPod.Name, UID: agentPod.UID},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.AnonymousClientConfig(k.RestConfig())
+	cfg.BearerToken = tok.Status.Token
+	asAgent, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dryRun := metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}
+	// The policy takes effect once the API server has loaded it.
+	framework.Eventually(t, time.Minute, func() error {
+		err := asAgent.CoreV1().Pods("demo").Delete(ctx, "on-node-b", dryRun)
+		if err == nil {
+			return errors.New("deploy/cni: the node agent of node-a may delete a pod of node-b")
+		}
+		if !strings.Contains(err.Error(), "sailplane-cni may delete only the pods of its own node") {
+			t.Fatalf("deploy/cni: deleting a pod of node-b: %v, want the own-node policy's refusal", err)
+		}
+		return nil
+	})
+	if err := asAgent.CoreV1().Pods("demo").Delete(ctx, "on-node-a", dryRun); err != nil {
+		t.Errorf("deploy/cni: the node agent of node-a may not delete a pod of node-a: %v", err)
 	}
 }
 

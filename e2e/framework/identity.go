@@ -59,6 +59,8 @@ type Agent struct {
 	// XDSOverTLS: the xDS proxy reaches XDSAddr over mTLS with the workload certificate (as
 	// Istio's agent reaches 15012), and so does the bootstrap's channel.
 	XDSOverTLS bool
+	// Env and Args are added to the agent's environment (KEY=value) and flags.
+	Env, Args []string
 }
 
 // AgentProcess is a running agent and what it writes.
@@ -114,9 +116,11 @@ func StartAgent(t testing.TB, ca CA, a Agent) *AgentProcess {
 		sort.Strings(kv)
 		args = append(args, "--labels", strings.Join(kv, ","))
 	}
-	p := Start(t, dir, Binary(t, "agent"), args...)
+	args = append(args, a.Args...)
+	p := StartEnv(t, a.Env, dir, Binary(t, "agent"), args...)
+	// The agent alone: /healthz/ready also waits for Envoy when the agent serves one.
 	Eventually(t, 30*time.Second, func() error {
-		resp, err := http.Get("http://" + ready + "/healthz/ready")
+		resp, err := http.Get("http://" + ready + "/healthz/agent")
 		if err != nil {
 			return err
 		}

@@ -16,10 +16,13 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 
+	ndsv1 "sailplane.dev/proto/istio/networking/nds/v1"
+	"sailplane.dev/services/agent/internal/dnsproxy"
 	"sailplane.dev/shared/component"
 	"sailplane.dev/shared/grpcbootstrap"
 	"sailplane.dev/shared/telemetry"
@@ -70,9 +73,21 @@ type Config struct {
 	// its stats; 127.0.0.1:15000 (Istio's) when empty.
 	EnvoyAdmin string
 
-	// ReadinessAddr serves /healthz/ready (200 once a certificate is held, else 503) and the
+	// DNSCapture (Istio's ISTIO_META_DNS_CAPTURE) serves DNS on DNSAddr from the xDS server's
+	// name table, forwarding other names to ResolvConf's nameservers (on DNSUpstreamPort, 53
+	// when empty: for tests); the node metadata then says DNS_CAPTURE, and DNS_AUTO_ALLOCATE
+	// with DNSAutoAllocate. DNSAddr is dnsproxy.DefaultAddr (127.0.0.1:15053) when empty.
+	DNSCapture, DNSAutoAllocate bool
+	DNSAddr, ResolvConf         string
+	DNSUpstreamPort             string
+
+	// ReadinessAddr serves /healthz/agent (200 once a certificate is held, else 503),
+	// /healthz/ready (the same, and Envoy ready with EnvoyReadiness), POST /drain, and the
 	// agent's Prometheus metrics at /stats/prometheus and /metrics, with Envoy's when it runs.
 	ReadinessAddr string
+	// EnvoyReadiness makes /healthz/ready wait for Envoy, asked on EnvoyAdmin as pilot-agent
+	// does: its first LDS and CDS updates accepted, the server LIVE and its workers started.
+	EnvoyReadiness bool
 }
 
 // Deps are the agent's collaborators.
@@ -95,6 +110,8 @@ type Agent struct {
 	certs *workloadcert.Client
 	// metrics are recorded in deps.Metrics.
 	metrics *agentMetrics
+	// envoy is Envoy's admin API.
+	envoy *envoyAdmin
 
 	ready         chan struct{}
 	readyOnce     sync.Once
@@ -102,6 +119,10 @@ type Agent struct {
 	current       *Credential
 	published     int // certificates published so far
 	readinessAddr net.Addr
+
+	// dns is the DNS proxy, nil without DNS capture; nameTable is the last table it got.
+	dns       *dnsproxy.Server
+	nameTable atomic.Pointer[ndsv1.NameTable]
 }
 
 // DefaultCAAddress is Istio's CA_ADDR default.
@@ -143,8 +164,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: deps.Logger, deps: deps, certs: certs, ready: make(chan struct{})}
+	a := &Agent{cfg: cfg, log: deps.Logger, deps: deps, certs: certs, ready: make(chan struct{}), envoy: newEnvoyAdmin(cfg.EnvoyAdmin)}
 	a.metrics = newAgentMetrics(a, deps.Metrics.MeterProvider())
+	if a.dns, err = newDNSProxy(cfg, deps, a.metrics); err != nil {
+		return nil, err
+	}
 	certs.Observe(a.metrics.certRequested)
 	if cfg.SDSSocket != "" {
 		a.sds = newSDSServer(a.log, deps.Metrics.MeterProvider())
@@ -167,6 +191,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.cfg.XDSProxySocket != "" {
 		m.Add("xds-proxy", component.Func(a.runXDSProxy))
+	}
+	if a.dns != nil {
+		m.Add("dns-proxy", a.dns)
+		m.Add("name-table", component.Func(a.watchNameTable))
 	}
 	if a.cfg.ReadinessAddr != "" {
 		m.Add("readiness", component.Func(a.serveReadiness))

@@ -106,6 +106,12 @@ func (a *Agent) writeEnvoyBootstrap(c *Credential) error {
 	if err != nil {
 		return err
 	}
+	// Envoy's listeners depend on DNS capture too (auto-allocated addresses), as in istiod.
+	dnsMD := map[string]any{}
+	a.dnsMetadata(dnsMD)
+	for k, v := range dnsMD {
+		b.Node.Metadata.Fields[k] = structpb.NewStringValue(v.(string))
+	}
 	data, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(b)
 	if err != nil {
 		return fmt.Errorf("envoy bootstrap: %w", err)

@@ -32,5 +32,11 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.XDSProxySocket, "xds-proxy-socket", "./etc/istio/proxy/XDS", "Unix socket forwarding the local proxy's ADS streams to --xds-address; empty: none")
 	fs.StringVar(&c.EnvoyBootstrap, "envoy-bootstrap", "./etc/istio/proxy/envoy-rev.json", "where Envoy's bootstrap is written (ADS through --xds-proxy-socket, SDS from --sds-socket); empty: none")
 	fs.StringVar(&c.EnvoyAdmin, "envoy-admin-address", "127.0.0.1:15000", "Envoy's admin address, written in its bootstrap; its /stats/prometheus is merged into the agent's")
-	fs.StringVar(&c.ReadinessAddr, "readiness-address", "127.0.0.1:15020", "address serving /healthz/ready, and Prometheus metrics at /stats/prometheus and /metrics; empty: none")
+	fs.BoolVar(&c.DNSCapture, "dns-capture", cli.EnvOr("ISTIO_META_DNS_CAPTURE", "") == "true", "answer the workload's DNS on --dns-address from the xDS server's name table (Istio's ISTIO_META_DNS_CAPTURE)")
+	fs.BoolVar(&c.DNSAutoAllocate, "dns-auto-allocate", cli.EnvOr("ISTIO_META_DNS_AUTO_ALLOCATE", "") == "true", "ask for addresses for ServiceEntries without any (Istio's ISTIO_META_DNS_AUTO_ALLOCATE)")
+	fs.StringVar(&c.DNSAddr, "dns-address", cli.EnvOr("DNS_PROXY_ADDR", "127.0.0.1:15053"), "UDP and TCP address of the DNS proxy (Istio's DNS_PROXY_ADDR)")
+	fs.StringVar(&c.ResolvConf, "resolv-conf", "/etc/resolv.conf", "resolver configuration: the nameservers other names are forwarded to, and the search domains")
+	fs.StringVar(&c.DNSUpstreamPort, "dns-upstream-port", "53", "port of resolv.conf's nameservers (for tests; resolv.conf cannot name one)")
+	fs.StringVar(&c.ReadinessAddr, "readiness-address", "127.0.0.1:15020", "address serving /healthz/ready, /healthz/agent, POST /drain (from loopback), and Prometheus metrics at /stats/prometheus and /metrics; empty: none")
+	fs.BoolVar(&c.EnvoyReadiness, "envoy-readiness", cli.EnvOr("SAILPLANE_ENVOY_READINESS", "") == "true", "/healthz/ready also waits for Envoy (first LDS and CDS accepted, server LIVE, workers started), as pilot-agent's (env SAILPLANE_ENVOY_READINESS)")
 }

@@ -41,6 +41,10 @@ type agentMetrics struct {
 	csrLatency       metric.Float64Counter
 	xdsRequests      metric.Int64Counter
 	xdsResponses     metric.Int64Counter
+	dnsRequests      metric.Int64Counter
+	dnsUpstream      metric.Int64Counter
+	dnsFailures      metric.Int64Counter
+	dnsDuration      metric.Float64Histogram
 	scrapes          metric.Int64Counter
 	scrapeFailures   metric.Int64Counter
 	csrType          metric.MeasurementOption
@@ -66,8 +70,14 @@ func newAgentMetrics(a *Agent, provider metric.MeterProvider) *agentMetrics {
 	m.xdsRequests = counter("xds_proxy_requests", "The total number of Xds Proxy Requests")
 	m.xdsResponses = counter("xds_proxy_responses", "The total number of Xds Proxy Responses")
 	m.scrapes = counter("scrapes_total", "The total number of scrapes.")
+	m.dnsRequests = counter("dns_requests_total", "Total number of DNS requests.")
+	m.dnsUpstream = counter("dns_upstream_requests_total", "Total number of DNS requests forwarded to upstream.")
+	m.dnsFailures = counter("dns_upstream_failures_total", "Total number of DNS failures.")
 	m.scrapeFailures = counter("scrape_failures_total", "The total number of failed scrapes.")
 	var err error
+	m.dnsDuration, err = meter.Float64Histogram("dns_upstream_request_duration_seconds",
+		metric.WithDescription("Total time in seconds Istio takes to get DNS response from upstream."), metric.WithUnit("s"))
+	telemetry.Handle(err)
 	m.startup, err = meter.Float64Gauge("startup_duration_seconds",
 		metric.WithDescription("The time from the process starting to being marked ready."))
 	telemetry.Handle(err)
@@ -161,4 +171,15 @@ func scrape(ctx context.Context, client *http.Client, url string) ([]byte, error
 		buf.WriteByte('\n')
 	}
 	return buf.Bytes(), nil
+}
+
+// Query and Forwarded make the metrics the DNS proxy's observer (pilot-agent's DNS metrics).
+func (m *agentMetrics) Query() { m.dnsRequests.Add(context.Background(), 1) }
+
+func (m *agentMetrics) Forwarded(d time.Duration, failed bool) {
+	m.dnsUpstream.Add(context.Background(), 1)
+	m.dnsDuration.Record(context.Background(), d.Seconds())
+	if failed {
+		m.dnsFailures.Add(context.Background(), 1)
+	}
 }

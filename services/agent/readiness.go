@@ -9,21 +9,44 @@ import (
 	"time"
 )
 
-// ReadyPath is Istio's agent readiness endpoint.
-const ReadyPath = "/healthz/ready"
+// Paths of the status server (ReadinessAddr, 15020).
+const (
+	// ReadyPath is Istio's readiness endpoint: the agent holds a certificate and, with
+	// EnvoyReadiness, Envoy is ready too (pilot-agent's /healthz/ready).
+	ReadyPath = "/healthz/ready"
+	// AgentReadyPath is the agent alone: it holds a certificate, so Envoy's bootstrap is written.
+	// The agent's own startup probe asks it, since Envoy starts only after that probe passes.
+	AgentReadyPath = "/healthz/agent"
+	// DrainPath (POST, from loopback only, as pilot-agent's) starts Envoy's drain.
+	DrainPath = "/drain"
+)
 
-// serveReadiness answers ReadyPath on ReadinessAddr (200 once a certificate is held, 503
-// before) and, as pilot-agent on 15020, the metrics at StatsPath and MetricsPath: Envoy's
-// merged in when the agent writes its bootstrap.
+// serveReadiness answers ReadyPath, AgentReadyPath and DrainPath on ReadinessAddr and, as
+// pilot-agent on 15020, the metrics at StatsPath and MetricsPath: Envoy's merged in when the
+// agent writes its bootstrap.
 func (a *Agent) serveReadiness(ctx context.Context) error {
 	mux := http.NewServeMux()
-	mux.HandleFunc(ReadyPath, func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc(AgentReadyPath, func(w http.ResponseWriter, _ *http.Request) {
 		if a.Current() == nil {
 			http.Error(w, "no certificate yet", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
+	mux.HandleFunc(ReadyPath, func(w http.ResponseWriter, r *http.Request) {
+		if a.Current() == nil {
+			http.Error(w, "no certificate yet", http.StatusServiceUnavailable)
+			return
+		}
+		if a.cfg.EnvoyReadiness {
+			if err := a.envoy.ready(r.Context()); err != nil {
+				http.Error(w, "envoy: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	mux.HandleFunc(DrainPath, a.handleDrain)
 	var envoyStats string
 	if a.cfg.EnvoyBootstrap != "" {
 		envoyStats = "http://" + a.cfg.EnvoyAdmin + StatsPath

@@ -20,21 +20,55 @@ import (
 	"sailplane.dev/services/xds-server/internal/envoygen"
 	"sailplane.dev/services/xds-server/internal/grpcgen"
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/services/xds-server/internal/ndsgen"
 	"sailplane.dev/services/xds-server/internal/translate"
 	"sailplane.dev/services/xds-server/internal/xds"
+	"sailplane.dev/shared/xdstype"
 )
 
 // generatorFor serves proxyless gRPC clients from grpcgen and Envoy from envoygen, which
-// reports the conflicts it resolves to problems.
-func generatorFor(log *slog.Logger, problems model.Problems) func(*model.Proxy) xds.Generator {
+// reports the conflicts it resolves to problems; credentials says whether credentialName
+// secrets are served (Deps.Credentials). Envoy proxies' agents get their name table (NDS) from
+// ndsgen.
+func generatorFor(log *slog.Logger, problems model.Problems, credentials bool) func(*model.Proxy) xds.Generator {
 	proxyless := newProxylessGenerator(log.With("component", "grpcgen"))
-	envoy := envoyGenerator{envoygen.New(log.With("component", "envoygen"), envoygen.WithProblems(problems))}
+	envoy := withNameTable{envoyGenerator{envoygen.New(log.With("component", "envoygen"), envoygen.WithProblems(problems),
+		envoygen.WithCredentials(credentials))}, ndsgen.New()}
 	return func(p *model.Proxy) xds.Generator {
 		if p.IsProxyless() {
 			return proxyless
 		}
 		return envoy
 	}
+}
+
+// withNameTable answers the name table type from ndsgen, everything else from next.
+type withNameTable struct {
+	next interface {
+		xds.Generator
+		xds.Scoper
+	}
+	nds *ndsgen.Generator
+}
+
+var (
+	_ xds.Generator = withNameTable{}
+	_ xds.Scoper    = withNameTable{}
+)
+
+func (w withNameTable) CacheScope(snap *model.Snapshot, p *model.Proxy, typeURL string) string {
+	if typeURL == xdstype.NameTable {
+		return w.nds.CacheScope(snap, p)
+	}
+	return w.next.CacheScope(snap, p, typeURL)
+}
+
+// Generate: the name table is one resource without a name, as istiod sends it.
+func (w withNameTable) Generate(snap *model.Snapshot, p *model.Proxy, typeURL string, names []string) ([]types.Resource, error) {
+	if typeURL == xdstype.NameTable {
+		return []types.Resource{w.nds.Table(snap, p)}, nil
+	}
+	return w.next.Generate(snap, p, typeURL, names)
 }
 
 // envoyGenerator maps envoygen's "unsupported" onto the xds server's.

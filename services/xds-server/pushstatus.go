@@ -32,7 +32,7 @@ var pushStatusMetrics = []struct{ name, help string }{
 	{model.MetricEDSNoInstances, "Number of clusters without instances."},
 	{model.MetricEndpointNotReady, "Endpoint found in unready state."},
 	{model.MetricClusterTLSRefused, "Clusters left out because their DestinationRule asks for TLS the proxy cannot be given."},
-	{model.MetricCredentialNotServed, "credentialName secrets gateways need that are not served over SDS."},
+	{model.MetricCredentialNotServed, "credentialName secrets proxies need that are not served over SDS (not authorized, missing or malformed)."},
 }
 
 // pushStatus is istiod's push status: the problems generation reported for the config version
@@ -193,7 +193,21 @@ func (s *Server) servePushStatus(w http.ResponseWriter, r *http.Request) {
 
 // pushStatus is the push status of the served snapshot and the proxies connected.
 func (s *Server) pushStatus() map[string]map[string]proxyPushStatus {
-	return s.problems.status(s.servedSnapshot(), s.xds.ConnectedProxies())
+	proxies := s.xds.ConnectedProxies()
+	out := s.problems.status(s.servedSnapshot(), proxies)
+	if s.secrets != nil {
+		ids := make([]string, len(proxies))
+		for i, p := range proxies {
+			ids[i] = p.ID
+		}
+		for _, p := range s.secrets.Problems(ids) {
+			if out[p.Metric] == nil {
+				out[p.Metric] = map[string]proxyPushStatus{}
+			}
+			out[p.Metric][p.Key] = proxyPushStatus{Proxy: p.Proxy, Message: p.Message}
+		}
+	}
+	return out
 }
 
 // registerPushStatusGauges exports each push status metric as istiod does: a gauge of how many

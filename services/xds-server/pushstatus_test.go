@@ -28,7 +28,7 @@ func TestPushStatusGolden(t *testing.T) {
 			}
 			snap := snapshotOf(t, rest)
 			status := newPushStatus()
-			gen := generatorFor(testLogger(t), status)
+			gen := generatorFor(testLogger(t), status, false)
 			var connected []*model.Proxy
 			for _, p := range proxies {
 				connected = append(connected, p.Proxy)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -25,8 +26,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+	"k8s.io/client-go/kubernetes"
 
 	"sailplane.dev/services/xds-server/internal/authz"
+	sdscredentials "sailplane.dev/services/xds-server/internal/credentials"
 	"sailplane.dev/services/xds-server/internal/jwks"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/xds"
@@ -109,6 +112,11 @@ type Deps struct {
 	// SecureServices, when set, registers more services on the secure listener (hyper: the ca's
 	// CreateCertificate, on one port as istiod serves it).
 	SecureServices func(grpc.ServiceRegistrar)
+	// Credentials, when set, is the cluster whose Secrets credentialName names: they are served
+	// to the proxies allowed to read them over SDS (internal/credentials). It needs get, list
+	// and watch on secrets and create on subjectaccessreviews. Nil: none are served (and
+	// sidecars' DestinationRules with credentialName are refused).
+	Credentials kubernetes.Interface
 	// MeterProvider receives the xDS metrics (istiod's pilot_xds*, pilot_proxy_*) and the gRPC
 	// server's (grpc.server.call.*); nil: the global one.
 	MeterProvider metric.MeterProvider
@@ -143,6 +151,8 @@ type Server struct {
 	// conns are the client connections, admission the ADS streams (overload.go).
 	conns     *connTracker
 	admission *admission
+	// secrets serves credentialName secrets; nil without Deps.Credentials.
+	secrets *sdscredentials.Controller
 	// tracer traces pushes of traced changes (see xds.PushTracer).
 	tracer *xds.PushTracer
 	// instance is random, so that the rebalancer tells its own load report from its peers'
@@ -212,9 +222,16 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if err := s.registerPushStatusGauges(deps.MeterProvider); err != nil {
 		return nil, err
 	}
+	var secrets xds.SecretSource
+	if deps.Credentials != nil {
+		s.secrets = sdscredentials.New(deps.Credentials, log.With("component", "credentials"))
+		s.secrets.OnChange(func(ns string) { s.xds.PushSecrets(ns) })
+		secrets = secretSource{c: s.secrets, cluster: cfg.ClusterID}
+	}
 	s.xds = xds.NewServer(xds.Options{
 		Logger:          log.With("component", "ads"),
-		Generator:       generatorFor(log, s.problems),
+		Generator:       generatorFor(log, s.problems, s.secrets != nil),
+		Secrets:         secrets,
 		PushConcurrency: cfg.PushConcurrency,
 		CacheAssert:     cfg.CacheAssert,
 		PeerIdentity:    grpcserver.PeerIdentity, // authenticated by s.authenticate
@@ -362,6 +379,9 @@ func (s *Server) serve(ctx context.Context, plain, secure net.Listener) error {
 	// The ADS streams end when the push workers stop with ctx, which lets GracefulStop finish.
 	wg.Go(func() { _ = s.xds.Run(ctx) })
 	wg.Go(func() { _ = s.jwks.Run(ctx) })
+	if s.secrets != nil {
+		wg.Go(func() { _ = s.secrets.Run(ctx) })
+	}
 	s.runOverload(ctx, &wg)
 	if plain != nil {
 		serveOn(newGRPC(), plain)
@@ -480,4 +500,14 @@ func stopGracefully(gs *grpc.Server) {
 		gs.Stop()
 		<-done
 	}
+}
+
+// secretSource serves SDS from the credentials controller.
+type secretSource struct {
+	c       *sdscredentials.Controller
+	cluster string // Config.ClusterID
+}
+
+func (s secretSource) Secrets(ctx context.Context, p *model.Proxy, peer string, names []string) []types.Resource {
+	return asResources(s.c.Secrets(ctx, p.ID, p.ClusterID, s.cluster, peer, names))
 }

@@ -32,6 +32,9 @@ func MetricLabel(url string) string {
 }
 
 func short(url string) (string, bool) {
+	if url == NameTable {
+		return "NDS", true
+	}
 	for _, t := range Core {
 		if t.URL == url {
 			return t.Short, true
@@ -39,3 +42,7 @@ func short(url string) (string, bool) {
 	}
 	return "", false
 }
+
+// NameTable is Istio's name table (NDS) type, which the agent's DNS proxy asks for when
+// ISTIO_META_DNS_CAPTURE is on; its short name is NDS.
+const NameTable = "type.googleapis.com/istio.networking.nds.v1.NameTable"

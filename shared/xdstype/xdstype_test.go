@@ -7,6 +7,7 @@ func TestNames(t *testing.T) {
 		{"type.googleapis.com/envoy.config.cluster.v3.Cluster", "CDS", "cds"},
 		{"type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment", "EDS", "eds"},
 		{"type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret", "SDS", "sds"},
+		{NameTable, "NDS", "nds"},
 		{"istio.io/debug/syncz", "syncz", "istio.io/debug/syncz"},
 		{"type.googleapis.com/envoy.service.runtime.v3.Runtime", "Runtime", "type.googleapis.com/envoy.service.runtime.v3.Runtime"},
 	} {

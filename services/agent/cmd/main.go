@@ -38,7 +38,7 @@ func main() {
 	}
 	logOpts.AddFlags(cmd.Flags())
 	cfg.AddFlags(cmd.Flags())
-	cmd.AddCommand(captureCommand())
+	cmd.AddCommand(captureCommand(), drainCommand())
 	cli.Execute(cmd)
 }
 
@@ -65,5 +65,24 @@ func captureCommand() *cobra.Command {
 	}
 	logOpts.AddFlags(cmd.Flags())
 	opts.AddFlags(cmd)
+	return cmd
+}
+
+// drainCommand is `agent drain`, the preStop hook of the agent's container: it asks the running
+// agent (POST /drain on its status port, over loopback) to start Envoy's drain as the pod's
+// termination begins, as Istio's `pilot-agent request POST drain`.
+func drainCommand() *cobra.Command {
+	var port int
+	cmd := &cobra.Command{
+		Use:   "drain",
+		Short: "Ask the agent of this pod to drain Envoy's inbound listeners (the preStop hook)",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			ctx, cancel := cli.SignalContext()
+			defer cancel()
+			return agent.RequestDrain(ctx, port)
+		},
+	}
+	cmd.Flags().IntVar(&port, "status-port", 15020, "the agent's status port (ProxyConfig statusPort)")
 	return cmd
 }

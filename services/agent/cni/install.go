@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -36,7 +37,10 @@ type Installer struct {
 	Backend, LogLevel         string
 	Interval                  time.Duration // how often the files are checked (default 5 s)
 	ReadyAddress              string        // /readyz answers 200 once installed ("" none)
-	Log                       *slog.Logger
+	// Repair, when set, runs once the plugin is first installed (before, a pod it deleted
+	// would come back uncaptured again), until Run returns.
+	Repair *Repairer
+	Log    *slog.Logger
 }
 
 const (
@@ -68,6 +72,11 @@ func (in *Installer) Run(ctx context.Context) error {
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	ctx, cancel := context.WithCancel(ctx)
+	var repairs sync.WaitGroup
+	defer repairs.Wait()
+	defer cancel()
+	repairing := false
 	for {
 		changed, err := in.Once()
 		switch {
@@ -79,6 +88,10 @@ func (in *Installer) Run(ctx context.Context) error {
 			in.Log.Info("CNI plugin installed", "bin", filepath.Join(in.BinDir, PluginType), "conf_dir", in.ConfDir)
 		default:
 			ready.Store(true)
+		}
+		if in.Repair != nil && ready.Load() && !repairing {
+			repairing = true
+			repairs.Go(func() { _ = in.Repair.Run(ctx) })
 		}
 		select {
 		case <-ctx.Done():

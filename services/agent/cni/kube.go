@@ -1,6 +1,7 @@
 package cni
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -120,18 +121,63 @@ func newKubeClient(path string) (*kubeClient, error) {
 	return c, nil
 }
 
+// newInClusterClient is the node agent's own client: server, the token file (re-read at each
+// use) and the CA of its service account.
+func newInClusterClient(server, tokenFile, caFile string) (*kubeClient, error) {
+	ca, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("the API server's CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return nil, fmt.Errorf("the API server's CA %s holds no PEM certificate", caFile)
+	}
+	return &kubeClient{
+		server: strings.TrimSuffix(server, "/"), tokenFile: tokenFile,
+		http: &http.Client{
+			Timeout:   10 * time.Second,
+			Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}},
+		},
+	}, nil
+}
+
 // pod is what the plugin reads of a Pod.
 type pod struct {
 	Metadata struct {
-		Name        string            `json:"name"`
-		Namespace   string            `json:"namespace"`
-		Labels      map[string]string `json:"labels"`
-		Annotations map[string]string `json:"annotations"`
+		Name              string            `json:"name"`
+		Namespace         string            `json:"namespace"`
+		UID               string            `json:"uid"`
+		DeletionTimestamp *string           `json:"deletionTimestamp"`
+		Labels            map[string]string `json:"labels"`
+		Annotations       map[string]string `json:"annotations"`
 	} `json:"metadata"`
 	Spec struct {
+		NodeName       string      `json:"nodeName"`
 		InitContainers []container `json:"initContainers"`
 		Containers     []container `json:"containers"`
 	} `json:"spec"`
+	Status struct {
+		InitContainerStatuses []containerStatus `json:"initContainerStatuses"`
+	} `json:"status"`
+}
+
+// containerStatus is what the repair loop reads of a container's status.
+type containerStatus struct {
+	Name                 string         `json:"name"`
+	State                containerState `json:"state"`
+	LastTerminationState containerState `json:"lastState"`
+}
+
+type containerState struct {
+	Waiting *struct {
+		Reason string `json:"reason"`
+	} `json:"waiting"`
+	Running    *struct{} `json:"running"`
+	Terminated *struct {
+		ExitCode int32  `json:"exitCode"`
+		Reason   string `json:"reason"`
+		Message  string `json:"message"`
+	} `json:"terminated"`
 }
 
 type container struct {
@@ -152,6 +198,22 @@ var errFinal = errors.New("the API server's answer is final")
 
 // getPod asks the API server for namespace/name.
 func (c *kubeClient) getPod(ctx context.Context, namespace, name string) (*pod, error) {
+	body, err := c.do(ctx, c.http, http.MethodGet, "/api/v1/namespaces/"+url.PathEscape(namespace)+"/pods/"+url.PathEscape(name), nil)
+	if err != nil {
+		return nil, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
+	}
+	defer body.Close()
+	var p pod
+	if err := json.NewDecoder(io.LimitReader(body, 8<<20)).Decode(&p); err != nil {
+		return nil, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
+	}
+	return &p, nil
+}
+
+// do sends one request with the bearer token; a non-2xx answer is an error quoting the
+// Status message, wrapping errFinal unless asking again may help (unreachable, 5xx, 429).
+// The caller closes the body.
+func (c *kubeClient) do(ctx context.Context, client *http.Client, method, path string, reqBody []byte) (io.ReadCloser, error) {
 	token := c.token
 	if c.tokenFile != "" {
 		b, err := os.ReadFile(c.tokenFile)
@@ -160,21 +222,30 @@ func (c *kubeClient) getPod(ctx context.Context, namespace, name string) (*pod, 
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	u := c.server + "/api/v1/namespaces/" + url.PathEscape(namespace) + "/pods/" + url.PathEscape(name)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	var rd io.Reader
+	if reqBody != nil {
+		rd = bytes.NewReader(reqBody)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.server+path, rd)
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
 	req.Header.Set("Accept", "application/json")
-	resp, err := c.http.Do(req)
+	if reqBody != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
+		return nil, err
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp.Body, nil
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return nil, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
+		return nil, err
 	}
 	// A refusal is a Status whose message says why.
 	msg := strings.TrimSpace(string(body))
@@ -182,16 +253,30 @@ func (c *kubeClient) getPod(ctx context.Context, namespace, name string) (*pod, 
 	if json.Unmarshal(body, &status) == nil && status.Message != "" {
 		msg = status.Message
 	}
-	switch {
-	case resp.StatusCode == http.StatusOK:
-	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500:
-		return nil, fmt.Errorf("get pod %s/%s: %s: %s", namespace, name, resp.Status, msg)
-	default: // 401, 403, 404: the token, the RBAC or the pod is wrong
-		return nil, fmt.Errorf("get pod %s/%s: %s: %s (%w)", namespace, name, resp.Status, msg, errFinal)
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 {
+		return nil, &apiError{Code: resp.StatusCode, Message: resp.Status + ": " + msg}
 	}
-	var p pod
-	if err := json.Unmarshal(body, &p); err != nil {
-		return nil, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
+	// 401, 403, 404, 409, 410: the token, the RBAC or the object is wrong
+	return nil, &apiError{Code: resp.StatusCode, Message: resp.Status + ": " + msg, final: true}
+}
+
+// apiError is the API server's refusal.
+type apiError struct {
+	Code    int
+	Message string
+	final   bool
+}
+
+func (e *apiError) Error() string {
+	if e.final {
+		return e.Message + " (" + errFinal.Error() + ")"
 	}
-	return &p, nil
+	return e.Message
+}
+
+func (e *apiError) Unwrap() error {
+	if e.final {
+		return errFinal
+	}
+	return nil
 }

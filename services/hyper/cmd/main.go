@@ -11,10 +11,12 @@ import (
 	"path/filepath"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/cli"
 	"sailplane.dev/shared/component"
+	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/mesh"
 	"sailplane.dev/shared/monitoring"
 	"sailplane.dev/shared/serviceid"
@@ -94,6 +96,12 @@ func newCommand() *cobra.Command {
 			}
 			if caCfg.Embedded {
 				xdsDeps.SecureServices = authority.Register
+			}
+			// As istiod, credentialName secrets come from the cluster config comes from.
+			if kubeCfg != nil {
+				if xdsDeps.Credentials, err = kubernetes.NewForConfig(kube.WithRateLimits(kubeCfg)); err != nil {
+					return err
+				}
 			}
 			ingest, err := configingest.New(ingestCfg,
 				configingest.Deps{Logger: log.With("component", "config-ingest"), Publisher: store})

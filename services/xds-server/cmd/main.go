@@ -36,6 +36,7 @@ func main() {
 		useKube     string
 		kubeconfig  string
 		tokens      kube.TokenReviewOptions
+		creds       string
 	)
 	cmd := &cobra.Command{
 		Use:   "xds-server",
@@ -74,6 +75,12 @@ func main() {
 			if deps.Tokens != nil {
 				log.Info("TLS xDS clients may authenticate with service-account tokens", "audiences", tokens.Audiences)
 			}
+			if deps.Credentials, err = cluster("--credentials", creds, kubeconfig); err != nil {
+				return err
+			}
+			if deps.Credentials != nil {
+				log.Info("serving credentialName secrets from Kubernetes")
+			}
 			srv, err := xdsserver.New(cfg, deps)
 			if err != nil {
 				return err
@@ -107,7 +114,9 @@ func main() {
 	identity.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&pprofAddr, "pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address; empty: off")
 	cmd.Flags().StringVar(&useKube, "kubernetes", "false", "review the service-account tokens of TLS xDS clients without a client certificate with this cluster (TokenReview; needs RBAC to create tokenreviews): true, auto (when a cluster is found) or false (such clients are refused)")
-	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file for --kubernetes (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
+	cmd.Flags().StringVar(&creds, "credentials", "false", "serve credentialName secrets (kubernetes://<name>, and <name>-cacert) over SDS from this cluster's Secrets, "+
+		"to the proxies allowed to read them (needs list and watch on secrets and create on subjectaccessreviews): true, auto (when a cluster is found) or false")
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file for --kubernetes and --credentials (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
 	cmd.Flags().StringSliceVar(&tokens.Audiences, "token-audiences", kube.DefaultTokenAudiences, "audiences a service-account token must be valid for (istiod's TOKEN_AUDIENCES)")
 	cli.Execute(cmd)
 }
@@ -115,23 +124,33 @@ func main() {
 // tokenReviewer is the reviewer of the TLS clients' tokens that --kubernetes asks for; nil
 // for none.
 func tokenReviewer(useKube, kubeconfig string, opts kube.TokenReviewOptions) (xdsserver.TokenReviewer, error) {
-	switch useKube {
+	c, err := cluster("--kubernetes", useKube, kubeconfig)
+	if c == nil || err != nil {
+		return nil, err
+	}
+	return kube.NewTokenReviewer(c, opts), nil
+}
+
+// cluster is the cluster a flag (--kubernetes, --credentials) of mode true, auto or false asks
+// for; nil for none.
+func cluster(flag, mode, kubeconfig string) (kubernetes.Interface, error) {
+	switch mode {
 	case "false":
 		return nil, nil
 	case "auto", "true":
 	default:
-		return nil, errors.New(`--kubernetes: want auto, true or false`)
+		return nil, fmt.Errorf("%s %q: want auto, true or false", flag, mode)
 	}
 	found, err := kube.Discover(kubeconfig)
 	switch {
-	case errors.Is(err, kube.ErrNoCluster) && useKube == "auto":
+	case errors.Is(err, kube.ErrNoCluster) && mode == "auto":
 		return nil, nil
 	case err != nil:
-		return nil, fmt.Errorf("--kubernetes: %w", err)
+		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
 	c, err := kubernetes.NewForConfig(kube.WithRateLimits(found.Config))
 	if err != nil {
-		return nil, fmt.Errorf("--kubernetes: %w", err)
+		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
-	return kube.NewTokenReviewer(c, opts), nil
+	return c, nil
 }

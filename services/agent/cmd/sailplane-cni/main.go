@@ -34,7 +34,11 @@ func install(args []string) int {
 	fs := flag.NewFlagSet("install", flag.ContinueOnError)
 	exe, _ := os.Executable()
 	in := &cni.Installer{}
-	var exclude, level string
+	var (
+		exclude, level, node string
+		repair               bool
+		repairQPS            float64
+	)
 	fs.StringVar(&in.Binary, "binary", exe, "the plugin binary to copy")
 	fs.StringVar(&in.BinDir, "cni-bin-dir", "/host/opt/cni/bin", "the node's CNI bin folder, as mounted")
 	fs.StringVar(&in.ConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "the node's CNI configuration folder, as mounted")
@@ -47,6 +51,9 @@ func install(args []string) int {
 	fs.StringVar(&in.LogLevel, "plugin-log-level", "info", "the plugin's log level (its stderr goes to the runtime's log)")
 	fs.StringVar(&in.ReadyAddress, "ready-address", ":8000", "where /readyz answers once the plugin is installed")
 	fs.StringVar(&level, "log-level", "info", "the installer's log level")
+	fs.BoolVar(&repair, "repair", true, "delete this node's pods whose istio-validation init container failed (they started before the plugin was in place), so that their controller creates them again")
+	fs.StringVar(&node, "node-name", os.Getenv("NODE_NAME"), "this node's name, whose pods the repair loop watches (default $NODE_NAME)")
+	fs.Float64Var(&repairQPS, "repair-qps", 1, "at most this many pod deletions a second by the repair loop (burst 5)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -71,6 +78,15 @@ func install(args []string) int {
 		if ns = strings.TrimSpace(ns); ns != "" {
 			in.ExcludeNamespaces = append(in.ExcludeNamespaces, ns)
 		}
+	}
+	if repair {
+		r, err := cni.NewRepairer(in.Server, in.TokenFile, in.CAFile, node, in.Log.With("component", "cni-repair"))
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "flag --repair: %v\n", err)
+			return 2
+		}
+		r.QPS = repairQPS
+		in.Repair = r
 	}
 	ctx, stop := signal.NotifyContext(ctxpkg.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -276,6 +277,14 @@ func (s *templateSet) templateData(pod *corev1.Pod, revision string, mc *meshv1a
 	if cc.Mode != capture.None {
 		data.CaptureArgs = cc.Args()
 	}
+	ceilSeconds := func(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
+	data.DrainSeconds = ceilSeconds(pc.GetDrainDuration().AsDuration())
+	data.TerminationDrainSeconds = ceilSeconds(pc.GetTerminationDrainDuration().AsDuration())
+	grace := int64(corev1.DefaultTerminationGracePeriodSeconds)
+	if g := stripped.Spec.TerminationGracePeriodSeconds; g != nil {
+		grace = *g
+	}
+	data.TerminationDrainSeconds = max(0, min(data.TerminationDrainSeconds, grace))
 	return data, nil
 }
 

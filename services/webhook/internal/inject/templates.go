@@ -192,6 +192,13 @@ type TemplateData struct {
 	// CNI is values pilot.cni.enabled (Istio's): the node's CNI plugin installs the capture, the
 	// pod gets no capture init container.
 	CNI bool
+	// DrainSeconds is the ProxyConfig's drainDuration in whole seconds (rounded up): Envoy's
+	// --drain-time-s, as pilot-agent passes it.
+	DrainSeconds int64
+	// TerminationDrainSeconds is the ProxyConfig's terminationDrainDuration in whole seconds
+	// (rounded up), at most the pod's terminationGracePeriodSeconds (the API server refuses a
+	// longer preStop sleep): how long Envoy keeps draining once the pod terminates.
+	TerminationDrainSeconds int64
 }
 
 // templateFuncs are the functions templates may call: Istio's injection helpers that make sense

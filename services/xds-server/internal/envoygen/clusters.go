@@ -69,7 +69,7 @@ func (b *builder) outboundClusters(withTLS bool) []outboundCluster {
 		for _, port := range b.visiblePorts(svc) {
 			for _, ss := range append([]*networking.Subset{nil}, translate.Subsets(specOf(dr))...) {
 				pol := translate.TrafficPolicy(specOf(dr), port.GetNumber(), ss.GetName())
-				if why := b.tlsRefusal(pol.TLS); why != "" {
+				if why := b.tlsRefusal(pol.TLS, specOf(dr).GetWorkloadSelector() != nil); why != "" {
 					// Traffic the rule says to encrypt must not leave in plaintext: no cluster
 					// (requests for it fail) rather than one without the TLS.
 					name := ClusterName(port.GetNumber(), ss.GetName(), host)
@@ -486,23 +486,31 @@ func applyOutlier(c *clusterv3.Cluster, od *networking.OutlierDetection) {
 // tlsRefusal says why the proxy cannot be given the TLS origination t asks for, "" when it
 // can (or t asks for none). Such a cluster is left out, never sent without TLS:
 //
-//   - credentialName on a sidecar: the client certificate or CA is a Kubernetes Secret (or
-//     ConfigMap) that only an SDS server reading the API can hand out, and Sailplane serves
-//     none to sidecars (istiod sends a rule without workloadSelector as plaintext, and serves
-//     one with a selector only if the sidecar's account may read the Secret);
+//   - credentialName on a sidecar, unless the rule has a workloadSelector and the secret is a
+//     "kubernetes://" one the xds-server serves (WithCredentials; it then hands it to the
+//     sidecar only if its account may read it, as istiod does). istiod sends a rule without
+//     workloadSelector as plaintext, so that every sidecar the rule reaches does not wait on
+//     a Secret it may not read: here the cluster is left out instead;
 //   - MUTUAL without a client certificate (credentialName, or clientCertificate and
 //     privateKey): istiod logs and sends plaintext;
 //   - a mode this code does not know.
-func (b *builder) tlsRefusal(t *networking.ClientTLSSettings) string {
+func (b *builder) tlsRefusal(t *networking.ClientTLSSettings, selected bool) string {
 	switch t.GetMode() {
 	case networking.ClientTLSSettings_DISABLE, networking.ClientTLSSettings_ISTIO_MUTUAL:
 		return ""
 	case networking.ClientTLSSettings_SIMPLE, networking.ClientTLSSettings_MUTUAL:
 		mode := t.GetMode().String()
 		switch cred := t.GetCredentialName(); {
-		case cred != "" && b.proxy.IsSidecar():
-			return fmt.Sprintf("DestinationRule tls mode %s with credentialName %q: Sailplane delivers no credentialName "+
-				"secret (%s) to sidecars, and will not send the cluster without TLS", mode, cred, credentialResource(cred))
+		case cred != "" && b.proxy.IsSidecar() && !b.credentials:
+			return fmt.Sprintf("DestinationRule tls mode %s with credentialName %q: the xds-server has no Kubernetes cluster "+
+				"to serve the secret (%s) from, and will not send the cluster without TLS", mode, cred, credentialResource(cred))
+		case cred != "" && b.proxy.IsSidecar() && !strings.HasPrefix(credentialResource(cred), "kubernetes://"):
+			return fmt.Sprintf("DestinationRule tls mode %s with credentialName %q: Sailplane serves only kubernetes:// "+
+				"secrets, and will not send the cluster without TLS", mode, cred)
+		case cred != "" && b.proxy.IsSidecar() && !selected:
+			return fmt.Sprintf("DestinationRule tls mode %s with credentialName %q and no workloadSelector: as istiod, "+
+				"credentialName applies to sidecars only through a rule selecting them (istiod sends the cluster in "+
+				"plaintext; Sailplane leaves it out)", mode, cred)
 		case cred == "" && t.GetMode() == networking.ClientTLSSettings_MUTUAL &&
 			(t.GetClientCertificate() == "" || t.GetPrivateKey() == ""):
 			return "DestinationRule tls mode MUTUAL needs credentialName, or clientCertificate and privateKey"

@@ -10,6 +10,7 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
+	typev1beta1 "istio.io/api/type/v1beta1"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/services/xds-server/internal/model"
@@ -58,7 +59,9 @@ var tlsFields = []tlsField{
 // does not know) × every combination of the TLS fields × where the rule sets it (traffic
 // policy, port level, subset) × sidecar and gateway: a cluster whose rule asks for TLS either
 // carries an UpstreamTlsContext or is left out and reported; it never comes out without TLS.
-// DISABLE gives a cluster without TLS.
+// DISABLE gives a cluster without TLS. Each is checked with and without credentialName secrets
+// served (WithCredentials), and with and without a workloadSelector on the rule; a sidecar's
+// credentialName cluster is built only when both hold.
 func TestClusterTLSNeverDowngraded(t *testing.T) {
 	const host = "api.example.com"
 	svc := &model.Service{Spec: &discoveryv1.Service{Hostname: host, Namespace: "ns", Registry: "serviceentry",
@@ -90,56 +93,70 @@ func TestClusterTLSNeverDowngraded(t *testing.T) {
 				Labels: map[string]string{"version": "v1"}, TrafficPolicy: &networking.TrafficPolicy{Tls: t}}}}
 		}},
 	}
-	checked, refused := 0, 0
-	for _, mode := range modes {
-		for combo := range 1 << len(tlsFields) {
-			settings := &networking.ClientTLSSettings{Mode: mode}
-			var set []string
-			for i, f := range tlsFields {
-				if combo&(1<<i) != 0 {
-					f.set(settings)
-					set = append(set, f.name)
-				}
-			}
-			if strings.Contains(strings.Join(set, ","), "credentialName,configmapCredential") {
-				continue // one field, set twice
-			}
-			for _, lv := range levels {
-				snap := &model.Snapshot{Services: map[string]*model.Service{host: svc},
-					DestinationRules: []model.Config[*networking.DestinationRule]{{Namespace: "ns", Name: "dr", Spec: lv.rule(settings)}}}
-				for _, p := range proxies {
-					name := fmt.Sprintf("%s/%s/%s/%s", mode, lv.name, p.Type, strings.Join(set, "+"))
-					problems := &problemLog{}
-					res, err := New(nil, WithProblems(problems)).GenerateAll(snap, p)
-					if err != nil {
-						t.Fatalf("%s: %v", name, err)
-					}
-					var c *clusterv3.Cluster
-					for _, x := range res.Clusters {
-						if x.GetName() == lv.cluster {
-							c = x
+	checked, refused, sidecarCredentials := 0, 0, 0
+	for _, served := range []bool{false, true} {
+		for _, selected := range []bool{false, true} {
+			for _, mode := range modes {
+				for combo := range 1 << len(tlsFields) {
+					settings := &networking.ClientTLSSettings{Mode: mode}
+					var set []string
+					for i, f := range tlsFields {
+						if combo&(1<<i) != 0 {
+							f.set(settings)
+							set = append(set, f.name)
 						}
 					}
-					checked++
-					switch {
-					case c == nil && mode == networking.ClientTLSSettings_DISABLE:
-						t.Errorf("%s: no cluster %s", name, lv.cluster)
-					case c == nil:
-						refused++
-						if !problems.refused(lv.cluster) {
-							t.Errorf("%s: cluster %s left out without a report", name, lv.cluster)
-						}
-					case mode == networking.ClientTLSSettings_DISABLE:
-						if c.GetTransportSocket() != nil || len(c.GetTransportSocketMatches()) > 0 {
-							t.Errorf("%s: DISABLE gave TLS", name)
-						}
-					default:
-						ctx := &tlsv3.UpstreamTlsContext{}
-						if ts := c.GetTransportSocket(); ts == nil || ts.GetTypedConfig().UnmarshalTo(ctx) != nil {
-							t.Errorf("%s: cluster %s has no TLS though the rule asks for %s", name, lv.cluster, mode)
-						}
-						if mode == networking.ClientTLSSettings_MUTUAL && len(ctx.GetCommonTlsContext().GetTlsCertificateSdsSecretConfigs()) == 0 {
-							t.Errorf("%s: MUTUAL cluster %s presents no client certificate", name, lv.cluster)
+					if strings.Contains(strings.Join(set, ","), "credentialName,configmapCredential") {
+						continue // one field, set twice
+					}
+					for _, lv := range levels {
+						for _, p := range proxies {
+							rule := lv.rule(settings)
+							if selected { // a selector of the proxy
+								rule.WorkloadSelector = &typev1beta1.WorkloadSelector{MatchLabels: p.Labels}
+							}
+							snap := &model.Snapshot{Services: map[string]*model.Service{host: svc},
+								DestinationRules: []model.Config[*networking.DestinationRule]{{Namespace: "ns", Name: "dr", Spec: rule}}}
+							name := fmt.Sprintf("served=%v/selector=%v/%s/%s/%s/%s", served, selected, mode, lv.name, p.Type, strings.Join(set, "+"))
+							problems := &problemLog{}
+							res, err := New(nil, WithProblems(problems), WithCredentials(served)).GenerateAll(snap, p)
+							if err != nil {
+								t.Fatalf("%s: %v", name, err)
+							}
+							var c *clusterv3.Cluster
+							for _, x := range res.Clusters {
+								if x.GetName() == lv.cluster {
+									c = x
+								}
+							}
+							checked++
+							switch {
+							case c == nil && mode == networking.ClientTLSSettings_DISABLE:
+								t.Errorf("%s: no cluster %s", name, lv.cluster)
+							case c == nil:
+								refused++
+								if !problems.refused(lv.cluster) {
+									t.Errorf("%s: cluster %s left out without a report", name, lv.cluster)
+								}
+							case mode == networking.ClientTLSSettings_DISABLE:
+								if c.GetTransportSocket() != nil || len(c.GetTransportSocketMatches()) > 0 {
+									t.Errorf("%s: DISABLE gave TLS", name)
+								}
+							default:
+								ctx := &tlsv3.UpstreamTlsContext{}
+								if ts := c.GetTransportSocket(); ts == nil || ts.GetTypedConfig().UnmarshalTo(ctx) != nil {
+									t.Errorf("%s: cluster %s has no TLS though the rule asks for %s", name, lv.cluster, mode)
+								}
+								if mode == networking.ClientTLSSettings_MUTUAL && len(ctx.GetCommonTlsContext().GetTlsCertificateSdsSecretConfigs()) == 0 {
+									t.Errorf("%s: MUTUAL cluster %s presents no client certificate", name, lv.cluster)
+								}
+								if p.IsSidecar() && settings.GetCredentialName() != "" && mode != networking.ClientTLSSettings_ISTIO_MUTUAL {
+									if !served || !selected || strings.HasPrefix(settings.GetCredentialName(), "configmap://") {
+										t.Errorf("%s: sidecar given a credentialName cluster that cannot be served to it", name)
+									}
+									sidecarCredentials++
+								}
+							}
 						}
 					}
 				}
@@ -148,7 +165,7 @@ func TestClusterTLSNeverDowngraded(t *testing.T) {
 	}
 	t.Logf("%d clusters checked, %d refused", checked, refused)
 	// Not vacuous: both outcomes occur.
-	if refused == 0 || refused == checked {
-		t.Fatalf("%d of %d clusters refused", refused, checked)
+	if refused == 0 || refused == checked || sidecarCredentials == 0 {
+		t.Fatalf("%d of %d clusters refused, %d sidecar credentialName clusters", refused, checked, sidecarCredentials)
 	}
 }

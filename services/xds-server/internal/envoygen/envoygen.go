@@ -31,6 +31,8 @@ var ErrUnsupported = errors.New("unsupported by the Envoy generator")
 type Generator struct {
 	log      *slog.Logger
 	problems model.Problems
+	// credentials: credentialName secrets are served over SDS (WithCredentials).
+	credentials bool
 	indexCache
 }
 
@@ -41,6 +43,13 @@ type Option func(*Generator)
 // hosts want, two services on one listener, ...) to p, as istiod's push status does.
 func WithProblems(p model.Problems) Option {
 	return func(g *Generator) { g.problems = p }
+}
+
+// WithCredentials says that the xds-server serves credentialName secrets
+// ("kubernetes://<name>") over SDS: they are then not reported as unserved, and sidecars get
+// clusters whose DestinationRule names one, as istiod does.
+func WithCredentials(served bool) Option {
+	return func(g *Generator) { g.credentials = served }
 }
 
 // New returns a generator logging to log (nil discards).
@@ -119,6 +128,7 @@ func (g *Generator) builder(snap *model.Snapshot, proxy *model.Proxy) (*builder,
 	}
 	b := newBuilder(snap, proxy, g.index(snap), g.log.With("proxy", proxy.NodeID))
 	b.problems = g.problems
+	b.credentials = g.credentials
 	return b, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -36,6 +37,9 @@ type namedProxy struct {
 type testCase struct {
 	snap    *model.Snapshot
 	proxies []namedProxy
+	// credentials: the case's folder has a file "credentials-served": generate as for an
+	// xds-server serving credentialName secrets (WithCredentials).
+	credentials bool
 }
 
 // load reads a case: the Proxy documents are taken out, the rest goes through testinput.
@@ -53,6 +57,9 @@ func load(t *testing.T, dir string) testCase {
 		t.Fatalf("%s: no Proxy document", dir)
 	}
 	tc.snap = snapshotOf(t, string(rest))
+	if _, err := os.Stat(filepath.Join(dir, "credentials-served")); err == nil {
+		tc.credentials = true
+	}
 	return tc
 }
 
@@ -92,7 +99,7 @@ func all(r *Resources) []proto.Message {
 
 func generateAll(t *testing.T, tc testCase, p *model.Proxy) *Resources {
 	t.Helper()
-	res, err := New(testLogger(t)).GenerateAll(tc.snap, p)
+	res, err := New(testLogger(t), WithCredentials(tc.credentials)).GenerateAll(tc.snap, p)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,8 @@ type builder struct {
 	log   *slog.Logger
 	// problems, when set, receives the conflicts generation resolves (see report).
 	problems model.Problems
+	// credentials: credentialName secrets are served (WithCredentials).
+	credentials bool
 
 	// sidecar is the Sidecar resource that applies to the proxy, nil if none does.
 	sidecar *model.Config[*networking.Sidecar]

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"sailplane.dev/services/xds-server/internal/model"
+	"strings"
 )
 
 type anyMsg = anypb.Any
@@ -71,8 +72,8 @@ func newSDSSecret(name string, initialFetchTimeout *durationpb.Duration) *tlsv3.
 // "configmap://" CA), which istiod serves over ADS itself (its agent serves only the workload's
 // own certificates) after checking that the proxy may read it. Like istiod, no initial fetch
 // timeout of 0: a secret that never comes must not hold the whole listener or cluster back
-// (without it the TLS handshakes fail, they never fall back to plaintext). Sailplane's
-// xds-server serves no such secrets yet.
+// (without it the TLS handshakes fail, they never fall back to plaintext). The xds-server
+// serves "kubernetes://" secrets when it has a cluster (WithCredentials).
 func credentialSDS(name string) *tlsv3.SdsSecretConfig {
 	return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: &corev3.ConfigSource{
 		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
@@ -80,12 +81,20 @@ func credentialSDS(name string) *tlsv3.SdsSecretConfig {
 	}}
 }
 
-// credentialNotServed reports the credentialName secrets (SDS names) the proxy's TLS needs:
-// none reaches it until a Secret SDS server exists, so its handshakes that need them fail.
+// credentialNotServed reports the credentialName secrets (SDS names) the proxy's TLS needs that
+// nothing serves: "kubernetes://" ones without a cluster to read them from (WithCredentials),
+// and other kinds (configmap://, ...) always. Those served are reported, when they cannot be,
+// by the secret server, which knows the Secret and who asks.
 func (b *builder) credentialNotServed(names ...string) {
 	for _, n := range names {
-		b.report(model.MetricCredentialNotServed, n, "credentialName secret "+n+
-			" is not served: Sailplane serves no Kubernetes Secrets over SDS yet, so TLS handshakes needing it fail")
+		if b.credentials && strings.HasPrefix(n, "kubernetes://") {
+			continue
+		}
+		why := "Sailplane serves only kubernetes:// secrets, from a Kubernetes cluster"
+		if strings.HasPrefix(n, "kubernetes://") {
+			why = "the xds-server has no Kubernetes cluster to read Secrets from"
+		}
+		b.report(model.MetricCredentialNotServed, n, "credentialName secret "+n+" is not served: "+why+", so TLS handshakes needing it fail")
 	}
 }
 

@@ -46,3 +46,10 @@ func CarriesHTTP(p string) bool {
 	}
 	return true
 }
+
+// NamesEndpoints reports whether the name table answers a service's name with its endpoints'
+// addresses (and, for Kubernetes, names each pod): a service without VIP nor resolution. Its
+// name table entries then depend on its endpoints.
+func NamesEndpoints(svc *discoveryv1.Service) bool {
+	return svc.GetResolution() == discoveryv1.Resolution_NONE && !hasVIP(svc)
+}

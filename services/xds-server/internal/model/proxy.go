@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -67,6 +68,10 @@ type Proxy struct {
 	NodeLocality *discoveryv1.Locality
 	// Network is the NETWORK metadata.
 	Network string
+	// DNSCapture is the DNS_CAPTURE metadata (pilot-agent's ISTIO_META_DNS_CAPTURE): the
+	// agent answers the workload's DNS from the name table. DNSAutoAllocate is
+	// DNS_AUTO_ALLOCATE, the proxy asking for addresses for ServiceEntries without any.
+	DNSCapture, DNSAutoAllocate bool
 }
 
 // ParseProxy reads a proxy from its xDS node: the ID "<type>~<ip>~<id>~<domain>" and Istio's
@@ -79,16 +84,18 @@ func ParseProxy(node *corev3.Node) (*Proxy, error) {
 	}
 	md := node.GetMetadata().GetFields()
 	p := &Proxy{
-		NodeID:         id,
-		ID:             parts[2],
-		DNSDomain:      parts[3],
-		Namespace:      str(md["NAMESPACE"]),
-		ServiceAccount: str(md["SERVICE_ACCOUNT"]),
-		ClusterID:      cmp.Or(str(md["CLUSTER_ID"]), DefaultClusterID),
-		IstioVersion:   str(md["ISTIO_VERSION"]),
-		Generator:      str(md["GENERATOR"]),
-		Network:        str(md["NETWORK"]),
-		Labels:         map[string]string{},
+		NodeID:          id,
+		ID:              parts[2],
+		DNSDomain:       parts[3],
+		Namespace:       str(md["NAMESPACE"]),
+		ServiceAccount:  str(md["SERVICE_ACCOUNT"]),
+		ClusterID:       cmp.Or(str(md["CLUSTER_ID"]), DefaultClusterID),
+		IstioVersion:    str(md["ISTIO_VERSION"]),
+		Generator:       str(md["GENERATOR"]),
+		Network:         str(md["NETWORK"]),
+		Labels:          map[string]string{},
+		DNSCapture:      boolOf(md["DNS_CAPTURE"]),
+		DNSAutoAllocate: boolOf(md["DNS_AUTO_ALLOCATE"]),
 	}
 	if l := node.GetLocality(); l.GetRegion() != "" || l.GetZone() != "" || l.GetSubZone() != "" {
 		p.NodeLocality = &discoveryv1.Locality{Region: l.GetRegion(), Zone: l.GetZone(), SubZone: l.GetSubZone()}
@@ -151,6 +158,18 @@ func (p *Proxy) InMesh() bool { return p.Labels[TLSModeLabel] == "istio" }
 func (p *Proxy) IsSidecar() bool   { return p.Type == SidecarProxy }
 func (p *Proxy) IsRouter() bool    { return p.Type == Router }
 func (p *Proxy) IsProxyless() bool { return p.Type == Proxyless }
+
+// boolOf reads Istio's StringBool metadata: "true"/"1" (any strconv.ParseBool truth) or a bool.
+func boolOf(v *structpb.Value) bool {
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_BoolValue:
+		return k.BoolValue
+	case *structpb.Value_StringValue:
+		b, _ := strconv.ParseBool(k.StringValue)
+		return b
+	}
+	return false
+}
 
 func str(v *structpb.Value) string {
 	if s, ok := v.GetKind().(*structpb.Value_StringValue); ok {

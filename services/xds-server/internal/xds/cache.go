@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/shared/xdstype"
 )
 
 // ErrCacheInconsistent reports that one cache key was written with two different values: the
@@ -128,7 +129,8 @@ func (c *cache) get(gen Generator, snap *model.Snapshot, p *model.Proxy, typeURL
 		// Always regenerate and compare with what the key held before.
 	case cur != nil && cur.version >= snap.Version:
 		return cur, nil
-	case cur != nil && cur.configVersion == snap.ConfigVersion && typeURL != resourcev3.EndpointType:
+	case cur != nil && cur.configVersion == snap.ConfigVersion && typeURL != resourcev3.EndpointType &&
+		(typeURL != xdstype.NameTable || !namedEndpointsSince(snap, cur.version)):
 		sl.set = &set{typeURL: cur.typeURL, version: snap.Version, configVersion: cur.configVersion,
 			entries: cur.entries, names: cur.names}
 		return sl.set, nil
@@ -147,6 +149,17 @@ func (c *cache) get(gen Generator, snap *model.Snapshot, p *model.Proxy, typeURL
 	next.version, next.configVersion = snap.Version, snap.ConfigVersion
 	sl.set = next
 	return next, nil
+}
+
+// namedEndpointsSince reports whether the endpoints of a service the name table answers with
+// its endpoints changed after snapshot version v.
+func namedEndpointsSince(snap *model.Snapshot, v uint64) bool {
+	for _, svc := range snap.Services {
+		if svc.EndpointsVersion > v && model.NamesEndpoints(svc.Spec) {
+			return true
+		}
+	}
+	return false
 }
 
 // patchEndpoints regenerates only the load assignments of hosts whose endpoints changed.
@@ -216,6 +229,9 @@ func (c *cache) generate(gen Generator, snap *model.Snapshot, p *model.Proxy, ty
 // endpointsInput is the endpoints version a resource depends on: its host's for load
 // assignments, none for other types.
 func endpointsInput(snap *model.Snapshot, typeURL, host string) uint64 {
+	if typeURL == xdstype.NameTable {
+		return snap.Version // headless services' endpoints: only this snapshot is the same input
+	}
 	if typeURL != resourcev3.EndpointType {
 		return 0
 	}

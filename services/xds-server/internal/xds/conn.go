@@ -10,6 +10,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -435,9 +436,11 @@ func (c *conn) push(req *PushRequest) error {
 			removals = append(removals, removal)
 		}
 	}
-	// Other watched types (secrets, ...) are answered once, empty, when first asked.
+	// Other watched types are answered once, empty, when first asked; secrets, last (Envoy asks
+	// for them once it holds what uses them), also when they changed.
 	for t, w := range c.watches {
-		if !slices.Contains(pushOrder, t) && w.needResponse {
+		secrets := t == resourcev3.SecretType && c.s.opts.Secrets != nil && (req.Secrets || req.Forced)
+		if !slices.Contains(pushOrder, t) && (w.needResponse || secrets) {
 			if _, removal, err := c.sync(snap, w, nil, nil, false); err != nil {
 				return err
 			} else if removal != nil {
@@ -472,7 +475,9 @@ func (c *conn) sync(snap *model.Snapshot, w *watch, onlyHosts map[string]struct{
 	}
 	c.building = time.Now()
 	st := &set{typeURL: w.typeURL}
-	if c.gen != nil {
+	if w.typeURL == resourcev3.SecretType && c.s.opts.Secrets != nil {
+		st = c.secrets(snap, w)
+	} else if c.gen != nil {
 		var err error
 		if st, err = c.s.cache.get(c.gen, snap, c.proxy, w.typeURL); err != nil {
 			c.log.Error("generating configuration", "type", w.typeURL, "err", err)
@@ -521,10 +526,14 @@ func (c *conn) sync(snap *model.Snapshot, w *watch, onlyHosts map[string]struct{
 	}
 	// Removals: what the client holds that it should not.
 	var removed []string
+	// A secret the proxy holds and still asks for stays with it when it can no longer be
+	// built (its Secret went bad or away), as istiod's SDS leaves it: removing it would take
+	// down the listeners using it, and the proxy's copy is no weaker than what it was given.
+	keepHeld := w.typeURL == resourcev3.SecretType && c.s.opts.Secrets != nil
 	if onlyHosts == nil {
 		if w.client.base != st || len(w.client.over) > 0 || !w.wildcard {
 			w.client.names(func(name string) {
-				if e := st.entries[name]; e == nil || !inScope(name) {
+				if e := st.entries[name]; (e == nil && !(keepHeld && inScope(name))) || !inScope(name) {
 					removed = append(removed, name)
 				}
 			})
@@ -555,6 +564,31 @@ func (c *conn) sync(snap *model.Snapshot, w *watch, onlyHosts map[string]struct{
 		removal, err = c.syncSotW(w, st, target, upserts, removed, needResponse, single)
 	}
 	return changed, removal, err
+}
+
+// secrets builds the stream's own set of the secrets it subscribed to, by name: a wildcard
+// subscription lists none (no proxy is sent every secret it may read).
+func (c *conn) secrets(snap *model.Snapshot, w *watch) *set {
+	st := &set{typeURL: w.typeURL, version: snap.Version, configVersion: snap.ConfigVersion, entries: map[string]*entry{}}
+	if len(w.sub.sorted) > 0 {
+		for _, r := range c.s.opts.Secrets.Secrets(c.ctx, c.proxy, c.peer, w.sub.sorted) {
+			e, err := encode(w.typeURL, r)
+			if err != nil {
+				c.log.Warn("dropping unencodable secret", "name", cachev3.GetResourceName(r), "err", err)
+				continue
+			}
+			st.entries[e.name] = e
+		}
+	}
+	st.names = sortedKeys(st.entries)
+	return st
+}
+
+// watching reports whether the stream subscribed to typeURL.
+func (c *conn) watching(typeURL string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.watches[typeURL] != nil
 }
 
 func (c *conn) record(w *watch, st *set, nonce, version string, sent []*entry, removed []string) *sentResponse {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -47,6 +48,16 @@ type Options struct {
 	Observers []Observer
 	// Clock times the holds RequestGates ask for; nil is the wall clock. For tests.
 	Clock Clock
+	// Secrets, when set, answers the SDS type (Secret) per stream, never cached nor shared:
+	// what a proxy may read depends on who it authenticated as. Nil: SDS requests are answered
+	// by the Generator (with nothing).
+	Secrets SecretSource
+}
+
+// SecretSource builds the SDS secrets named in names for proxy, whose stream authenticated as
+// peer (its SPIFFE ID, "" for none), leaving out those it may not have or that cannot be built.
+type SecretSource interface {
+	Secrets(ctx context.Context, proxy *model.Proxy, peer string, names []string) []types.Resource
 }
 
 // Server serves ADS. Feed it snapshots with Push and run its push workers with Run. Register it
@@ -169,6 +180,20 @@ func (s *Server) PushAll() int {
 		s.queue.Enqueue(c, req)
 	}
 	return len(conns)
+}
+
+// PushSecrets queues an SDS push to the connections of proxies in namespace that watch
+// secrets (a Secret there changed): each gets what changed of the secrets it asked for.
+func (s *Server) PushSecrets(namespace string) {
+	if s.snap.Load() == nil {
+		return
+	}
+	req := &PushRequest{Secrets: true, Start: time.Now()}
+	for _, c := range s.connList() {
+		if c.proxy.Namespace == namespace && c.watching(resourcev3.SecretType) {
+			s.queue.Enqueue(c, req)
+		}
+	}
 }
 
 // connList lists the connections.

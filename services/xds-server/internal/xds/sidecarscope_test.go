@@ -12,6 +12,7 @@ import (
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/xdstype"
 )
 
 const (
@@ -43,7 +44,7 @@ func sidecar(ns, name string, hosts ...string) bus.Change {
 		Body: &networking.Sidecar{Egress: []*networking.IstioEgressListener{{Hosts: hosts}}}}}}
 }
 
-var abbrev = map[string]string{cds: "CDS", eds: "EDS", lds: "LDS", rds: "RDS"}
+var abbrev = map[string]string{cds: "CDS", eds: "EDS", lds: "LDS", rds: "RDS", xdstype.NameTable: "NDS"}
 
 // withPort is a Service update that changes only its ports.
 func withPort(ns, h string, port uint32) bus.Change {
@@ -81,7 +82,7 @@ func TestSidecarScopedPush(t *testing.T) {
 		// A proxyless gRPC server at the endpoint's address.
 		"proxylessServer": {Type: model.Proxyless, Namespace: "a", IPs: []string{"10.0.0.1"}},
 	}
-	all := "CDS,EDS,LDS,RDS"
+	all := "CDS,EDS,LDS,NDS,RDS"
 	for _, tc := range []struct {
 		name    string
 		noSC    bool // drop the Sidecars: today's behaviour

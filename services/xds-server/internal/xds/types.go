@@ -14,6 +14,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	"sailplane.dev/services/xds-server/internal/model"
+	"sailplane.dev/shared/xdstype"
 )
 
 // Generator builds the resources of one type a proxy needs; names empty means everything of
@@ -38,7 +39,9 @@ var ErrUnsupported = errors.New("unsupported")
 
 // The types a push sends, in make-before-break order: clusters and their endpoints exist before
 // the listeners and routes that use them.
-var pushOrder = []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType}
+// The name table (NDS) comes last: the agent's DNS answers only what Envoy has listeners for.
+var pushOrder = []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType,
+	xdstype.NameTable}
 
 // fullState types must list every subscribed resource in each state-of-the-world response.
 func fullState(typeURL string) bool {
@@ -60,6 +63,8 @@ type PushRequest struct {
 	Forced bool
 	// Resend sends again everything the proxy holds, even unchanged (istiod's debug push).
 	Resend bool
+	// Secrets: Kubernetes Secrets changed; SDS is brought up to date (see Options.Secrets).
+	Secrets bool
 	// Start is when the oldest merged change happened, for latency metrics.
 	Start time.Time
 	// Traces are the sampled pushes this request belongs to (see PushTracer), merged
@@ -85,7 +90,7 @@ func (r *PushRequest) Merge(o *PushRequest) *PushRequest {
 	if start.IsZero() || (!o.Start.IsZero() && o.Start.Before(start)) {
 		start = o.Start
 	}
-	return &PushRequest{Full: out.Full, Configs: out.Configs, Endpoints: out.Endpoints, Hosts: out.Hosts, Forced: r.Forced || o.Forced, Resend: r.Resend || o.Resend, Start: start,
+	return &PushRequest{Full: out.Full, Configs: out.Configs, Endpoints: out.Endpoints, Hosts: out.Hosts, Forced: r.Forced || o.Forced, Resend: r.Resend || o.Resend, Secrets: r.Secrets || o.Secrets, Start: start,
 		Traces: mergeTraces(r.Traces, o.Traces)}
 }
 
@@ -115,6 +120,10 @@ func affectedTypes(p *model.Proxy, req *PushRequest, snap *model.Snapshot) map[s
 			if p.IsSidecar() {
 				add(resourcev3.ClusterType)
 			}
+		}
+		// Headless services are named by their endpoints' addresses.
+		if namedEndpointsChanged(req.Endpoints, snap) {
+			add(xdstype.NameTable)
 		}
 	}
 	if !req.Full {
@@ -199,6 +208,20 @@ func ownEndpointChanged(p *model.Proxy, hosts map[string]struct{}, snap *model.S
 					return true
 				}
 			}
+		}
+	}
+	return false
+}
+
+// namedEndpointsChanged reports whether a host whose endpoints changed is one the name table
+// answers with its endpoints (model.NamesEndpoints); unknown hosts are assumed to be.
+func namedEndpointsChanged(hosts map[string]struct{}, snap *model.Snapshot) bool {
+	if snap == nil {
+		return true
+	}
+	for h := range hosts {
+		if svc := snap.Services[h]; svc == nil || model.NamesEndpoints(svc.Spec) {
+			return true
 		}
 	}
 	return false
