@@ -148,7 +148,12 @@ func (b *builder) virtualInbound() *listenerv3.Listener {
 		c := inboundChain{name: name, httpName: name, port: in.port, cluster: cluster, proto: in.proto, mongo: in.mongo}
 		var httpFilter *listenerv3.Filter
 		if in.proto.carriesHTTP() {
-			httpFilter = hcmFilterOf(b.inboundHCM("inbound_"+name, cluster, in.port, in.grpc))
+			h := b.inboundHCM("inbound_"+name, cluster, in.port, in.grpc)
+			if in.proto == protoHTTP2 {
+				// As istiod on HTTP/2 and gRPC ports (Envoy's defaults, stated), for gRPC-Web.
+				h.Http2ProtocolOptions = &corev3.Http2ProtocolOptions{}
+			}
+			httpFilter = hcmFilterOf(h)
 		}
 		l.FilterChains = append(l.FilterChains, b.inboundChains(c, peer.ModeFor(in.port), tcpAuthz, httpFilter)...)
 	}
