@@ -82,7 +82,9 @@ func (b *builder) endpointMTLS(svc *model.Service, port *discoveryv1.Port, subse
 		if mode != networking.ClientTLSSettings_ISTIO_MUTUAL {
 			return nil
 		}
-		return func(ep *discoveryv1.Endpoint) bool { return ep.GetLabels()[model.TLSModeLabel] == translate.TLSModeIstio }
+		return func(ep *discoveryv1.Endpoint) bool {
+			return ep.GetLabels()[model.TLSModeLabel] == translate.TLSModeIstio
+		}
 	}
 	ns := svc.Spec.GetNamespace()
 	return func(ep *discoveryv1.Endpoint) bool {

@@ -694,7 +694,7 @@ func (b *builder) tcpRouteChains(base tcpChain, port uint32) []tcpChain {
 	var out []tcpChain
 	if vs := b.binds.VirtualService(base.host); vs != nil {
 		for _, r := range vs.Spec.GetTcp() {
-			tp := b.withTCPTimeouts(b.routeProxy(vs, r.GetRoute(), base.host, port, def), base.host)
+			tp := b.routeProxy(vs, r.GetRoute(), base.host, port, def)
 			if tp == nil {
 				continue
 			}
@@ -725,19 +725,34 @@ func (b *builder) tcpRouteChains(base tcpChain, port uint32) []tcpChain {
 			}
 		}
 	}
-	base.proxy = b.withTCPTimeouts(&tcpv3.TcpProxy{StatPrefix: def, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: def}}, base.host)
+	base.proxy = b.withDestinationRule(&tcpv3.TcpProxy{StatPrefix: def, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: def}},
+		base.host, "", true)
 	return append(out, base)
 }
 
-// withTCPTimeouts bounds tp's connections as the DestinationRule of host asks, as istiod does:
-// the rule's own (not port-level or subset) tcp idleTimeout and maxConnectionDuration.
-func (b *builder) withTCPTimeouts(tp *tcpv3.TcpProxy, host string) *tcpv3.TcpProxy {
-	if tp == nil {
-		return nil
+// withDestinationRule applies to tp what istiod takes from the DestinationRule of host (the
+// first destination's): the rule's own (not port-level or subset) tcp idleTimeout and
+// maxConnectionDuration; and for a lone destination (subset) a consistent hash on the source
+// IP, the subset's load balancer deciding when it has one, since a ring-hash cluster without a
+// hash key balances at random.
+func (b *builder) withDestinationRule(tp *tcpv3.TcpProxy, host, subset string, lone bool) *tcpv3.TcpProxy {
+	dr := specOf(b.binds.DestinationRule(host))
+	if dr == nil {
+		return tp
 	}
-	tcp := specOf(b.binds.DestinationRule(host)).GetTrafficPolicy().GetConnectionPool().GetTcp()
+	tcp := dr.GetTrafficPolicy().GetConnectionPool().GetTcp()
 	tp.IdleTimeout = tcp.GetIdleTimeout()
 	tp.MaxDownstreamConnectionDuration = tcp.GetMaxConnectionDuration()
+	if !lone {
+		return tp
+	}
+	sourceIP := dr.GetTrafficPolicy().GetLoadBalancer().GetConsistentHash().GetUseSourceIp()
+	if lb := translate.Subset(dr, subset).GetTrafficPolicy().GetLoadBalancer(); lb != nil {
+		sourceIP = lb.GetConsistentHash().GetUseSourceIp()
+	}
+	if sourceIP {
+		tp.HashPolicy = []*typev3.HashPolicy{{PolicySpecifier: &typev3.HashPolicy_SourceIp_{SourceIp: &typev3.HashPolicy_SourceIp{}}}}
+	}
 	return tp
 }
 
@@ -750,13 +765,15 @@ func (b *builder) routeProxy(vs *model.Config[*networking.VirtualService], route
 	case 0:
 		return nil
 	case 1:
-		return &tcpv3.TcpProxy{StatPrefix: dests[0].Cluster, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: dests[0].Cluster}}
+		return b.withDestinationRule(&tcpv3.TcpProxy{StatPrefix: dests[0].Cluster,
+			ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: dests[0].Cluster}}, dests[0].Host, dests[0].Subset, true)
 	}
 	wc := &tcpv3.TcpProxy_WeightedCluster{}
 	for _, d := range dests {
 		wc.Clusters = append(wc.Clusters, &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: d.Cluster, Weight: d.Weight})
 	}
-	return &tcpv3.TcpProxy{StatPrefix: statPrefix, ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}}
+	return b.withDestinationRule(&tcpv3.TcpProxy{StatPrefix: statPrefix,
+		ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}}, dests[0].Host, "", false)
 }
 
 // tlsRouteChains are the chains the tls routes of a TLS port's VirtualService make, as
@@ -775,7 +792,7 @@ func (b *builder) tlsRouteChains(host string, port uint32, cidrs []string) []tcp
 			if (m.GetPort() != 0 && m.GetPort() != port) || !b.sourceMatches(m.GetSourceLabels(), m.GetSourceNamespace(), m.GetGateways()) {
 				continue
 			}
-			tp := b.withTCPTimeouts(b.routeProxy(vs, r.GetRoute(), host, port, ClusterName(port, "", host)), host)
+			tp := b.routeProxy(vs, r.GetRoute(), host, port, ClusterName(port, "", host))
 			if tp == nil {
 				continue
 			}
