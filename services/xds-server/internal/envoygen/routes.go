@@ -201,7 +201,7 @@ func qualifyGateway(ref, ns string) string {
 // matched in order, so nothing after one that matches every request is kept, as in istiod.
 func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host string, port uint32,
 	gws gatewayFilter) []*routev3.Route {
-	vs = b.withDelegates(vs)
+	vs = translate.WithDelegates(b.snap, vs, b.log)
 	out, skipped := translate.HTTPRoutes(vs.Spec.GetHttp(), func(i int, hr *networking.HTTPRoute,
 		m *networking.HTTPMatchRequest) (*routev3.Route, bool) {
 		log := b.log.With("virtualService", vs.Namespace+"/"+vs.Name, "http", i, "port", port)

@@ -1,4 +1,4 @@
-package envoygen
+package translate
 
 import (
 	"maps"
@@ -11,14 +11,16 @@ import (
 	"sailplane.dev/services/xds-server/internal/model"
 )
 
-// withDelegates is vs with each http route that delegates replaced by the delegate
-// VirtualService's routes merged into it, as istiod does before building routes: the delegate
-// (a VirtualService without hosts, exported to vs's namespace) gives the routes, each match is
-// the delegate's narrowed by the root's (a delegate match that no root match contains is a
-// conflict, and drops that delegate route), and the root's settings fill what a delegate route
-// leaves out. A delegate that is missing or not a delegate drops the root route. vs itself is
-// never modified; destination hosts of delegate routes are resolved in the delegate's namespace.
-func (b *builder) withDelegates(vs *model.Config[*networking.VirtualService]) *model.Config[*networking.VirtualService] {
+// WithDelegates is vs with each http route that delegates replaced by the delegate
+// VirtualService's routes merged into it, as istiod does before building routes for Envoy and
+// gRPC clients alike: the delegate (a VirtualService of snap without hosts, exported to vs's
+// namespace) gives the routes, each match is the delegate's narrowed by the root's (a delegate
+// match that no root match contains is a conflict, and drops that delegate route), and the
+// root's settings fill what a delegate route leaves out. A delegate that is missing or not a
+// delegate drops the root route. vs itself is never modified; destination hosts of delegate
+// routes are resolved in the delegate's namespace.
+func WithDelegates(snap *model.Snapshot, vs *model.Config[*networking.VirtualService],
+	log interface{ Debug(string, ...any) }) *model.Config[*networking.VirtualService] {
 	if !slices.ContainsFunc(vs.Spec.GetHttp(), func(hr *networking.HTTPRoute) bool { return hr.GetDelegate() != nil }) {
 		return vs
 	}
@@ -34,9 +36,9 @@ func (b *builder) withDelegates(vs *model.Config[*networking.VirtualService]) *m
 		if ns == "" {
 			ns = vs.Namespace
 		}
-		delegate := b.delegateVS(ns, d.GetName(), vs.Namespace)
+		delegate := delegateVS(snap, ns, d.GetName(), vs.Namespace)
 		if delegate == nil {
-			b.log.Debug("skipping http route whose delegate VirtualService is missing, has hosts or is not exported to it",
+			log.Debug("skipping http route whose delegate VirtualService is missing, has hosts or is not exported to it",
 				"virtualService", vs.Namespace+"/"+vs.Name, "delegate", ns+"/"+d.GetName())
 			continue
 		}
@@ -48,7 +50,7 @@ func (b *builder) withDelegates(vs *model.Config[*networking.VirtualService]) *m
 			if merged := mergeDelegateRoute(hr, sub); merged != nil {
 				routes = append(routes, merged)
 			} else {
-				b.log.Debug("skipping delegate http route whose matches conflict with the root's",
+				log.Debug("skipping delegate http route whose matches conflict with the root's",
 					"virtualService", vs.Namespace+"/"+vs.Name, "delegate", ns+"/"+d.GetName(), "route", sub.GetName())
 			}
 		}
@@ -59,16 +61,16 @@ func (b *builder) withDelegates(vs *model.Config[*networking.VirtualService]) *m
 	return &out
 }
 
-// delegateVS is the VirtualService ns/name when it can be a delegate of a VirtualService in
-// namespace viewer: it has no hosts and is exported there.
-func (b *builder) delegateVS(ns, name, viewer string) *model.Config[*networking.VirtualService] {
-	for i := range b.snap.VirtualServices {
-		vs := &b.snap.VirtualServices[i]
+// delegateVS is the VirtualService ns/name of snap when it can be a delegate of a
+// VirtualService in namespace viewer: it has no hosts and is exported there.
+func delegateVS(snap *model.Snapshot, ns, name, viewer string) *model.Config[*networking.VirtualService] {
+	for i := range snap.VirtualServices {
+		vs := &snap.VirtualServices[i]
 		if vs.Namespace != ns || vs.Name != name {
 			continue
 		}
 		if len(vs.Spec.GetHosts()) > 0 ||
-			!model.ExportedTo(ns, vs.Spec.GetExportTo(), b.snap.Mesh.GetDefaultVirtualServiceExportTo(), viewer) {
+			!model.ExportedTo(ns, vs.Spec.GetExportTo(), snap.Mesh.GetDefaultVirtualServiceExportTo(), viewer) {
 			return nil
 		}
 		return vs
