@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // testNetns is a network namespace the test creates (`ip netns add`) and deletes when it
@@ -51,8 +52,21 @@ func newNetns(t testing.TB, resolv string, addrs ...string) *testNetns {
 		}
 		ns.IP(t, args...)
 	}
+	// No IPv6 link-local addresses: they are random per namespace, and their routes appear only
+	// once duplicate address detection ends, so a snapshot of the namespace taken now would
+	// differ from one taken later (as it did on a loaded machine) and from another namespace's.
+	ns.IP(t, "link", "set", "v0", "addrgenmode", "none")
+	ns.IP(t, "link", "set", "v1", "addrgenmode", "none")
 	ns.IP(t, "link", "set", "v0", "up")
 	ns.IP(t, "link", "set", "v1", "up")
+	// What duplicate address detection is left (none with nodad) ends before the namespace is used.
+	deadline := time.Now().Add(30 * time.Second)
+	for strings.TrimSpace(ns.IP(t, "-6", "addr", "show", "tentative")) != "" {
+		if time.Now().After(deadline) {
+			t.Fatalf("IPv6 addresses in %s still tentative after 30s:\n%s", ns.Name, ns.IP(t, "-6", "addr", "show"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	if resolv != "" {
 		dir := filepath.Join("/etc/netns", ns.Name)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
