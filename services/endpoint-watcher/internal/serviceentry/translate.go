@@ -221,7 +221,7 @@ func convertWorkloadEntry(r *bus.Resource) (*workloadEntry, error) {
 		}
 		maps.Copy(labels, r.Labels)
 	}
-	ep.labels = labels
+	ep.labels = meshLabels(labels, spec.GetServiceAccount())
 	ep.workload = name
 	return &workloadEntry{namespace: ns, name: name, labels: labels, ep: ep}, nil
 }
@@ -247,7 +247,7 @@ func convertEndpointSource(wle *networking.WorkloadEntry) (*endpointSource, erro
 	return &endpointSource{
 		address:        wle.GetAddress(),
 		ports:          wle.GetPorts(),
-		labels:         wle.GetLabels(),
+		labels:         meshLabels(wle.GetLabels(), wle.GetServiceAccount()),
 		network:        wle.GetNetwork(),
 		locality:       loc,
 		weight:         wle.GetWeight(),
@@ -338,6 +338,27 @@ func endpointPort(ep *endpointSource, sp *networking.ServicePort) uint32 {
 		return sp.GetTargetPort()
 	}
 	return sp.GetNumber()
+}
+
+// tlsModeLabel marks a workload that holds mesh certificates (Istio's injector puts it on Pods).
+const tlsModeLabel = "security.istio.io/tlsMode"
+
+// meshLabels are the labels (a copy) of a WorkloadEntry or a ServiceEntry endpoint with, as
+// istiod decides for them (not for Pods, whose injector sets the label), tlsMode "istio" when it
+// names a service account and does not set the label itself: such a workload runs a proxy with
+// a mesh identity, so clients use Istio mTLS to it.
+func meshLabels(labels map[string]string, serviceAccount string) map[string]string {
+	out := maps.Clone(labels)
+	if serviceAccount == "" {
+		return out
+	}
+	if _, ok := out[tlsModeLabel]; !ok {
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[tlsModeLabel] = "istio"
+	}
+	return out
 }
 
 // bind makes the registry endpoint of ep for the ports of se.

@@ -151,9 +151,9 @@ func (b *builder) outboundCluster(svc *model.Service, port *discoveryv1.Port, su
 	if od := pol.Outlier; od != nil {
 		applyOutlier(c, od)
 	}
-	if c.CommonLbConfig.HealthyPanicThreshold == nil && c.LbPolicy != clusterv3.Cluster_CLUSTER_PROVIDED {
+	if c.CommonLbConfig.HealthyPanicThreshold == nil {
 		// As istiod (which sends unhealthy endpoints by default): never panic into routing to
-		// hosts known to be down.
+		// hosts known to be down (stated on original-destination clusters too, as istiod does).
 		c.CommonLbConfig.HealthyPanicThreshold = &typev3.Percent{}
 	}
 	if lb.WeightedLocalities() && c.LbPolicy != clusterv3.Cluster_CLUSTER_PROVIDED {
@@ -389,15 +389,20 @@ func applyLB(c *clusterv3.Cluster, lb *networking.LoadBalancerSettings) {
 		if size == 0 {
 			size = ch.GetMinimumRingSize() //nolint:staticcheck // still honoured by Istio
 		}
-		if size > 0 {
-			c.LbConfig = &clusterv3.Cluster_RingHashLbConfig_{RingHashLbConfig: &clusterv3.Cluster_RingHashLbConfig{
-				MinimumRingSize: wrapperspb.UInt64(min(size, maxRingSize))}}
+		if size == 0 {
+			size = 1024 // Envoy's default, stated as istiod does
 		}
+		c.LbConfig = &clusterv3.Cluster_RingHashLbConfig_{RingHashLbConfig: &clusterv3.Cluster_RingHashLbConfig{
+			MinimumRingSize: wrapperspb.UInt64(min(size, maxRingSize))}}
 		return
 	}
 	switch lb.GetSimple() {
 	case networking.LoadBalancerSettings_ROUND_ROBIN:
 		c.LbPolicy = clusterv3.Cluster_ROUND_ROBIN
+		if ss := slowStart(lb); ss != nil {
+			c.LbConfig = &clusterv3.Cluster_RoundRobinLbConfig_{RoundRobinLbConfig: &clusterv3.Cluster_RoundRobinLbConfig{
+				SlowStartConfig: ss}}
+		}
 	case networking.LoadBalancerSettings_RANDOM:
 		c.LbPolicy = clusterv3.Cluster_RANDOM
 	case networking.LoadBalancerSettings_PASSTHROUGH:
@@ -408,7 +413,33 @@ func applyLB(c *clusterv3.Cluster, lb *networking.LoadBalancerSettings) {
 		c.LoadAssignment = nil
 	default:
 		c.LbPolicy = clusterv3.Cluster_LEAST_REQUEST
+		if ss := slowStart(lb); ss != nil {
+			c.LbConfig = &clusterv3.Cluster_LeastRequestLbConfig_{LeastRequestLbConfig: &clusterv3.Cluster_LeastRequestLbConfig{
+				SlowStartConfig: ss}}
+		}
 	}
+}
+
+// slowStart ramps traffic to new endpoints up over the rule's warmup (or the deprecated
+// warmupDurationSecs), with istiod's defaults: linear (aggression 1), from 10% of the weight.
+func slowStart(lb *networking.LoadBalancerSettings) *clusterv3.Cluster_SlowStartConfig {
+	if w := lb.GetWarmup(); w != nil {
+		aggression, minPct := 1.0, 10.0
+		if a := w.GetAggression(); a != nil {
+			aggression = a.GetValue()
+		}
+		if m := w.GetMinimumPercent(); m != nil {
+			minPct = m.GetValue()
+		}
+		// The runtime key is one Envoy will never find, so the value stays fixed (as istiod's).
+		return &clusterv3.Cluster_SlowStartConfig{SlowStartWindow: w.GetDuration(),
+			Aggression:       &corev3.RuntimeDouble{DefaultValue: aggression, RuntimeKey: "("},
+			MinWeightPercent: &typev3.Percent{Value: minPct}}
+	}
+	if d := lb.GetWarmupDurationSecs(); d != nil {
+		return &clusterv3.Cluster_SlowStartConfig{SlowStartWindow: d}
+	}
+	return nil
 }
 
 // applyOutlier sets outlier detection as istiod does: success-rate ejection off, each error

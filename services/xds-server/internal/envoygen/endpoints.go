@@ -71,17 +71,20 @@ func (b *builder) dnsLoadAssignment(name string, svc *model.Service, port *disco
 	return cla
 }
 
-// endpointMTLS tells which endpoints of a cluster take Istio mTLS, as istiod marks them in EDS:
-// all of them when the DestinationRule's TLS mode for the cluster is ISTIO_MUTUAL, none under
-// another mode; without one, those whose workload has a sidecar and whose PeerAuthentication
-// does not DISABLE mTLS on the port they serve.
+// endpointMTLS tells which endpoints of a cluster EDS marks as taking Istio mTLS, as istiod
+// does: of those whose workload has a sidecar, all when the DestinationRule's TLS mode for the
+// cluster is ISTIO_MUTUAL, none under another mode; without one, those whose PeerAuthentication
+// does not DISABLE mTLS on the port they serve. (Under an explicit mode the cluster's transport
+// socket does not depend on the mark.)
 func (b *builder) endpointMTLS(svc *model.Service, port *discoveryv1.Port, subset string) func(*discoveryv1.Endpoint) bool {
 	dr := b.binds.DestinationRule(svc.Spec.GetHostname())
 	if mode, ok := destinationRuleTLSMode(specOf(dr), port.GetNumber(), subset); ok {
 		if mode != networking.ClientTLSSettings_ISTIO_MUTUAL {
 			return nil
 		}
-		return func(*discoveryv1.Endpoint) bool { return true }
+		return func(ep *discoveryv1.Endpoint) bool {
+			return ep.GetLabels()[model.TLSModeLabel] == translate.TLSModeIstio
+		}
 	}
 	ns := svc.Spec.GetNamespace()
 	return func(ep *discoveryv1.Endpoint) bool {

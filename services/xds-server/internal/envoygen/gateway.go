@@ -294,7 +294,7 @@ func (b *builder) passthroughChains(s gatewayServer, port uint32) []*listenerv3.
 					continue
 				}
 				dests := translate.WeightedDestinations(b.snap.Services, tr.GetRoute(), vs.Namespace, "", port)
-				tp := tcpProxyFor(dests)
+				tp := b.tcpProxyFor(dests)
 				if tp == nil {
 					continue
 				}
@@ -325,7 +325,7 @@ func (b *builder) gatewayTCPRoute(s gatewayServer, port uint32) *tcpv3.TcpProxy 
 			if !ok {
 				continue
 			}
-			if tp := tcpProxyFor(translate.WeightedDestinations(b.snap.Services, r.GetRoute(), vs.Namespace, "", port)); tp != nil {
+			if tp := b.tcpProxyFor(translate.WeightedDestinations(b.snap.Services, r.GetRoute(), vs.Namespace, "", port)); tp != nil {
 				return tp
 			}
 		}
@@ -333,18 +333,22 @@ func (b *builder) gatewayTCPRoute(s gatewayServer, port uint32) *tcpv3.TcpProxy 
 	return nil
 }
 
-func tcpProxyFor(dests []translate.WeightedDest) *tcpv3.TcpProxy {
+// tcpProxyFor is a gateway's tcp_proxy to dests, with what their DestinationRule asks of it (see
+// withDestinationRule), as istiod.
+func (b *builder) tcpProxyFor(dests []translate.WeightedDest) *tcpv3.TcpProxy {
 	switch len(dests) {
 	case 0:
 		return nil
 	case 1:
-		return &tcpv3.TcpProxy{StatPrefix: dests[0].Cluster, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: dests[0].Cluster}}
+		return b.withDestinationRule(&tcpv3.TcpProxy{StatPrefix: dests[0].Cluster,
+			ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: dests[0].Cluster}}, dests[0].Host, dests[0].Subset, true)
 	}
 	wc := &tcpv3.TcpProxy_WeightedCluster{}
 	for _, d := range dests {
 		wc.Clusters = append(wc.Clusters, &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: d.Cluster, Weight: d.Weight})
 	}
-	return &tcpv3.TcpProxy{StatPrefix: dests[0].Cluster, ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}}
+	return b.withDestinationRule(&tcpv3.TcpProxy{StatPrefix: dests[0].Cluster,
+		ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}}, dests[0].Host, "", false)
 }
 
 // downstreamTLS terminates TLS with certificates served over SDS: Kubernetes secrets as

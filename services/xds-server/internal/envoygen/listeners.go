@@ -148,7 +148,12 @@ func (b *builder) virtualInbound() *listenerv3.Listener {
 		c := inboundChain{name: name, httpName: name, port: in.port, cluster: cluster, proto: in.proto, mongo: in.mongo}
 		var httpFilter *listenerv3.Filter
 		if in.proto.carriesHTTP() {
-			httpFilter = hcmFilterOf(b.inboundHCM("inbound_"+name, cluster, in.port, in.grpc))
+			h := b.inboundHCM("inbound_"+name, cluster, in.port, in.grpc)
+			if in.proto == protoHTTP2 {
+				// As istiod on HTTP/2 and gRPC ports (Envoy's defaults, stated), for gRPC-Web.
+				h.Http2ProtocolOptions = &corev3.Http2ProtocolOptions{}
+			}
+			httpFilter = hcmFilterOf(h)
 		}
 		l.FilterChains = append(l.FilterChains, b.inboundChains(c, peer.ModeFor(in.port), tcpAuthz, httpFilter)...)
 	}
@@ -720,8 +725,35 @@ func (b *builder) tcpRouteChains(base tcpChain, port uint32) []tcpChain {
 			}
 		}
 	}
-	base.proxy = &tcpv3.TcpProxy{StatPrefix: def, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: def}}
+	base.proxy = b.withDestinationRule(&tcpv3.TcpProxy{StatPrefix: def, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: def}},
+		base.host, "", true)
 	return append(out, base)
+}
+
+// withDestinationRule applies to tp what istiod takes from the DestinationRule of host (the
+// first destination's): the rule's own (not port-level or subset) tcp idleTimeout and
+// maxConnectionDuration; and for a lone destination (subset) a consistent hash on the source
+// IP, the subset's load balancer deciding when it has one, since a ring-hash cluster without a
+// hash key balances at random.
+func (b *builder) withDestinationRule(tp *tcpv3.TcpProxy, host, subset string, lone bool) *tcpv3.TcpProxy {
+	dr := specOf(b.binds.DestinationRule(host))
+	if dr == nil {
+		return tp
+	}
+	tcp := dr.GetTrafficPolicy().GetConnectionPool().GetTcp()
+	tp.IdleTimeout = tcp.GetIdleTimeout()
+	tp.MaxDownstreamConnectionDuration = tcp.GetMaxConnectionDuration()
+	if !lone {
+		return tp
+	}
+	sourceIP := dr.GetTrafficPolicy().GetLoadBalancer().GetConsistentHash().GetUseSourceIp()
+	if lb := translate.Subset(dr, subset).GetTrafficPolicy().GetLoadBalancer(); lb != nil {
+		sourceIP = lb.GetConsistentHash().GetUseSourceIp()
+	}
+	if sourceIP {
+		tp.HashPolicy = []*typev3.HashPolicy{{PolicySpecifier: &typev3.HashPolicy_SourceIp_{SourceIp: &typev3.HashPolicy_SourceIp{}}}}
+	}
+	return tp
 }
 
 // routeProxy is the tcp_proxy to a tcp or tls route's destinations, nil when none is usable;
@@ -733,13 +765,15 @@ func (b *builder) routeProxy(vs *model.Config[*networking.VirtualService], route
 	case 0:
 		return nil
 	case 1:
-		return &tcpv3.TcpProxy{StatPrefix: dests[0].Cluster, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: dests[0].Cluster}}
+		return b.withDestinationRule(&tcpv3.TcpProxy{StatPrefix: dests[0].Cluster,
+			ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: dests[0].Cluster}}, dests[0].Host, dests[0].Subset, true)
 	}
 	wc := &tcpv3.TcpProxy_WeightedCluster{}
 	for _, d := range dests {
 		wc.Clusters = append(wc.Clusters, &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: d.Cluster, Weight: d.Weight})
 	}
-	return &tcpv3.TcpProxy{StatPrefix: statPrefix, ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}}
+	return b.withDestinationRule(&tcpv3.TcpProxy{StatPrefix: statPrefix,
+		ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}}, dests[0].Host, "", false)
 }
 
 // tlsRouteChains are the chains the tls routes of a TLS port's VirtualService make, as

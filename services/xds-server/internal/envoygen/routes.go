@@ -9,6 +9,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -200,6 +201,7 @@ func qualifyGateway(ref, ns string) string {
 // matched in order, so nothing after one that matches every request is kept, as in istiod.
 func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host string, port uint32,
 	gws gatewayFilter) []*routev3.Route {
+	vs = translate.WithDelegates(b.snap, vs, b.log)
 	out, skipped := translate.HTTPRoutes(vs.Spec.GetHttp(), func(i int, hr *networking.HTTPRoute,
 		m *networking.HTTPMatchRequest) (*routev3.Route, bool) {
 		log := b.log.With("virtualService", vs.Namespace+"/"+vs.Name, "http", i, "port", port)
@@ -235,7 +237,7 @@ func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, ho
 	m *networking.HTTPMatchRequest, log interface{ Debug(string, ...any) }) bool {
 	switch {
 	case hr.GetRedirect() != nil:
-		r.Action = &routev3.Route_Redirect{Redirect: redirect(hr.GetRedirect(), log)}
+		r.Action = &routev3.Route_Redirect{Redirect: redirect(hr.GetRedirect(), port, log)}
 	case hr.GetDirectResponse() != nil:
 		dr := hr.GetDirectResponse()
 		act := &routev3.DirectResponseAction{Status: dr.GetStatus()}
@@ -254,12 +256,24 @@ func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, ho
 		}
 		r.Action = &routev3.Route_Route{Route: act}
 	default:
-		log.Debug("skipping http route without destination, redirect or direct response (delegation is not supported)")
+		log.Debug("skipping http route without destination, redirect or direct response")
 		return false
 	}
 	if h := hr.GetHeaders(); h != nil {
 		r.RequestHeadersToAdd, r.RequestHeadersToRemove = headerOps(h.GetRequest())
 		r.ResponseHeadersToAdd, r.ResponseHeadersToRemove = headerOps(h.GetResponse())
+	}
+	// A lone destination's own header operations apply after the route's (so its set wins), as
+	// istiod appends them; a split's go on each weighted cluster (forwardAction).
+	if c := r.GetRoute().GetCluster(); c != "" {
+		if h := b.destinationHeaders(hr, ns, host, port)[c]; h != nil {
+			reqAdd, reqRemove := headerOps(h.GetRequest())
+			respAdd, respRemove := headerOps(h.GetResponse())
+			r.RequestHeadersToAdd = append(r.RequestHeadersToAdd, reqAdd...)
+			r.RequestHeadersToRemove = append(r.RequestHeadersToRemove, reqRemove...)
+			r.ResponseHeadersToAdd = append(r.ResponseHeadersToAdd, respAdd...)
+			r.ResponseHeadersToRemove = append(r.ResponseHeadersToRemove, respRemove...)
+		}
 	}
 	filters := map[string]*anypb.Any{}
 	if f := hr.GetFault(); f != nil {
@@ -286,16 +300,16 @@ func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port 
 		act.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: dests[0].Cluster}
 	} else {
 		wc := &routev3.WeightedCluster{}
+		headers := b.destinationHeaders(hr, ns, host, port)
 		for _, d := range dests {
-			wc.Clusters = append(wc.Clusters, &routev3.WeightedCluster_ClusterWeight{Name: d.Cluster, Weight: wrapperspb.UInt32(d.Weight)})
+			cw := &routev3.WeightedCluster_ClusterWeight{Name: d.Cluster, Weight: wrapperspb.UInt32(d.Weight)}
+			if h := headers[d.Cluster]; h != nil {
+				cw.RequestHeadersToAdd, cw.RequestHeadersToRemove = headerOps(h.GetRequest())
+				cw.ResponseHeadersToAdd, cw.ResponseHeadersToRemove = headerOps(h.GetResponse())
+			}
+			wc.Clusters = append(wc.Clusters, cw)
 		}
 		act.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: wc}
-	}
-	for _, rd := range hr.GetRoute() {
-		if rd.GetHeaders() != nil {
-			log.Debug("per-destination header manipulation is not supported; ignored")
-			break
-		}
 	}
 	if t := hr.GetTimeout(); t != nil {
 		act.Timeout = t
@@ -325,6 +339,24 @@ func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port 
 	return act
 }
 
+// destinationHeaders are the header operations of a route's destinations, by cluster (the
+// first destination of a cluster that sets any).
+func (b *builder) destinationHeaders(hr *networking.HTTPRoute, ns, host string, port uint32) map[string]*networking.Headers {
+	out := map[string]*networking.Headers{}
+	for _, rd := range hr.GetRoute() {
+		dest := rd.GetDestination()
+		if rd.GetHeaders() == nil || dest.GetHost() == "" {
+			continue
+		}
+		h := model.ResolveHost(dest.GetHost(), ns)
+		c := ClusterName(translate.DestinationPort(b.snap.Services, dest, h, host, port), dest.GetSubset(), h)
+		if out[c] == nil {
+			out[c] = rd.GetHeaders()
+		}
+	}
+	return out
+}
+
 func (b *builder) mirrors(hr *networking.HTTPRoute, ns, host string, port uint32) []*routev3.RouteAction_RequestMirrorPolicy {
 	var out []*routev3.RouteAction_RequestMirrorPolicy
 	add := func(dest *networking.Destination, pct *networking.Percent) {
@@ -333,7 +365,10 @@ func (b *builder) mirrors(hr *networking.HTTPRoute, ns, host string, port uint32
 		}
 		h := model.ResolveHost(dest.GetHost(), ns)
 		p := translate.DestinationPort(b.snap.Services, dest, h, host, port)
-		mp := &routev3.RouteAction_RequestMirrorPolicy{Cluster: ClusterName(p, dest.GetSubset(), h)}
+		// As istiod: the mirrored request keeps its Host (Envoy would append "-shadow", which
+		// the mirror's sidecar routes nowhere) and is not sampled for tracing.
+		mp := &routev3.RouteAction_RequestMirrorPolicy{Cluster: ClusterName(p, dest.GetSubset(), h),
+			DisableShadowHostSuffixAppend: true, TraceSampled: wrapperspb.Bool(false)}
 		value := 100.0
 		if pct != nil {
 			value = pct.GetValue()
@@ -354,7 +389,7 @@ func (b *builder) mirrors(hr *networking.HTTPRoute, ns, host string, port uint32
 	return out
 }
 
-func redirect(r *networking.HTTPRedirect, log interface{ Debug(string, ...any) }) *routev3.RedirectAction {
+func redirect(r *networking.HTTPRedirect, port uint32, log interface{ Debug(string, ...any) }) *routev3.RedirectAction {
 	act := &routev3.RedirectAction{}
 	if u := r.GetUri(); u != "" {
 		act.PathRewriteSpecifier = &routev3.RedirectAction_PathRedirect{PathRedirect: u}
@@ -362,14 +397,15 @@ func redirect(r *networking.HTTPRedirect, log interface{ Debug(string, ...any) }
 	if a := r.GetAuthority(); a != "" {
 		act.HostRedirect = a
 	}
-	switch {
-	case r.GetPort() != 0:
-		act.PortRedirect = r.GetPort()
-	case r.GetDerivePort() == networking.HTTPRedirect_FROM_PROTOCOL_DEFAULT:
-		// The scheme's default port, as istiod writes it; FROM_REQUEST_PORT is Envoy's default.
-		act.PortRedirect = 80
-		if strings.EqualFold(r.GetScheme(), "https") {
-			act.PortRedirect = 443
+	// As istiod: a port given is the port; derivePort FROM_REQUEST_PORT is the port the route
+	// serves (Envoy cannot derive it); unset or FROM_PROTOCOL_DEFAULT leaves the port out, so
+	// Envoy uses the scheme's default.
+	switch rp := r.GetRedirectPort().(type) {
+	case *networking.HTTPRedirect_Port:
+		act.PortRedirect = rp.Port
+	case *networking.HTTPRedirect_DerivePort:
+		if rp.DerivePort == networking.HTTPRedirect_FROM_REQUEST_PORT {
+			act.PortRedirect = port
 		}
 	}
 	if s := r.GetScheme(); s != "" {
@@ -417,7 +453,9 @@ func corsPolicy(c *networking.CorsPolicy) *corsv3.CorsPolicy {
 		AllowMethods:  strings.Join(c.GetAllowMethods(), ","),
 		AllowHeaders:  strings.Join(c.GetAllowHeaders(), ","),
 		ExposeHeaders: strings.Join(c.GetExposeHeaders(), ","),
-		FilterEnabled: &corev3.RuntimeFractionalPercent{DefaultValue: translate.FractionalPercent(100)},
+		// Always on, stated as istiod does.
+		FilterEnabled: &corev3.RuntimeFractionalPercent{DefaultValue: &typev3.FractionalPercent{
+			Numerator: 100, Denominator: typev3.FractionalPercent_HUNDRED}},
 	}
 	if d := c.GetMaxAge(); d != nil {
 		out.MaxAge = strconv.FormatInt(int64(d.AsDuration().Seconds()), 10)
@@ -430,9 +468,8 @@ func corsPolicy(c *networking.CorsPolicy) *corsv3.CorsPolicy {
 			out.AllowOriginStringMatch = append(out.AllowOriginStringMatch, sm)
 		}
 	}
-	if c.GetUnmatchedPreflights() == networking.CorsPolicy_IGNORE {
-		out.ForwardNotMatchingPreflights = wrapperspb.Bool(false)
-	}
+	// Stated either way, as istiod does (Envoy's default is true).
+	out.ForwardNotMatchingPreflights = wrapperspb.Bool(c.GetUnmatchedPreflights() != networking.CorsPolicy_IGNORE)
 	return out
 }
 

@@ -45,6 +45,7 @@ func (g *generator) defaultRoute(host string, port uint32) *routev3.Route {
 // order, so nothing after one that matches every request is kept, as in istiod.
 func (g *generator) vsRoutes(svc *model.Service, port *discoveryv1.Port,
 	vs *model.Config[*networking.VirtualService]) []*routev3.Route {
+	vs = translate.WithDelegates(g.snap, vs, g.log)
 	actions := map[int]*routev3.RouteAction{} // one per http route, for all its matches
 	routes, skipped := translate.HTTPRoutes(vs.Spec.GetHttp(), func(i int, http *networking.HTTPRoute,
 		m *networking.HTTPMatchRequest) (*routev3.Route, bool) {
@@ -89,7 +90,7 @@ func (g *generator) vsRoutes(svc *model.Service, port *discoveryv1.Port,
 func (g *generator) httpAction(http *networking.HTTPRoute, svc *model.Service, port *discoveryv1.Port,
 	ns string, log interface{ Debug(string, ...any) }) *routev3.RouteAction {
 	if len(http.GetRoute()) == 0 {
-		log.Debug("skipping http route without destinations (redirect, direct response and delegate are not supported for gRPC)")
+		log.Debug("skipping http route without destinations (redirect and direct response are not supported for gRPC)")
 		return nil
 	}
 	action := g.routeAction(http, svc, port, ns)

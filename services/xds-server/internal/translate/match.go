@@ -99,6 +99,9 @@ func HeaderMatcher(name string, sm *networking.StringMatch, invert bool) *routev
 	hm := &routev3.HeaderMatcher{Name: name, InvertMatch: invert}
 	if s := StringMatcher(sm); s != nil {
 		hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: s}
+		// withoutHeaders must match requests that lack the header, which Envoy's inverted
+		// string match does only when a missing header counts as empty (as istiod sets it).
+		hm.TreatMissingHeaderAsEmpty = invert
 	} else {
 		// An empty match means "header present", as in Istio.
 		hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}

@@ -9,6 +9,7 @@ import (
 	commonfaultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/fault/v3"
 	faultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
 	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
+	previousprioritiesv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/priority/previous_priorities/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -25,6 +26,10 @@ const defaultRetryOn = "connect-failure,refused-stream,unavailable,cancelled,ret
 
 // previousHostsConfig cannot fail to pack: the message is empty.
 var previousHostsConfig, _ = anypb.New(&previoushostsv3.PreviousHostsPredicate{})
+
+// previousPrioritiesConfig moves a retry to the next priority (other localities) after each
+// two attempts, as istiod's retryRemoteLocalities does.
+var previousPrioritiesConfig, _ = anypb.New(&previousprioritiesv3.PreviousPrioritiesConfig{UpdateFrequency: 2})
 
 // FractionalPercent converts a percentage to Envoy's parts per million, as istiod does.
 func FractionalPercent(pct float64) *typev3.FractionalPercent {
@@ -79,6 +84,13 @@ func RetryPolicy(r *networking.HTTPRetry) *routev3.RetryPolicy {
 			kinds = append(kinds, "retriable-status-codes")
 		}
 		p.RetryOn = strings.Join(kinds, ",")
+	}
+	if r.GetRetryRemoteLocalities().GetValue() {
+		p.RetryPriority = &routev3.RetryPolicy_RetryPriority{Name: "envoy.retry_priorities.previous_priorities",
+			ConfigType: &routev3.RetryPolicy_RetryPriority_TypedConfig{TypedConfig: previousPrioritiesConfig}}
+	}
+	if b := r.GetBackoff(); b != nil {
+		p.RetryBackOff = &routev3.RetryPolicy_RetryBackOff{BaseInterval: b}
 	}
 	return p
 }
