@@ -294,7 +294,7 @@ func (b *builder) passthroughChains(s gatewayServer, port uint32) []*listenerv3.
 					continue
 				}
 				dests := translate.WeightedDestinations(b.snap.Services, tr.GetRoute(), vs.Namespace, "", port)
-				tp := b.tcpProxyFor(dests)
+				tp := b.tcpProxyFor(dests, "")
 				if tp == nil {
 					continue
 				}
@@ -325,7 +325,7 @@ func (b *builder) gatewayTCPRoute(s gatewayServer, port uint32) *tcpv3.TcpProxy 
 			if !ok {
 				continue
 			}
-			if tp := b.tcpProxyFor(translate.WeightedDestinations(b.snap.Services, r.GetRoute(), vs.Namespace, "", port)); tp != nil {
+			if tp := b.tcpProxyFor(translate.WeightedDestinations(b.snap.Services, r.GetRoute(), vs.Namespace, "", port), ""); tp != nil {
 				return tp
 			}
 		}
@@ -333,9 +333,10 @@ func (b *builder) gatewayTCPRoute(s gatewayServer, port uint32) *tcpv3.TcpProxy 
 	return nil
 }
 
-// tcpProxyFor is a gateway's tcp_proxy to dests, with what their DestinationRule asks of it (see
-// withDestinationRule), as istiod.
-func (b *builder) tcpProxyFor(dests []translate.WeightedDest) *tcpv3.TcpProxy {
+// tcpProxyFor is the tcp_proxy to dests, with what their DestinationRule asks of it (see
+// withDestinationRule), as istiod; nil when there is none. statPrefix names a weighted split's
+// stats ("": the first destination's cluster, as gateways name them).
+func (b *builder) tcpProxyFor(dests []translate.WeightedDest, statPrefix string) *tcpv3.TcpProxy {
 	switch len(dests) {
 	case 0:
 		return nil
@@ -347,7 +348,10 @@ func (b *builder) tcpProxyFor(dests []translate.WeightedDest) *tcpv3.TcpProxy {
 	for _, d := range dests {
 		wc.Clusters = append(wc.Clusters, &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: d.Cluster, Weight: d.Weight})
 	}
-	return b.withDestinationRule(&tcpv3.TcpProxy{StatPrefix: dests[0].Cluster,
+	if statPrefix == "" {
+		statPrefix = dests[0].Cluster
+	}
+	return b.withDestinationRule(&tcpv3.TcpProxy{StatPrefix: statPrefix,
 		ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}}, dests[0].Host, "", false)
 }
 

@@ -760,20 +760,7 @@ func (b *builder) withDestinationRule(tp *tcpv3.TcpProxy, host, subset string, l
 // statPrefix names the stats of a weighted split.
 func (b *builder) routeProxy(vs *model.Config[*networking.VirtualService], routes []*networking.RouteDestination,
 	host string, port uint32, statPrefix string) *tcpv3.TcpProxy {
-	dests := translate.WeightedDestinations(b.snap.Services, routes, vs.Namespace, host, port)
-	switch len(dests) {
-	case 0:
-		return nil
-	case 1:
-		return b.withDestinationRule(&tcpv3.TcpProxy{StatPrefix: dests[0].Cluster,
-			ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: dests[0].Cluster}}, dests[0].Host, dests[0].Subset, true)
-	}
-	wc := &tcpv3.TcpProxy_WeightedCluster{}
-	for _, d := range dests {
-		wc.Clusters = append(wc.Clusters, &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: d.Cluster, Weight: d.Weight})
-	}
-	return b.withDestinationRule(&tcpv3.TcpProxy{StatPrefix: statPrefix,
-		ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: wc}}, dests[0].Host, "", false)
+	return b.tcpProxyFor(translate.WeightedDestinations(b.snap.Services, routes, vs.Namespace, host, port), statPrefix)
 }
 
 // tlsRouteChains are the chains the tls routes of a TLS port's VirtualService make, as
