@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -115,8 +116,14 @@ func securityMeshWithEcho(t *testing.T, start func(*testing.T, string, ...string
 	return start(t, dir, securityCAArgs...), lis
 }
 
-// echoEntryYAML is the echo service with one endpoint, at ip and lis's port.
+// echoEntryYAML is the echo service with one endpoint, at ip and lis's port. A WorkloadEntry
+// with a service account is in the mesh (Istio mTLS) unless its tlsMode label says otherwise,
+// as istiod has it: a server not labelled in the mesh says so.
 func echoEntryYAML(ip, lis, serviceAccount string, labels map[string]string) string {
+	if _, ok := labels[tlsModeLabel]; !ok {
+		labels = maps.Clone(labels)
+		labels[tlsModeLabel] = "disabled"
+	}
 	var l []string
 	for k, v := range labels {
 		l = append(l, k+": "+v)
