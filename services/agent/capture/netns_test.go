@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"sailplane.dev/shared/testwait"
 )
 
 // testNetns is a network namespace the test creates (`ip netns add`) and deletes when it
@@ -60,13 +62,9 @@ func newNetns(t testing.TB, resolv string, addrs ...string) *testNetns {
 	ns.IP(t, "link", "set", "v0", "up")
 	ns.IP(t, "link", "set", "v1", "up")
 	// What duplicate address detection is left (none with nodad) ends before the namespace is used.
-	deadline := time.Now().Add(30 * time.Second)
-	for strings.TrimSpace(ns.IP(t, "-6", "addr", "show", "tentative")) != "" {
-		if time.Now().After(deadline) {
-			t.Fatalf("IPv6 addresses in %s still tentative after 30s:\n%s", ns.Name, ns.IP(t, "-6", "addr", "show"))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.Until(t, 30*time.Second, "no tentative IPv6 address in "+ns.Name, func() bool {
+		return strings.TrimSpace(ns.IP(t, "-6", "addr", "show", "tentative")) == ""
+	})
 	if resolv != "" {
 		dir := filepath.Join("/etc/netns", ns.Name)
 		if err := os.MkdirAll(dir, 0o755); err != nil {

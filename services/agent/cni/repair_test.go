@@ -3,6 +3,7 @@ package cni
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"sailplane.dev/shared/testwait"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -146,17 +149,13 @@ func createWithStatus(t *testing.T, client kubernetes.Interface, name, node stri
 // API server waits for the kubelet, which these tests have not, to stop it) or gone.
 func waitDeleted(t *testing.T, client kubernetes.Interface, name string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testwait.For(t, 30*time.Second, "pod demo/"+name+" deleted", func() error {
 		p, err := client.CoreV1().Pods("demo").Get(context.Background(), name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) || err == nil && p.DeletionTimestamp != nil {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pod demo/%s still there (err %v)", name, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("still there (err %v)", err)
+	})
 }
 
 // TestRepair: with a real API server, the repair loop of node-a deletes its pods whose
@@ -215,13 +214,9 @@ func TestRepairRateLimit(t *testing.T) {
 	createWithStatus(t, client, "first", "node-a", true, stateFailed)
 	waitDeleted(t, client, "first")
 	createWithStatus(t, client, "second", "node-a", true, stateFailed)
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(logs.String(), "rate limited, waiting") {
-		if time.Now().After(deadline) {
-			t.Fatal("the loop did not wait for the rate limit")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Until(t, 30*time.Second, "the loop waiting for the rate limit", func() bool {
+		return strings.Contains(logs.String(), "rate limited, waiting")
+	})
 	if !strings.Contains(logs.String(), "pod=demo/second") {
 		t.Errorf("the rate-limited pod is not named in the log:\n%s", logs)
 	}
@@ -257,13 +252,9 @@ func TestRepairAfterInstall(t *testing.T) {
 		Server: host, TokenFile: token, CAFile: ca, Interval: 10 * time.Millisecond, Repair: r, Log: log,
 	}
 	runUntilCleanup(t, logs, in.Run)
-	deadline := time.Now().Add(30 * time.Second)
-	for strings.Count(logs.String(), "CNI plugin not installed") < 3 {
-		if time.Now().After(deadline) {
-			t.Fatal("the installer did not try three times")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.Until(t, 30*time.Second, "the installer trying three times", func() bool {
+		return strings.Count(logs.String(), "CNI plugin not installed") >= 3
+	})
 	if p, err := client.CoreV1().Pods("demo").Get(context.Background(), "broken", metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil {
 		t.Fatalf("the pod was deleted before the plugin was installed (err %v)", err)
 	}
