@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 	security "istio.io/api/security/v1beta1"
@@ -81,6 +82,39 @@ var (
 		func() proto.Message { return &security.RequestAuthentication{} })
 )
 
+// The Kubernetes Gateway API kinds (sigs.k8s.io/gateway-api v1.6, every one served as v1). Their
+// specs are Go structs, not protobuf: on the bus a spec travels as a google.protobuf.Struct of
+// its JSON, as istiod's MCP carries them, and consumers decode it into the Go type.
+var (
+	GatewayClass = gatewayAPI("GatewayClass", "gatewayclasses", true, "v1beta1")
+	// KubernetesGateway is the Gateway API's Gateway, not Istio's (Gateway).
+	KubernetesGateway = gatewayAPI("Gateway", "gateways", false, "v1beta1")
+	HTTPRoute         = gatewayAPI("HTTPRoute", "httproutes", false, "v1beta1")
+	GRPCRoute         = gatewayAPI("GRPCRoute", "grpcroutes", false)
+	TCPRoute          = gatewayAPI("TCPRoute", "tcproutes", false, "v1alpha2")
+	TLSRoute          = gatewayAPI("TLSRoute", "tlsroutes", false, "v1alpha2", "v1alpha3")
+	ReferenceGrant    = gatewayAPI("ReferenceGrant", "referencegrants", false, "v1beta1")
+	BackendTLSPolicy  = gatewayAPI("BackendTLSPolicy", "backendtlspolicies", false, "v1alpha3")
+	ListenerSet       = gatewayAPI("ListenerSet", "listenersets", false)
+)
+
+// GatewayAPIGroup is the Kubernetes Gateway API's group.
+const GatewayAPIGroup = "gateway.networking.k8s.io"
+
+func gatewayAPI(kind, plural string, clusterScoped bool, older ...string) Kind {
+	return Kind{
+		Group: GatewayAPIGroup, Version: "v1", Kind: kind, Plural: plural,
+		TypeURL: GatewayAPIGroup + "/v1/" + kind, New: func() proto.Message { return &structpb.Struct{} },
+		ClusterScoped: clusterScoped, OlderVersions: older,
+	}
+}
+
+// GatewayAPI lists the Gateway API kinds, parents before the routes that bind to them.
+var GatewayAPI = []Kind{
+	GatewayClass, KubernetesGateway, ListenerSet, HTTPRoute, GRPCRoute, TCPRoute, TLSRoute, ReferenceGrant,
+	BackendTLSPolicy,
+}
+
 // MeshConfig is the mesh-wide configuration; one resource, named "mesh".
 var MeshConfig = Kind{
 	Version: "v1alpha1", Kind: "MeshConfig", TypeURL: "core/v1alpha1/MeshConfig",
@@ -115,7 +149,7 @@ var IstioConfig = []Kind{
 }
 
 // All lists every kind known to Sailplane.
-var All = append(append([]Kind{}, IstioConfig...), MeshConfig, Service, Endpoints, TrustBundle)
+var All = append(append(append([]Kind{}, IstioConfig...), GatewayAPI...), MeshConfig, Service, Endpoints, TrustBundle)
 
 // TypeURLs lists the bus type URLs of kinds.
 func TypeURLs(kinds []Kind) []string {
