@@ -32,33 +32,13 @@ const unspecified = "0.0.0.0"
 
 // Generator builds name tables.
 type Generator struct {
-	alloc *Allocator
-	// allocateByDefault is istiod's PILOT_ENABLE_IP_AUTOALLOCATE (on by default): every proxy
-	// that captures DNS uses auto-allocated addresses; off, only those that also set
-	// DNS_AUTO_ALLOCATE do.
-	allocateByDefault bool
+	// alloc gives ServiceEntry hosts without addresses theirs; the Envoy generator shares it,
+	// so that the names a proxy resolves lead to its listeners.
+	alloc *model.Allocator
 }
 
-// Option configures a Generator.
-type Option func(*Generator)
-
-// WithoutDefaultAllocation uses auto-allocated addresses only for proxies whose metadata sets
-// DNS_AUTO_ALLOCATE (istiod with PILOT_ENABLE_IP_AUTOALLOCATE=false).
-func WithoutDefaultAllocation() Option { return func(g *Generator) { g.allocateByDefault = false } }
-
-// New returns a generator with its own address allocator.
-func New(opts ...Option) *Generator {
-	g := &Generator{alloc: NewAllocator(), allocateByDefault: true}
-	for _, o := range opts {
-		o(g)
-	}
-	return g
-}
-
-// usesAutoAddresses is istiod's nodeUsesAutoallocatedIPs.
-func (g *Generator) usesAutoAddresses(p *model.Proxy) bool {
-	return p.DNSCapture && (g.allocateByDefault || p.DNSAutoAllocate)
-}
+// New returns a generator taking auto-allocated addresses from alloc.
+func New(alloc *model.Allocator) *Generator { return &Generator{alloc: alloc} }
 
 // CacheScope names every proxy input Table reads: its type and namespace (exportTo), the
 // Sidecar that applies, whether it uses auto-allocated addresses, its IP families, and its
@@ -71,9 +51,9 @@ func (g *Generator) CacheScope(snap *model.Snapshot, p *model.Proxy) string {
 			b.WriteString(sc.Namespace + "/" + sc.Name)
 		}
 	}
-	v4, v6 := families(p)
+	v4, v6 := p.IPFamilies()
 	b.WriteString("/auto=")
-	if g.usesAutoAddresses(p) {
+	if g.alloc.Uses(p) {
 		b.WriteString("1")
 	}
 	b.WriteString("/f=")
@@ -94,11 +74,8 @@ func (g *Generator) Table(snap *model.Snapshot, p *model.Proxy) *ndsv1.NameTable
 	if !p.IsSidecar() {
 		scope = nil
 	}
-	v4, v6 := families(p)
-	var auto map[string]Addresses
-	if g.usesAutoAddresses(p) {
-		auto = g.alloc.Assign(snap)
-	}
+	v4, v6 := p.IPFamilies()
+	auto := g.alloc.For(snap, p)
 	for _, h := range snap.Hostnames() {
 		svc := snap.Services[h]
 		spec := svc.Spec
@@ -114,8 +91,8 @@ func (g *Generator) Table(snap *model.Snapshot, p *model.Proxy) *ndsv1.NameTable
 		case kube:
 			ips = filterFamilies(ips, v4, v6)
 		case len(ips) == 0 && headless && auto != nil:
-			if a, ok := auto[Key(spec)]; ok {
-				ips = filterFamilies(a.list(), v4, v6)
+			if a, ok := auto[model.AutoAddressKey(spec)]; ok {
+				ips = a.For(v4, v6)
 				headless = len(ips) == 0
 			}
 		}
@@ -204,22 +181,6 @@ func headlessEndpoints(out *ndsv1.NameTable, svc *model.Service, p *model.Proxy,
 }
 
 // families are the IP families of the proxy's addresses; both when it has none that parse.
-func families(p *model.Proxy) (v4, v6 bool) {
-	for _, ip := range p.IPs {
-		if a, err := netip.ParseAddr(ip); err == nil {
-			if a.Unmap().Is4() {
-				v4 = true
-			} else {
-				v6 = true
-			}
-		}
-	}
-	if !v4 && !v6 {
-		return true, true
-	}
-	return v4, v6
-}
-
 // filterFamilies keeps the addresses of the families a single-stack proxy can reach; a
 // dual-stack proxy gets them all.
 func filterFamilies(ips []string, v4, v6 bool) []string {
