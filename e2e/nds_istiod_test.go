@@ -161,16 +161,21 @@ func sameNameTables(ref, got *ndsv1.NameTable, capture bool) error {
 
 // fetchNameTable asks addr for the name table of a sidecar of namespace demo.
 func fetchNameTable(addr string, capture bool) (*ndsv1.NameTable, error) {
+	md := map[string]any{"NAMESPACE": "demo", "CLUSTER_ID": "Kubernetes", "ISTIO_VERSION": "1.29.0"}
+	if capture {
+		md["DNS_CAPTURE"] = "true"
+	}
+	return nameTableOf(addr, framework.XDSNode{ID: "sidecar~198.18.0.5~web-0.demo~demo.svc.cluster.local", Metadata: md})
+}
+
+// nameTableOf asks addr for node's name table.
+func nameTableOf(addr string, node framework.XDSNode) (*ndsv1.NameTable, error) {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
-	md := map[string]any{"NAMESPACE": "demo", "CLUSTER_ID": "Kubernetes", "ISTIO_VERSION": "1.29.0"}
-	if capture {
-		md["DNS_CAPTURE"] = "true"
-	}
-	s, err := structpb.NewStruct(md)
+	s, err := structpb.NewStruct(node.Metadata)
 	if err != nil {
 		return nil, err
 	}
@@ -180,8 +185,8 @@ func fetchNameTable(addr string, capture bool) (*ndsv1.NameTable, error) {
 	if err != nil {
 		return nil, err
 	}
-	node := &corev3.Node{Id: "sidecar~198.18.0.5~web-0.demo~demo.svc.cluster.local", Metadata: s}
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: xdstype.NameTable}); err != nil {
+	req := &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: node.ID, Metadata: s}, TypeUrl: xdstype.NameTable}
+	if err := stream.Send(req); err != nil {
 		return nil, err
 	}
 	resp, err := stream.Recv()
