@@ -25,7 +25,8 @@ import (
 )
 
 // ndsObjects: a ClusterIP service, a headless service of two StatefulSet-style pods (spec
-// hostname and subdomain), a ServiceEntry with an address and one without.
+// hostname and subdomain, one hostname not the pod's name) and a pod without subdomain (which
+// gets no name of its own), a ServiceEntry with an address and one without.
 const ndsObjects = `apiVersion: v1
 kind: Service
 metadata: {name: web, namespace: demo}
@@ -49,7 +50,12 @@ spec: {hostname: mysql-0, subdomain: mysql, containers: [{name: c, image: x}]}
 apiVersion: v1
 kind: Pod
 metadata: {name: mysql-1, namespace: demo, labels: {app: mysql}}
-spec: {hostname: mysql-1, subdomain: mysql, containers: [{name: c, image: x}]}
+spec: {hostname: replica-1, subdomain: mysql, containers: [{name: c, image: x}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: mysql-adhoc, namespace: demo, labels: {app: mysql}}
+spec: {containers: [{name: c, image: x}]}
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
@@ -62,9 +68,12 @@ endpoints:
   conditions: {ready: true, serving: true, terminating: false}
   targetRef: {kind: Pod, namespace: demo, name: mysql-0}
 - addresses: [198.18.0.12]
-  hostname: mysql-1
+  hostname: replica-1
   conditions: {ready: true, serving: true, terminating: false}
   targetRef: {kind: Pod, namespace: demo, name: mysql-1}
+- addresses: [198.18.0.13]
+  conditions: {ready: true, serving: true, terminating: false}
+  targetRef: {kind: Pod, namespace: demo, name: mysql-adhoc}
 ---
 apiVersion: networking.istio.io/v1
 kind: ServiceEntry

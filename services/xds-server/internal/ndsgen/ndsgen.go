@@ -5,10 +5,11 @@
 //   - a service's VIPs (a Kubernetes service's filtered to the proxy's IP families when the
 //     proxy is single-stack; a ServiceEntry's as written, CIDRs left out);
 //   - a ServiceEntry without addresses, when the proxy captures DNS and auto-allocation is on,
-//     its auto-allocated addresses (see Allocator);
+//     its auto-allocated addresses (see model.Allocator);
 //   - a service without VIP nor resolution (a headless Kubernetes service, a ServiceEntry with
 //     resolution NONE) its healthy endpoints on the proxy's network, and for a Kubernetes
-//     service every pod's own name, <pod>.<service>.<namespace>.svc.<domain>, to its address.
+//     service the name of each of its pods that sets a subdomain (Kubernetes DNS's
+//     <hostname>.<subdomain>.<namespace>.svc.<domain>), to its address.
 package ndsgen
 
 import (
@@ -140,7 +141,7 @@ func vips(spec *discoveryv1.Service) (ips []string, headless bool) {
 func headlessEndpoints(out *ndsv1.NameTable, svc *model.Service, p *model.Proxy, kube bool) []string {
 	spec := svc.Spec
 	first := spec.GetPorts()[0].GetName()
-	svcName, _, _ := strings.Cut(spec.GetHostname(), ".")
+	_, domain, _ := strings.Cut(spec.GetHostname(), ".")
 	var ips []string
 	local, remote := map[string][]string{}, map[string][]string{}
 	var order []string
@@ -156,8 +157,9 @@ func headlessEndpoints(out *ndsv1.NameTable, svc *model.Service, p *model.Proxy,
 		if p.Network != "" && ep.GetNetwork() != "" && ep.GetNetwork() != p.Network {
 			continue
 		}
-		if kube && ep.GetWorkload() != "" {
-			host := ep.GetWorkload() + "." + spec.GetHostname()
+		if kube && ep.GetPodDnsName() != "" {
+			// Kubernetes DNS's pod names: <hostname>.<subdomain>.<namespace>.svc.<domain>.
+			host := ep.GetPodDnsName() + "." + domain
 			if local[host] == nil && remote[host] == nil {
 				order = append(order, host)
 			}
@@ -175,12 +177,11 @@ func headlessEndpoints(out *ndsv1.NameTable, svc *model.Service, p *model.Proxy,
 			addrs = remote[host]
 		}
 		out.Table[host] = &ndsv1.NameTable_NameInfo{Ips: addrs, Registry: RegistryKubernetes,
-			Namespace: spec.GetNamespace(), Shortname: host[:len(host)-len(spec.GetHostname())-1] + "." + svcName}
+			Namespace: spec.GetNamespace(), Shortname: strings.TrimSuffix(host, "."+domain)}
 	}
 	return ips
 }
 
-// families are the IP families of the proxy's addresses; both when it has none that parse.
 // filterFamilies keeps the addresses of the families a single-stack proxy can reach; a
 // dual-stack proxy gets them all.
 func filterFamilies(ips []string, v4, v6 bool) []string {
