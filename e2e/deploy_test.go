@@ -113,10 +113,10 @@ func podTemplate(t testing.TB, obj *unstructured.Unstructured) (corev1.PodTempla
 	return tmpl, true
 }
 
-// TestDeployOnAPIServer applies deploy/crds (and deploy/crds/gateway-api) to a real API server, then every overlay with
-// server-side dry-run (the server validates and admits each object, nothing is stored) in
-// namespaces where Pod Security "restricted" is enforced and warned about, and every pod
-// template as a Pod (Pod Security enforces on Pods; workloads only get warnings). Any error and
+// TestDeployOnAPIServer applies deploy/crds (and deploy/crds/gateway-api) to a real API server,
+// then every overlay with server-side dry-run (the server validates and admits each object,
+// nothing is stored) in namespaces where Pod Security "restricted" is enforced and warned
+// about, and every pod template as a Pod (Pod Security enforces on Pods; workloads only get warnings). Any error and
 // any warning fails. There is no controller nor kubelet: nothing runs, the manifests are only
 // judged. Then it checks what each service account may do against what each service's code does.
 func TestDeployOnAPIServer(t *testing.T) {
