@@ -3,8 +3,10 @@ package configingest_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	networking "istio.io/api/networking/v1alpha3"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"sailplane.dev/shared/gatewayapi"
@@ -13,7 +15,7 @@ import (
 
 const gatewayClassDoc = `apiVersion: gateway.networking.k8s.io/v1
 kind: GatewayClass
-metadata: {name: istio}
+metadata: {name: istio, creationTimestamp: "2026-01-02T03:04:05Z"}
 spec: {controllerName: istio.io/gateway-controller}
 `
 
@@ -57,12 +59,20 @@ func TestGatewayAPIFiles(t *testing.T) {
 	if p := e.svc.Problems(); len(p) != 0 {
 		t.Fatalf("problems: %v", p)
 	}
-	if r := e.rec.get(schema.GatewayClass, "istio"); r == nil {
-		t.Fatal("GatewayClass not published")
+	// The creation time written in the file is the object's, as the Gateway API orders by it.
+	gc, err := gatewayapi.Decode[gwv1.GatewayClass](e.rec.get(schema.GatewayClass, "istio"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !gc.CreationTimestamp.Equal(&metav1.Time{Time: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}) {
+		t.Errorf("GatewayClass created %v", gc.CreationTimestamp)
 	}
 	gw, err := gatewayapi.Decode[gwv1.Gateway](e.rec.get(schema.KubernetesGateway, "apps/web"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !gw.CreationTimestamp.IsZero() {
+		t.Errorf("Gateway created %v, none written", gw.CreationTimestamp)
 	}
 	if gw.Namespace != "apps" || gw.Name != "web" || gw.Labels["team"] != "a" || gw.Spec.GatewayClassName != "istio" ||
 		len(gw.Spec.Listeners) != 1 || gw.Spec.Listeners[0].Port != 80 {

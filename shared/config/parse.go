@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"sigs.k8s.io/yaml"
 
@@ -120,6 +121,9 @@ type header struct {
 		Namespace   string            `json:"namespace"`
 		Labels      map[string]string `json:"labels"`
 		Annotations map[string]string `json:"annotations"`
+		// CreationTimestamp is read as Istio reads it from files: the Gateway API orders
+		// conflicting objects by it.
+		CreationTimestamp string `json:"creationTimestamp"`
 	} `json:"metadata"`
 	Spec json.RawMessage `json:"spec"`
 }
@@ -178,6 +182,15 @@ func parseDocument(doc []byte, defaultNamespace string) (Config, *Error) {
 		e.Field, e.Err = "metadata.namespace", fmt.Errorf("%q must not contain \"/\"", ns)
 		return Config{}, e
 	}
+	var created time.Time
+	if ts := h.Metadata.CreationTimestamp; ts != "" {
+		t, err := time.Parse(time.RFC3339, ts)
+		if err != nil {
+			e.Field, e.Err = "metadata.creationTimestamp", fmt.Errorf("%w: %q is not an RFC 3339 time (2006-01-02T15:04:05Z)", ErrSchema, ts)
+			return Config{}, e
+		}
+		created = t
+	}
 	spec := k.New()
 	if len(h.Spec) > 0 {
 		if err := UnmarshalJSON(h.Spec, spec, "spec"); err != nil {
@@ -192,6 +205,7 @@ func parseDocument(doc []byte, defaultNamespace string) (Config, *Error) {
 		Name:        h.Metadata.Name,
 		Labels:      h.Metadata.Labels,
 		Annotations: h.Metadata.Annotations,
+		CreateTime:  created,
 		Spec:        spec,
 	}, nil
 }

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -289,7 +290,7 @@ spec: {controllerName: istio.io/gateway-controller}
 ---
 apiVersion: gateway.networking.k8s.io/v1beta1
 kind: Gateway
-metadata: {name: web}
+metadata: {name: web, creationTimestamp: "2026-01-02T03:04:05Z"}
 spec:
   gatewayClassName: istio
   listeners: [{name: http, port: 80, protocol: HTTP}]
@@ -302,16 +303,21 @@ spec: {rules: [{backendRefs: [{name: db, port: 5432}]}]}
 apiVersion: gateway.networking.k8s.io/v1alpha9
 kind: HTTPRoute
 metadata: {name: future}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: when, creationTimestamp: yesterday}
 `
 	cfgs, errs := ParseYAML("conf/gw.yaml", []byte(in), "default")
-	if len(cfgs) != 3 || len(errs) != 1 {
-		t.Fatalf("got %d configs and errors %v, want 3 configs and 1 error", len(cfgs), errs)
+	if len(cfgs) != 3 || len(errs) != 2 {
+		t.Fatalf("got %d configs and errors %v, want 3 configs and 2 errors", len(cfgs), errs)
 	}
 	if gc := cfgs[0]; gc.Kind.TypeURL != schema.GatewayClass.TypeURL || gc.Namespace != "" || gc.BusName() != "istio" {
 		t.Errorf("GatewayClass = %+v", gc)
 	}
 	gw := cfgs[1]
-	if gw.Kind.TypeURL != schema.KubernetesGateway.TypeURL || gw.BusName() != "default/web" {
+	if gw.Kind.TypeURL != schema.KubernetesGateway.TypeURL || gw.BusName() != "default/web" ||
+		!gw.CreateTime.Equal(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)) || !gw.Resource().CreateTime.Equal(gw.CreateTime) {
 		t.Errorf("Gateway = %+v", gw)
 	}
 	spec, ok := gw.Spec.(*structpb.Struct)
@@ -329,5 +335,8 @@ metadata: {name: future}
 	if !errors.As(errs[0], &e) || e.Doc != 4 || e.Group != schema.GatewayAPIGroup || !errors.Is(e, ErrUnknownKind) ||
 		!strings.Contains(e.Error(), "gateway.networking.k8s.io has no gateway.networking.k8s.io/v1alpha9 (versions: v1, v1beta1)") {
 		t.Errorf("error = %v", errs[0])
+	}
+	if !errors.As(errs[1], &e) || e.Field != "metadata.creationTimestamp" || e.Name != "when" {
+		t.Errorf("error = %v", errs[1])
 	}
 }
