@@ -1,6 +1,7 @@
 package configingest_test
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	configingest "sailplane.dev/services/config-ingest"
 	"sailplane.dev/shared/gatewayapi"
 	"sailplane.dev/shared/schema"
 )
@@ -142,4 +144,41 @@ func TestGatewayAPIFilesRefusedByCEL(t *testing.T) {
 		rt, err := gatewayapi.Decode[gwv1.HTTPRoute](r)
 		return err == nil && rt.Spec.Rules[0].BackendRefs[0].Name == "reviews-v2" && len(e.svc.Problems()) == 0
 	})
+}
+
+// A restart keeps serving the last valid version of Gateway API objects that became invalid,
+// with their creation time.
+func TestGatewayAPIRestartKeepsLastValid(t *testing.T) {
+	root := t.TempDir()
+	mesh, state, file := filepath.Join(root, "mesh.yaml"), filepath.Join(root, "state"), filepath.Join(root, "conf", "gw.yaml")
+	write(t, mesh, "")
+	write(t, file, gatewayClassDoc+"---\n"+httpRouteDoc)
+	cfg := configingest.Config{MeshFile: mesh, StateDir: state}
+	rec := newRecorder()
+	svc, stop := run(t, cfg, rec)
+	// Both refused now: a controller name that is not a path, a backendRef without port.
+	write(t, file, strings.Replace(gatewayClassDoc, "istio.io/gateway-controller", "istio", 1)+"---\n"+
+		strings.Replace(httpRouteDoc, "{name: reviews, port: 9080}", "{name: reviews-v2}", 1))
+	eventually(t, "both refused", func() bool {
+		return hasProblem(svc, nil, "gw.yaml", "document 1", "spec.controllerName") &&
+			hasProblem(svc, nil, "gw.yaml", "document 2", "Must have port for Service reference")
+	})
+	stop()
+
+	rec = newRecorder()
+	svc, _ = run(t, cfg, rec)
+	gc, err := gatewayapi.Decode[gwv1.GatewayClass](rec.get(schema.GatewayClass, "istio"))
+	if err != nil {
+		t.Fatalf("after restart, GatewayClass: %v", err)
+	}
+	if gc.Spec.ControllerName != "istio.io/gateway-controller" || gc.CreationTimestamp.Time.Year() != 2026 {
+		t.Errorf("after restart, GatewayClass %+v, want the last valid one with its creation time", gc)
+	}
+	route, err := gatewayapi.Decode[gwv1.HTTPRoute](rec.get(schema.HTTPRoute, "apps/reviews"))
+	if err != nil || route.Spec.Rules[0].BackendRefs[0].Name != "reviews" {
+		t.Fatalf("after restart, HTTPRoute %+v (%v), want the last valid one", route, err)
+	}
+	if !hasProblem(svc, nil, "gw.yaml", "document 2", "spec.rules[0].backendRefs[0]") {
+		t.Errorf("problems = %v, want the refused route named", svc.Problems())
+	}
 }
