@@ -3,6 +3,7 @@ package gatewaystatus
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
@@ -49,6 +50,14 @@ func kindOf[O object, S any, W any](k schema.Kind, inf cache.SharedIndexInformer
 	client func(ns string) statusClient[O], deepCopy func(O) O, status func(O) *S,
 	want func(any) (W, bool), merge func(cur S, want W, ns string, now metav1.Time) S,
 ) *kind {
+	// sent remembers, by namespace/name, the last status written and the status the API server
+	// stored for it, which may differ by defaults merge does not know of: then the object
+	// already carries what would be written again.
+	type written struct{ sent, stored S }
+	var (
+		mu   sync.Mutex
+		sent = map[string]written{}
+	)
 	return &kind{
 		Kind: k, informer: inf, parented: parented,
 		merge: func(obj any, w any, now metav1.Time) (any, bool, error) {
@@ -67,6 +76,12 @@ func kindOf[O object, S any, W any](k schema.Kind, inf cache.SharedIndexInformer
 			if Equal(cur, merged) {
 				return nil, false, nil
 			}
+			mu.Lock()
+			last, ok := sent[o.GetNamespace()+"/"+o.GetName()]
+			mu.Unlock()
+			if ok && Equal(last.sent, merged) && Equal(last.stored, cur) {
+				return nil, false, nil
+			}
 			cp := deepCopy(o)
 			*status(cp) = merged
 			return cp, true, nil
@@ -76,8 +91,14 @@ func kindOf[O object, S any, W any](k schema.Kind, inf cache.SharedIndexInformer
 		},
 		update: func(ctx context.Context, obj any) error {
 			o := obj.(O)
-			_, err := client(o.GetNamespace()).UpdateStatus(ctx, o, metav1.UpdateOptions{})
-			return err
+			stored, err := client(o.GetNamespace()).UpdateStatus(ctx, o, metav1.UpdateOptions{})
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			sent[o.GetNamespace()+"/"+o.GetName()] = written{sent: *status(o), stored: *status(stored)}
+			mu.Unlock()
+			return nil
 		},
 		list: func() []any { return inf.GetStore().List() },
 	}

@@ -61,12 +61,20 @@ func MergeGateway(cur, want gwv1.GatewayStatus, now metav1.Time) gwv1.GatewaySta
 			prev = cur.Listeners[j].Conditions
 		}
 		l.Conditions = MergeConditions(prev, l.Conditions, now)
+		l.SupportedKinds = defaultKinds(l.SupportedKinds)
 		listeners[i] = l
 	}
 	if want.Listeners == nil {
 		listeners = nil
 	}
 	want.Listeners = listeners
+	addrs := slices.Clone(want.Addresses)
+	for i := range addrs {
+		if addrs[i].Type == nil {
+			addrs[i].Type = ptr(gwv1.IPAddressType)
+		}
+	}
+	want.Addresses = addrs
 	return want
 }
 
@@ -80,6 +88,7 @@ func MergeListenerSet(cur, want gwv1.ListenerSetStatus, now metav1.Time) gwv1.Li
 			prev = cur.Listeners[j].Conditions
 		}
 		l.Conditions = MergeConditions(prev, l.Conditions, now)
+		l.SupportedKinds = defaultKinds(l.SupportedKinds)
 		listeners[i] = l
 	}
 	if want.Listeners == nil {
@@ -95,7 +104,7 @@ func MergeListenerSet(cur, want gwv1.ListenerSetStatus, now metav1.Time) gwv1.Li
 // times kept) or removed when want has none (the route no longer references that parent, or
 // it is no longer ours); want's new parents are appended.
 func MergeRoute(cur gwv1.RouteStatus, want []gwv1.RouteParentStatus, ns string, now metav1.Time) gwv1.RouteStatus {
-	var out []gwv1.RouteParentStatus
+	out := []gwv1.RouteParentStatus{} // the CRDs require the list, even empty
 	used := make([]bool, len(want))
 	for _, p := range cur.Parents {
 		if !Ours(p.ControllerName) {
@@ -120,12 +129,17 @@ func MergeRoute(cur gwv1.RouteStatus, want []gwv1.RouteParentStatus, ns string, 
 		w.Conditions = MergeConditions(nil, w.Conditions, now)
 		out = append(out, w)
 	}
+	for i := range out {
+		if Ours(out[i].ControllerName) {
+			out[i].ParentRef = defaultRef(out[i].ParentRef)
+		}
+	}
 	return gwv1.RouteStatus{Parents: out}
 }
 
 // MergePolicy is MergeRoute for a policy's ancestors.
 func MergePolicy(cur gwv1.PolicyStatus, want []gwv1.PolicyAncestorStatus, ns string, now metav1.Time) gwv1.PolicyStatus {
-	var out []gwv1.PolicyAncestorStatus
+	out := []gwv1.PolicyAncestorStatus{} // the CRDs require the list, even empty
 	used := make([]bool, len(want))
 	for _, a := range cur.Ancestors {
 		if !Ours(a.ControllerName) {
@@ -150,8 +164,39 @@ func MergePolicy(cur gwv1.PolicyStatus, want []gwv1.PolicyAncestorStatus, ns str
 		w.Conditions = MergeConditions(nil, w.Conditions, now)
 		out = append(out, w)
 	}
+	for i := range out {
+		if Ours(out[i].ControllerName) {
+			out[i].AncestorRef = defaultRef(out[i].AncestorRef)
+		}
+	}
 	return gwv1.PolicyStatus{Ancestors: out}
 }
+
+// The API server fills in the status schema's defaults; the status to write has them already,
+// so that what it stores compares equal to what was written (else every check would write it
+// again, uselessly).
+
+func defaultRef(r gwv1.ParentReference) gwv1.ParentReference {
+	if r.Group == nil {
+		r.Group = ptr(gwv1.Group(gwv1.GroupName))
+	}
+	if r.Kind == nil {
+		r.Kind = ptr(gwv1.Kind("Gateway"))
+	}
+	return r
+}
+
+func defaultKinds(kinds []gwv1.RouteGroupKind) []gwv1.RouteGroupKind {
+	out := slices.Clone(kinds)
+	for i := range out {
+		if out[i].Group == nil {
+			out[i].Group = ptr(gwv1.Group(gwv1.GroupName))
+		}
+	}
+	return out
+}
+
+func ptr[T any](v T) *T { return &v }
 
 // SameParent compares parent references of an object in namespace ns with the API's defaults
 // applied (group gateway.networking.k8s.io, kind Gateway, the object's namespace), so that a

@@ -4,17 +4,11 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"sailplane.dev/shared/gatewayapi"
 )
-
-func TestMain(m *testing.M) {
-	// klog starts its flush daemon in init; client-go imports klog.
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"))
-}
 
 var (
 	t0  = metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
@@ -64,8 +58,9 @@ func TestMergeConditions(t *testing.T) {
 	}
 }
 
+// ref is a parent reference as the API server stores it, defaults filled in.
 func ref(name string, section string) gwv1.ParentReference {
-	r := gwv1.ParentReference{Name: gwv1.ObjectName(name)}
+	r := defaultRef(gwv1.ParentReference{Name: gwv1.ObjectName(name)})
 	if section != "" {
 		s := gwv1.SectionName(section)
 		r.SectionName = &s
@@ -84,10 +79,10 @@ func TestMergeRoute(t *testing.T) {
 	refused := func(ltt metav1.Time) metav1.Condition {
 		return cond("Accepted", "False", "NotAllowedByListeners", "", 1, ltt)
 	}
-	group := gwv1.Group(gwv1.GroupName)
-	kindGW := gwv1.Kind("Gateway")
 	nsDefault := gwv1.Namespace("default")
-	explicit := gwv1.ParentReference{Group: &group, Kind: &kindGW, Namespace: &nsDefault, Name: "a"}
+	explicit := ref("a", "")
+	explicit.Namespace = &nsDefault
+	bare := gwv1.ParentReference{Name: "a"}
 	for _, c := range []struct {
 		name string
 		cur  []gwv1.RouteParentStatus
@@ -106,9 +101,9 @@ func TestMergeRoute(t *testing.T) {
 			[]gwv1.RouteParentStatus{parent(ref("a", ""), ours, accepted(t0)), parent(ref("x", ""), other, accepted(t0))},
 			nil,
 			[]gwv1.RouteParentStatus{parent(ref("x", ""), other, accepted(t0))}},
-		{"the same parent written with its defaults is the same parent",
+		{"the same parent written with its defaults is the same parent, written with them",
 			[]gwv1.RouteParentStatus{parent(explicit, ours, accepted(t0))},
-			[]gwv1.RouteParentStatus{parent(ref("a", ""), ours, accepted(metav1.Time{}))},
+			[]gwv1.RouteParentStatus{parent(bare, ours, accepted(metav1.Time{}))},
 			[]gwv1.RouteParentStatus{parent(ref("a", ""), ours, accepted(t0))}},
 		{"sections are different parents",
 			[]gwv1.RouteParentStatus{parent(ref("a", "http"), ours, accepted(t0))},
@@ -168,7 +163,7 @@ func TestMergeGateway(t *testing.T) {
 	}
 	got := MergeGateway(cur, want, now)
 	out := gwv1.GatewayStatus{
-		Addresses:  want.Addresses,
+		Addresses:  []gwv1.GatewayStatusAddress{{Type: ptr(gwv1.IPAddressType), Value: "198.18.0.1"}},
 		Conditions: []metav1.Condition{cond("Accepted", "True", "Accepted", "", 2, t0), cond("Programmed", "True", "Programmed", "", 2, now)},
 		Listeners: []gwv1.ListenerStatus{
 			{Name: "http", AttachedRoutes: 2, Conditions: []metav1.Condition{cond("Accepted", "True", "Accepted", "", 2, t0)}},

@@ -223,8 +223,8 @@ func (w *Writer) Run(ctx context.Context) error {
 }
 
 // watch routes an informer's events: a change of what Translate reads (a spec, labels, a
-// Service) recomputes everything; a status-only change of a Gateway API object only queues
-// that object, to check it still carries its status.
+// Service) recomputes everything; an updated Gateway API object is also queued, to check it
+// still carries its status (a status-only change needs nothing else).
 func (w *Writer) watch(inf cache.SharedIndexInformer, kindName string) {
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { w.markDirty() },
@@ -232,12 +232,14 @@ func (w *Writer) watch(inf cache.SharedIndexInformer, kindName string) {
 		UpdateFunc: func(oldObj, newObj any) {
 			o, err1 := meta.Accessor(oldObj)
 			n, err2 := meta.Accessor(newObj)
-			if kindName != "" && err1 == nil && err2 == nil && o.GetGeneration() == n.GetGeneration() &&
-				equalMaps(o.GetLabels(), n.GetLabels()) && equalMaps(o.GetAnnotations(), n.GetAnnotations()) {
-				w.enqueue(key{kind: kindName, ns: n.GetNamespace(), name: n.GetName()})
+			if kindName == "" || err1 != nil || err2 != nil {
+				w.markDirty()
 				return
 			}
-			w.markDirty()
+			w.enqueue(key{kind: kindName, ns: n.GetNamespace(), name: n.GetName()})
+			if o.GetGeneration() != n.GetGeneration() || !equalMaps(o.GetLabels(), n.GetLabels()) || !equalMaps(o.GetAnnotations(), n.GetAnnotations()) {
+				w.markDirty()
+			}
 		},
 	})
 }
