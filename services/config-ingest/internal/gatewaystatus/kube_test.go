@@ -270,6 +270,7 @@ func newEnv(t *testing.T) *env {
 // writer is one running Writer and what it sent.
 type writer struct {
 	*Writer
+	leading atomic.Bool
 	metrics *telemetrytest.Metrics
 	mu      sync.Mutex
 	puts    map[string]int // status PUTs by object: namespace/name, or name if cluster-scoped
@@ -281,6 +282,13 @@ func (w *writer) putsOf(e *env, name string) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.puts[e.ns+"/"+name] + w.puts[name]
+}
+
+// SetLeader makes the writer lead or follow, as the Lease would.
+func (w *writer) SetLeader(leading bool) {
+	if !w.leading.Swap(leading) && leading {
+		w.Elected()
+	}
 }
 
 func (w *writer) allPuts() int {
@@ -322,6 +330,7 @@ func (e *env) start(cfg Config, leader bool, wrap func(req *http.Request, next h
 	})
 	cfg.Logger = testlog.New(e.t, slog.LevelDebug)
 	cfg.MeterProvider = w.metrics.Provider()
+	cfg.Leader = w.leading.Load
 	var err error
 	if w.Writer, err = New(rc, cfg); err != nil {
 		e.t.Fatal(err)

@@ -17,7 +17,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -65,6 +64,9 @@ const (
 type Config struct {
 	// Translate computes the status of every object (gatewayapi.Translate). Required.
 	Translate func(gatewayapi.Input) gatewayapi.Output
+	// Leader reports whether this replica holds the status Lease: only then does it write.
+	// Required; call Elected when it becomes true.
+	Leader func() bool
 	// Revision is the control plane's revision; DefaultRevision when empty. Objects labelled
 	// (or in a namespace labelled) istio.io/rev for another revision are left to it.
 	Revision string
@@ -94,7 +96,6 @@ type Writer struct {
 	gw      gwclient.Interface
 	limiter *rate.Limiter
 	writes  metric.Int64Counter
-	leader  atomic.Bool
 
 	kinds     map[string]*kind
 	services  cache.SharedIndexInformer
@@ -122,8 +123,8 @@ type key struct {
 
 // New returns a Writer reading and writing the cluster restCfg points at; nothing runs before Run.
 func New(restCfg *rest.Config, cfg Config) (*Writer, error) {
-	if cfg.Translate == nil {
-		return nil, errors.New("gatewaystatus: Config.Translate is required")
+	if cfg.Translate == nil || cfg.Leader == nil {
+		return nil, errors.New("gatewaystatus: Config.Translate and Config.Leader are required")
 	}
 	cfg.Revision = cmp.Or(cfg.Revision, DefaultRevision)
 	cfg.DomainSuffix = cmp.Or(cfg.DomainSuffix, "cluster.local")
@@ -155,11 +156,9 @@ func New(restCfg *rest.Config, cfg Config) (*Writer, error) {
 	return w, nil
 }
 
-// SetLeader says whether this replica is the status leader. A new leader checks every object.
-func (w *Writer) SetLeader(leading bool) {
-	if w.leader.Swap(leading) == leading || !leading {
-		return
-	}
+// Elected is called when this replica becomes the leader: it checks every object, as what
+// changed meanwhile was not written.
+func (w *Writer) Elected() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.synced {
@@ -210,7 +209,7 @@ func (w *Writer) Run(ctx context.Context) error {
 	w.compute()
 	w.mu.Lock()
 	w.synced = true
-	if w.leader.Load() {
+	if w.cfg.Leader() {
 		w.enqueueAllLocked()
 	}
 	w.mu.Unlock()
@@ -321,7 +320,7 @@ func (w *Writer) compute() {
 	defer w.mu.Unlock()
 	old := w.desired
 	w.desired, w.status = desired, out.Status
-	if !w.leader.Load() || !w.synced {
+	if !w.cfg.Leader() || !w.synced {
 		return
 	}
 	for k, v := range desired {
@@ -337,7 +336,7 @@ func (w *Writer) compute() {
 }
 
 func (w *Writer) enqueue(k key) {
-	if w.leader.Load() {
+	if w.cfg.Leader() {
 		w.queue.Add(k)
 	}
 }
@@ -380,7 +379,7 @@ const maxConflicts = 5
 // write makes one object carry its wanted status.
 func (w *Writer) write(ctx context.Context, k key) error {
 	kd := w.kinds[k.kind]
-	if kd == nil || !w.leader.Load() {
+	if kd == nil || !w.cfg.Leader() {
 		return nil
 	}
 	obj, exists, err := kd.informer.GetIndexer().GetByKey(cache.NewObjectName(k.ns, k.name).String())
@@ -409,7 +408,7 @@ func (w *Writer) write(ctx context.Context, k key) error {
 		if err := w.limiter.Wait(ctx); err != nil {
 			return err
 		}
-		if !w.leader.Load() {
+		if !w.cfg.Leader() {
 			return nil
 		}
 		err = kd.update(ctx, updated)
