@@ -7,9 +7,9 @@ import (
 	"strings"
 	"time"
 
-	networking "istio.io/api/networking/v1alpha3"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	networking "istio.io/api/networking/v1alpha3"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"sailplane.dev/shared/schema"
