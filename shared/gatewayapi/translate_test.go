@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/goleak"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
@@ -19,7 +18,7 @@ import (
 	"sailplane.dev/shared/golden"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain (goleak) is in main_test.go.
 
 // testServices is a registry built from the Service and ServiceEntry documents of a case.
 type testServices struct {
