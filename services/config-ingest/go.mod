@@ -102,6 +102,7 @@ require (
 	k8s.io/apimachinery v0.37.2
 	k8s.io/client-go v0.37.2
 	sailplane.dev/tools v0.0.0
+	sigs.k8s.io/gateway-api v1.6.3
 )
 
 replace sailplane.dev/tools => ../../tools

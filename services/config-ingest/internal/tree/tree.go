@@ -189,7 +189,7 @@ func (t *Tree) Published() map[Key]config.Config { return t.published }
 // Scan reads the *.yaml and *.yml files under roots (recursively, following symlinks, skipping
 // hidden entries such as Kubernetes' "..data" folders), reparses those whose content changed,
 // and returns what changed since the previous scan, per type, for the types of
-// schema.IstioConfig. unreadableSources are sources that cannot be read at all (an unsupported
+// schema.ConfigKinds. unreadableSources are sources that cannot be read at all (an unsupported
 // scheme): like a root that cannot be read, they keep the previous roots' resources published.
 func (t *Tree) Scan(roots []string, unreadableSources ...error) []Change {
 	now := t.now()
@@ -374,7 +374,7 @@ func (t *Tree) parse(path string, data []byte, prev *file) *file {
 
 func duplicate(c config.Config, first config.Source) *config.Error {
 	return &config.Error{
-		File: c.Source.File, Doc: c.Source.Doc, Kind: c.Kind.Kind, Namespace: c.Namespace, Name: c.Name,
+		File: c.Source.File, Doc: c.Source.Doc, Kind: c.Kind.Kind, Group: c.Kind.Group, Namespace: c.Namespace, Name: c.Name,
 		Err: fmt.Errorf("%w: already defined in %s document %d, which wins", ErrDuplicate, first.File, first.Doc),
 	}
 }
@@ -385,10 +385,16 @@ func keyOf(err error) (Key, bool) {
 	if !errors.As(err, &ce) || ce.Name == "" {
 		return Key{}, false
 	}
-	for _, k := range schema.IstioConfig {
-		if k.Kind == ce.Kind {
-			return Key{k.TypeURL, schema.Name(ce.Namespace, ce.Name)}, true
+	// Istio's kinds first: an error that does not know its group ("Gateway") is Istio's, as
+	// before the Gateway API was read.
+	for _, k := range schema.ConfigKinds {
+		if k.Kind != ce.Kind || (ce.Group != "" && k.Group != ce.Group) {
+			continue
 		}
+		if k.ClusterScoped {
+			return Key{k.TypeURL, ce.Name}, true
+		}
+		return Key{k.TypeURL, schema.Name(ce.Namespace, ce.Name)}, true
 	}
 	return Key{}, false
 }
@@ -474,7 +480,7 @@ func (t *Tree) settleFiles(paths []string, problems []error) ([]Change, []note) 
 	}
 	t.published = desired
 	var out []Change
-	for _, k := range schema.IstioConfig {
+	for _, k := range schema.ConfigKinds {
 		if c, ok := byType[k.TypeURL]; ok {
 			slices.SortFunc(c.Upsert, func(a, b *bus.Resource) int { return strings.Compare(a.Name, b.Name) })
 			slices.Sort(c.Delete)
