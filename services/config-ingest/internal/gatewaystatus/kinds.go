@@ -119,74 +119,96 @@ func whole[S any](cur, want S, _ string, now metav1.Time, merge func(cur, want S
 	return merge(cur, want, now)
 }
 
-// newKinds builds the writer's view of every Gateway API kind, in schema.GatewayAPI's order.
-func newKinds(cs gwclient.Interface, f gwinformers.SharedInformerFactory) map[string]*kind {
+// newKinds builds the writer's view of the Gateway API kinds the API server serves (by plural).
+func newKinds(cs gwclient.Interface, f gwinformers.SharedInformerFactory, served func(plural string) bool) map[string]*kind {
 	v1 := f.Gateway().V1()
 	c := cs.GatewayV1()
-	ks := []*kind{
-		kindOf(schema.GatewayClass, v1.GatewayClasses().Informer(), false,
-			func(string) statusClient[*gwv1.GatewayClass] { return c.GatewayClasses() },
-			(*gwv1.GatewayClass).DeepCopy, func(o *gwv1.GatewayClass) *gwv1.GatewayClassStatus { return &o.Status },
-			wantValue[gwv1.GatewayClassStatus],
-			func(cur, w gwv1.GatewayClassStatus, ns string, now metav1.Time) gwv1.GatewayClassStatus {
-				return whole(cur, w, ns, now, MergeGatewayClass)
-			}),
-		kindOf(schema.KubernetesGateway, v1.Gateways().Informer(), false,
-			func(ns string) statusClient[*gwv1.Gateway] { return c.Gateways(ns) },
-			(*gwv1.Gateway).DeepCopy, func(o *gwv1.Gateway) *gwv1.GatewayStatus { return &o.Status },
-			wantValue[gwv1.GatewayStatus],
-			func(cur, w gwv1.GatewayStatus, ns string, now metav1.Time) gwv1.GatewayStatus {
-				return whole(cur, w, ns, now, MergeGateway)
-			}),
-		kindOf(schema.ListenerSet, v1.ListenerSets().Informer(), false,
-			func(ns string) statusClient[*gwv1.ListenerSet] { return c.ListenerSets(ns) },
-			(*gwv1.ListenerSet).DeepCopy, func(o *gwv1.ListenerSet) *gwv1.ListenerSetStatus { return &o.Status },
-			wantValue[gwv1.ListenerSetStatus],
-			func(cur, w gwv1.ListenerSetStatus, ns string, now metav1.Time) gwv1.ListenerSetStatus {
-				return whole(cur, w, ns, now, MergeListenerSet)
-			}),
-		kindOf(schema.HTTPRoute, v1.HTTPRoutes().Informer(), true,
-			func(ns string) statusClient[*gwv1.HTTPRoute] { return c.HTTPRoutes(ns) },
-			(*gwv1.HTTPRoute).DeepCopy, func(o *gwv1.HTTPRoute) *gwv1.RouteStatus { return &o.Status.RouteStatus },
-			func(v any) ([]gwv1.RouteParentStatus, bool) {
-				s, ok := v.(*gwv1.HTTPRouteStatus)
-				return routeParents(s, ok, func() []gwv1.RouteParentStatus { return s.Parents })
-			}, MergeRoute),
-		kindOf(schema.GRPCRoute, v1.GRPCRoutes().Informer(), true,
-			func(ns string) statusClient[*gwv1.GRPCRoute] { return c.GRPCRoutes(ns) },
-			(*gwv1.GRPCRoute).DeepCopy, func(o *gwv1.GRPCRoute) *gwv1.RouteStatus { return &o.Status.RouteStatus },
-			func(v any) ([]gwv1.RouteParentStatus, bool) {
-				s, ok := v.(*gwv1.GRPCRouteStatus)
-				return routeParents(s, ok, func() []gwv1.RouteParentStatus { return s.Parents })
-			}, MergeRoute),
-		kindOf(schema.TCPRoute, v1.TCPRoutes().Informer(), true,
-			func(ns string) statusClient[*gwv1.TCPRoute] { return c.TCPRoutes(ns) },
-			(*gwv1.TCPRoute).DeepCopy, func(o *gwv1.TCPRoute) *gwv1.RouteStatus { return &o.Status.RouteStatus },
-			func(v any) ([]gwv1.RouteParentStatus, bool) {
-				s, ok := v.(*gwv1.TCPRouteStatus)
-				return routeParents(s, ok, func() []gwv1.RouteParentStatus { return s.Parents })
-			}, MergeRoute),
-		kindOf(schema.TLSRoute, v1.TLSRoutes().Informer(), true,
-			func(ns string) statusClient[*gwv1.TLSRoute] { return c.TLSRoutes(ns) },
-			(*gwv1.TLSRoute).DeepCopy, func(o *gwv1.TLSRoute) *gwv1.RouteStatus { return &o.Status.RouteStatus },
-			func(v any) ([]gwv1.RouteParentStatus, bool) {
-				s, ok := v.(*gwv1.TLSRouteStatus)
-				return routeParents(s, ok, func() []gwv1.RouteParentStatus { return s.Parents })
-			}, MergeRoute),
-		kindOf(schema.BackendTLSPolicy, v1.BackendTLSPolicies().Informer(), true,
-			func(ns string) statusClient[*gwv1.BackendTLSPolicy] { return c.BackendTLSPolicies(ns) },
-			(*gwv1.BackendTLSPolicy).DeepCopy, func(o *gwv1.BackendTLSPolicy) *gwv1.PolicyStatus { return &o.Status },
-			func(v any) ([]gwv1.PolicyAncestorStatus, bool) {
-				s, ok := v.(*gwv1.PolicyStatus)
-				if !ok || s == nil {
-					return nil, ok
-				}
-				return s.Ancestors, true
-			}, MergePolicy),
+	// Each kind's informer is made (and so started by the factory) only if the kind is served.
+	type lazy func() *kind
+	ks := []lazy{
+		func() *kind {
+			return kindOf(schema.GatewayClass, v1.GatewayClasses().Informer(), false,
+				func(string) statusClient[*gwv1.GatewayClass] { return c.GatewayClasses() },
+				(*gwv1.GatewayClass).DeepCopy, func(o *gwv1.GatewayClass) *gwv1.GatewayClassStatus { return &o.Status },
+				wantValue[gwv1.GatewayClassStatus],
+				func(cur, w gwv1.GatewayClassStatus, ns string, now metav1.Time) gwv1.GatewayClassStatus {
+					return whole(cur, w, ns, now, MergeGatewayClass)
+				})
+		},
+		func() *kind {
+			return kindOf(schema.KubernetesGateway, v1.Gateways().Informer(), false,
+				func(ns string) statusClient[*gwv1.Gateway] { return c.Gateways(ns) },
+				(*gwv1.Gateway).DeepCopy, func(o *gwv1.Gateway) *gwv1.GatewayStatus { return &o.Status },
+				wantValue[gwv1.GatewayStatus],
+				func(cur, w gwv1.GatewayStatus, ns string, now metav1.Time) gwv1.GatewayStatus {
+					return whole(cur, w, ns, now, MergeGateway)
+				})
+		},
+		func() *kind {
+			return kindOf(schema.ListenerSet, v1.ListenerSets().Informer(), false,
+				func(ns string) statusClient[*gwv1.ListenerSet] { return c.ListenerSets(ns) },
+				(*gwv1.ListenerSet).DeepCopy, func(o *gwv1.ListenerSet) *gwv1.ListenerSetStatus { return &o.Status },
+				wantValue[gwv1.ListenerSetStatus],
+				func(cur, w gwv1.ListenerSetStatus, ns string, now metav1.Time) gwv1.ListenerSetStatus {
+					return whole(cur, w, ns, now, MergeListenerSet)
+				})
+		},
+		func() *kind {
+			return kindOf(schema.HTTPRoute, v1.HTTPRoutes().Informer(), true,
+				func(ns string) statusClient[*gwv1.HTTPRoute] { return c.HTTPRoutes(ns) },
+				(*gwv1.HTTPRoute).DeepCopy, func(o *gwv1.HTTPRoute) *gwv1.RouteStatus { return &o.Status.RouteStatus },
+				func(v any) ([]gwv1.RouteParentStatus, bool) {
+					s, ok := v.(*gwv1.HTTPRouteStatus)
+					return routeParents(s, ok, func() []gwv1.RouteParentStatus { return s.Parents })
+				}, MergeRoute)
+		},
+		func() *kind {
+			return kindOf(schema.GRPCRoute, v1.GRPCRoutes().Informer(), true,
+				func(ns string) statusClient[*gwv1.GRPCRoute] { return c.GRPCRoutes(ns) },
+				(*gwv1.GRPCRoute).DeepCopy, func(o *gwv1.GRPCRoute) *gwv1.RouteStatus { return &o.Status.RouteStatus },
+				func(v any) ([]gwv1.RouteParentStatus, bool) {
+					s, ok := v.(*gwv1.GRPCRouteStatus)
+					return routeParents(s, ok, func() []gwv1.RouteParentStatus { return s.Parents })
+				}, MergeRoute)
+		},
+		func() *kind {
+			return kindOf(schema.TCPRoute, v1.TCPRoutes().Informer(), true,
+				func(ns string) statusClient[*gwv1.TCPRoute] { return c.TCPRoutes(ns) },
+				(*gwv1.TCPRoute).DeepCopy, func(o *gwv1.TCPRoute) *gwv1.RouteStatus { return &o.Status.RouteStatus },
+				func(v any) ([]gwv1.RouteParentStatus, bool) {
+					s, ok := v.(*gwv1.TCPRouteStatus)
+					return routeParents(s, ok, func() []gwv1.RouteParentStatus { return s.Parents })
+				}, MergeRoute)
+		},
+		func() *kind {
+			return kindOf(schema.TLSRoute, v1.TLSRoutes().Informer(), true,
+				func(ns string) statusClient[*gwv1.TLSRoute] { return c.TLSRoutes(ns) },
+				(*gwv1.TLSRoute).DeepCopy, func(o *gwv1.TLSRoute) *gwv1.RouteStatus { return &o.Status.RouteStatus },
+				func(v any) ([]gwv1.RouteParentStatus, bool) {
+					s, ok := v.(*gwv1.TLSRouteStatus)
+					return routeParents(s, ok, func() []gwv1.RouteParentStatus { return s.Parents })
+				}, MergeRoute)
+		},
+		func() *kind {
+			return kindOf(schema.BackendTLSPolicy, v1.BackendTLSPolicies().Informer(), true,
+				func(ns string) statusClient[*gwv1.BackendTLSPolicy] { return c.BackendTLSPolicies(ns) },
+				(*gwv1.BackendTLSPolicy).DeepCopy, func(o *gwv1.BackendTLSPolicy) *gwv1.PolicyStatus { return &o.Status },
+				func(v any) ([]gwv1.PolicyAncestorStatus, bool) {
+					s, ok := v.(*gwv1.PolicyStatus)
+					if !ok || s == nil {
+						return nil, ok
+					}
+					return s.Ancestors, true
+				}, MergePolicy)
+		},
 	}
+	plurals := []string{"gatewayclasses", "gateways", "listenersets", "httproutes", "grpcroutes", "tcproutes", "tlsroutes", "backendtlspolicies"}
 	out := map[string]*kind{}
-	for _, k := range ks {
-		out[k.Kind.Kind] = k
+	for i, k := range ks {
+		if served(plurals[i]) {
+			kd := k()
+			out[kd.Kind.Kind] = kd
+		}
 	}
 	return out
 }

@@ -170,19 +170,27 @@ func (w *Writer) Elected() {
 func (w *Writer) Run(ctx context.Context) error {
 	w.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[key](),
 		workqueue.TypedRateLimitingQueueConfig[key]{Name: "gateway-status"})
+	served, ok := w.waitForAPI(ctx)
+	if !ok {
+		return nil
+	}
 	gwF := gwinformers.NewSharedInformerFactory(w.gw, 0)
 	coreF := informers.NewSharedInformerFactory(w.kube, 0)
 	istioF := istioinformers.NewSharedInformerFactory(w.istio, 0)
 	w.factories = append(w.factories, gwF, coreF, istioF)
-	w.kinds = newKinds(w.gw, gwF)
+	w.kinds = newKinds(w.gw, gwF, served)
 	for _, k := range w.kinds {
 		w.watch(k.informer, k.Kind.Kind)
 	}
 	w.services = coreF.Core().V1().Services().Informer()
 	w.ns = coreF.Core().V1().Namespaces().Informer()
 	w.entries = istioF.Networking().V1().ServiceEntries().Informer()
-	w.grants = gwF.Gateway().V1().ReferenceGrants().Informer()
-	for _, inf := range []cache.SharedIndexInformer{w.services, w.ns, w.entries, w.grants} {
+	informers := []cache.SharedIndexInformer{w.services, w.ns, w.entries}
+	if served("referencegrants") {
+		w.grants = gwF.Gateway().V1().ReferenceGrants().Informer()
+		informers = append(informers, w.grants)
+	}
+	for _, inf := range informers {
 		w.watch(inf, "")
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -202,7 +210,9 @@ func (w *Writer) Run(ctx context.Context) error {
 	for _, k := range w.kinds {
 		synced = append(synced, k.informer.HasSynced)
 	}
-	synced = append(synced, w.services.HasSynced, w.ns.HasSynced, w.entries.HasSynced, w.grants.HasSynced)
+	for _, inf := range informers {
+		synced = append(synced, inf.HasSynced)
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return nil
 	}
@@ -220,6 +230,39 @@ func (w *Writer) Run(ctx context.Context) error {
 	w.runCompute(ctx)
 	return nil
 }
+
+// waitForAPI waits until the API server serves Gateway API v1 GatewayClasses and Gateways (the
+// CRDs are often installed after the control plane) and returns which of the group's resources
+// it serves: kinds whose CRD is missing (an older Gateway API release) are left out, as their
+// informers would never sync. Kinds installed later are read after a restart.
+func (w *Writer) waitForAPI(ctx context.Context) (served func(plural string) bool, ok bool) {
+	tick := time.NewTicker(apiPoll)
+	defer tick.Stop()
+	for logged := false; ; {
+		rl, err := w.kube.Discovery().ServerResourcesForGroupVersion(gwv1.GroupVersion.String())
+		if err == nil {
+			names := map[string]bool{}
+			for _, r := range rl.APIResources {
+				names[r.Name] = true
+			}
+			if names["gatewayclasses"] && names["gateways"] {
+				return func(plural string) bool { return names[plural] }, true
+			}
+		}
+		if !logged {
+			w.log.Info("the API server does not serve Gateway API v1 GatewayClasses and Gateways (CRDs not installed?); the Gateway API status waits for them", "error", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, false
+		case <-tick.C:
+		}
+	}
+}
+
+// apiPoll is how often waitForAPI asks.
+const apiPoll = 10 * time.Second
 
 // watch routes an informer's events: a change of what Translate reads (a spec, labels, a
 // Service) recomputes everything; an updated Gateway API object is also queued, to check it
@@ -297,18 +340,26 @@ func (w *Writer) runCompute(ctx context.Context) {
 // compute runs Translate over the informers' state and queues, while leading, every object
 // whose wanted status changed.
 func (w *Writer) compute() {
+	list := func(k schema.Kind) []any {
+		if kd := w.kinds[k.Kind]; kd != nil {
+			return kd.list()
+		}
+		return nil
+	}
 	in := gatewayapi.Input{
-		GatewayClasses:     listOf[*gwv1.GatewayClass](w.kinds[schema.GatewayClass.Kind].list()),
-		Gateways:           listOf[*gwv1.Gateway](w.kinds[schema.KubernetesGateway.Kind].list()),
-		ListenerSets:       listOf[*gwv1.ListenerSet](w.kinds[schema.ListenerSet.Kind].list()),
-		HTTPRoutes:         listOf[*gwv1.HTTPRoute](w.kinds[schema.HTTPRoute.Kind].list()),
-		GRPCRoutes:         listOf[*gwv1.GRPCRoute](w.kinds[schema.GRPCRoute.Kind].list()),
-		TCPRoutes:          listOf[*gwv1.TCPRoute](w.kinds[schema.TCPRoute.Kind].list()),
-		TLSRoutes:          listOf[*gwv1.TLSRoute](w.kinds[schema.TLSRoute.Kind].list()),
-		BackendTLSPolicies: listOf[*gwv1.BackendTLSPolicy](w.kinds[schema.BackendTLSPolicy.Kind].list()),
+		GatewayClasses:     listOf[*gwv1.GatewayClass](list(schema.GatewayClass)),
+		Gateways:           listOf[*gwv1.Gateway](list(schema.KubernetesGateway)),
+		ListenerSets:       listOf[*gwv1.ListenerSet](list(schema.ListenerSet)),
+		HTTPRoutes:         listOf[*gwv1.HTTPRoute](list(schema.HTTPRoute)),
+		GRPCRoutes:         listOf[*gwv1.GRPCRoute](list(schema.GRPCRoute)),
+		TCPRoutes:          listOf[*gwv1.TCPRoute](list(schema.TCPRoute)),
+		TLSRoutes:          listOf[*gwv1.TLSRoute](list(schema.TLSRoute)),
+		BackendTLSPolicies: listOf[*gwv1.BackendTLSPolicy](list(schema.BackendTLSPolicy)),
 		DomainSuffix:       w.cfg.DomainSuffix,
 	}
-	in.ReferenceGrants = listOf[*gwv1.ReferenceGrant](w.grants.GetStore().List())
+	if w.grants != nil {
+		in.ReferenceGrants = listOf[*gwv1.ReferenceGrant](w.grants.GetStore().List())
+	}
 	in.Services = newRegistry(listOf[*corev1.Service](w.services.GetStore().List()),
 		listOf[*networkingv1.ServiceEntry](w.entries.GetStore().List()), w.cfg.DomainSuffix)
 	out := w.cfg.Translate(in)
