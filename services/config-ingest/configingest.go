@@ -20,10 +20,12 @@ import (
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	"k8s.io/client-go/rest"
 
+	"sailplane.dev/services/config-ingest/internal/gatewaystatus"
 	"sailplane.dev/services/config-ingest/internal/kubesource"
 	"sailplane.dev/services/config-ingest/internal/tree"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
+	"sailplane.dev/shared/gatewayapi"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/telemetry"
 )
@@ -87,6 +89,9 @@ type Config struct {
 	PodName string
 	// Status leader election timings (Kubernetes mode); 15s, 10s and 2s when zero.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Revision is the control plane's revision (istio.io/rev); "default" when empty. In
+	// Kubernetes mode the Gateway API status of another revision's objects is left to it.
+	Revision string
 }
 
 // Deps are the service's collaborators.
@@ -105,13 +110,17 @@ type Service struct {
 	pub   bus.Publisher
 	ready chan struct{}
 	kube  *kubesource.Source // Kubernetes mode; nil for files
-	meter metric.Meter
+	// gwStatus writes the Gateway API status (Kubernetes mode).
+	gwStatus *gatewaystatus.Writer
+	meter    metric.Meter
 
 	mu           sync.Mutex
 	treeProblems []error
 	meshProblems []error
 	// busProblems are the resources the bus refused (too large), until published or removed.
 	busProblems map[tree.Key]error
+	// gwFiles is files mode's Gateway API status (gatewayStatus).
+	gwFiles filesGateway
 }
 
 // New checks cfg and returns a Service; nothing is read before Run.
@@ -140,11 +149,20 @@ func New(cfg Config, deps Deps) (*Service, error) {
 			Namespace: cfg.Namespace, Identity: cfg.PodName, MeshFile: cfg.MeshFile, Debounce: cfg.Debounce,
 			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 			StateDir: cfg.StateDir, MeterProvider: deps.MeterProvider,
+			// The new leader checks every Gateway API object: what changed meanwhile was not written.
+			OnElected: func() { s.gwStatus.Elected() },
 		}, deps.Publisher, deps.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("config-ingest: %w", err)
 		}
 		s.kube = src
+		s.gwStatus, err = gatewaystatus.New(cfg.Kube, gatewaystatus.Config{
+			Translate: gatewayapi.Translate, Leader: src.Leader, Revision: cfg.Revision,
+			Logger: deps.Logger.With("component", "gateway-status"), MeterProvider: deps.MeterProvider,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("config-ingest: %w", err)
+		}
 	}
 	return s, nil
 }
@@ -204,6 +222,14 @@ func (s *Service) Run(ctx context.Context) error {
 	stop := s.countProblems()
 	defer stop()
 	if s.kube != nil {
+		ctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		defer func() { cancel(); wg.Wait() }()
+		wg.Go(func() {
+			if err := s.gwStatus.Run(ctx); err != nil {
+				s.log.Error("Gateway API status writer stopped", "error", err)
+			}
+		})
 		return s.kube.Run(ctx)
 	}
 	return s.runFiles(ctx)

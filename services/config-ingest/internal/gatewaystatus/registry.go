@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strings"
 
-	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	networking "istio.io/api/networking/v1alpha3"
 	corev1 "k8s.io/api/core/v1"
 
 	"sailplane.dev/shared/gatewayapi"
@@ -26,7 +26,13 @@ type visible struct {
 
 var _ gatewayapi.Services = (*registry)(nil)
 
-func newRegistry(services []*corev1.Service, entries []*networkingv1.ServiceEntry, domain string) *registry {
+// serviceEntry is a ServiceEntry's spec and namespace, from an informer or a file.
+type serviceEntry struct {
+	ns   string
+	spec *networking.ServiceEntry
+}
+
+func newRegistry(services []*corev1.Service, entries []serviceEntry, domain string) *registry {
 	r := &registry{byHost: map[string][]visible{}}
 	for _, s := range services {
 		host := s.Name + "." + s.Namespace + ".svc." + domain
@@ -45,12 +51,12 @@ func newRegistry(services []*corev1.Service, entries []*networkingv1.ServiceEntr
 		r.byHost[host] = append(r.byHost[host], visible{svc: svc, ns: s.Namespace})
 	}
 	for _, se := range entries {
-		for _, host := range se.Spec.GetHosts() {
-			svc := gatewayapi.Service{Hostname: host, Addresses: slices.Clone(se.Spec.GetAddresses())}
-			for _, p := range se.Spec.GetPorts() {
+		for _, host := range se.spec.GetHosts() {
+			svc := gatewayapi.Service{Hostname: host, Addresses: slices.Clone(se.spec.GetAddresses())}
+			for _, p := range se.spec.GetPorts() {
 				svc.Ports = append(svc.Ports, gatewayapi.ServicePort{Name: p.GetName(), Number: p.GetNumber(), Protocol: strings.ToUpper(p.GetProtocol())})
 			}
-			r.byHost[host] = append(r.byHost[host], visible{svc: svc, ns: se.Namespace, exportTo: se.Spec.GetExportTo()})
+			r.byHost[host] = append(r.byHost[host], visible{svc: svc, ns: se.ns, exportTo: se.spec.GetExportTo()})
 		}
 	}
 	return r

@@ -360,8 +360,11 @@ func (w *Writer) compute() {
 	if w.grants != nil {
 		in.ReferenceGrants = listOf[*gwv1.ReferenceGrant](w.grants.GetStore().List())
 	}
-	in.Services = newRegistry(listOf[*corev1.Service](w.services.GetStore().List()),
-		listOf[*networkingv1.ServiceEntry](w.entries.GetStore().List()), w.cfg.DomainSuffix)
+	var entries []serviceEntry
+	for _, se := range listOf[*networkingv1.ServiceEntry](w.entries.GetStore().List()) {
+		entries = append(entries, serviceEntry{ns: se.Namespace, spec: &se.Spec})
+	}
+	in.Services = newRegistry(listOf[*corev1.Service](w.services.GetStore().List()), entries, w.cfg.DomainSuffix)
 	out := w.cfg.Translate(in)
 	desired := make(map[key]any, len(out.Status))
 	for _, s := range out.Status {
