@@ -170,6 +170,7 @@ func (w *Writer) Elected() {
 func (w *Writer) Run(ctx context.Context) error {
 	w.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[key](),
 		workqueue.TypedRateLimitingQueueConfig[key]{Name: "gateway-status"})
+	defer w.queue.ShutDown()
 	served, ok := w.waitForAPI(ctx)
 	if !ok {
 		return nil
