@@ -3,14 +3,10 @@ package gatewaystatus
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,11 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	k8sschema "k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -38,10 +30,6 @@ import (
 	"sailplane.dev/shared/testwait"
 	"sailplane.dev/tools/testenv"
 )
-
-// GatewayAPIVersion is the module whose standard CRDs the tests install (testenv installs
-// Istio's only).
-const GatewayAPIVersion = "v1.6.3"
 
 const waitTimeout = 30 * time.Second
 
@@ -58,13 +46,7 @@ func kubeWithGatewayAPI(t *testing.T) *testenv.Kube {
 	sharedKube.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
-		k, err := testenv.StartKube(ctx, testenv.WithLogger(slog.New(slog.DiscardHandler)))
-		if err == nil {
-			if err = installGatewayAPI(ctx, k.RestConfig()); err != nil {
-				k.Stop()
-			}
-		}
-		sharedKube.kube, sharedKube.err = k, err
+		sharedKube.kube, sharedKube.err = testenv.StartKube(ctx, testenv.WithLogger(slog.New(slog.DiscardHandler)), testenv.WithGatewayAPICRDs())
 	})
 	if sharedKube.err != nil {
 		t.Fatal(sharedKube.err)
@@ -85,84 +67,6 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
-}
-
-// installGatewayAPI creates the CRDs of the gateway-api module's config/crd/standard.
-func installGatewayAPI(ctx context.Context, cfg *rest.Config) error {
-	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", "sigs.k8s.io/gateway-api@"+GatewayAPIVersion)
-	cmd.Dir = os.TempDir()
-	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=", "GOTOOLCHAIN=local")
-	out, err := cmd.Output()
-	if err != nil {
-		return fmt.Errorf("go mod download gateway-api: %w", err)
-	}
-	dir := ""
-	for line := range strings.SplitSeq(string(out), "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), `"Dir": "`); ok {
-			dir = strings.TrimSuffix(v, `",`)
-		}
-	}
-	files, err := filepath.Glob(filepath.Join(dir, "config", "crd", "standard", "*.yaml"))
-	if err != nil || len(files) == 0 {
-		return fmt.Errorf("no Gateway API CRDs under %s: %v", dir, err)
-	}
-	dc, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	crds := dc.Resource(k8sschema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
-	var names []string
-	for _, f := range files {
-		r, err := os.Open(f)
-		if err != nil {
-			return err
-		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(r, 64<<10)
-		for {
-			var obj map[string]any
-			if err := dec.Decode(&obj); err != nil {
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				r.Close()
-				return fmt.Errorf("%s: %w", f, err)
-			}
-			u := &unstructured.Unstructured{Object: obj}
-			if u.GetKind() != "CustomResourceDefinition" {
-				continue
-			}
-			if _, err := crds.Create(ctx, u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-				r.Close()
-				return fmt.Errorf("creating CRD %s: %w", u.GetName(), err)
-			}
-			names = append(names, u.GetName())
-		}
-		r.Close()
-	}
-	// Established: the API server serves the kinds.
-	for _, n := range names {
-		for {
-			u, err := crds.Get(ctx, n, metav1.GetOptions{})
-			if err == nil {
-				conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-				done := false
-				for _, c := range conds {
-					if m, ok := c.(map[string]any); ok && m["type"] == "Established" && m["status"] == "True" {
-						done = true
-					}
-				}
-				if done {
-					break
-				}
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("CRD %s not established: %w", n, ctx.Err())
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-	}
-	return nil
 }
 
 // fakeTranslate is a small stand-in for gatewayapi.Translate: it accepts the classes naming
