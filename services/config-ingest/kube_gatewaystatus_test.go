@@ -1,0 +1,101 @@
+package configingest_test
+
+import (
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	"sailplane.dev/shared/gatewayapi"
+)
+
+// Two replicas on one API server: the Gateway API status (gatewayapi.Translate's) is written by
+// the Lease holder alone, never by the other, and by the other once it takes over.
+func TestKubeGatewayStatusLeader(t *testing.T) {
+	e := newKenv(t, sharedKube(t))
+	gw, err := gwclient.NewForConfig(e.k.RestConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := e.ns("gws", nil)
+	class := "sailplane-" + e.id
+	if _, err := gw.GatewayV1().GatewayClasses().Create(e.ctx(), &gwv1.GatewayClass{
+		ObjectMeta: metav1.ObjectMeta{Name: class}, Spec: gwv1.GatewayClassSpec{ControllerName: gatewayapi.ControllerName},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gw.GatewayV1().GatewayClasses().Delete(t.Context(), class, metav1.DeleteOptions{}) })
+	if _, err := gw.GatewayV1().Gateways(ns).Create(e.ctx(), &gwv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "gw"},
+		Spec: gwv1.GatewaySpec{GatewayClassName: gwv1.ObjectName(class),
+			Listeners: []gwv1.Listener{{Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	route := func(name string) {
+		t.Helper()
+		port := gwv1.PortNumber(80)
+		if _, err := gw.GatewayV1().HTTPRoutes(ns).Create(e.ctx(), &gwv1.HTTPRoute{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: gwv1.HTTPRouteSpec{
+				CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{{Name: "gw"}}},
+				Rules: []gwv1.HTTPRouteRule{{BackendRefs: []gwv1.HTTPBackendRef{{BackendRef: gwv1.BackendRef{
+					BackendObjectReference: gwv1.BackendObjectReference{Name: "missing", Port: &port}}}}}},
+			},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	accepted := func(name string) bool {
+		r, err := gw.GatewayV1().HTTPRoutes(ns).Get(e.ctx(), name, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		for _, p := range r.Status.Parents {
+			if p.ControllerName != gatewayapi.ControllerName {
+				continue
+			}
+			for _, c := range p.Conditions {
+				if c.Type == "Accepted" && c.Status == metav1.ConditionTrue {
+					return true
+				}
+			}
+		}
+		return false
+	}
+
+	a := e.start("pod-a", nil)
+	b := e.start("pod-b", nil)
+	ins := map[string]*kingest{"pod-a": a, "pod-b": b}
+	route("first")
+	waitFor(t, "the route's status written", func() bool { return accepted("first") })
+	written := func(in *kingest) float64 {
+		return in.metrics.Value("sailplane_gateway_status_writes_total", "result", "written")
+	}
+	var leader, follower string
+	for name, in := range ins {
+		if in.svc.StatusLeader() {
+			leader = name
+		} else {
+			follower = name
+		}
+	}
+	if leader == "" || follower == "" {
+		t.Fatalf("leader %q, follower %q", leader, follower)
+	}
+	if n := written(ins[follower]); n != 0 {
+		t.Fatalf("the follower wrote %v statuses", n)
+	}
+	if written(ins[leader]) == 0 {
+		t.Fatal("the leader counted no write")
+	}
+
+	ins[leader].stop()
+	waitFor(t, "the follower takes over", func() bool { return ins[follower].svc.StatusLeader() })
+	route("second")
+	waitFor(t, "the new leader writes", func() bool { return accepted("second") })
+	if written(ins[follower]) == 0 {
+		t.Error("the new leader counted no write")
+	}
+}
