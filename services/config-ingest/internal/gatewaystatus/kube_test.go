@@ -41,7 +41,7 @@ var sharedKube struct {
 
 // kubeWithGatewayAPI is one API server for this package's tests, with the Gateway API CRDs;
 // tests keep apart by namespace and by the GatewayClass they create.
-func kubeWithGatewayAPI(t *testing.T) *testenv.Kube {
+func kubeWithGatewayAPI(t testing.TB) *testenv.Kube {
 	t.Helper()
 	sharedKube.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
@@ -133,7 +133,7 @@ func fakeTranslate(message string) func(gatewayapi.Input) gatewayapi.Output {
 // env is one test's namespace, class, clients, and a count of the status writes (PUT …/status)
 // each writer sends.
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	k     *testenv.Kube
 	kube  kubernetes.Interface
 	gw    gwclient.Interface
@@ -141,7 +141,7 @@ type env struct {
 	class string
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	k := kubeWithGatewayAPI(t)
 	e := &env{t: t, k: k}
