@@ -108,7 +108,10 @@ func TestGatewayAPIFilesStatus(t *testing.T) {
 		e.svc.Debug().Endpoints["/debug/gateway_status"].ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/gateway_status", nil))
 		var objs []struct {
 			Kind, Namespace, Name string
-			Status                struct {
+			// The summary sailplanectl gateway-status shows.
+			OK      bool     `json:"ok"`
+			Summary []string `json:"conditions"`
+			Status  struct {
 				Parents []struct {
 					ControllerName string
 					Conditions     []struct{ Type, Status, Reason string }
@@ -120,6 +123,9 @@ func TestGatewayAPIFilesStatus(t *testing.T) {
 		}
 		for _, o := range objs {
 			if o.Kind == "HTTPRoute" && o.Namespace == "apps" && o.Name == "reviews" && len(o.Status.Parents) == 1 {
+				if len(o.Summary) != len(o.Status.Parents[0].Conditions) {
+					t.Errorf("summary %q of conditions %+v", o.Summary, o.Status.Parents[0].Conditions)
+				}
 				for _, c := range o.Status.Parents[0].Conditions {
 					if c.Type == "ResolvedRefs" {
 						return c.Status + "/" + c.Reason, rec.Body.String()
