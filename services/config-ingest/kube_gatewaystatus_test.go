@@ -2,11 +2,13 @@ package configingest_test
 
 import (
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
+	configingest "sailplane.dev/services/config-ingest"
 	"sailplane.dev/shared/gatewayapi"
 )
 
@@ -65,8 +67,13 @@ func TestKubeGatewayStatusLeader(t *testing.T) {
 		return false
 	}
 
-	a := e.start("pod-a", nil)
-	b := e.start("pod-b", nil)
+	// Lease timings long enough that a loaded machine does not see the Lease change hands by
+	// itself (a replica that stops releases it at once).
+	steady := func(c *configingest.Config) {
+		c.LeaseDuration, c.RenewDeadline, c.RetryPeriod = 15*time.Second, 10*time.Second, 300*time.Millisecond
+	}
+	a := e.start("pod-a", steady)
+	b := e.start("pod-b", steady)
 	ins := map[string]*kingest{"pod-a": a, "pod-b": b}
 	route("first")
 	waitFor(t, "the route's status written", func() bool { return accepted("first") })
