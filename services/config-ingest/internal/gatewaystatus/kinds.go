@@ -42,6 +42,8 @@ type kind struct {
 	update func(ctx context.Context, obj any) error
 	// list returns the informer's objects, for Translate's input.
 	list func() []any
+	// forget drops what merge remembers of a deleted object.
+	forget func(ns, name string)
 }
 
 // kindOf builds a kind: status points into an object at the part merged, want turns
@@ -101,6 +103,11 @@ func kindOf[O object, S any, W any](k schema.Kind, inf cache.SharedIndexInformer
 			return nil
 		},
 		list: func() []any { return inf.GetStore().List() },
+		forget: func(ns, name string) {
+			mu.Lock()
+			defer mu.Unlock()
+			delete(sent, ns+"/"+name)
+		},
 	}
 }
 

@@ -182,6 +182,14 @@ func (w *Writer) Run(ctx context.Context) error {
 	w.kinds = newKinds(w.gw, gwF, served)
 	for _, k := range w.kinds {
 		w.watch(k.informer, k.Kind.Kind)
+		_, _ = k.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: func(obj any) {
+			if m, err := meta.Accessor(obj); err == nil {
+				k.forget(m.GetNamespace(), m.GetName())
+			} else if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				ns, name, _ := cache.SplitMetaNamespaceKey(d.Key)
+				k.forget(ns, name)
+			}
+		}})
 	}
 	w.services = coreF.Core().V1().Services().Informer()
 	w.ns = coreF.Core().V1().Namespaces().Informer()
