@@ -10,11 +10,15 @@ import (
 	"sailplane.dev/shared/gatewayapi"
 )
 
+// MeshController is the controllerName istiod writes on the entries of mesh (GAMMA) parents and
+// ancestors, Services rather than Gateways; istiod counts it as its own (outControllers).
+const MeshController = gwv1.GatewayController("istio.io/mesh-controller")
+
 // Ours reports whether a route parent or policy ancestor entry with this controllerName is
-// this controller's to write: Istio's name and Sailplane's alias, as a GatewayClass may name
-// either.
+// this controller's to write: Istio's gateway and mesh controller names and Sailplane's alias,
+// as a GatewayClass may name either.
 func Ours(c gwv1.GatewayController) bool {
-	return c == gatewayapi.ControllerName || c == gatewayapi.SailplaneControllerName
+	return c == gatewayapi.ControllerName || c == gatewayapi.SailplaneControllerName || c == MeshController
 }
 
 // MergeConditions returns want with each condition's lastTransitionTime taken from cur's
