@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"sailplane.dev/services/config-ingest/internal/gatewaystatus"
@@ -26,6 +28,7 @@ import (
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/gatewayapi"
+	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/telemetry"
 )
@@ -90,7 +93,9 @@ type Config struct {
 	// Status leader election timings (Kubernetes mode); 15s, 10s and 2s when zero.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// Revision is the control plane's revision (istio.io/rev); "default" when empty. In
-	// Kubernetes mode the Gateway API status of another revision's objects is left to it.
+	// Kubernetes mode the Gateway API status of another revision's objects is left to it, and a
+	// revision other than the default elects its status writer with its own Lease,
+	// StatusLease-<revision>.
 	Revision string
 }
 
@@ -110,8 +115,10 @@ type Service struct {
 	pub   bus.Publisher
 	ready chan struct{}
 	kube  *kubesource.Source // Kubernetes mode; nil for files
-	// gwStatus writes the Gateway API status (Kubernetes mode).
+	// gwStatus writes the Gateway API status (Kubernetes mode); gwLease elects its writer for a
+	// revision other than the default (nil: the status Lease does).
 	gwStatus *gatewaystatus.Writer
+	gwLease  *gatewaystatus.Lease
 	meter    metric.Meter
 
 	mu           sync.Mutex
@@ -150,15 +157,39 @@ func New(cfg Config, deps Deps) (*Service, error) {
 			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 			StateDir: cfg.StateDir, MeterProvider: deps.MeterProvider,
 			// The new leader checks every Gateway API object: what changed meanwhile was not written.
-			OnElected: func() { s.gwStatus.Elected() },
+			OnElected: func() {
+				if s.gwLease == nil {
+					s.gwStatus.Elected()
+				}
+			},
 		}, deps.Publisher, deps.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("config-ingest: %w", err)
 		}
 		s.kube = src
+		gwLog := deps.Logger.With("component", "gateway-status")
+		leader := src.Leader
+		if rev := cmp.Or(cfg.Revision, gatewaystatus.DefaultRevision); rev != gatewaystatus.DefaultRevision {
+			// Another revision's replicas elect their own writer, as istiod's per-revision
+			// election: sharing the status Lease, one revision would starve the other.
+			kc, err := kubernetes.NewForConfig(kube.WithRateLimits(cfg.Kube))
+			if err != nil {
+				return nil, fmt.Errorf("config-ingest: %w", err)
+			}
+			identity := cfg.PodName
+			if identity == "" {
+				if identity, err = os.Hostname(); err != nil {
+					return nil, fmt.Errorf("config-ingest: leader election identity: %w", err)
+				}
+			}
+			s.gwLease = gatewaystatus.NewLease(kc, cmp.Or(cfg.Namespace, kubesource.DefaultNamespace), gatewaystatus.LeaseName(StatusLease, rev), identity,
+				cmp.Or(cfg.LeaseDuration, 15*time.Second), cmp.Or(cfg.RenewDeadline, 10*time.Second), cmp.Or(cfg.RetryPeriod, 2*time.Second),
+				gwLog, func() { s.gwStatus.Elected() })
+			leader = s.gwLease.Leader
+		}
 		s.gwStatus, err = gatewaystatus.New(cfg.Kube, gatewaystatus.Config{
-			Translate: gatewayapi.Translate, Leader: src.Leader, Revision: cfg.Revision,
-			Logger: deps.Logger.With("component", "gateway-status"), MeterProvider: deps.MeterProvider,
+			Translate: gatewayapi.Translate, Leader: leader, Revision: cfg.Revision,
+			Logger: gwLog, MeterProvider: deps.MeterProvider,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("config-ingest: %w", err)
@@ -230,6 +261,9 @@ func (s *Service) Run(ctx context.Context) error {
 				s.log.Error("Gateway API status writer stopped", "error", err)
 			}
 		})
+		if s.gwLease != nil {
+			wg.Go(func() { s.gwLease.Run(ctx) })
+		}
 		return s.kube.Run(ctx)
 	}
 	return s.runFiles(ctx)
