@@ -304,6 +304,16 @@ func serviceNeeds(caNamespace string) map[string][]access {
 	ingest = append(ingest, each(read, access{resource: "configmaps", namespace: "istio-system", name: "istio"})...)
 	ingest = append(ingest, each([]string{"get", "update"}, access{group: "coordination.k8s.io", resource: "leases", namespace: "istio-system", name: "sailplane-config-ingest-status"})...)
 	ingest = append(ingest, access{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "istio-system"})
+	// The Gateway API status writer: every kind read (get after a conflict), Services for the
+	// backendRefs, the status PUT.
+	for _, k := range sailplaneschema.GatewayAPI {
+		ingest = append(ingest, each(read, access{group: k.Group, resource: k.Plural})...)
+		ingest = append(ingest, access{verb: "get", group: k.Group, resource: k.Plural, namespace: "default", name: "any"})
+		if k.Kind != "ReferenceGrant" {
+			ingest = append(ingest, access{verb: "update", group: k.Group, resource: k.Plural, subresource: "status", namespace: "default", name: "any"})
+		}
+	}
+	ingest = append(ingest, each(read, access{resource: "services"})...)
 
 	var watcher []access
 	for _, r := range []string{"services", "pods", "nodes"} {

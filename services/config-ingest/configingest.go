@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -18,12 +19,16 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"sailplane.dev/services/config-ingest/internal/gatewaystatus"
 	"sailplane.dev/services/config-ingest/internal/kubesource"
 	"sailplane.dev/services/config-ingest/internal/tree"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
+	"sailplane.dev/shared/gatewayapi"
+	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/telemetry"
 )
@@ -87,6 +92,11 @@ type Config struct {
 	PodName string
 	// Status leader election timings (Kubernetes mode); 15s, 10s and 2s when zero.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Revision is the control plane's revision (istio.io/rev); "default" when empty. In
+	// Kubernetes mode the Gateway API status of another revision's objects is left to it, and a
+	// revision other than the default elects its status writer with its own Lease,
+	// StatusLease-<revision>.
+	Revision string
 }
 
 // Deps are the service's collaborators.
@@ -105,13 +115,19 @@ type Service struct {
 	pub   bus.Publisher
 	ready chan struct{}
 	kube  *kubesource.Source // Kubernetes mode; nil for files
-	meter metric.Meter
+	// gwStatus writes the Gateway API status (Kubernetes mode); gwLease elects its writer for a
+	// revision other than the default (nil: the status Lease does).
+	gwStatus *gatewaystatus.Writer
+	gwLease  *gatewaystatus.Lease
+	meter    metric.Meter
 
 	mu           sync.Mutex
 	treeProblems []error
 	meshProblems []error
 	// busProblems are the resources the bus refused (too large), until published or removed.
 	busProblems map[tree.Key]error
+	// gwFiles is files mode's Gateway API status (gatewayStatus).
+	gwFiles filesGateway
 }
 
 // New checks cfg and returns a Service; nothing is read before Run.
@@ -140,11 +156,44 @@ func New(cfg Config, deps Deps) (*Service, error) {
 			Namespace: cfg.Namespace, Identity: cfg.PodName, MeshFile: cfg.MeshFile, Debounce: cfg.Debounce,
 			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 			StateDir: cfg.StateDir, MeterProvider: deps.MeterProvider,
+			// The new leader checks every Gateway API object: what changed meanwhile was not written.
+			OnElected: func() {
+				if s.gwLease == nil {
+					s.gwStatus.Elected()
+				}
+			},
 		}, deps.Publisher, deps.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("config-ingest: %w", err)
 		}
 		s.kube = src
+		gwLog := deps.Logger.With("component", "gateway-status")
+		leader := src.Leader
+		if rev := cmp.Or(cfg.Revision, gatewaystatus.DefaultRevision); rev != gatewaystatus.DefaultRevision {
+			// Another revision's replicas elect their own writer, as istiod's per-revision
+			// election: sharing the status Lease, one revision would starve the other.
+			kc, err := kubernetes.NewForConfig(kube.WithRateLimits(cfg.Kube))
+			if err != nil {
+				return nil, fmt.Errorf("config-ingest: %w", err)
+			}
+			identity := cfg.PodName
+			if identity == "" {
+				if identity, err = os.Hostname(); err != nil {
+					return nil, fmt.Errorf("config-ingest: leader election identity: %w", err)
+				}
+			}
+			s.gwLease = gatewaystatus.NewLease(kc, cmp.Or(cfg.Namespace, kubesource.DefaultNamespace), gatewaystatus.LeaseName(StatusLease, rev), identity,
+				cmp.Or(cfg.LeaseDuration, 15*time.Second), cmp.Or(cfg.RenewDeadline, 10*time.Second), cmp.Or(cfg.RetryPeriod, 2*time.Second),
+				gwLog, func() { s.gwStatus.Elected() })
+			leader = s.gwLease.Leader
+		}
+		s.gwStatus, err = gatewaystatus.New(cfg.Kube, gatewaystatus.Config{
+			Translate: gatewayapi.Translate, Leader: leader, Revision: cfg.Revision,
+			Logger: gwLog, MeterProvider: deps.MeterProvider,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("config-ingest: %w", err)
+		}
 	}
 	return s, nil
 }
@@ -204,6 +253,17 @@ func (s *Service) Run(ctx context.Context) error {
 	stop := s.countProblems()
 	defer stop()
 	if s.kube != nil {
+		ctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		defer func() { cancel(); wg.Wait() }()
+		wg.Go(func() {
+			if err := s.gwStatus.Run(ctx); err != nil {
+				s.log.Error("Gateway API status writer stopped", "error", err)
+			}
+		})
+		if s.gwLease != nil {
+			wg.Go(func() { s.gwLease.Run(ctx) })
+		}
 		return s.kube.Run(ctx)
 	}
 	return s.runFiles(ctx)

@@ -132,6 +132,7 @@ func (s *Service) runFiles(ctx context.Context) error {
 		s.published(f.tree, k.TypeURL, state, s.pub.Replace(k.TypeURL, state))
 	}
 	f.save()
+	s.noteGatewayInputs(f.tree.Published(), nil)
 	close(s.ready)
 	s.log.Info("config published", "folders", f.roots, "resources", len(f.tree.Published()), "problems", len(f.tree.Problems()))
 
@@ -152,7 +153,9 @@ func (s *Service) runFiles(ctx context.Context) error {
 	rescan := func() {
 		ctx, span := startRescan(first)
 		first = time.Time{}
-		f.publish(ctx, f.scanTraced(ctx))
+		changes := f.scanTraced(ctx)
+		f.publish(ctx, changes)
+		s.noteGatewayInputs(f.tree.Published(), changes)
 		span.End()
 		save.Reset(saveDelay)
 		if f.newDirs {

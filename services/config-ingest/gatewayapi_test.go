@@ -1,6 +1,9 @@
 package configingest_test
 
 import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -103,6 +106,74 @@ func TestGatewayAPIFiles(t *testing.T) {
 	if r := e.rec.get(schema.KubernetesGateway, "apps/web"); r == nil {
 		t.Fatal("the Gateway API Gateway lost its last valid version")
 	}
+}
+
+// In files mode the Gateway API status is computed, never written: /debug/gateway_status and
+// the status page show it, and it follows the files (a ServiceEntry for the backend resolves
+// the route's refs).
+func TestGatewayAPIFilesStatus(t *testing.T) {
+	e := start(t, func(e *env) {
+		e.write("gw.yaml", gatewayClassDoc+"---\n"+k8sGatewayDoc("80")+"---\n"+httpRouteDoc)
+	})
+	routeStatus := func() (resolved string, text string) {
+		rec := httptest.NewRecorder()
+		e.svc.Debug().Endpoints["/debug/gateway_status"].ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/gateway_status", nil))
+		var objs []struct {
+			Kind, Namespace, Name string
+			// The summary sailplanectl gateway-status shows.
+			OK      bool     `json:"ok"`
+			Summary []string `json:"conditions"`
+			Status  struct {
+				Parents []struct {
+					ControllerName string
+					Conditions     []struct{ Type, Status, Reason string }
+				}
+			}
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &objs); err != nil {
+			t.Fatalf("%v: %s", err, rec.Body)
+		}
+		for _, o := range objs {
+			if o.Kind == "HTTPRoute" && o.Namespace == "apps" && o.Name == "reviews" && len(o.Status.Parents) == 1 {
+				if len(o.Summary) != len(o.Status.Parents[0].Conditions) {
+					t.Errorf("summary %q of conditions %+v", o.Summary, o.Status.Parents[0].Conditions)
+				}
+				for _, c := range o.Status.Parents[0].Conditions {
+					if c.Type == "ResolvedRefs" {
+						return c.Status + "/" + c.Reason, rec.Body.String()
+					}
+				}
+			}
+		}
+		return "", rec.Body.String()
+	}
+	if got, body := routeStatus(); got != "False/BackendNotFound" {
+		t.Fatalf("route ResolvedRefs %q, want False/BackendNotFound: %s", got, body)
+	}
+	// The status page sums it up.
+	var line string
+	for _, o := range e.svc.Debug().Status.GatewayAPI() {
+		if o.Kind == "HTTPRoute" && o.Name == "reviews" {
+			line = strings.Join(o.Conditions, "\n")
+			if o.OK {
+				t.Error("the status page shows the route with a missing backend as OK")
+			}
+		}
+	}
+	if !strings.Contains(line, "parent apps/web: ResolvedRefs=False (BackendNotFound)") {
+		t.Errorf("status page's route conditions %q", line)
+	}
+
+	e.write("se.yaml", `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: reviews, namespace: apps}
+spec:
+  hosts: [reviews.apps.svc.cluster.local]
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  resolution: STATIC
+  endpoints: [{address: 198.18.0.10}]
+`)
+	eventually(t, "the route's refs resolve", func() bool { got, _ := routeStatus(); return got == "True/ResolvedRefs" })
 }
 
 // A document the API server would refuse for one of its CRD's CEL rules is refused in files

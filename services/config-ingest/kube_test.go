@@ -49,7 +49,7 @@ func sharedKube(t *testing.T) *testenv.Kube {
 	shared.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
-		shared.kube, shared.err = testenv.StartKube(ctx, testenv.WithLogger(slog.New(slog.DiscardHandler)))
+		shared.kube, shared.err = testenv.StartKube(ctx, testenv.WithLogger(slog.New(slog.DiscardHandler)), testenv.WithGatewayAPICRDs())
 	})
 	if shared.err != nil {
 		t.Fatal(shared.err)

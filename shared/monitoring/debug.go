@@ -93,4 +93,7 @@ func mergeSources(into *StatusSources, add StatusSources) {
 	if add.Pushes != nil {
 		into.Pushes = add.Pushes
 	}
+	if add.GatewayAPI != nil {
+		into.GatewayAPI = add.GatewayAPI
+	}
 }

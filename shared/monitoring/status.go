@@ -19,6 +19,22 @@ type StatusSources struct {
 	Problems func() []ConfigProblem
 	// Pushes are recent pushes to proxies, oldest first, for the convergence chart (xds-server).
 	Pushes func() []PushTiming
+	// GatewayAPI is the status computed for each Kubernetes Gateway API object (config-ingest):
+	// what it writes to the API server, or in files mode what it would.
+	GatewayAPI func() []GatewayAPIStatus
+}
+
+// GatewayAPIStatus is one Gateway API object's computed status, summed up.
+type GatewayAPIStatus struct {
+	Kind      string `json:"kind"`
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name"`
+	// Conditions are "Type=Status (Reason): message", each prefixed by its scope when it is not
+	// the object's own: "listener http: ", "parent default/gw: ".
+	Conditions []string `json:"conditions"`
+	// OK is false when a condition says something is wrong (Accepted, Programmed or
+	// ResolvedRefs not True, Conflicted True).
+	OK bool `json:"ok"`
 }
 
 // ProxyStatus is one connected proxy.
@@ -118,6 +134,7 @@ type statusView struct {
 	Now       time.Time
 	Proxies   *[]ProxyStatus
 	Problems  *[]ConfigProblem
+	Gateways  *[]GatewayAPIStatus
 	Chart     *chart
 	Endpoints []string
 }
@@ -131,6 +148,10 @@ func (p *statusPage) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	if p.sources.Problems != nil {
 		problems := p.sources.Problems()
 		v.Problems = &problems
+	}
+	if p.sources.GatewayAPI != nil {
+		gws := p.sources.GatewayAPI()
+		v.Gateways = &gws
 	}
 	if p.sources.Pushes != nil {
 		v.Chart = newChart(p.sources.Pushes())

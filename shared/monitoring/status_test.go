@@ -52,6 +52,10 @@ func TestStatusPage(t *testing.T) {
 			return []ConfigProblem{{File: "/etc/conf/vs.yaml", Document: 2, Kind: "VirtualService", Namespace: "demo", Name: "echo",
 				Field: "spec.http[0].route[0].weight", Message: "must not be negative, got -1"}}
 		},
+		GatewayAPI: func() []GatewayAPIStatus {
+			return []GatewayAPIStatus{{Kind: "HTTPRoute", Namespace: "demo", Name: "web", OK: false,
+				Conditions: []string{"parent demo/gw: Accepted=True (Accepted)", "parent demo/gw: ResolvedRefs=False (BackendNotFound): backend <x> not found"}}}
+		},
 		Pushes: func() []PushTiming {
 			return []PushTiming{
 				{Proxy: "echo-v1.demo", Done: now.Add(-2 * time.Second), Convergence: 12 * time.Millisecond},
@@ -75,6 +79,7 @@ func TestStatusPage(t *testing.T) {
 		`data-proxy="echo-v1.demo"`, `<span class="state SYNCED">SYNCED</span>`, `<span class="state NACKED">NACKED</span>`,
 		"cluster &lt;outbound|80||a&gt;: bad",
 		"/etc/conf/vs.yaml", "(document 2)", "VirtualService demo/echo", "spec.http[0].route[0].weight", "must not be negative, got -1",
+		`id="gateway-api"`, `<tr class="problem"><td>HTTPRoute</td><td>demo/web</td>`, "parent demo/gw: ResolvedRefs=False (BackendNotFound): backend &lt;x&gt; not found",
 		`<svg id="convergence-chart"`, "3 pushes, 1 failed, slowest 1.5s", `<a href="/debug/syncz?pretty">`,
 	} {
 		if !strings.Contains(page, want) {
@@ -89,7 +94,7 @@ func TestStatusPage(t *testing.T) {
 	}
 
 	onlyProblems := render(StatusSources{Problems: func() []ConfigProblem { return nil }})
-	if strings.Contains(onlyProblems, `id="proxies"`) || strings.Contains(onlyProblems, `id="convergence"`) || !strings.Contains(onlyProblems, "No config problem.") {
+	if strings.Contains(onlyProblems, `id="proxies"`) || strings.Contains(onlyProblems, `id="convergence"`) || strings.Contains(onlyProblems, `id="gateway-api"`) || !strings.Contains(onlyProblems, "No config problem.") {
 		t.Errorf("a page with only problems, none:\n%s", onlyProblems)
 	}
 	noPush := render(StatusSources{Pushes: func() []PushTiming { return nil }})

@@ -1,0 +1,447 @@
+package gatewayapi
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	networking "istio.io/api/networking/v1alpha3"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"sailplane.dev/shared/schema"
+)
+
+// listener is a Gateway listener routes may bind to (istiod's parentInfo).
+type listener struct {
+	gateway *gwv1.Gateway
+	// istioGateway is the generated Istio Gateway as routes name it, "<ns>/<name>".
+	istioGateway string
+	section      gwv1.SectionName
+	port         gwv1.PortNumber
+	protocol     gwv1.ProtocolType
+	// hostname is the listener's, "" for any.
+	hostname string
+	// hosts are the Istio server hosts: "<namespace>/<hostname>" per allowed namespace.
+	hosts []string
+	kinds []gwv1.RouteGroupKind
+	// attached counts the routes bound to it.
+	attached int32
+	status   *gwv1.ListenerStatus
+}
+
+var (
+	httpRouteKind = gwv1.RouteGroupKind{Group: ptr(gwv1.Group(gwv1.GroupName)), Kind: "HTTPRoute"}
+	grpcRouteKind = gwv1.RouteGroupKind{Group: ptr(gwv1.Group(gwv1.GroupName)), Kind: "GRPCRoute"}
+	tcpRouteKind  = gwv1.RouteGroupKind{Group: ptr(gwv1.Group(gwv1.GroupName)), Kind: "TCPRoute"}
+	tlsRouteKind  = gwv1.RouteGroupKind{Group: ptr(gwv1.Group(gwv1.GroupName)), Kind: "TLSRoute"}
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func (t *translator) gateways() {
+	for _, gw := range sortObjects(t.in.Gateways) {
+		if !t.ours[string(gw.Spec.GatewayClassName)] {
+			continue // another controller's, or no class: not ours to report on
+		}
+		t.gateway(gw)
+	}
+}
+
+// managed reports whether Sailplane deploys the Gateway (no addresses, or one IP), as istiod.
+func managed(gw *gwv1.Gateway) bool {
+	a := gw.Spec.Addresses
+	return len(a) == 0 || (len(a) == 1 && (a[0].Type == nil || *a[0].Type == gwv1.IPAddressType))
+}
+
+// serviceHosts are the hostnames of the Services the Gateway's pods are behind: the automated
+// deployment's "<name>-<class>", or those its Hostname addresses name.
+func (t *translator) serviceHosts(gw *gwv1.Gateway) ([]string, *configError) {
+	if managed(gw) {
+		return []string{fmt.Sprintf("%s-%s.%s.svc.%s", gw.Name, gw.Spec.GatewayClassName, gw.Namespace, t.domain)}, nil
+	}
+	var hosts, skipped []string
+	for _, a := range gw.Spec.Addresses {
+		if a.Type != nil && *a.Type != gwv1.HostnameAddressType {
+			skipped = append(skipped, a.Value)
+			continue
+		}
+		h := a.Value
+		if !strings.Contains(h, ".") {
+			h = fmt.Sprintf("%s.%s.svc.%s", h, gw.Namespace, t.domain)
+		}
+		hosts = append(hosts, h)
+	}
+	if len(skipped) > 0 {
+		return hosts, errorf(string(gwv1.GatewayReasonUnsupportedAddress), "only Hostname is supported, ignoring %v", skipped)
+	}
+	return hosts, nil
+}
+
+// selector picks the gateway's pods: the automated deployment's label, or the pods of the
+// Service a manual Gateway names (its selector, where the registry knows it).
+func (t *translator) selector(gw *gwv1.Gateway, hosts []string) map[string]string {
+	if !managed(gw) && t.in.Services != nil {
+		for _, h := range hosts {
+			if svc, ok := t.in.Services.Service(h, gw.Namespace); ok && len(svc.Selector) > 0 {
+				return svc.Selector
+			}
+		}
+	}
+	return map[string]string{GatewayNameLabel: gw.Name}
+}
+
+func (t *translator) gateway(gw *gwv1.Gateway) {
+	gen := gw.Generation
+	st := &gwv1.GatewayStatus{}
+	t.gwStatus[key(gw.Namespace, gw.Name)] = st
+	t.out.Status = append(t.out.Status, Status{Kind: schema.KubernetesGateway, Namespace: gw.Namespace, Name: gw.Name,
+		Generation: gen, Value: st})
+
+	hosts, gwErr := t.serviceHosts(gw)
+	sel := t.selector(gw, hosts)
+	conflicts := listenerConflicts(gw.Spec.Listeners)
+	valid := 0
+	var ports []uint32
+	for i := range gw.Spec.Listeners {
+		l := &gw.Spec.Listeners[i]
+		ls := gwv1.ListenerStatus{Name: l.Name}
+		kinds, kindsOK := supportedKinds(l)
+		ls.SupportedKinds = kinds
+		conds := map[string]metav1.Condition{
+			string(gwv1.ListenerConditionAccepted):     cond(string(gwv1.ListenerConditionAccepted), true, string(gwv1.ListenerReasonAccepted), "No errors found", gen),
+			string(gwv1.ListenerConditionProgrammed):   cond(string(gwv1.ListenerConditionProgrammed), true, string(gwv1.ListenerReasonProgrammed), "No errors found", gen),
+			string(gwv1.ListenerConditionConflicted):   cond(string(gwv1.ListenerConditionConflicted), false, string(gwv1.ListenerReasonNoConflicts), "No errors found", gen),
+			string(gwv1.ListenerConditionResolvedRefs): cond(string(gwv1.ListenerConditionResolvedRefs), true, string(gwv1.ListenerReasonResolvedRefs), "No errors found", gen),
+		}
+		set := func(typ string, ok bool, reason, msg string) { conds[typ] = cond(typ, ok, reason, msg, gen) }
+		if !kindsOK {
+			set(string(gwv1.ListenerConditionResolvedRefs), false, string(gwv1.ListenerReasonInvalidRouteKinds), "Invalid route kinds")
+		}
+		var server *networking.Server
+		if reason, ok := conflicts[l.Name]; ok {
+			msg := "Listener has a conflict with another listener attached to the same Gateway"
+			set(string(gwv1.ListenerConditionAccepted), false, string(reason), msg)
+			set(string(gwv1.ListenerConditionProgrammed), false, string(reason), msg)
+			set(string(gwv1.ListenerConditionConflicted), true, string(reason), msg)
+		} else {
+			var ok bool
+			server, ok = t.server(gw, l, set)
+			if ok {
+				valid++
+			}
+		}
+		ls.Conditions = sortedConditions(conds)
+		st.Listeners = append(st.Listeners, ls)
+		if server == nil {
+			continue
+		}
+		ports = append(ports, server.Port.Number)
+		name := gw.Name + "~" + internalGatewaySuffix + "~" + string(l.Name)
+		t.out.Gateways = append(t.out.Gateways, Config[*networking.Gateway]{Namespace: gw.Namespace, Name: name,
+			CreateTime: gw.CreationTimestamp.Time,
+			Spec:       &networking.Gateway{Servers: []*networking.Server{server}, Selector: sel}})
+		t.listeners[key(gw.Namespace, gw.Name)] = append(t.listeners[key(gw.Namespace, gw.Name)], &listener{
+			gateway: gw, istioGateway: gw.Namespace + "/" + name, section: l.Name, port: l.Port, protocol: l.Protocol,
+			hostname: string(deref(l.Hostname, "")), hosts: server.Hosts, kinds: kinds, status: &st.Listeners[len(st.Listeners)-1],
+		})
+	}
+	// The listener pointers above point into st.Listeners, now complete.
+	for _, l := range t.listeners[key(gw.Namespace, gw.Name)] {
+		l.status = &st.Listeners[slices.IndexFunc(st.Listeners, func(s gwv1.ListenerStatus) bool { return s.Name == l.section })]
+	}
+
+	conds := map[string]metav1.Condition{
+		string(gwv1.GatewayConditionAccepted):     cond(string(gwv1.GatewayConditionAccepted), true, string(gwv1.GatewayReasonAccepted), "Resource accepted", gen),
+		string(gwv1.GatewayConditionResolvedRefs): cond(string(gwv1.GatewayConditionResolvedRefs), true, string(gwv1.GatewayReasonResolvedRefs), "All references resolved", gen),
+	}
+	switch n := len(gw.Spec.Listeners); {
+	case gwErr != nil:
+		conds[string(gwv1.GatewayConditionAccepted)] = cond(string(gwv1.GatewayConditionAccepted), false, gwErr.Reason, gwErr.Message, gen)
+	case n > 0 && valid == 0:
+		conds[string(gwv1.GatewayConditionAccepted)] = cond(string(gwv1.GatewayConditionAccepted), false,
+			string(gwv1.GatewayReasonListenersNotValid), "None of the Gateway's listeners are valid", gen)
+	case valid < n:
+		conds[string(gwv1.GatewayConditionAccepted)] = cond(string(gwv1.GatewayConditionAccepted), true,
+			string(gwv1.GatewayReasonListenersNotValid), "One or more of the Gateway's listeners are invalid", gen)
+	}
+	conds[string(gwv1.GatewayConditionProgrammed)] = t.programmed(gw, hosts, ports, st)
+	st.Conditions = sortedConditions(conds)
+}
+
+// programmed is the Gateway's Programmed condition, and its addresses: istiod's
+// ResolveGatewayInstances, from the registry. The service must exist and have endpoints.
+func (t *translator) programmed(gw *gwv1.Gateway, hosts []string, ports []uint32, st *gwv1.GatewayStatus) metav1.Condition {
+	typ, gen := string(gwv1.GatewayConditionProgrammed), gw.Generation
+	if len(hosts) == 0 {
+		return cond(typ, false, string(gwv1.GatewayReasonUnsupportedAddress), "Failed to assign to any requested addresses", gen)
+	}
+	slices.Sort(ports)
+	ports = slices.Compact(ports)
+	var internal, ips, warnings []string
+	for _, h := range hosts {
+		var svc Service
+		ok := false
+		if t.in.Services != nil {
+			svc, ok = t.in.Services.Service(h, gw.Namespace)
+		}
+		switch {
+		case !ok:
+			warnings = append(warnings, fmt.Sprintf("hostname %q not found", h))
+		case !svc.Ready:
+			warnings = append(warnings, fmt.Sprintf("no instances found for hostname %q", h))
+		default:
+			for _, p := range ports {
+				internal = append(internal, h+":"+strconv.Itoa(int(p)))
+			}
+			for _, a := range svc.Addresses {
+				if !slices.Contains(ips, a) {
+					ips = append(ips, a)
+				}
+			}
+		}
+	}
+	addrs := ips
+	if len(addrs) == 0 {
+		for _, h := range hosts {
+			if slices.ContainsFunc(internal, func(i string) bool { return strings.HasPrefix(i, h+":") }) {
+				addrs = append(addrs, h)
+			}
+		}
+	}
+	for _, a := range addrs {
+		typ := gwv1.HostnameAddressType
+		if _, err := netip.ParseAddr(a); err == nil {
+			typ = gwv1.IPAddressType
+		}
+		st.Addresses = append(st.Addresses, gwv1.GatewayStatusAddress{Type: &typ, Value: a})
+	}
+	if len(warnings) > 0 {
+		msg := "Failed to assign to any requested addresses: " + strings.Join(warnings, "; ")
+		if len(internal) > 0 {
+			msg = fmt.Sprintf("Assigned to service(s) %s, but failed to assign to all requested addresses: %s",
+				humanJoin(internal), strings.Join(warnings, "; "))
+		}
+		return cond(typ, false, string(gwv1.GatewayReasonAddressNotAssigned), msg, gen)
+	}
+	msg := "Resource programmed"
+	if len(internal) > 0 {
+		msg = "Resource programmed, assigned to service(s) " + humanJoin(internal)
+	}
+	return cond(typ, true, string(gwv1.GatewayReasonProgrammed), msg, gen)
+}
+
+func humanJoin(ss []string) string {
+	switch len(ss) {
+	case 0:
+		return ""
+	case 1:
+		return ss[0]
+	case 2:
+		return ss[0] + " and " + ss[1]
+	}
+	return strings.Join(ss[:len(ss)-1], ", ") + ", and " + ss[len(ss)-1]
+}
+
+// listenerConflicts finds listeners that clash with an earlier one on the same port: another
+// protocol (HTTPS and TLS share SNI and do not clash), or the same protocol and hostname.
+func listenerConflicts(ls []gwv1.Listener) map[gwv1.SectionName]gwv1.ListenerConditionReason {
+	out := map[gwv1.SectionName]gwv1.ListenerConditionReason{}
+	family := func(p gwv1.ProtocolType) string {
+		if p == gwv1.HTTPSProtocolType || p == gwv1.TLSProtocolType {
+			return "tls"
+		}
+		return string(p)
+	}
+	for i, l := range ls {
+		for _, e := range ls[:i] {
+			if e.Port != l.Port || out[e.Name] != "" {
+				continue
+			}
+			if family(e.Protocol) != family(l.Protocol) {
+				out[l.Name] = gwv1.ListenerReasonProtocolConflict
+				break
+			}
+			if deref(e.Hostname, "") == deref(l.Hostname, "") {
+				out[l.Name] = gwv1.ListenerReasonHostnameConflict
+				break
+			}
+		}
+	}
+	return out
+}
+
+// supportedKinds are the route kinds a listener takes, and whether all its allowedRoutes kinds
+// are among them.
+func supportedKinds(l *gwv1.Listener) ([]gwv1.RouteGroupKind, bool) {
+	var supported []gwv1.RouteGroupKind
+	switch l.Protocol {
+	case gwv1.HTTPProtocolType, gwv1.HTTPSProtocolType:
+		supported = []gwv1.RouteGroupKind{httpRouteKind, grpcRouteKind}
+	case gwv1.TCPProtocolType:
+		supported = []gwv1.RouteGroupKind{tcpRouteKind}
+	case gwv1.TLSProtocolType:
+		supported = []gwv1.RouteGroupKind{tlsRouteKind}
+		if l.TLS != nil && deref(l.TLS.Mode, gwv1.TLSModeTerminate) == gwv1.TLSModeTerminate {
+			supported = append(supported, tcpRouteKind)
+		}
+	}
+	if l.AllowedRoutes == nil || len(l.AllowedRoutes.Kinds) == 0 {
+		return supported, true
+	}
+	var out []gwv1.RouteGroupKind
+	for _, s := range supported {
+		if slices.ContainsFunc(l.AllowedRoutes.Kinds, func(k gwv1.RouteGroupKind) bool {
+			return k.Kind == s.Kind && deref(k.Group, gwv1.GroupName) == *s.Group
+		}) {
+			out = append(out, s)
+		}
+	}
+	if out == nil {
+		out = []gwv1.RouteGroupKind{}
+	}
+	return out, len(out) == len(l.AllowedRoutes.Kinds)
+}
+
+// server is the Istio server of a listener; ok false when the listener is not programmed. A
+// listener whose TLS cannot be set up gets no server at all: it is never served weaker.
+func (t *translator) server(gw *gwv1.Gateway, l *gwv1.Listener, set func(typ string, ok bool, reason, msg string)) (*networking.Server, bool) {
+	var proto string
+	switch l.Protocol {
+	case gwv1.HTTPProtocolType, gwv1.HTTPSProtocolType, gwv1.TLSProtocolType, gwv1.TCPProtocolType:
+		proto = string(l.Protocol)
+	default:
+		msg := fmt.Sprintf("protocol %q is unsupported", l.Protocol)
+		if up := strings.ToUpper(string(l.Protocol)); up != string(l.Protocol) && slices.Contains([]string{"HTTP", "HTTPS", "TLS", "TCP"}, up) {
+			msg = fmt.Sprintf("protocol %q is unsupported. hint: %q (uppercase) may be supported", l.Protocol, up)
+		}
+		set(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonUnsupportedProtocol), msg)
+		set(string(gwv1.ListenerConditionProgrammed), false, string(gwv1.ListenerReasonInvalid), msg)
+		return nil, false
+	}
+	tls, err := t.tls(gw, l)
+	if err != nil {
+		set(string(gwv1.ListenerConditionResolvedRefs), false, err.Reason, err.Message)
+		set(string(gwv1.ListenerConditionProgrammed), false, string(gwv1.ListenerReasonInvalid), "Bad TLS configuration")
+		if err.Reason == string(gwv1.ListenerReasonRefNotPermitted) {
+			set(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonNoValidCACertificate), err.Message)
+		}
+		return nil, false
+	}
+	if tls == nil && (l.Protocol == gwv1.HTTPSProtocolType || l.Protocol == gwv1.TLSProtocolType) {
+		return nil, true // istiod skips it too: nothing to serve without a TLS section
+	}
+	return &networking.Server{
+		Port:  &networking.Port{Name: "default", Number: uint32(l.Port), Protocol: proto},
+		Hosts: t.serverHosts(gw.Namespace, l),
+		Tls:   tls,
+	}, true
+}
+
+// serverHosts are the listener's hostname for each namespace its routes may come from.
+func (t *translator) serverHosts(ns string, l *gwv1.Listener) []string {
+	h := string(deref(l.Hostname, "*"))
+	var nss []string
+	from := gwv1.NamespacesFromSame
+	if l.AllowedRoutes != nil && l.AllowedRoutes.Namespaces != nil && l.AllowedRoutes.Namespaces.From != nil {
+		from = *l.AllowedRoutes.Namespaces.From
+	}
+	switch from {
+	case gwv1.NamespacesFromAll:
+		nss = []string{"*"}
+	case gwv1.NamespacesFromSelector:
+		sel := l.AllowedRoutes.Namespaces.Selector
+		if sel == nil {
+			nss = []string{"*"}
+			break
+		}
+		s, err := metav1.LabelSelectorAsSelector(sel)
+		if err != nil {
+			break
+		}
+		for _, name := range slices.Sorted(mapsKeys(t.namespaces)) {
+			lb := map[string]string{"kubernetes.io/metadata.name": name}
+			for k, v := range t.namespaces[name] {
+				lb[k] = v
+			}
+			if s.Matches(labels.Set(lb)) {
+				nss = append(nss, name)
+			}
+		}
+	default:
+		nss = []string{ns}
+	}
+	if len(nss) == 0 {
+		return []string{"~/" + h} // matches no route, but the server (and its status) exists
+	}
+	out := make([]string, len(nss))
+	for i, n := range nss {
+		out[i] = n + "/" + h
+	}
+	return out
+}
+
+// tls is the server TLS of a listener, istiod's buildTLS: certificateRefs become
+// "kubernetes-gateway://<ns>/<name>" credentials; another namespace's Secret needs a
+// ReferenceGrant.
+func (t *translator) tls(gw *gwv1.Gateway, l *gwv1.Listener) (*networking.ServerTLSSettings, *configError) {
+	if l.TLS == nil {
+		return nil, nil
+	}
+	out := &networking.ServerTLSSettings{}
+	switch deref(l.TLS.Mode, gwv1.TLSModeTerminate) {
+	case gwv1.TLSModePassthrough:
+		out.Mode = networking.ServerTLSSettings_PASSTHROUGH
+		return out, nil
+	case gwv1.TLSModeTerminate:
+	default:
+		return nil, errorf(string(gwv1.ListenerReasonInvalidCertificateRef), "unknown TLS mode %q", *l.TLS.Mode)
+	}
+	out.Mode = networking.ServerTLSSettings_SIMPLE
+	switch l.TLS.Options[tlsModeOption] {
+	case "MUTUAL":
+		out.Mode = networking.ServerTLSSettings_MUTUAL
+	case "OPTIONAL_MUTUAL":
+		out.Mode = networking.ServerTLSSettings_OPTIONAL_MUTUAL
+	case "ISTIO_MUTUAL":
+		out.Mode = networking.ServerTLSSettings_ISTIO_MUTUAL
+		return out, nil
+	}
+	if len(l.TLS.CertificateRefs) > 2 {
+		return nil, errorf(string(gwv1.ListenerReasonInvalidCertificateRef), "TLS mode can only support up to 2 server certificates")
+	}
+	var creds []string
+	var errs []string
+	reason := ""
+	for _, ref := range l.TLS.CertificateRefs {
+		ns := string(deref(ref.Namespace, gwv1.Namespace(gw.Namespace)))
+		if deref(ref.Group, "") != "" || deref(ref.Kind, "Secret") != "Secret" {
+			reason = string(gwv1.ListenerReasonInvalidCertificateRef)
+			errs = append(errs, fmt.Sprintf("invalid certificate reference %s/%s/%s.%s, only secret is allowed",
+				deref(ref.Group, ""), deref(ref.Kind, ""), ref.Name, deref(ref.Namespace, "")))
+			continue
+		}
+		if ns != gw.Namespace && !t.allowed("Gateway", gw.Namespace, "", "Secret", ns, string(ref.Name)) {
+			reason = string(gwv1.ListenerReasonRefNotPermitted)
+			errs = append(errs, fmt.Sprintf("certificateRef %s/%s not accessible to a Gateway in namespace %q (missing a ReferenceGrant?)",
+				ref.Name, ns, gw.Namespace))
+			continue
+		}
+		creds = append(creds, CredentialPrefix+ns+"/"+string(ref.Name))
+	}
+	if len(creds) == 0 {
+		if len(errs) == 0 {
+			return nil, errorf(string(gwv1.ListenerReasonInvalidCertificateRef), "TLS termination needs a certificateRef")
+		}
+		return nil, &configError{Reason: reason, Message: strings.Join(errs, "; ")}
+	}
+	if len(creds) == 1 {
+		out.CredentialName = creds[0]
+	} else {
+		out.CredentialNames = creds
+	}
+	return out, nil
+}
