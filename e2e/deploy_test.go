@@ -291,21 +291,14 @@ func serviceNeeds(caNamespace string) map[string][]access {
 		ingest = append(ingest, each(read, access{group: k.Group, resource: k.Plural})...)
 		ingest = append(ingest, access{verb: "patch", group: k.Group, resource: k.Plural, subresource: "status", namespace: "default", name: "any"})
 	}
-	// The Gateway API kinds, their status (ReferenceGrant has none), and the CRDs, watched to
-	// notice the Gateway API's being installed.
-	for _, k := range sailplaneschema.GatewayAPI {
-		ingest = append(ingest, each([]string{"get", "list", "watch"}, access{group: k.Group, resource: k.Plural})...)
-		if k.Kind != "ReferenceGrant" {
-			ingest = append(ingest, each([]string{"get", "update", "patch"}, access{group: k.Group, resource: k.Plural, subresource: "status", namespace: "default", name: "any"})...)
-		}
-	}
 	ingest = append(ingest, each(read, access{group: "apiextensions.k8s.io", resource: "customresourcedefinitions"})...)
 	ingest = append(ingest, each(read, access{resource: "namespaces"})...)
 	ingest = append(ingest, each(read, access{resource: "configmaps", namespace: "istio-system", name: "istio"})...)
 	ingest = append(ingest, each([]string{"get", "update"}, access{group: "coordination.k8s.io", resource: "leases", namespace: "istio-system", name: "sailplane-config-ingest-status"})...)
 	ingest = append(ingest, access{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "istio-system"})
-	// The Gateway API status writer: every kind read (get after a conflict), Services for the
-	// backendRefs, the status PUT.
+	// The Gateway API kinds, and their status writer: every kind read (get after a conflict),
+	// Services for the backendRefs, the status PUT (ReferenceGrant has none); the CRDs are
+	// watched to notice the Gateway API's being installed.
 	for _, k := range sailplaneschema.GatewayAPI {
 		ingest = append(ingest, each(read, access{group: k.Group, resource: k.Plural})...)
 		ingest = append(ingest, access{verb: "get", group: k.Group, resource: k.Plural, namespace: "default", name: "any"})
