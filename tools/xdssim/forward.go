@@ -218,9 +218,9 @@ func (s *Simulator) forward(res *Result, ra *routev3.RouteAction, r *routev3.Rou
 	res.ResponseHeaders = responseOps(levels, rc.GetMostSpecificHeaderMutationsWins())
 	res.Upstream = up
 	// Policies, reported.
-	t := 15 * time.Second // Envoy's default route timeout
+	t := Duration(15 * time.Second) // Envoy's default route timeout
 	if ra.GetTimeout() != nil {
-		t = ra.GetTimeout().AsDuration()
+		t = Duration(ra.GetTimeout().AsDuration())
 	}
 	res.Timeout = &t
 	if ra.GetIdleTimeout() != nil {

@@ -14,6 +14,22 @@ import (
 // IP and port, else a wildcard one on the port; else, as for traffic captured to a
 // use_original_dst listener that finds no listener for the original destination, that one.
 func (s *Simulator) matchListener(req Request) (*listenerv3.Listener, error) {
+	if req.ListenerPort != 0 && req.ListenerPort != req.Port {
+		for _, l := range s.listeners {
+			if socketPort(l) != req.ListenerPort || l.GetApiListener() != nil || l.GetInternalListener() != nil {
+				continue
+			}
+			if !l.GetUseOriginalDst().GetValue() {
+				return l, nil
+			}
+			// An outbound capture listener hands the connection to the listener of its
+			// original destination, if there is one.
+			sub := req
+			sub.ListenerPort = 0
+			return s.matchListener(sub)
+		}
+		return nil, ErrNoListener
+	}
 	dst, _ := netip.ParseAddr(req.DestinationIP)
 	var exact, wildcard, origDst *listenerv3.Listener
 	for _, l := range s.listeners {

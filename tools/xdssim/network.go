@@ -55,8 +55,7 @@ func (s *Simulator) network(res *Result, fc *listenerv3.FilterChain, req Request
 				cluster = pickWeighted(ws, req.Pick)
 			}
 			if tp.GetIdleTimeout() != nil {
-				d := tp.GetIdleTimeout().AsDuration()
-				res.IdleTimeout = &d
+				res.IdleTimeout = durationOf(tp.GetIdleTimeout())
 			}
 			return s.upstream(res, cluster, req)
 		}

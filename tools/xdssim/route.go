@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"path"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +17,7 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // httpRequest is the request as the router sees it, after the connection manager's
@@ -131,6 +133,14 @@ func (s *Simulator) route(res *Result, rc *routev3.RouteConfiguration, hcm *hcmv
 	if r == nil {
 		return fail(res, ErrNoRoute, "virtual host %s: %s %s", vh.GetName(), h.method, h.path)
 	}
+	for _, m := range []map[string]*anypb.Any{r.GetTypedPerFilterConfig(), vh.GetTypedPerFilterConfig()} {
+		for name := range m {
+			if !slices.Contains(res.PerFilterConfig, name) {
+				res.PerFilterConfig = append(res.PerFilterConfig, name)
+			}
+		}
+	}
+	slices.Sort(res.PerFilterConfig)
 	levels := []headerLevel{routeLevel(r), vhostLevel(vh), configLevel(rc)}
 	switch a := r.GetAction().(type) {
 	case *routev3.Route_Redirect:
@@ -531,7 +541,7 @@ func regexRewrite(rr *matcherv3.RegexMatchAndSubstitute, p string) (string, erro
 	return re.ReplaceAllString(p, backref.ReplaceAllString(strings.ReplaceAll(rr.GetSubstitution(), "$", "$$"), "${$1}")), nil
 }
 
-func durationOf(d interface{ AsDuration() time.Duration }) *time.Duration {
-	v := d.AsDuration()
+func durationOf(d interface{ AsDuration() time.Duration }) *Duration {
+	v := Duration(d.AsDuration())
 	return &v
 }

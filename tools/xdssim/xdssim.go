@@ -1,6 +1,7 @@
 package xdssim
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -31,24 +32,28 @@ type Request struct {
 	// Port and DestinationIP are where the connection is addressed (the original destination
 	// for captured traffic). An empty DestinationIP matches only wildcard listeners and chains
 	// without destination ranges.
-	Port          uint32
-	DestinationIP string
-	SourceIP      string
-	Protocol      Protocol
+	Port uint32 `json:"port,omitempty"`
+	// ListenerPort is the port the connection was captured to when it is not Port: 15006 for
+	// inbound traffic (the chain then matches on Port, the original destination), 15001 for
+	// outbound. Zero: the listener bound to Port, else the use_original_dst listener.
+	ListenerPort  uint32   `json:"listenerPort,omitempty"`
+	DestinationIP string   `json:"destinationIP,omitempty"`
+	SourceIP      string   `json:"sourceIP,omitempty"`
+	Protocol      Protocol `json:"protocol,omitempty"`
 	// TLS: the client opens TLS with SNI and ALPN (ALPN defaults to h2 for HTTP/2 and gRPC,
 	// http/1.1 for HTTP/1.1, none for TCP).
-	TLS  bool
-	SNI  string
-	ALPN []string
+	TLS  bool     `json:"tls,omitempty"`
+	SNI  string   `json:"sni,omitempty"`
+	ALPN []string `json:"alpn,omitempty"`
 	// HTTP only. Host is the authority (may carry a port); Path includes the query.
-	Host    string
-	Method  string
-	Path    string
-	Headers http.Header
+	Host    string      `json:"host,omitempty"`
+	Method  string      `json:"method,omitempty"`
+	Path    string      `json:"path,omitempty"`
+	Headers http.Header `json:"headers,omitempty"`
 	// Pick chooses among weighted clusters and endpoints: Envoy draws a random number; the
 	// simulation uses Pick (taken modulo the total weight, or the number of endpoints), so a
 	// test is deterministic by default (0: the first) and can sweep or randomise.
-	Pick uint64
+	Pick uint64 `json:"pick,omitempty"`
 }
 
 // Action is what the matched route does.
@@ -78,18 +83,21 @@ type Result struct {
 	// Upstream is the request as Envoy sends it to the cluster (HTTP only).
 	Upstream *UpstreamRequest `json:"upstream,omitempty"`
 	// ResponseHeaders are the mutations Envoy applies to the response, in order.
-	ResponseHeaders []HeaderOp     `json:"responseHeaders,omitempty"`
-	Timeout         *time.Duration `json:"timeout,omitempty"`
-	IdleTimeout     *time.Duration `json:"idleTimeout,omitempty"`
-	Retry           *Retry         `json:"retry,omitempty"`
-	Mirrors         []Mirror       `json:"mirrors,omitempty"`
-	ClusterType     string         `json:"clusterType,omitempty"`
+	ResponseHeaders []HeaderOp `json:"responseHeaders,omitempty"`
+	Timeout         *Duration  `json:"timeout,omitempty"`
+	IdleTimeout     *Duration  `json:"idleTimeout,omitempty"`
+	Retry           *Retry     `json:"retry,omitempty"`
+	Mirrors         []Mirror   `json:"mirrors,omitempty"`
+	ClusterType     string     `json:"clusterType,omitempty"`
 	// Endpoints are the healthy endpoints of the priority that takes traffic; Endpoint is the
 	// one picked.
 	Endpoints        []string     `json:"endpoints,omitempty"`
 	Endpoint         string       `json:"endpoint,omitempty"`
 	UpstreamTLS      *UpstreamTLS `json:"upstreamTLS,omitempty"`
 	UpstreamProtocol Protocol     `json:"upstreamProtocol,omitempty"`
+	// PerFilterConfig names the HTTP filters the route or virtual host configures
+	// (typed_per_filter_config: faults, CORS, …); their effect is not simulated.
+	PerFilterConfig []string `json:"perFilterConfig,omitempty"`
 
 	endpointHost string // for auto_host_rewrite
 	downstreamH2 bool   // for upstreams that use the downstream protocol
@@ -146,11 +154,17 @@ type HeaderOp struct {
 	KeepEmpty bool `json:"keepEmpty,omitempty"`
 }
 
+// Duration is a time.Duration that reads as "1.5s" in JSON and YAML.
+type Duration time.Duration
+
+// MarshalJSON writes the duration as Go's String.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
 // Retry is the route's (or virtual host's) retry policy.
 type Retry struct {
-	RetryOn       string         `json:"retryOn,omitempty"`
-	NumRetries    uint32         `json:"numRetries"`
-	PerTryTimeout *time.Duration `json:"perTryTimeout,omitempty"`
+	RetryOn       string    `json:"retryOn,omitempty"`
+	NumRetries    uint32    `json:"numRetries"`
+	PerTryTimeout *Duration `json:"perTryTimeout,omitempty"`
 }
 
 // Mirror is a request mirror policy: the cluster copies are sent to, and the share (percent).
@@ -316,11 +330,14 @@ func withDefaults(req Request) Request {
 			req.ALPN = []string{"h2"}
 		}
 	}
-	if req.Headers == nil {
-		req.Headers = http.Header{}
-	} else {
-		req.Headers = req.Headers.Clone()
+	// Header names are case-insensitive; keep them canonical so lookups and mutations meet.
+	h := http.Header{}
+	for k, vs := range req.Headers {
+		for _, v := range vs {
+			h.Add(k, v)
+		}
 	}
+	req.Headers = h
 	if req.Protocol == GRPC && req.Headers.Get("content-type") == "" {
 		req.Headers.Set("content-type", "application/grpc")
 	}
