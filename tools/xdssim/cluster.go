@@ -165,10 +165,10 @@ func (s *Simulator) transport(res *Result, c *clusterv3.Cluster, ep *endpointv3.
 		switch {
 		case o.GetExplicitHttpConfig().GetHttp2ProtocolOptions() != nil:
 			res.UpstreamProtocol = HTTP2
-		case o.GetUseDownstreamProtocolConfig() != nil:
-			res.UpstreamProtocol = "downstream"
-		case o.GetAutoConfig() != nil:
-			res.UpstreamProtocol = "auto"
+		case o.GetUseDownstreamProtocolConfig() != nil && res.downstreamH2:
+			res.UpstreamProtocol = HTTP2
+		case o.GetAutoConfig() != nil && res.UpstreamTLS != nil:
+			res.UpstreamProtocol = "ALPN" // negotiated with the endpoint
 		}
 	}
 	if res.NetworkFilter == tcpProxyName {

@@ -42,6 +42,21 @@ type failed struct {
 	Status  int    `json:"status,omitempty"`
 	Flag    string `json:"flag,omitempty"`
 	Message string `json:"message"`
+	// At is how far the simulation got: listener, filter chain, virtual host, route, cluster.
+	At string `json:"at,omitempty"`
+}
+
+func progress(r *Result) string {
+	if r == nil {
+		return ""
+	}
+	var parts []string
+	for _, p := range []string{r.Listener, r.FilterChain, r.VirtualHost, r.Route, r.Cluster} {
+		if p != "" {
+			parts = append(parts, p)
+		}
+	}
+	return strings.Join(parts, " > ")
 }
 
 var sentinels = []error{ErrNoListener, ErrNoFilterChain, ErrTLSMismatch, ErrNoVirtualHost, ErrNoRoute,
@@ -92,7 +107,7 @@ func TestGolden(t *testing.T) {
 					if !errors.As(err, &e) {
 						t.Fatalf("%s: error %v is not an *Error", rc.Name, err)
 					}
-					o.Error = &failed{Kind: kindOf(err), Status: e.Status, Flag: e.Flag, Message: err.Error()}
+					o.Error = &failed{Kind: kindOf(err), Status: e.Status, Flag: e.Flag, Message: err.Error(), At: progress(e.Result)}
 				} else {
 					o.Result = res
 				}

@@ -79,8 +79,7 @@ func (f *Forwarder) Send(ctx context.Context, res *Result, body io.Reader) (*htt
 		if err != nil {
 			return nil, err
 		}
-		h2 := res.UpstreamProtocol == HTTP2 || (res.UpstreamProtocol == "downstream" && res.downstreamH2)
-		if resp, err = f.client(h2).Do(r); err != nil {
+		if resp, err = f.client(res.UpstreamProtocol == HTTP2).Do(r); err != nil {
 			return nil, err
 		}
 	default:
