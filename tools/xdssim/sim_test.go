@@ -110,6 +110,7 @@ func TestVirtualHostOrder(t *testing.T) {
 		{"a-b.example.com", "dash-suffix"},
 		{"x.other.com", "short-suffix"},
 		{"api.example.net", "prefix"},
+		{"api.other.com", "short-suffix"}, // a suffix wildcard beats a prefix wildcard
 		{"api.example.org:8080", "with-port"},
 		{"api.example.org:9090", "prefix"},
 		{"nothing.here", "star"},
