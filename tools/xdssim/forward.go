@@ -244,7 +244,15 @@ func (s *Simulator) forward(res *Result, ra *routev3.RouteAction, r *routev3.Rou
 		if rf := m.GetRuntimeFraction(); rf != nil {
 			pct = 100 * fraction(rf.GetDefaultValue())
 		}
-		res.Mirrors = append(res.Mirrors, Mirror{Cluster: m.GetCluster(), Percent: pct})
+		mr := Mirror{Cluster: m.GetCluster(), Percent: pct, Host: up.Host}
+		if !m.GetDisableShadowHostSuffixAppend() {
+			mr.Host = shadowHost(up.Host)
+		}
+		probe := &Result{NetworkFilter: res.NetworkFilter, downstreamH2: res.downstreamH2}
+		if s.upstream(probe, m.GetCluster(), req) == nil {
+			mr.Endpoint = probe.Endpoint
+		}
+		res.Mirrors = append(res.Mirrors, mr)
 	}
 	if res.Cluster == "" || s.clusters[res.Cluster] == nil {
 		return fail(res, ErrClusterNotFound, "route %s: cluster %q", res.Route, res.Cluster)
@@ -256,4 +264,12 @@ func (s *Simulator) forward(res *Result, ra *routev3.RouteAction, r *routev3.Rou
 		up.Host = res.endpointHost
 	}
 	return nil
+}
+
+// shadowHost appends "-shadow" to the host name, before any port.
+func shadowHost(host string) string {
+	if i := hostPortIndex(host); i >= 0 {
+		return host[:i] + "-shadow" + host[i:]
+	}
+	return host + "-shadow"
 }

@@ -1,6 +1,7 @@
 package xdssim
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // Forwarder sends simulated requests to the endpoints the simulation picked.
@@ -75,11 +77,32 @@ func (f *Forwarder) Send(ctx context.Context, res *Result, body io.Reader) (*htt
 	case DirectResponse:
 		resp = localReply(res.Direct.Status, res.Direct.Body)
 	case Forward:
-		r, err := f.UpstreamRequest(ctx, res, body)
+		var payload []byte
+		if body != nil {
+			var err error
+			if payload, err = io.ReadAll(body); err != nil {
+				return nil, err
+			}
+		}
+		f.mirror(ctx, res, payload)
+		// The route timeout covers the whole response, as Envoy's does; past it Envoy answers
+		// 504 itself.
+		if res.Timeout != nil && *res.Timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, time.Duration(*res.Timeout))
+			defer cancel()
+		}
+		r, err := f.UpstreamRequest(ctx, res, bytes.NewReader(payload))
 		if err != nil {
 			return nil, err
 		}
-		if resp, err = f.client(res.UpstreamProtocol == HTTP2).Do(r); err != nil {
+		resp, err = f.client(res.UpstreamProtocol == HTTP2).Do(r)
+		if err == nil {
+			err = bufferBody(resp)
+		}
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+			resp = localReply(http.StatusGatewayTimeout, "upstream request timeout")
+		} else if err != nil {
 			return nil, err
 		}
 	default:
@@ -87,6 +110,39 @@ func (f *Forwarder) Send(ctx context.Context, res *Result, body io.Reader) (*htt
 	}
 	Apply(resp.Header, res.ResponseHeaders)
 	return resp, nil
+}
+
+// mirror sends the copies of the request the route mirrors at 100%, and waits for them: a
+// copy's response is dropped, as Envoy drops it.
+func (f *Forwarder) mirror(ctx context.Context, res *Result, payload []byte) {
+	for _, m := range res.Mirrors {
+		if m.Percent < 100 || m.Endpoint == "" {
+			continue
+		}
+		shadow := *res
+		shadow.Endpoint, shadow.Mirrors, shadow.UpstreamTLS = m.Endpoint, nil, nil
+		up := *res.Upstream
+		up.Host = m.Host
+		shadow.Upstream = &up
+		r, err := f.UpstreamRequest(ctx, &shadow, bytes.NewReader(payload))
+		if err != nil {
+			continue
+		}
+		if resp, err := f.client(false).Do(r); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
+}
+
+func bufferBody(resp *http.Response) error {
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	return nil
 }
 
 // ErrorResponse is Envoy's local reply for a simulation failure that has one (404 NR,

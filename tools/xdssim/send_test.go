@@ -9,12 +9,15 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"testing"
+	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // backend echoes what it received in response headers.
@@ -162,5 +165,62 @@ func TestApply(t *testing.T) {
 		if got := h[k]; len(got) != len(v) || (len(v) > 0 && got[len(got)-1] != v[len(v)-1]) || (len(v) > 1 && got[0] != v[0]) {
 			t.Errorf("%s = %v, want %v", k, got, v)
 		}
+	}
+}
+
+// TestTimeoutAndMirror: past the route timeout the answer is Envoy's 504; a mirror at 100%
+// gets a copy with the -shadow host before the response returns.
+func TestTimeoutAndMirror(t *testing.T) {
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // answers only once the client gives up
+	}))
+	defer slow.Close()
+	mirrored := make(chan string, 1)
+	shadow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { mirrored <- r.Host }))
+	defer shadow.Close()
+	_, ip, port := backend(t, false)
+	cluster := func(name string, srv string) *clusterv3.Cluster {
+		h, p, _ := net.SplitHostPort(srv)
+		n, _ := strconv.Atoi(p)
+		c := staticCluster(name, h)
+		c.LoadAssignment.Endpoints[0].LbEndpoints[0].GetEndpoint().Address = sockAddr(h, uint32(n))
+		return c
+	}
+	slowRoute := prefixRoute("slow", "/slow", "slow")
+	slowRoute.GetRoute().Timeout = durationpb.New(50 * time.Millisecond)
+	mirrorRoute := prefixRoute("mirror", "/m", "be")
+	mirrorRoute.GetRoute().RequestMirrorPolicies = []*routev3.RouteAction_RequestMirrorPolicy{{Cluster: "shadow"}}
+	rc := &routev3.RouteConfiguration{VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"}, Routes: []*routev3.Route{slowRoute, mirrorRoute}}}}
+	sim := simOf(t, httpListener(t, rc), cluster("slow", slow.Listener.Addr().String()), cluster("shadow", shadow.Listener.Addr().String()),
+		cluster("be", net.JoinHostPort(ip, strconv.Itoa(int(port)))))
+	f := &Forwarder{}
+	res, err := sim.Simulate(Request{Port: 80, Host: "h", Path: "/slow"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := f.Send(context.Background(), res, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Errorf("status %d, want 504", resp.StatusCode)
+	}
+	res, err = sim.Simulate(Request{Port: 80, Host: "h:80", Path: "/m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err = f.Send(context.Background(), res, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	select {
+	case host := <-mirrored:
+		if host != "h-shadow:80" {
+			t.Errorf("mirror host %q, want h-shadow:80", host)
+		}
+	default:
+		t.Error("the mirror got no copy before the response")
 	}
 }

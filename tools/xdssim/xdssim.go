@@ -167,10 +167,14 @@ type Retry struct {
 	PerTryTimeout *Duration `json:"perTryTimeout,omitempty"`
 }
 
-// Mirror is a request mirror policy: the cluster copies are sent to, and the share (percent).
+// Mirror is a request mirror policy: the cluster copies are sent to, the share (percent),
+// the endpoint the copy would go to (empty when the cluster has none), and the Host the copy
+// carries (Envoy appends "-shadow" unless disable_shadow_host_suffix_append).
 type Mirror struct {
-	Cluster string  `json:"cluster"`
-	Percent float64 `json:"percent"`
+	Cluster  string  `json:"cluster"`
+	Percent  float64 `json:"percent"`
+	Endpoint string  `json:"endpoint,omitempty"`
+	Host     string  `json:"host,omitempty"`
 }
 
 // The failures a test tells apart. Each is returned wrapped in an *Error with the status and
