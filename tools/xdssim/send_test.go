@@ -198,7 +198,10 @@ func TestTimeoutAndMirror(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := f.Send(context.Background(), res, nil)
+	// The test's own deadline, far past the route's, so a missing timeout fails, not hangs.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := f.Send(ctx, res, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
