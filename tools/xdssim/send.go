@@ -27,6 +27,8 @@ type Forwarder struct {
 // to do the same; it refuses rather than send in the clear.
 var ErrUpstreamTLS = errors.New("upstream TLS is not forwarded")
 
+var errRouteTimeout = errors.New("route timeout")
+
 func (f *Forwarder) client(h2 bool) *http.Client {
 	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	if h2 {
@@ -89,7 +91,7 @@ func (f *Forwarder) Send(ctx context.Context, res *Result, body io.Reader) (*htt
 		// 504 itself.
 		if res.Timeout != nil && *res.Timeout > 0 {
 			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, time.Duration(*res.Timeout))
+			ctx, cancel = context.WithTimeoutCause(ctx, time.Duration(*res.Timeout), errRouteTimeout)
 			defer cancel()
 		}
 		r, err := f.UpstreamRequest(ctx, res, bytes.NewReader(payload))
@@ -100,7 +102,7 @@ func (f *Forwarder) Send(ctx context.Context, res *Result, body io.Reader) (*htt
 		if err == nil {
 			err = bufferBody(resp)
 		}
-		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+		if err != nil && errors.Is(context.Cause(ctx), errRouteTimeout) {
 			resp = localReply(http.StatusGatewayTimeout, "upstream request timeout")
 		} else if err != nil {
 			return nil, err
