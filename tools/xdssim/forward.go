@@ -2,6 +2,7 @@ package xdssim
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -215,6 +216,9 @@ func (s *Simulator) forward(res *Result, ra *routev3.RouteAction, r *routev3.Rou
 		up.Host = hostRewrite
 	}
 	Apply(up.Headers, requestOps(levels, rc.GetMostSpecificHeaderMutationsWins()))
+	if vh.GetIncludeRequestAttemptCount() {
+		up.Headers.Set("x-envoy-attempt-count", "1")
+	}
 	res.ResponseHeaders = responseOps(levels, rc.GetMostSpecificHeaderMutationsWins())
 	res.Upstream = up
 	// Policies, reported.
@@ -239,6 +243,16 @@ func (s *Simulator) forward(res *Result, ra *routev3.RouteAction, r *routev3.Rou
 			res.Retry.PerTryTimeout = durationOf(rp.GetPerTryTimeout())
 		}
 	}
+	// The router tells the upstream how long it will wait: the per-try timeout when it is the
+	// shorter, else the route's.
+	expect := time.Duration(t)
+	if res.Retry != nil && res.Retry.PerTryTimeout != nil && *res.Retry.PerTryTimeout > 0 &&
+		(expect == 0 || time.Duration(*res.Retry.PerTryTimeout) < expect) {
+		expect = time.Duration(*res.Retry.PerTryTimeout)
+	}
+	if expect > 0 && h.envoyHeaders {
+		up.Headers.Set("x-envoy-expected-rq-timeout-ms", strconv.FormatInt(expect.Milliseconds(), 10))
+	}
 	for _, m := range ra.GetRequestMirrorPolicies() {
 		pct := 100.0
 		if rf := m.GetRuntimeFraction(); rf != nil {
@@ -255,7 +269,14 @@ func (s *Simulator) forward(res *Result, ra *routev3.RouteAction, r *routev3.Rou
 		res.Mirrors = append(res.Mirrors, mr)
 	}
 	if res.Cluster == "" || s.clusters[res.Cluster] == nil {
-		return fail(res, ErrClusterNotFound, "route %s: cluster %q", res.Route, res.Cluster)
+		e := fail(res, ErrClusterNotFound, "route %s: cluster %q", res.Route, res.Cluster)
+		switch ra.GetClusterNotFoundResponseCode() {
+		case routev3.RouteAction_NOT_FOUND:
+			e.Status = http.StatusNotFound
+		case routev3.RouteAction_INTERNAL_SERVER_ERROR:
+			e.Status = http.StatusInternalServerError
+		}
+		return e
 	}
 	if err := s.upstream(res, res.Cluster, req); err != nil {
 		return err

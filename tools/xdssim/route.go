@@ -14,6 +14,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -26,6 +27,9 @@ type httpRequest struct {
 	method, scheme, host, path string // path with query
 	headers                    http.Header
 	tls                        bool
+	// envoyHeaders: the router adds its x-envoy-* request headers (no suppress_envoy_headers).
+	envoyHeaders bool
+	remoteAddr   string // appended to x-forwarded-for with use_remote_address
 }
 
 func (h *httpRequest) pathOnly() string {
@@ -62,7 +66,13 @@ func (h *httpRequest) header(name string) (string, bool) {
 }
 
 func newHTTPRequest(hcm *hcmv3.HttpConnectionManager, req Request) (*httpRequest, error) {
-	h := &httpRequest{method: req.Method, host: req.Host, path: req.Path, headers: req.Headers, tls: req.TLS}
+	h := &httpRequest{method: req.Method, host: req.Host, path: req.Path, headers: req.Headers, tls: req.TLS, envoyHeaders: true}
+	for _, f := range hcm.GetHttpFilters() {
+		r := &routerv3.Router{}
+		if f.GetTypedConfig().MessageIs(r) && f.GetTypedConfig().UnmarshalTo(r) == nil {
+			h.envoyHeaders = !r.GetSuppressEnvoyHeaders()
+		}
+	}
 	if !strings.HasPrefix(h.path, "/") && h.method != http.MethodConnect {
 		return nil, fmt.Errorf("request path %q does not start with /", h.path)
 	}
@@ -88,9 +98,24 @@ func newHTTPRequest(hcm *hcmv3.HttpConnectionManager, req Request) (*httpRequest
 			h.host = host
 		}
 	}
-	// The connection manager sets x-forwarded-proto at the edge, or when it is missing.
+	if hcm.GetStripTrailingHostDot() {
+		if host, port, err := net.SplitHostPort(h.host); err == nil {
+			h.host = net.JoinHostPort(strings.TrimSuffix(host, "."), port)
+		} else {
+			h.host = strings.TrimSuffix(h.host, ".")
+		}
+	}
+	// The connection manager sets x-forwarded-proto at the edge, or when it is missing, and
+	// at the edge appends the client's address to x-forwarded-for.
 	if hcm.GetUseRemoteAddress().GetValue() || h.headers.Get("x-forwarded-proto") == "" {
 		h.headers.Set("x-forwarded-proto", h.scheme)
+	}
+	if hcm.GetUseRemoteAddress().GetValue() && req.SourceIP != "" {
+		if xff := h.headers.Get("x-forwarded-for"); xff != "" {
+			h.headers.Set("x-forwarded-for", xff+","+req.SourceIP)
+		} else {
+			h.headers.Set("x-forwarded-for", req.SourceIP)
+		}
 	}
 	return h, nil
 }
