@@ -5,14 +5,17 @@
 // and sends the request to the real backend the simulation picked (or answers a redirect,
 // direct response, 404 NR or 503 itself, as Envoy would).
 //
-// What it cannot do, by construction: verify the gateway's serving certificate (no TLS
-// handshake happens with the gateway; CapturedResponse.PeerCertificates stays empty),
-// validate client certificates, upgrade to websockets, or run HTTP filters other than the
-// router (faults, CORS, ext_authz, …).
+// TLS passthrough (a tcp_proxy chain picked by SNI) is real: the client's TLS goes to the
+// backend, whose certificate is checked and reported. What it cannot do, by construction:
+// verify the certificate a gateway terminates TLS with (no handshake happens with the gateway;
+// CapturedResponse.PeerCertificates stays empty), validate client certificates, upgrade to
+// websockets, or run HTTP filters other than the router (faults, CORS, ext_authz, …).
 package conformance
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -157,7 +160,12 @@ func (rt *RoundTripper) once(ctx context.Context, r roundtripper.Request, u url.
 		if r.Body != "" {
 			body = strings.NewReader(r.Body)
 		}
-		if resp, err = rt.Forwarder.Send(ctx, res, body); err != nil {
+		if res.NetworkFilter == "envoy.filters.network.tcp_proxy" {
+			resp, err = rt.passthrough(ctx, res, r, req, body)
+		} else {
+			resp, err = rt.Forwarder.Send(ctx, res, body)
+		}
+		if err != nil {
 			return nil, nil, nil, err
 		}
 	}
@@ -176,6 +184,9 @@ func (rt *RoundTripper) once(ctx context.Context, r roundtripper.Request, u url.
 	}
 	cres := &roundtripper.CapturedResponse{
 		StatusCode: resp.StatusCode, ContentLength: int64(len(data)), Protocol: resp.Proto, Headers: resp.Header,
+	}
+	if resp.TLS != nil {
+		cres.PeerCertificates = resp.TLS.PeerCertificates // a passthrough backend's
 	}
 	var next *followUp
 	if roundtripper.IsRedirect(resp.StatusCode) {
@@ -198,6 +209,36 @@ func (rt *RoundTripper) once(ctx context.Context, r roundtripper.Request, u url.
 		next = &followUp{gateway: n, host: loc.Host}
 	}
 	return creq, cres, next, nil
+}
+
+// passthrough sends the client's own connection to the endpoint tcp_proxy picked: the
+// client's TLS (SNI, trusted roots) then ends at the backend, as with TLS passthrough, so the
+// backend's certificate is the one checked and reported.
+func (rt *RoundTripper) passthrough(ctx context.Context, res *xdssim.Result, r roundtripper.Request, req xdssim.Request, body io.Reader) (*http.Response, error) {
+	target := res.Endpoint
+	if rt.Forwarder.Dial != nil {
+		target = rt.Forwarder.Dial(target)
+	}
+	scheme := "http"
+	tr := &http.Transport{DisableKeepAlives: true}
+	if req.TLS {
+		if len(r.ServerCertificate) == 0 {
+			return nil, errors.New("https request has no trusted certificates configured")
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(r.ServerCertificate) {
+			return nil, errors.New("unexpected error adding trusted certificates failed")
+		}
+		scheme = "https"
+		tr.TLSClientConfig = &tls.Config{ServerName: r.ServerName, RootCAs: roots, GetClientCertificate: r.GetClientCertificateHook}
+	}
+	hr, err := http.NewRequestWithContext(ctx, req.Method, scheme+"://"+target+req.Path, body)
+	if err != nil {
+		return nil, err
+	}
+	hr.Host, hr.Header = req.Host, req.Headers
+	client := &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	return client.Do(hr)
 }
 
 // simRequest maps the suite's request to the simulator's.

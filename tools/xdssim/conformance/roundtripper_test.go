@@ -3,6 +3,7 @@ package conformance
 import (
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"net"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -24,6 +26,7 @@ import (
 	"sigs.k8s.io/gateway-api/conformance/utils/roundtripper"
 
 	"sailplane.dev/tools/xdsdiff"
+	"sailplane.dev/tools/xdssim"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -160,5 +163,48 @@ func TestCaptureRoundTrip(t *testing.T) {
 	})
 	if fetches == 0 || fetches > 10 {
 		t.Errorf("%d fetches, want a few (cached)", fetches)
+	}
+}
+
+// TestPassthrough: a TLS chain picked by SNI whose tcp_proxy goes to a TLS backend; the
+// client's handshake is with the backend, whose certificate is verified and reported.
+func TestPassthrough(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(roundtripper.CapturedRequest{Path: r.URL.RequestURI(), Host: r.Host, Pod: "tls-backend"})
+	}))
+	defer srv.Close()
+	h, p, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	port, _ := strconv.Atoi(p)
+	tp := &tcpv3.TcpProxy{StatPrefix: "tls", ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: "tls-be"}}
+	l := &listenerv3.Listener{
+		Name: "0.0.0.0_443", Address: addr("0.0.0.0", 443),
+		ListenerFilters: []*listenerv3.ListenerFilter{{Name: "envoy.filters.listener.tls_inspector"}},
+		FilterChains: []*listenerv3.FilterChain{{
+			FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: []string{"example.com"}},
+			Filters: []*listenerv3.Filter{{Name: "envoy.filters.network.tcp_proxy",
+				ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(t, tp)}}},
+		}},
+	}
+	snap := xdsdiff.Snapshot{}
+	for _, m := range []proto.Message{l, edsCluster("tls-be"), cla("tls-be", h, uint32(port))} {
+		a := mustAny(t, m)
+		snap[a.TypeUrl] = append(snap[a.TypeUrl], a)
+	}
+	rt := &RoundTripper{Fetch: func(context.Context, string) (xdsdiff.Snapshot, error) { return snap, nil }}
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	req := func(sni string) roundtripper.Request {
+		return roundtripper.Request{T: t, URL: url.URL{Scheme: "https", Host: "198.18.0.1:443", Path: "/p"}, Host: sni,
+			Protocol: roundtripper.HTTPSProtocol, ServerName: sni, ServerCertificate: certPEM, UnfollowRedirect: true}
+	}
+	creq, cres, err := rt.CaptureRoundTrip(req("example.com"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cres.StatusCode != 200 || creq.Pod != "tls-backend" || creq.Path != "/p" || len(cres.PeerCertificates) == 0 {
+		t.Errorf("got %d %+v, %d peer certificates", cres.StatusCode, creq, len(cres.PeerCertificates))
+	}
+	if _, _, err := rt.CaptureRoundTrip(req("other.example.com")); !errors.Is(err, xdssim.ErrNoFilterChain) {
+		t.Errorf("unknown SNI: err = %v, want ErrNoFilterChain", err)
 	}
 }
