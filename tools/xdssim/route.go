@@ -467,11 +467,13 @@ func redirectStatus(c routev3.RedirectAction_RedirectResponseCode) int {
 
 // redirectLocation builds the Location as Envoy's RedirectAction does.
 func redirectLocation(ra *routev3.RedirectAction, m *routev3.RouteMatch, h *httpRequest) (string, error) {
+	// The new scheme defaults to the request's :scheme; whether the request's port goes is
+	// judged against x-forwarded-proto (Envoy's Utility::newUri and processRequestHost).
 	scheme := h.headers.Get("x-forwarded-proto")
 	if scheme == "" {
 		scheme = h.scheme
 	}
-	newScheme := scheme
+	newScheme := h.scheme
 	switch s := ra.GetSchemeRewriteSpecifier().(type) {
 	case *routev3.RedirectAction_HttpsRedirect:
 		if s.HttpsRedirect {
@@ -518,6 +520,9 @@ func redirectLocation(ra *routev3.RedirectAction, m *routev3.RouteMatch, h *http
 	}
 	if ra.GetStripQuery() && !strings.Contains(p, "?") {
 		q = ""
+	}
+	if !strings.HasPrefix(p, "/") {
+		p = "/" + p
 	}
 	return newScheme + "://" + host + port + p + q, nil
 }

@@ -410,3 +410,101 @@ func TestErrors(t *testing.T) {
 		t.Errorf("TLS request: %v, %v", res, err)
 	}
 }
+
+// TestRedirectLocation follows Envoy's Utility::newUri: scheme from the request's :scheme
+// unless rewritten, the request's port dropped when a port is given or when the scheme
+// changes from the port's default scheme (judged by x-forwarded-proto), path_redirect's own
+// query winning, strip_query.
+func TestRedirectLocation(t *testing.T) {
+	https := &routev3.RedirectAction_SchemeRedirect{SchemeRedirect: "https"}
+	tests := []struct {
+		name     string
+		ra       *routev3.RedirectAction
+		match    *routev3.RouteMatch
+		host     string
+		path     string
+		xfp      string
+		want     string
+		wantCode int
+	}{
+		{"defaults", &routev3.RedirectAction{}, nil, "h", "/a?b", "", "http://h/a?b", 301},
+		{"scheme from :scheme, not x-forwarded-proto", &routev3.RedirectAction{HostRedirect: "x"}, nil, "h", "/", "https", "http://x/", 301},
+		{"scheme change drops the old default port", &routev3.RedirectAction{SchemeRewriteSpecifier: https}, nil, "h:80", "/", "", "https://h/", 301},
+		{"scheme change keeps another port", &routev3.RedirectAction{SchemeRewriteSpecifier: https}, nil, "h:8080", "/", "", "https://h:8080/", 301},
+		{"port judged by x-forwarded-proto", &routev3.RedirectAction{SchemeRewriteSpecifier: https}, nil, "h:80", "/", "https", "https://h:80/", 301},
+		{"port given replaces the request's", &routev3.RedirectAction{PortRedirect: 8443}, nil, "h:80", "/", "", "http://h:8443/", 301},
+		{"port given is kept even if default", &routev3.RedirectAction{SchemeRewriteSpecifier: https, PortRedirect: 443}, nil, "h", "/", "", "https://h:443/", 301},
+		{"host redirect drops nothing of its own", &routev3.RedirectAction{HostRedirect: "x:9"}, nil, "h:80", "/", "", "http://x:9/", 301},
+		{"path redirect keeps the query", &routev3.RedirectAction{PathRewriteSpecifier: &routev3.RedirectAction_PathRedirect{PathRedirect: "/n"}}, nil, "h", "/o?q=1", "", "http://h/n?q=1", 301},
+		{"path redirect's query wins and is not stripped", &routev3.RedirectAction{StripQuery: true,
+			PathRewriteSpecifier: &routev3.RedirectAction_PathRedirect{PathRedirect: "/n?z"}}, nil, "h", "/o?q=1", "", "http://h/n?z", 301},
+		{"strip query", &routev3.RedirectAction{StripQuery: true}, nil, "h", "/o?q=1", "", "http://h/o", 301},
+		{"prefix rewrite", &routev3.RedirectAction{PathRewriteSpecifier: &routev3.RedirectAction_PrefixRewrite{PrefixRewrite: "/new"}},
+			&routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/old"}}, "h", "/old/x?y", "", "http://h/new/x?y", 301},
+		{"regex rewrite", &routev3.RedirectAction{PathRewriteSpecifier: &routev3.RedirectAction_RegexRewrite{RegexRewrite: &matcherv3.RegexMatchAndSubstitute{
+			Pattern: regexMatcher("^/(\\w+)/(\\w+)$"), Substitution: "/\\2/\\1"}}}, nil, "h", "/a/b", "", "http://h/b/a", 301},
+		{"codes", &routev3.RedirectAction{ResponseCode: routev3.RedirectAction_TEMPORARY_REDIRECT}, nil, "h", "/", "", "http://h/", 307},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := tc.match
+			if m == nil {
+				m = &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}}
+			}
+			rc := &routev3.RouteConfiguration{VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"}, Routes: []*routev3.Route{{
+				Name: "r", Match: m, Action: &routev3.Route_Redirect{Redirect: tc.ra}}}}}}
+			req := Request{Port: 80, Host: tc.host, Path: tc.path}
+			if tc.xfp != "" {
+				req.Headers = http.Header{"X-Forwarded-Proto": {tc.xfp}}
+			}
+			res, err := simOf(t, httpListener(t, rc)).Simulate(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Action != Redirect || res.Redirect.Location != tc.want || res.Redirect.Status != tc.wantCode {
+				t.Errorf("got %s %+v, want %d %s", res.Action, res.Redirect, tc.wantCode, tc.want)
+			}
+		})
+	}
+}
+
+// TestConnectionManager: the HCM's host and path normalisation before matching.
+func TestConnectionManager(t *testing.T) {
+	rc := &routev3.RouteConfiguration{VirtualHosts: []*routev3.VirtualHost{
+		{Name: "exact", Domains: []string{"h"}, Routes: []*routev3.Route{prefixRoute("a", "/a/b", "c")}},
+		{Name: "star", Domains: []string{"*"}, Routes: []*routev3.Route{prefixRoute("any", "/", "c")}},
+	}}
+	tests := []struct {
+		name       string
+		hcm        func(*hcmv3.HttpConnectionManager)
+		host, path string
+		wantVH     string
+		wantPath   string
+	}{
+		{"port kept by default", func(*hcmv3.HttpConnectionManager) {}, "h:80", "/a/b", "star", "/a/b"},
+		{"strip_matching_host_port", func(h *hcmv3.HttpConnectionManager) { h.StripMatchingHostPort = true }, "h:80", "/a/b", "exact", "/a/b"},
+		{"strip_matching_host_port leaves another port", func(h *hcmv3.HttpConnectionManager) { h.StripMatchingHostPort = true }, "h:81", "/a/b", "star", "/a/b"},
+		{"strip_any_host_port", func(h *hcmv3.HttpConnectionManager) {
+			h.StripPortMode = &hcmv3.HttpConnectionManager_StripAnyHostPort{StripAnyHostPort: true}
+		}, "h:81", "/a/b", "exact", "/a/b"},
+		{"normalize_path", func(h *hcmv3.HttpConnectionManager) { h.NormalizePath = wrapperspb.Bool(true) }, "h", "/a/./x/../b?q", "exact", "/a/b?q"},
+		{"no normalisation by default", func(*hcmv3.HttpConnectionManager) {}, "h", "/a/b/./c", "exact", "/a/b/./c"},
+		{"merge_slashes", func(h *hcmv3.HttpConnectionManager) { h.MergeSlashes = true }, "h", "//a///b", "exact", "/a/b"},
+		{"strip_trailing_host_dot", func(h *hcmv3.HttpConnectionManager) { h.StripTrailingHostDot = true }, "h.", "/a/b", "exact", "/a/b"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			hcm := &hcmv3.HttpConnectionManager{RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: rc}}
+			tc.hcm(hcm)
+			l := httpListener(t, rc)
+			l.FilterChains[0].Filters[0].ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(t, hcm)}
+			res, err := simOf(t, l, staticCluster("c", "127.0.0.1")).Simulate(Request{Port: 80, Host: tc.host, Path: tc.path})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.VirtualHost != tc.wantVH || res.Upstream.Path != tc.wantPath {
+				t.Errorf("virtual host %s path %s, want %s %s", res.VirtualHost, res.Upstream.Path, tc.wantVH, tc.wantPath)
+			}
+		})
+	}
+}
