@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -106,7 +107,12 @@ func (t *translator) gateway(gw *gwv1.Gateway) {
 	conflicts := listenerConflicts(gw.Spec.Listeners)
 	valid := 0
 	var ports []uint32
+	// Addresses that name no Service leave nothing to program (istiod's short circuit).
+	hardFail := gwErr != nil && len(hosts) == 0
 	for i := range gw.Spec.Listeners {
+		if hardFail {
+			break
+		}
 		l := &gw.Spec.Listeners[i]
 		ls := gwv1.ListenerStatus{Name: l.Name}
 		kinds, kindsOK := supportedKinds(l)
@@ -133,13 +139,16 @@ func (t *translator) gateway(gw *gwv1.Gateway) {
 			if ok {
 				valid++
 			}
+			// The Programmed message names every port istiod makes a server for, valid or not.
+			if l.TLS != nil || (l.Protocol != gwv1.HTTPSProtocolType && l.Protocol != gwv1.TLSProtocolType) {
+				ports = append(ports, uint32(l.Port))
+			}
 		}
 		ls.Conditions = sortedConditions(conds)
 		st.Listeners = append(st.Listeners, ls)
 		if server == nil {
 			continue
 		}
-		ports = append(ports, server.Port.Number)
 		name := gw.Name + "~" + internalGatewaySuffix + "~" + string(l.Name)
 		t.out.Gateways = append(t.out.Gateways, Config[*networking.Gateway]{Namespace: gw.Namespace, Name: name,
 			CreateTime: gw.CreationTimestamp.Time,
@@ -182,28 +191,38 @@ func (t *translator) programmed(gw *gwv1.Gateway, hosts []string, ports []uint32
 	slices.Sort(ports)
 	ports = slices.Compact(ports)
 	var internal, ips, warnings []string
+	usable := true
 	for _, h := range hosts {
 		var svc Service
 		ok := false
 		if t.in.Services != nil {
 			svc, ok = t.in.Services.Service(h, gw.Namespace)
 		}
-		switch {
-		case !ok:
+		if !ok {
 			warnings = append(warnings, fmt.Sprintf("hostname %q not found", h))
-		case !svc.Ready:
-			warnings = append(warnings, fmt.Sprintf("no instances found for hostname %q", h))
-		default:
-			for _, p := range ports {
+			usable = false
+			continue
+		}
+		for _, p := range ports {
+			switch {
+			case !slices.ContainsFunc(svc.Ports, func(sp ServicePort) bool { return sp.Number == p }):
+				warnings = append(warnings, fmt.Sprintf("port %d not found for hostname %q", p, h))
+				usable = false
+			case !svc.Ready:
+				warnings = append(warnings, fmt.Sprintf("no instances found for hostname %q", h))
+			default:
 				internal = append(internal, h+":"+strconv.Itoa(int(p)))
-			}
-			for _, a := range svc.Addresses {
-				if !slices.Contains(ips, a) {
-					ips = append(ips, a)
+				for _, a := range svc.Addresses {
+					if !slices.Contains(ips, a) {
+						ips = append(ips, a)
+					}
 				}
 			}
 		}
 	}
+	slices.Sort(internal)
+	slices.Sort(ips)
+	slices.Sort(warnings)
 	addrs := ips
 	if len(addrs) == 0 {
 		for _, h := range hosts {
@@ -225,7 +244,11 @@ func (t *translator) programmed(gw *gwv1.Gateway, hosts []string, ports []uint32
 			msg = fmt.Sprintf("Assigned to service(s) %s, but failed to assign to all requested addresses: %s",
 				humanJoin(internal), strings.Join(warnings, "; "))
 		}
-		return cond(typ, false, string(gwv1.GatewayReasonAddressNotAssigned), msg, gen)
+		reason := gwv1.GatewayReasonAddressNotAssigned
+		if !usable {
+			reason = gwv1.GatewayReasonAddressNotUsable
+		}
+		return cond(typ, false, string(reason), msg, gen)
 	}
 	msg := "Resource programmed"
 	if len(internal) > 0 {
@@ -277,7 +300,7 @@ func listenerConflicts(ls []gwv1.Listener) map[gwv1.SectionName]gwv1.ListenerCon
 // supportedKinds are the route kinds a listener takes, and whether all its allowedRoutes kinds
 // are among them.
 func supportedKinds(l *gwv1.Listener) ([]gwv1.RouteGroupKind, bool) {
-	var supported []gwv1.RouteGroupKind
+	supported := []gwv1.RouteGroupKind{}
 	switch l.Protocol {
 	case gwv1.HTTPProtocolType, gwv1.HTTPSProtocolType:
 		supported = []gwv1.RouteGroupKind{httpRouteKind, grpcRouteKind}
@@ -318,15 +341,16 @@ func (t *translator) server(gw *gwv1.Gateway, l *gwv1.Listener, set func(typ str
 		if up := strings.ToUpper(string(l.Protocol)); up != string(l.Protocol) && slices.Contains([]string{"HTTP", "HTTPS", "TLS", "TCP"}, up) {
 			msg = fmt.Sprintf("protocol %q is unsupported. hint: %q (uppercase) may be supported", l.Protocol, up)
 		}
+		// istiod leaves Programmed as it is: the listener is not accepted.
 		set(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonUnsupportedProtocol), msg)
-		set(string(gwv1.ListenerConditionProgrammed), false, string(gwv1.ListenerReasonInvalid), msg)
 		return nil, false
 	}
 	tls, err := t.tls(gw, l)
 	if err != nil {
 		set(string(gwv1.ListenerConditionResolvedRefs), false, err.Reason, err.Message)
 		set(string(gwv1.ListenerConditionProgrammed), false, string(gwv1.ListenerReasonInvalid), "Bad TLS configuration")
-		if err.Reason == string(gwv1.ListenerReasonRefNotPermitted) {
+		switch gwv1.ListenerConditionReason(err.Reason) {
+		case gwv1.ListenerReasonRefNotPermitted, gwv1.ListenerReasonInvalidCACertificateRef, gwv1.ListenerReasonInvalidCACertificateKind:
 			set(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonNoValidCACertificate), err.Message)
 		}
 		return nil, false
@@ -395,6 +419,7 @@ func (t *translator) tls(gw *gwv1.Gateway, l *gwv1.Listener) (*networking.Server
 	switch deref(l.TLS.Mode, gwv1.TLSModeTerminate) {
 	case gwv1.TLSModePassthrough:
 		out.Mode = networking.ServerTLSSettings_PASSTHROUGH
+		out.CipherSuites = cipherSuites(l.TLS.Options[cipherSuitesOption])
 		return out, nil
 	case gwv1.TLSModeTerminate:
 	default:
@@ -408,6 +433,10 @@ func (t *translator) tls(gw *gwv1.Gateway, l *gwv1.Listener) (*networking.Server
 		out.Mode = networking.ServerTLSSettings_OPTIONAL_MUTUAL
 	case "ISTIO_MUTUAL":
 		out.Mode = networking.ServerTLSSettings_ISTIO_MUTUAL
+		return out, nil
+	case "ISTIO_SIMPLE":
+		// The workload's own certificate, as istiod's "builtin://".
+		out.CredentialName = "builtin://"
 		return out, nil
 	}
 	if len(l.TLS.CertificateRefs) > 2 {
@@ -430,6 +459,13 @@ func (t *translator) tls(gw *gwv1.Gateway, l *gwv1.Listener) (*networking.Server
 				ref.Name, ns, gw.Namespace))
 			continue
 		}
+		if sec, ok := t.in.Services.(Secrets); ok {
+			if err := sec.CertificateSecret(ns, string(ref.Name), false); err != nil {
+				reason = string(gwv1.ListenerReasonInvalidCertificateRef)
+				errs = append(errs, fmt.Sprintf("invalid certificate reference /Secret/%s.%s, %v", ref.Name, deref(ref.Namespace, ""), err))
+				continue
+			}
+		}
 		creds = append(creds, CredentialPrefix+ns+"/"+string(ref.Name))
 	}
 	if len(creds) == 0 {
@@ -443,5 +479,105 @@ func (t *translator) tls(gw *gwv1.Gateway, l *gwv1.Listener) (*networking.Server
 	} else {
 		out.CredentialNames = creds
 	}
+	if v := frontendValidation(gw, l.Port); v != nil && len(v.CACertificateRefs) > 0 {
+		if err := t.clientValidation(gw, l, v, out); err != nil {
+			return nil, err
+		}
+	}
+	if cs := cipherSuites(l.TLS.Options[cipherSuitesOption]); len(cs) > 0 {
+		out.CipherSuites = cs
+	}
 	return out, nil
+}
+
+// cipherSuitesOption is istiod's listener TLS option restricting cipher suites.
+const cipherSuitesOption = "gateway.istio.io/tls-cipher-suites"
+
+// validCipherSuites are the names Envoy (BoringSSL) knows, as istiod filters them.
+var validCipherSuites = []string{
+	"ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES256-GCM-SHA384",
+	"ECDHE-RSA-AES256-GCM-SHA384", "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-CHACHA20-POLY1305",
+	"ECDHE-ECDSA-AES128-SHA", "ECDHE-RSA-AES128-SHA", "ECDHE-ECDSA-AES256-SHA", "ECDHE-RSA-AES256-SHA",
+	"AES128-GCM-SHA256", "AES256-GCM-SHA384", "AES128-SHA", "AES256-SHA", "DES-CBC3-SHA",
+}
+
+// cipherSuites reads a comma-separated list, keeping the known names (and BoringSSL's
+// operators), once each.
+func cipherSuites(opt gwv1.AnnotationValue) []string {
+	if opt == "" {
+		return nil
+	}
+	var out []string
+	for _, c := range strings.Split(string(opt), ",") {
+		c = strings.TrimSpace(c)
+		known := c == "" || c == "ALL" || !isAlnum(c[0]) || slices.Contains(validCipherSuites, c)
+		if known && !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func isAlnum(b byte) bool {
+	return b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9'
+}
+
+// frontendValidation is the Gateway's client certificate validation for a port: the port's
+// own, else the default.
+func frontendValidation(gw *gwv1.Gateway, port gwv1.PortNumber) *gwv1.FrontendTLSValidation {
+	if gw.Spec.TLS == nil || gw.Spec.TLS.Frontend == nil {
+		return nil
+	}
+	f := gw.Spec.TLS.Frontend
+	for _, pp := range f.PerPort {
+		if pp.Port == port {
+			return pp.TLS.Validation
+		}
+	}
+	return f.Default.Validation
+}
+
+// clientValidation makes a terminating server verify client certificates against the CA a
+// Gateway's frontend validation names (a ConfigMap or a Secret), as istiod: MUTUAL, or
+// OPTIONAL_MUTUAL with AllowInsecureFallback; the listener's tls-terminate-mode option wins.
+func (t *translator) clientValidation(gw *gwv1.Gateway, l *gwv1.Listener, v *gwv1.FrontendTLSValidation, out *networking.ServerTLSSettings) *configError {
+	if len(v.CACertificateRefs) > 1 {
+		return errorf(string(gwv1.ListenerReasonInvalidCACertificateRef), "only one caCertificateRef is supported")
+	}
+	ref := v.CACertificateRefs[0]
+	ns := string(deref(ref.Namespace, gwv1.Namespace(gw.Namespace)))
+	var scheme string
+	switch {
+	case ref.Group == "" && ref.Kind == "ConfigMap":
+		scheme = "configmap://"
+	case ref.Group == "" && ref.Kind == "Secret":
+		scheme = CredentialPrefix
+	default:
+		return errorf(string(gwv1.ListenerReasonInvalidCACertificateKind),
+			"invalid CA certificate reference %s/%s/%s.%s, only secret and configmap are allowed", ref.Group, ref.Kind, ref.Name, deref(ref.Namespace, ""))
+	}
+	if ns != gw.Namespace && !t.allowed("Gateway", gw.Namespace, "", string(ref.Kind), ns, string(ref.Name)) {
+		return errorf(string(gwv1.ListenerReasonRefNotPermitted),
+			"caCertificateRef %s/%s not accessible to a Gateway in namespace %q (missing a ReferenceGrant?)", ns, ref.Name, gw.Namespace)
+	}
+	if sec, ok := t.in.Services.(Secrets); ok && ref.Kind == "Secret" {
+		if err := sec.CertificateSecret(ns, string(ref.Name), true); err != nil {
+			return errorf(string(gwv1.ListenerReasonInvalidCACertificateRef), "invalid CA certificate reference %s/%s/%s.%s, %v",
+				ref.Group, ref.Kind, ref.Name, deref(ref.Namespace, ""), err)
+		}
+	}
+	out.Mode = networking.ServerTLSSettings_MUTUAL
+	out.InsecureSkipVerify = wrapperspb.Bool(false)
+	if v.Mode == gwv1.AllowInsecureFallback {
+		out.Mode = networking.ServerTLSSettings_OPTIONAL_MUTUAL
+		out.InsecureSkipVerify = wrapperspb.Bool(true)
+	}
+	out.CaCertCredentialName = scheme + ns + "/" + string(ref.Name) + "-cacert"
+	switch l.TLS.Options[tlsModeOption] {
+	case "MUTUAL":
+		out.Mode, out.InsecureSkipVerify = networking.ServerTLSSettings_MUTUAL, wrapperspb.Bool(false)
+	case "OPTIONAL_MUTUAL":
+		out.Mode, out.InsecureSkipVerify = networking.ServerTLSSettings_OPTIONAL_MUTUAL, wrapperspb.Bool(false)
+	}
+	return nil
 }

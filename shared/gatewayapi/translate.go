@@ -39,6 +39,16 @@ type ServiceEntries interface {
 	ServiceEntryHosts(namespace, name string) ([]string, bool)
 }
 
+// Secrets is an optional extension of Services: a registry that can read Kubernetes Secrets
+// implements it so that a certificateRef naming a missing or malformed Secret makes its listener
+// invalid, as in istiod. Without it, references are taken as valid and the proxy's SDS reports
+// what it cannot serve.
+type Secrets interface {
+	// CertificateSecret checks the Secret namespace/name holds a TLS certificate and key (or,
+	// with caOnly, a CA bundle); the error says what is wrong.
+	CertificateSecret(namespace, name string, caOnly bool) error
+}
+
 // Translate derives Istio config and status from the Gateway API objects of in. It is pure and
 // deterministic: the same input gives the same output, in the same order.
 func Translate(in Input) Output {
