@@ -70,10 +70,8 @@ func (t *translator) routes() {
 			return &gwv1.TLSRouteStatus{RouteStatus: gwv1.RouteStatus{Parents: parents}}
 		})
 	}
-	for _, ls := range t.listeners {
-		for _, l := range ls {
-			l.status.AttachedRoutes = l.attached
-		}
+	for _, f := range t.finalize {
+		f()
 	}
 }
 
@@ -246,7 +244,7 @@ func (t *translator) bind(r route) []binding {
 		refNs := string(deref(ref.Namespace, gwv1.Namespace(ns)))
 		switch {
 		case group == gwv1.GroupName && kind == "Gateway":
-			ls := t.listeners[key(refNs, string(ref.Name))]
+			ls := t.listeners["Gateway/"+key(refNs, string(ref.Name))]
 			for _, l := range ls {
 				b := binding{ref: ref, l: l}
 				for _, o := range ls {
@@ -254,6 +252,13 @@ func (t *translator) bind(r route) []binding {
 						b.banned = append(b.banned, o.hostname)
 					}
 				}
+				b.denied = t.listenerAllows(r, l, ref)
+				out = append(out, b)
+			}
+		case group == gwv1.GroupName && kind == "ListenerSet":
+			ls := t.listeners["ListenerSet/"+key(refNs, string(ref.Name))]
+			for _, l := range ls {
+				b := binding{ref: ref, l: l}
 				b.denied = t.listenerAllows(r, l, ref)
 				out = append(out, b)
 			}

@@ -70,7 +70,8 @@ type translator struct {
 	grants map[string][]string
 	// listeners are the bindable listeners of each Gateway, by namespace/name.
 	listeners map[string][]*listener
-	gwStatus  map[string]*gwv1.GatewayStatus
+	// finalize completes statuses once routes are bound (attachedRoutes).
+	finalize []func()
 	// vs collects route output by merge key, see addVirtualService.
 	vs map[string]*mergedVS
 	// namespaces are the namespaces' labels, for allowedRoutes selectors.
@@ -81,7 +82,7 @@ type translator struct {
 
 func newTranslator(in Input) *translator {
 	t := &translator{in: in, domain: cmp.Or(in.DomainSuffix, "cluster.local"), ours: map[string]bool{},
-		grants: map[string][]string{}, listeners: map[string][]*listener{}, gwStatus: map[string]*gwv1.GatewayStatus{},
+		grants: map[string][]string{}, listeners: map[string][]*listener{},
 		vs: map[string]*mergedVS{}, namespaces: in.NamespaceLabels}
 	if t.namespaces == nil {
 		// Without the namespace list, the namespaces routes live in, with the label Kubernetes sets.
@@ -99,6 +100,9 @@ func newTranslator(in Input) *translator {
 			add(r.Namespace)
 		}
 		for _, r := range in.TLSRoutes {
+			add(r.Namespace)
+		}
+		for _, r := range in.ListenerSets {
 			add(r.Namespace)
 		}
 	}

@@ -65,6 +65,10 @@ func readInput(t testing.TB, path string) Input {
 			v := &gwv1.Gateway{}
 			into(v)
 			in.Gateways = append(in.Gateways, v)
+		case "ListenerSet":
+			v := &gwv1.ListenerSet{}
+			into(v)
+			in.ListenerSets = append(in.ListenerSets, v)
 		case "HTTPRoute":
 			v := &gwv1.HTTPRoute{}
 			into(v)
