@@ -664,7 +664,7 @@ func (t *translator) tls(o owner, l *gwv1.Listener) (*networking.ServerTLSSettin
 			continue
 		}
 		if sec, ok := t.in.Services.(Secrets); ok {
-			if err := sec.CertificateSecret(ns, string(ref.Name), false); err != nil {
+			if err := sec.Certificate("Secret", ns, string(ref.Name), false); err != nil {
 				reason = string(gwv1.ListenerReasonInvalidCertificateRef)
 				errs = append(errs, fmt.Sprintf("invalid certificate reference /Secret/%s.%s, %v", ref.Name, deref(ref.Namespace, ""), err))
 				continue
@@ -765,8 +765,8 @@ func (t *translator) clientValidation(o owner, l *gwv1.Listener, v *gwv1.Fronten
 		return errorf(string(gwv1.ListenerReasonRefNotPermitted),
 			"caCertificateRef %s/%s not accessible to a Gateway in namespace %q (missing a ReferenceGrant?)", ns, ref.Name, ownNs)
 	}
-	if sec, ok := t.in.Services.(Secrets); ok && ref.Kind == "Secret" {
-		if err := sec.CertificateSecret(ns, string(ref.Name), true); err != nil {
+	if sec, ok := t.in.Services.(Secrets); ok {
+		if err := sec.Certificate(string(ref.Kind), ns, string(ref.Name), true); err != nil {
 			return errorf(string(gwv1.ListenerReasonInvalidCACertificateRef), "invalid CA certificate reference %s/%s/%s.%s, %v",
 				ref.Group, ref.Kind, ref.Name, deref(ref.Namespace, ""), err)
 		}

@@ -26,6 +26,8 @@ type route struct {
 	obj       object
 	parents   []gwv1.ParentReference
 	hostnames []gwv1.Hostname
+	// backends are the rules' backendRefs, for BackendTLSPolicy ancestors.
+	backends []gwv1.BackendObjectReference
 	// convert translates the rules with gateway (enforceGrants) or mesh semantics; a nil result
 	// with an error is a hard error: nothing is served for the route.
 	convert func(mesh bool) (*converted, *configError)
@@ -77,6 +79,7 @@ func (t *translator) routes() {
 
 func (t *translator) route(r route, status func([]gwv1.RouteParentStatus) any) {
 	ns := r.obj.GetNamespace()
+	t.noteBackends(r)
 	bs := t.bind(r)
 	if len(bs) == 0 {
 		return // no parent of ours: another controller's route
@@ -493,4 +496,22 @@ func withPort(c *converted, port uint32) *converted {
 		out.tls = append(out.tls, r)
 	}
 	return out
+}
+
+// noteBackends records the Gateways a route's backends are reached through.
+func (t *translator) noteBackends(r route) {
+	ns := r.obj.GetNamespace()
+	for _, p := range r.parents {
+		if deref(p.Group, gwv1.GroupName) != gwv1.GroupName || deref(p.Kind, "Gateway") != "Gateway" {
+			continue
+		}
+		gw := key(string(deref(p.Namespace, gwv1.Namespace(ns))), string(p.Name))
+		for _, b := range r.backends {
+			k := string(deref(b.Kind, "Service")) + "/" + key(string(deref(b.Namespace, gwv1.Namespace(ns))), string(b.Name))
+			if t.backendGateways[k] == nil {
+				t.backendGateways[k] = map[string]bool{}
+			}
+			t.backendGateways[k][gw] = true
+		}
+	}
 }

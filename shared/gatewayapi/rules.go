@@ -36,7 +36,13 @@ func joinErr(a, b *configError) *configError {
 }
 
 func httpRoute(t *translator, r *gwv1.HTTPRoute) route {
-	return route{kind: schema.HTTPRoute, obj: r, parents: r.Spec.ParentRefs, hostnames: r.Spec.Hostnames,
+	var backends []gwv1.BackendObjectReference
+	for _, rule := range r.Spec.Rules {
+		for _, b := range rule.BackendRefs {
+			backends = append(backends, b.BackendObjectReference)
+		}
+	}
+	return route{kind: schema.HTTPRoute, obj: r, parents: r.Spec.ParentRefs, hostnames: r.Spec.Hostnames, backends: backends,
 		convert: func(mesh bool) (*converted, *configError) {
 			out := &converted{}
 			var soft *configError
@@ -474,7 +480,13 @@ func cors(f *gwv1.HTTPCORSFilter) *networking.CorsPolicy {
 }
 
 func grpcRoute(t *translator, r *gwv1.GRPCRoute) route {
-	return route{kind: schema.GRPCRoute, obj: r, parents: r.Spec.ParentRefs, hostnames: r.Spec.Hostnames,
+	var backends []gwv1.BackendObjectReference
+	for _, rule := range r.Spec.Rules {
+		for _, b := range rule.BackendRefs {
+			backends = append(backends, b.BackendObjectReference)
+		}
+	}
+	return route{kind: schema.GRPCRoute, obj: r, parents: r.Spec.ParentRefs, hostnames: r.Spec.Hostnames, backends: backends,
 		convert: func(mesh bool) (*converted, *configError) {
 			out := &converted{}
 			var soft *configError
@@ -629,7 +641,13 @@ func (t *translator) l4Destinations(refs []gwv1.BackendRef, kind, ns string, enf
 }
 
 func tcpRoute(t *translator, r *gwv1.TCPRoute) route {
-	return route{kind: schema.TCPRoute, obj: r, parents: r.Spec.ParentRefs,
+	var backends []gwv1.BackendObjectReference
+	for _, rule := range r.Spec.Rules {
+		for _, b := range rule.BackendRefs {
+			backends = append(backends, b.BackendObjectReference)
+		}
+	}
+	return route{kind: schema.TCPRoute, obj: r, parents: r.Spec.ParentRefs, backends: backends,
 		convert: func(mesh bool) (*converted, *configError) {
 			out := &converted{}
 			var soft *configError
@@ -648,7 +666,13 @@ func tcpRoute(t *translator, r *gwv1.TCPRoute) route {
 }
 
 func tlsRoute(t *translator, r *gwv1.TLSRoute) route {
-	return route{kind: schema.TLSRoute, obj: r, parents: r.Spec.ParentRefs, hostnames: r.Spec.Hostnames,
+	var backends []gwv1.BackendObjectReference
+	for _, rule := range r.Spec.Rules {
+		for _, b := range rule.BackendRefs {
+			backends = append(backends, b.BackendObjectReference)
+		}
+	}
+	return route{kind: schema.TLSRoute, obj: r, parents: r.Spec.ParentRefs, hostnames: r.Spec.Hostnames, backends: backends,
 		convert: func(mesh bool) (*converted, *configError) {
 			out := &converted{}
 			var soft *configError

@@ -65,6 +65,10 @@ func readInput(t testing.TB, path string) Input {
 			v := &gwv1.Gateway{}
 			into(v)
 			in.Gateways = append(in.Gateways, v)
+		case "BackendTLSPolicy":
+			v := &gwv1.BackendTLSPolicy{}
+			into(v)
+			in.BackendTLSPolicies = append(in.BackendTLSPolicies, v)
 		case "ListenerSet":
 			v := &gwv1.ListenerSet{}
 			into(v)
