@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"google.golang.org/protobuf/proto"
+	networking "istio.io/api/networking/v1alpha3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -125,7 +126,7 @@ func (s *Store) gatewayAPIOutput(snap *Snapshot) gatewayapi.Output {
 		TLSRoutes:          objectsOf[gwv1.TLSRoute](s, schema.TLSRoute),
 		ReferenceGrants:    objectsOf[gwv1.ReferenceGrant](s, schema.ReferenceGrant),
 		BackendTLSPolicies: objectsOf[gwv1.BackendTLSPolicy](s, schema.BackendTLSPolicy),
-		Services:           registry{snap},
+		Services:           registry{snap: snap, entries: s.state[schema.ServiceEntry.TypeURL]},
 		DomainSuffix:       DomainSuffix,
 	})
 	return s.gw.out
@@ -203,10 +204,24 @@ func (s *Store) GatewayAPIStatus() []gatewayapi.Status {
 	return slices.Clone(s.gw.out.Status)
 }
 
-// registry is a snapshot's services as translation reads them.
-type registry struct{ snap *Snapshot }
+// registry is a snapshot's services as translation reads them, and the ServiceEntries by name.
+type registry struct {
+	snap    *Snapshot
+	entries map[string]*bus.Resource
+}
 
-var _ gatewayapi.Services = registry{}
+var (
+	_ gatewayapi.Services       = registry{}
+	_ gatewayapi.ServiceEntries = registry{}
+)
+
+func (r registry) ServiceEntryHosts(namespace, name string) ([]string, bool) {
+	res, ok := r.entries[schema.Name(namespace, name)]
+	if !ok {
+		return nil, false
+	}
+	return res.Body.(*networking.ServiceEntry).GetHosts(), true
+}
 
 func (r registry) Service(hostname, namespace string) (gatewayapi.Service, bool) {
 	var pick *Service

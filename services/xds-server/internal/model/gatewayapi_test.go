@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/types/known/structpb"
+	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/shared/bus"
@@ -158,4 +159,27 @@ func BenchmarkGatewayAPISnapshot(b *testing.B) {
 			s.Next()
 		}
 	})
+}
+
+// A GAMMA route whose parent is a ServiceEntry routes the entry's hosts, for sidecars and
+// proxyless clients ("mesh").
+func TestGatewayAPIServiceEntryParent(t *testing.T) {
+	s := NewStore()
+	apply(t, s, schema.Service.TypeURL, &bus.Resource{Name: "default/api.example.com",
+		Body: &discoveryv1.Service{Hostname: "api.example.com", Namespace: "default"}})
+	apply(t, s, schema.ServiceEntry.TypeURL, &bus.Resource{Name: "default/api",
+		Body: &networking.ServiceEntry{Hosts: []string{"api.example.com"}}})
+	apply(t, s, schema.HTTPRoute.TypeURL, gwResource(t, "default/api", map[string]any{
+		"parentRefs": []any{map[string]any{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "api"}},
+		"rules": []any{map[string]any{"backendRefs": []any{map[string]any{
+			"group": "networking.istio.io", "kind": "Hostname", "name": "api.example.com", "port": 443}}}},
+	}))
+	snap, _ := s.Next()
+	if len(snap.VirtualServices) != 1 {
+		t.Fatalf("%d virtual services, want 1", len(snap.VirtualServices))
+	}
+	vs := snap.VirtualServices[0].Spec
+	if vs.GetHosts()[0] != "api.example.com" || vs.GetGateways()[0] != "mesh" {
+		t.Fatalf("virtual service %v", vs)
+	}
 }
