@@ -92,3 +92,44 @@ func TestGatewayAPIFiles(t *testing.T) {
 		t.Fatal("the Gateway API Gateway lost its last valid version")
 	}
 }
+
+// A document the API server would refuse for one of its CRD's CEL rules is refused in files
+// mode too, naming file, document and field, and the route's last valid version stays served,
+// with the CRD's defaults set as the API server stores them.
+func TestGatewayAPIFilesRefusedByCEL(t *testing.T) {
+	e := start(t, func(e *env) {
+		e.write("gw.yaml", k8sGatewayDoc("80")+"---\n"+httpRouteDoc)
+	})
+	route := func() *gwv1.HTTPRoute {
+		r, err := gatewayapi.Decode[gwv1.HTTPRoute](e.rec.get(schema.HTTPRoute, "apps/reviews"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	ref := route().Spec.Rules[0].BackendRefs[0]
+	if *ref.Port != 9080 || ref.Weight == nil || *ref.Weight != 1 || *ref.Kind != "Service" {
+		t.Fatalf("backendRef = %+v, want port 9080 and the defaults weight 1, kind Service", ref)
+	}
+	// A backendRef to a Service without a port: the CRD's rule "Must have port for Service
+	// reference" refuses it.
+	noPort := strings.Replace(httpRouteDoc, "{name: reviews, port: 9080}", "{name: reviews-v2}", 1)
+	e.write("gw.yaml", k8sGatewayDoc("8080")+"---\n"+noPort)
+	eventually(t, "CEL refusal reported", func() bool {
+		return e.problem("gw.yaml", "document 2", "HTTPRoute apps/reviews", "spec.rules[0].backendRefs[0]", "Must have port for Service reference") != nil
+	})
+	eventually(t, "the good document updated", func() bool {
+		gw, err := gatewayapi.Decode[gwv1.Gateway](e.rec.get(schema.KubernetesGateway, "apps/web"))
+		return err == nil && gw.Spec.Listeners[0].Port == 8080
+	})
+	if got := route().Spec.Rules[0].BackendRefs[0].Name; got != "reviews" {
+		t.Fatalf("the refused route replaced its last valid version: backend %s", got)
+	}
+	// Fixed: served, the problem gone.
+	e.write("gw.yaml", k8sGatewayDoc("8080")+"---\n"+strings.Replace(noPort, "{name: reviews-v2}", "{name: reviews-v2, port: 9080}", 1))
+	eventually(t, "fixed", func() bool {
+		r := e.rec.get(schema.HTTPRoute, "apps/reviews")
+		rt, err := gatewayapi.Decode[gwv1.HTTPRoute](r)
+		return err == nil && rt.Spec.Rules[0].BackendRefs[0].Name == "reviews-v2" && len(e.svc.Problems()) == 0
+	})
+}

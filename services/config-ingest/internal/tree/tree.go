@@ -24,6 +24,7 @@ import (
 
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
+	gwvalidation "sailplane.dev/shared/gatewayapi/validation"
 	"sailplane.dev/shared/schema"
 )
 
@@ -349,6 +350,10 @@ func (t *Tree) parse(path string, data []byte, prev *file) *file {
 		warnings, err := config.Validate(c)
 		for _, w := range warnings {
 			f.warnings = append(f.warnings, w.String())
+		}
+		if err == nil && c.Kind.Group == schema.GatewayAPIGroup {
+			// As the API server would: the CRD's schema and rules, and its defaults set.
+			c, err = gwvalidation.Validate(c)
 		}
 		if err != nil {
 			for _, e := range config.Errors(err) {
