@@ -43,6 +43,9 @@ type Config[T proto.Message] struct {
 	Name       string
 	CreateTime time.Time
 	Spec       T
+	// GatewayAPI marks config translated from the Gateway API: its routes follow that API's
+	// semantics (istiod's "route-semantics: gateway"), see translate.GatewaySemantics.
+	GatewayAPI bool
 }
 
 // Service is a registry service with its endpoints.
