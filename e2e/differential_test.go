@@ -155,7 +155,15 @@ func runDifferentialCase(t *testing.T, name string) ([]xdsdiff.Difference, xdsdi
 		t.Fatalf("%s/kube.yaml: %v", dir, err)
 	}
 
-	k := testenv.KubeForTest(t)
+	var opts []testenv.Option
+	var istiodEnv []string
+	if strings.Contains(manifest, "gateway.networking.k8s.io/") {
+		opts = append(opts, testenv.WithGatewayAPICRDs()) // only where used: installing them takes a while
+		// testenv's istiod runs without its Gateway API controller; translation (not status,
+		// not deployments) is what is compared.
+		istiodEnv = append(istiodEnv, "PILOT_ENABLE_GATEWAY_API=true")
+	}
+	k := testenv.KubeForTest(t, opts...)
 	kube := framework.NewKube(t, k.RestConfig())
 	// Both control planes keep their leases in their namespace.
 	kube.EnsureNamespace(t, "istio-system")
@@ -166,7 +174,7 @@ func runDifferentialCase(t *testing.T, name string) ([]xdsdiff.Difference, xdsdi
 	// The objects are in place before either starts, so each one's readiness (caches synced,
 	// first state built) means it serves all of them.
 	hyperAddr := startDifferentialHyper(t, k, mesh)
-	istiod := testenv.IstiodForTest(t, k, mesh)
+	istiod := testenv.IstiodForTest(t, k, mesh, istiodEnv...)
 
 	var all []xdsdiff.Difference
 	var stats xdsdiff.Stats

@@ -89,6 +89,12 @@ func TestCredentialSecrets(t *testing.T) {
 		!bytes.Equal(got[0].GetTlsCertificate().GetPrivateKey().GetInlineBytes(), keyPEM) || got[0].GetName() != "kubernetes://gw-cert" {
 		t.Fatalf("kubernetes://gw-cert: got %d secrets, want the Secret's key pair", len(got))
 	}
+	// A Gateway API listener's name for it (kubernetes-gateway://<ns>/<name>), on its own stream.
+	gwAPI := sdsStream(t, srv.SecureAddr().String(), creds("gw", "ingress"), gatewayNode("gw", "ingress"))
+	if got := secretsOf(t, gwAPI.ask(t, "kubernetes-gateway://gw/gw-cert")); len(got) != 1 ||
+		!bytes.Equal(got[0].GetTlsCertificate().GetPrivateKey().GetInlineBytes(), keyPEM) || got[0].GetName() != "kubernetes-gateway://gw/gw-cert" {
+		t.Fatalf("kubernetes-gateway://gw/gw-cert: got %d secrets, want the Secret's key pair under that name", len(got))
+	}
 	// The Secret changes: the new pair is pushed.
 	certPEM2, keyPEM2 := keyPairPEM(t, gwCA, "www.example.com")
 	gwCert.Data = map[string][]byte{"tls.crt": certPEM2, "tls.key": keyPEM2, "ca.crt": caPEM}
@@ -173,7 +179,7 @@ func TestCredentialSecrets(t *testing.T) {
 		{"no RBAC", "kubernetes://gw/gw-cert", sdsStream(t, srv.SecureAddr().String(), creds("gw", "norbac"), gatewayNode("gw", "norbac")),
 			[]string{"kubernetes://gw-cert"}, "may not list Secrets in gw"},
 		{"other namespace", "kubernetes://gw/gw-cert", sdsStream(t, srv.SecureAddr().String(), creds("other", "ingress"), gatewayNode("other", "ingress")),
-			[]string{"kubernetes://gw/gw-cert", "kubernetes://gw/gw-cert-cacert"}, "only Secrets of its own namespace"},
+			[]string{"kubernetes://gw/gw-cert", "kubernetes://gw/gw-cert-cacert", "kubernetes-gateway://gw/gw-cert"}, "only Secrets of its own namespace"},
 		{"plaintext", "kubernetes://gw-cert (ingress-1.gw)", sdsStream(t, srv.Addr().String(), insecure.NewCredentials(), gatewayNode("gw", "ingress")),
 			[]string{"kubernetes://gw-cert"}, "not authenticated"},
 		{"another cluster", "kubernetes://gw-cert (ingress-1.gw)", sdsStream(t, srv.SecureAddr().String(), creds("gw", "ingress"), remoteNode("gw", "ingress")),

@@ -3,6 +3,7 @@ package gatewayapi
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,7 +36,13 @@ func joinErr(a, b *configError) *configError {
 }
 
 func httpRoute(t *translator, r *gwv1.HTTPRoute) route {
-	return route{kind: schema.HTTPRoute, obj: r, parents: r.Spec.ParentRefs, hostnames: r.Spec.Hostnames,
+	var backends []gwv1.BackendObjectReference
+	for _, rule := range r.Spec.Rules {
+		for _, b := range rule.BackendRefs {
+			backends = append(backends, b.BackendObjectReference)
+		}
+	}
+	return route{kind: schema.HTTPRoute, obj: r, parents: r.Spec.ParentRefs, hostnames: r.Spec.Hostnames, backends: backends,
 		convert: func(mesh bool) (*converted, *configError) {
 			out := &converted{}
 			var soft *configError
@@ -54,7 +61,9 @@ func httpRoute(t *translator, r *gwv1.HTTPRoute) route {
 					if hr == nil {
 						return nil, err
 					}
-					soft = joinErr(soft, err)
+					if err != nil {
+						soft = err // the last rule's problem, as istiod reports it
+					}
 					out.http = append(out.http, hr)
 				}
 			}
@@ -244,6 +253,9 @@ func (t *translator) destination(ref gwv1.BackendObjectReference, kind, ns strin
 		if strings.Contains(string(ref.Name), ".") {
 			return nil, nil, errorf(reasonInvalidDestination, "service name invalid; the name of the Service must be used, not the hostname.")
 		}
+		host = fmt.Sprintf("%s.%s.svc.%s", ref.Name, toNs, t.domain)
+	case group == "multicluster.x-k8s.io" && k == "ServiceImport":
+		// As istiod without MCS hosts: the Service of the name, already cluster-wide here.
 		host = fmt.Sprintf("%s.%s.svc.%s", ref.Name, toNs, t.domain)
 	case group == "networking.istio.io" && k == "Hostname":
 		if ref.Namespace != nil {
@@ -468,7 +480,13 @@ func cors(f *gwv1.HTTPCORSFilter) *networking.CorsPolicy {
 }
 
 func grpcRoute(t *translator, r *gwv1.GRPCRoute) route {
-	return route{kind: schema.GRPCRoute, obj: r, parents: r.Spec.ParentRefs, hostnames: r.Spec.Hostnames,
+	var backends []gwv1.BackendObjectReference
+	for _, rule := range r.Spec.Rules {
+		for _, b := range rule.BackendRefs {
+			backends = append(backends, b.BackendObjectReference)
+		}
+	}
+	return route{kind: schema.GRPCRoute, obj: r, parents: r.Spec.ParentRefs, hostnames: r.Spec.Hostnames, backends: backends,
 		convert: func(mesh bool) (*converted, *configError) {
 			out := &converted{}
 			var soft *configError
@@ -486,7 +504,9 @@ func grpcRoute(t *translator, r *gwv1.GRPCRoute) route {
 					if hr == nil {
 						return nil, err
 					}
-					soft = joinErr(soft, err)
+					if err != nil {
+						soft = err // the last rule's problem, as istiod reports it
+					}
 					out.http = append(out.http, hr)
 				}
 			}
@@ -621,7 +641,13 @@ func (t *translator) l4Destinations(refs []gwv1.BackendRef, kind, ns string, enf
 }
 
 func tcpRoute(t *translator, r *gwv1.TCPRoute) route {
-	return route{kind: schema.TCPRoute, obj: r, parents: r.Spec.ParentRefs,
+	var backends []gwv1.BackendObjectReference
+	for _, rule := range r.Spec.Rules {
+		for _, b := range rule.BackendRefs {
+			backends = append(backends, b.BackendObjectReference)
+		}
+	}
+	return route{kind: schema.TCPRoute, obj: r, parents: r.Spec.ParentRefs, backends: backends,
 		convert: func(mesh bool) (*converted, *configError) {
 			out := &converted{}
 			var soft *configError
@@ -630,7 +656,9 @@ func tcpRoute(t *translator, r *gwv1.TCPRoute) route {
 				if err != nil {
 					return nil, err
 				}
-				soft = joinErr(soft, bad)
+				if bad != nil {
+					soft = bad
+				}
 				out.tcp = append(out.tcp, &networking.TCPRoute{Route: d})
 			}
 			return out, soft
@@ -638,7 +666,13 @@ func tcpRoute(t *translator, r *gwv1.TCPRoute) route {
 }
 
 func tlsRoute(t *translator, r *gwv1.TLSRoute) route {
-	return route{kind: schema.TLSRoute, obj: r, parents: r.Spec.ParentRefs, hostnames: r.Spec.Hostnames,
+	var backends []gwv1.BackendObjectReference
+	for _, rule := range r.Spec.Rules {
+		for _, b := range rule.BackendRefs {
+			backends = append(backends, b.BackendObjectReference)
+		}
+	}
+	return route{kind: schema.TLSRoute, obj: r, parents: r.Spec.ParentRefs, hostnames: r.Spec.Hostnames, backends: backends,
 		convert: func(mesh bool) (*converted, *configError) {
 			out := &converted{}
 			var soft *configError
@@ -647,7 +681,9 @@ func tlsRoute(t *translator, r *gwv1.TLSRoute) route {
 				if err != nil {
 					return nil, err
 				}
-				soft = joinErr(soft, bad)
+				if bad != nil {
+					soft = bad
+				}
 				out.tls = append(out.tls, &networking.TLSRoute{Route: d,
 					Match: []*networking.TLSMatchAttributes{{SniHosts: hostStrings(r.Spec.Hostnames)}}})
 			}
@@ -655,13 +691,32 @@ func tlsRoute(t *translator, r *gwv1.TLSRoute) route {
 		}}
 }
 
-// meshTLS gives TLS rules without hostnames the mesh parent's host as SNI.
-func meshTLS(rs []*networking.TLSRoute, host string) []*networking.TLSRoute {
+// meshSNI gives TLS rules without hostnames the mesh parent's hosts as SNI.
+func meshSNI(rs []*networking.TLSRoute, hosts []string) []*networking.TLSRoute {
 	var out []*networking.TLSRoute
 	for _, r := range rs {
-		if len(r.Match) == 1 && len(r.Match[0].SniHosts) == 1 && r.Match[0].SniHosts[0] == "*" {
+		if len(r.Match) == 1 && slices.Equal(r.Match[0].SniHosts, []string{"*"}) {
 			r = r.DeepCopy()
-			r.Match[0].SniHosts = []string{host}
+			r.Match[0].SniHosts = hosts
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// sniFor keeps, of a rule's several SNI hosts, those the mesh host matches.
+func sniFor(rs []*networking.TLSRoute, host string) []*networking.TLSRoute {
+	var out []*networking.TLSRoute
+	for _, r := range rs {
+		if len(r.Match) == 1 && len(r.Match[0].SniHosts) > 1 {
+			r = r.DeepCopy()
+			var keep []string
+			for _, h := range r.Match[0].SniHosts {
+				if hostsMatch(host, h) {
+					keep = append(keep, h)
+				}
+			}
+			r.Match[0].SniHosts = keep
 		}
 		out = append(out, r)
 	}

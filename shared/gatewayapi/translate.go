@@ -39,6 +39,16 @@ type ServiceEntries interface {
 	ServiceEntryHosts(namespace, name string) ([]string, bool)
 }
 
+// Secrets is an optional extension of Services: a registry that can read Kubernetes Secrets and
+// ConfigMaps implements it so that a reference to a missing or malformed one makes its listener
+// (or BackendTLSPolicy) invalid, as in istiod. Without it, references are taken as valid and the
+// proxy's SDS reports what it cannot serve.
+type Secrets interface {
+	// Certificate checks that the Secret or ConfigMap (kind) namespace/name holds a TLS
+	// certificate and key, or with caOnly a CA bundle; the error says what is wrong.
+	Certificate(kind, namespace, name string, caOnly bool) error
+}
+
 // Translate derives Istio config and status from the Gateway API objects of in. It is pure and
 // deterministic: the same input gives the same output, in the same order.
 func Translate(in Input) Output {
@@ -46,6 +56,7 @@ func Translate(in Input) Output {
 	t.classes()
 	t.gateways()
 	t.routes()
+	t.backendTLSPolicies()
 	t.finish()
 	return t.out
 }
@@ -60,7 +71,11 @@ type translator struct {
 	grants map[string][]string
 	// listeners are the bindable listeners of each Gateway, by namespace/name.
 	listeners map[string][]*listener
-	gwStatus  map[string]*gwv1.GatewayStatus
+	// backendGateways are, by backend "Kind/ns/name", the Gateways ("ns/name") of the routes
+	// referencing it: a BackendTLSPolicy's ancestors.
+	backendGateways map[string]map[string]bool
+	// finalize completes statuses once routes are bound (attachedRoutes).
+	finalize []func()
 	// vs collects route output by merge key, see addVirtualService.
 	vs map[string]*mergedVS
 	// namespaces are the namespaces' labels, for allowedRoutes selectors.
@@ -71,7 +86,7 @@ type translator struct {
 
 func newTranslator(in Input) *translator {
 	t := &translator{in: in, domain: cmp.Or(in.DomainSuffix, "cluster.local"), ours: map[string]bool{},
-		grants: map[string][]string{}, listeners: map[string][]*listener{}, gwStatus: map[string]*gwv1.GatewayStatus{},
+		grants: map[string][]string{}, listeners: map[string][]*listener{}, backendGateways: map[string]map[string]bool{},
 		vs: map[string]*mergedVS{}, namespaces: in.NamespaceLabels}
 	if t.namespaces == nil {
 		// Without the namespace list, the namespaces routes live in, with the label Kubernetes sets.
@@ -89,6 +104,9 @@ func newTranslator(in Input) *translator {
 			add(r.Namespace)
 		}
 		for _, r := range in.TLSRoutes {
+			add(r.Namespace)
+		}
+		for _, r := range in.ListenerSets {
 			add(r.Namespace)
 		}
 	}

@@ -65,6 +65,14 @@ func readInput(t testing.TB, path string) Input {
 			v := &gwv1.Gateway{}
 			into(v)
 			in.Gateways = append(in.Gateways, v)
+		case "BackendTLSPolicy":
+			v := &gwv1.BackendTLSPolicy{}
+			into(v)
+			in.BackendTLSPolicies = append(in.BackendTLSPolicies, v)
+		case "ListenerSet":
+			v := &gwv1.ListenerSet{}
+			into(v)
+			in.ListenerSets = append(in.ListenerSets, v)
 		case "HTTPRoute":
 			v := &gwv1.HTTPRoute{}
 			into(v)

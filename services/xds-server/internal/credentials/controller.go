@@ -210,8 +210,8 @@ func (c *Controller) Forget(proxy string) {
 }
 
 // errOtherNamespace is a Secret of another namespace than the proxy's, which istiod never serves
-// (its kubernetes-gateway:// references, checked against ReferenceGrants, are the exception
-// Sailplane does not serve yet).
+// (its kubernetes-gateway:// references to another namespace, allowed by a ReferenceGrant, are
+// the exception Sailplane does not serve yet; those of the proxy's namespace it serves).
 var errOtherNamespace = errors.New("a proxy may read only Secrets of its own namespace")
 
 func (c *Controller) authorize(ctx context.Context, ref Ref, id spiffe.ID) error {

@@ -1,7 +1,7 @@
 // Package credentials serves the Kubernetes Secrets that Gateway servers and DestinationRules
 // name in credentialName to the proxies allowed to read them, as SDS secrets, as istiod's
-// SecretGen does: "kubernetes://<name>" (the proxy's namespace), "kubernetes://<ns>/<name>", and
-// "<...>-cacert" for the CA alone.
+// SecretGen does: "kubernetes://<name>" (the proxy's namespace), "kubernetes://<ns>/<name>",
+// "kubernetes-gateway://<ns>/<name>" (Gateway API listeners), and "<...>-cacert" for the CA alone.
 package credentials
 
 import (
@@ -15,6 +15,9 @@ import (
 const (
 	KubernetesPrefix = "kubernetes://"
 	CASuffix         = "-cacert"
+	// GatewayPrefix starts the names Gateway API listeners give their certificateRefs, always
+	// with a namespace, as istiod's translation writes them ("kubernetes-gateway://<ns>/<name>").
+	GatewayPrefix = "kubernetes-gateway://"
 )
 
 // ErrNotServed is a resource name of a kind this server does not serve (configmap://,
@@ -34,8 +37,16 @@ type Ref struct {
 // Key is the Secret as "namespace/name".
 func (r Ref) Key() string { return r.Namespace + "/" + r.Name }
 
-// Parse reads a "kubernetes://" resource name; a name without a namespace is of proxyNamespace.
+// Parse reads a "kubernetes://" resource name (one without a namespace is of proxyNamespace)
+// or a "kubernetes-gateway://<namespace>/<name>" one.
 func Parse(resource, proxyNamespace string) (Ref, error) {
+	if rest, ok := strings.CutPrefix(resource, GatewayPrefix); ok {
+		ns, name, found := strings.Cut(rest, "/")
+		if !found || ns == "" || name == "" || strings.Contains(name, "/") {
+			return Ref{}, fmt.Errorf("SDS resource %q: want kubernetes-gateway://<namespace>/<name>", resource)
+		}
+		return Ref{Resource: resource, Namespace: ns, Name: name, CAOnly: strings.HasSuffix(name, CASuffix)}, nil
+	}
 	rest, ok := strings.CutPrefix(resource, KubernetesPrefix)
 	if !ok {
 		return Ref{}, fmt.Errorf("SDS resource %q: %w", resource, ErrNotServed)

@@ -192,11 +192,16 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 		httpDone := false
 		for _, s := range byPort[port] {
 			log := b.log.With("gateway", s.gateway, "port", port)
-			if cred := s.server.GetTls().GetCredentialName(); cred != "" && s.terminates() &&
-				s.server.GetTls().GetMode() != networking.ServerTLSSettings_ISTIO_MUTUAL {
-				b.credentialNotServed(credentialResource(cred))
-				if m := s.server.GetTls().GetMode(); m == networking.ServerTLSSettings_MUTUAL || m == networking.ServerTLSSettings_OPTIONAL_MUTUAL {
-					b.credentialNotServed(credentialResource(cred) + "-cacert")
+			if tls := s.server.GetTls(); s.terminates() && tls.GetMode() != networking.ServerTLSSettings_ISTIO_MUTUAL {
+				creds := tls.GetCredentialNames()
+				if tls.GetCredentialName() != "" {
+					creds = []string{tls.GetCredentialName()}
+				}
+				for _, cred := range creds {
+					b.credentialNotServed(credentialResource(cred))
+				}
+				if m := tls.GetMode(); len(creds) > 0 && (m == networking.ServerTLSSettings_MUTUAL || m == networking.ServerTLSSettings_OPTIONAL_MUTUAL) {
+					b.credentialNotServed(cmp.Or(tls.GetCaCertCredentialName(), credentialResource(creds[0])+"-cacert"))
 				}
 			}
 			// VirtualService port matches and default destination ports are the server's.
@@ -369,10 +374,18 @@ func downstreamTLS(t *networking.ServerTLSSettings, http bool) *corev3.Transport
 	case t.GetMode() == networking.ServerTLSSettings_ISTIO_MUTUAL:
 		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecret("default")}
 		root = sdsSecret("ROOTCA")
-	case t.GetCredentialName() != "":
-		name := credentialResource(t.GetCredentialName())
-		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{credentialSDS(name)}
-		root = credentialSDS(name + "-cacert")
+	case t.GetCredentialName() != "" || len(t.GetCredentialNames()) > 0:
+		// credentialNames: several certificates (an RSA and an ECDSA one), as istiod.
+		names := t.GetCredentialNames()
+		if t.GetCredentialName() != "" {
+			names = []string{t.GetCredentialName()}
+		}
+		for _, n := range names {
+			common.TlsCertificateSdsSecretConfigs = append(common.TlsCertificateSdsSecretConfigs, credentialSDS(credentialResource(n)))
+		}
+		name := credentialResource(names[0])
+		// caCertCredentialName names the client CA apart (a Gateway API frontend validation).
+		root = credentialSDS(cmp.Or(t.GetCaCertCredentialName(), name+"-cacert"))
 	default:
 		common.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{
 			sdsSecret("file-cert:" + t.GetServerCertificate() + "~" + t.GetPrivateKey())}

@@ -226,6 +226,9 @@ func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host 
 		if !b.routeAction(r, hr, vs.Namespace, host, port, m, log) {
 			return nil, true
 		}
+		if vs.GatewayAPI {
+			translate.GatewaySemantics(r, translate.Envoy)
+		}
 		return r, false
 	})
 	if skipped > 0 {

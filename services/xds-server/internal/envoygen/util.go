@@ -87,11 +87,12 @@ func credentialSDS(name string) *tlsv3.SdsSecretConfig {
 // by the secret server, which knows the Secret and who asks.
 func (b *builder) credentialNotServed(names ...string) {
 	for _, n := range names {
-		if b.credentials && strings.HasPrefix(n, "kubernetes://") {
+		kube := strings.HasPrefix(n, "kubernetes://") || strings.HasPrefix(n, "kubernetes-gateway://")
+		if b.credentials && kube {
 			continue
 		}
 		why := "Sailplane serves only kubernetes:// secrets, from a Kubernetes cluster"
-		if strings.HasPrefix(n, "kubernetes://") {
+		if kube {
 			why = "the xds-server has no Kubernetes cluster to read Secrets from"
 		}
 		b.report(model.MetricCredentialNotServed, n, "credentialName secret "+n+" is not served: "+why+", so TLS handshakes needing it fail")

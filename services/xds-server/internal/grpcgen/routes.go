@@ -69,6 +69,9 @@ func (g *generator) vsRoutes(svc *model.Service, port *discoveryv1.Port,
 			return nil, false
 		}
 		r.Action = &routev3.Route_Route{Route: action}
+		if vs.GatewayAPI {
+			translate.GatewaySemantics(r, translate.Proxyless)
+		}
 		if f := translate.Fault(http.GetFault(), log); f != nil {
 			cfg, err := marshalAny(f)
 			if err != nil {

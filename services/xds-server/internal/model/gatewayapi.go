@@ -2,12 +2,15 @@ package model
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 
 	"google.golang.org/protobuf/proto"
+	networking "istio.io/api/networking/v1alpha3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/gatewayapi"
 	"sailplane.dev/shared/schema"
@@ -30,6 +33,9 @@ type gatewayAPIState struct {
 	served map[ConfigKey]proto.Message
 	// Translations counts translations run (tests and the benchmark read it).
 	translations int
+	// selectorHosts are the services manually deployed Gateways run behind: their endpoints'
+	// labels select the gateway pods, so a change of those endpoints translates again.
+	selectorHosts map[string]bool
 }
 
 func isGatewayAPI(kind schema.Kind) bool {
@@ -115,6 +121,12 @@ func (s *Store) gatewayAPIOutput(snap *Snapshot) gatewayapi.Output {
 		return s.gw.out
 	}
 	s.gw.translations++
+	s.gw.selectorHosts = map[string]bool{}
+	for _, o := range s.gw.objects[schema.KubernetesGateway.Kind] {
+		for _, h := range gatewayapi.ManualGatewayHosts(o.(*gwv1.Gateway), DomainSuffix) {
+			s.gw.selectorHosts[h] = true
+		}
+	}
 	s.gw.out = gatewayapi.Translate(gatewayapi.Input{
 		GatewayClasses:     objectsOf[gwv1.GatewayClass](s, schema.GatewayClass),
 		Gateways:           objectsOf[gwv1.Gateway](s, schema.KubernetesGateway),
@@ -125,7 +137,7 @@ func (s *Store) gatewayAPIOutput(snap *Snapshot) gatewayapi.Output {
 		TLSRoutes:          objectsOf[gwv1.TLSRoute](s, schema.TLSRoute),
 		ReferenceGrants:    objectsOf[gwv1.ReferenceGrant](s, schema.ReferenceGrant),
 		BackendTLSPolicies: objectsOf[gwv1.BackendTLSPolicy](s, schema.BackendTLSPolicy),
-		Services:           registry{snap},
+		Services:           registry{snap: snap, entries: s.state[schema.ServiceEntry.TypeURL]},
 		DomainSuffix:       DomainSuffix,
 	})
 	return s.gw.out
@@ -148,7 +160,7 @@ func mergeConfigs[T proto.Message](own []Config[T], gen []gatewayapi.Config[T]) 
 	}
 	out := slices.Grow(slices.Clone(own), len(gen))
 	for _, g := range gen {
-		out = append(out, Config[T]{Namespace: g.Namespace, Name: g.Name, CreateTime: g.CreateTime, Spec: g.Spec})
+		out = append(out, Config[T]{Namespace: g.Namespace, Name: g.Name, CreateTime: g.CreateTime, Spec: g.Spec, GatewayAPI: true})
 	}
 	slices.SortStableFunc(out, compareConfigs[T])
 	return out
@@ -203,10 +215,24 @@ func (s *Store) GatewayAPIStatus() []gatewayapi.Status {
 	return slices.Clone(s.gw.out.Status)
 }
 
-// registry is a snapshot's services as translation reads them.
-type registry struct{ snap *Snapshot }
+// registry is a snapshot's services as translation reads them, and the ServiceEntries by name.
+type registry struct {
+	snap    *Snapshot
+	entries map[string]*bus.Resource
+}
 
-var _ gatewayapi.Services = registry{}
+var (
+	_ gatewayapi.Services       = registry{}
+	_ gatewayapi.ServiceEntries = registry{}
+)
+
+func (r registry) ServiceEntryHosts(namespace, name string) ([]string, bool) {
+	res, ok := r.entries[schema.Name(namespace, name)]
+	if !ok {
+		return nil, false
+	}
+	return res.Body.(*networking.ServiceEntry).GetHosts(), true
+}
 
 func (r registry) Service(hostname, namespace string) (gatewayapi.Service, bool) {
 	var pick *Service
@@ -224,7 +250,8 @@ func (r registry) Service(hostname, namespace string) (gatewayapi.Service, bool)
 	if pick == nil {
 		return gatewayapi.Service{}, false
 	}
-	out := gatewayapi.Service{Hostname: hostname, Addresses: pick.Spec.GetAddresses(), Ready: len(pick.Endpoints) > 0}
+	out := gatewayapi.Service{Hostname: hostname, Addresses: pick.Spec.GetAddresses(), Ready: len(pick.Endpoints) > 0,
+		Selector: commonLabels(pick.Endpoints)}
 	for _, p := range pick.Spec.GetPorts() {
 		out.Ports = append(out.Ports, gatewayapi.ServicePort{Name: p.GetName(), Number: p.GetNumber(), Protocol: p.GetProtocol()})
 	}
@@ -248,4 +275,22 @@ func compareConfigs[T proto.Message](a, b Config[T]) int {
 		return 1
 	}
 	return 0
+}
+
+// commonLabels are the labels all endpoints share: the registry carries no Service selector,
+// and these select no fewer pods (a manually deployed Gateway's Istio Gateways select its
+// Service's pods with them). None without endpoints, so that nothing is selected by accident.
+func commonLabels(eps []*discoveryv1.Endpoint) map[string]string {
+	if len(eps) == 0 {
+		return nil
+	}
+	out := maps.Clone(eps[0].GetLabels())
+	for _, ep := range eps[1:] {
+		for k, v := range out {
+			if ep.GetLabels()[k] != v {
+				delete(out, k)
+			}
+		}
+	}
+	return out
 }

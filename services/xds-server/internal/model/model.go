@@ -28,8 +28,8 @@ const DomainSuffix = "cluster.local"
 
 // ConfigKinds are the Istio config kinds the xds-server subscribes to.
 var ConfigKinds = append([]schema.Kind{schema.VirtualService, schema.DestinationRule, schema.Gateway, schema.Sidecar,
-	schema.MeshConfig, schema.AuthorizationPolicy, schema.RequestAuthentication, schema.PeerAuthentication},
-	schema.GatewayAPI...)
+	schema.MeshConfig, schema.AuthorizationPolicy, schema.RequestAuthentication, schema.PeerAuthentication,
+	schema.ServiceEntry}, schema.GatewayAPI...)
 
 // RegistryKinds are the registry kinds the xds-server subscribes to.
 var RegistryKinds = []schema.Kind{schema.Service, schema.Endpoints}
@@ -43,6 +43,9 @@ type Config[T proto.Message] struct {
 	Name       string
 	CreateTime time.Time
 	Spec       T
+	// GatewayAPI marks config translated from the Gateway API: its routes follow that API's
+	// semantics (istiod's "route-semantics: gateway"), see translate.GatewaySemantics.
+	GatewayAPI bool
 }
 
 // Service is a registry service with its endpoints.
@@ -212,9 +215,11 @@ func (s *Store) apply(c bus.Change) error {
 	if len(c.Updated) == 0 && len(c.Removed) == 0 {
 		return nil
 	}
-	gwAPI := isGatewayAPI(kind)
+	// ServiceEntries are read here only for GAMMA parentRefs (their services come from the
+	// registry): like Gateway API objects, they are not changes of their own.
+	gwAPI := isGatewayAPI(kind) || kind.TypeURL == schema.ServiceEntry.TypeURL
 	var decoded map[string]metav1.Object
-	if gwAPI {
+	if isGatewayAPI(kind) {
 		var err error
 		if decoded, err = s.decodeGatewayAPIChange(kind, c); err != nil {
 			return err
@@ -227,6 +232,12 @@ func (s *Store) apply(c bus.Change) error {
 		s.state[kind.TypeURL] = m
 	}
 	switch {
+	case kind.TypeURL == schema.ServiceEntry.TypeURL:
+		s.gw.dirty = true
+		if len(s.gw.objects) > 0 {
+			s.pending.Full = true
+			s.pending.seen()
+		}
 	case gwAPI:
 		// Not recorded as such: Next records the generated config that changed instead.
 		s.storeGatewayAPI(kind, decoded, c.Removed)
@@ -234,6 +245,17 @@ func (s *Store) apply(c bus.Change) error {
 		s.pending.seen()
 	case kind.TypeURL == schema.Service.TypeURL:
 		s.gw.dirty = true // backends and GAMMA parents are looked up among services
+	case kind.TypeURL == schema.Endpoints.TypeURL && len(s.gw.selectorHosts) > 0:
+		for _, r := range c.Updated {
+			if s.gw.selectorHosts[r.Body.(*discoveryv1.Endpoints).GetHostname()] {
+				s.gw.dirty, s.pending.Full = true, true
+			}
+		}
+		for _, name := range c.Removed {
+			if old := m[name]; old != nil && s.gw.selectorHosts[old.Body.(*discoveryv1.Endpoints).GetHostname()] {
+				s.gw.dirty, s.pending.Full = true, true
+			}
+		}
 	}
 	for _, name := range c.Removed {
 		if gwAPI {
