@@ -36,7 +36,7 @@ func newRegistry(services []*corev1.Service, entries []serviceEntry, domain stri
 	r := &registry{byHost: map[string][]visible{}}
 	for _, s := range services {
 		host := s.Name + "." + s.Namespace + ".svc." + domain
-		svc := gatewayapi.Service{Hostname: host}
+		svc := gatewayapi.Service{Hostname: host, Selector: s.Spec.Selector}
 		for _, p := range s.Spec.Ports {
 			svc.Ports = append(svc.Ports, gatewayapi.ServicePort{Name: p.Name, Number: uint32(p.Port), Protocol: serviceProtocol(p)})
 		}

@@ -374,6 +374,11 @@ func (w *Writer) compute() {
 		entries = append(entries, serviceEntry{ns: se.Namespace, spec: &se.Spec})
 	}
 	in.Services = newRegistry(listOf[*corev1.Service](w.services.GetStore().List()), entries, w.cfg.DomainSuffix)
+	// Listeners' allowedRoutes namespace selectors match these.
+	in.NamespaceLabels = map[string]map[string]string{}
+	for _, n := range listOf[*corev1.Namespace](w.ns.GetStore().List()) {
+		in.NamespaceLabels[n.Name] = n.Labels
+	}
 	out := w.cfg.Translate(in)
 	desired := make(map[key]any, len(out.Status))
 	for _, s := range out.Status {
