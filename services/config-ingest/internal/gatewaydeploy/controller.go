@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -82,6 +83,11 @@ type Controller struct {
 	// and whose rendering did not change is not applied again.
 	applied  map[objKey]appliedAs
 	problems map[types.NamespacedName]error
+
+	// applies counts the apply requests sent.
+	applies atomic.Int64
+	// reconciled, for tests, is called after each reconcile.
+	reconciled func(types.NamespacedName, error)
 }
 
 type objKey struct {
@@ -89,7 +95,7 @@ type objKey struct {
 	namespace, name string
 }
 
-type appliedAs struct{ hash, resourceVersion string }
+type appliedAs struct{ hash, resourceVersion, before string }
 
 // New returns a Controller for the cluster restCfg points at; nothing is read before Run.
 func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
@@ -144,7 +150,21 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 		inf := c.ownFactory.ForResource(k.gvr).Informer()
 		c.owned[k.gvr] = inf
 		c.synced = append(c.synced, inf.HasSynced)
-		if _, err := inf.AddEventHandler(handler(c.enqueueOwner)); err != nil {
+		gvr := k.gvr
+		forget := func(o any) {
+			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			if m, ok := o.(metav1.Object); ok {
+				c.mu.Lock()
+				delete(c.applied, objKey{gvr: gvr, namespace: m.GetNamespace(), name: m.GetName()})
+				c.mu.Unlock()
+				c.enqueueOwner(m)
+			}
+		}
+		h := handler(c.enqueueOwner).(cache.ResourceEventHandlerFuncs)
+		h.DeleteFunc = forget
+		if _, err := inf.AddEventHandler(h); err != nil {
 			return nil, err
 		}
 	}
@@ -198,6 +218,9 @@ func (c *Controller) Run(ctx context.Context) error {
 			return nil
 		}
 		err := c.reconcile(ctx, key)
+		if c.reconciled != nil {
+			c.reconciled(key, err)
+		}
 		switch {
 		case err == nil:
 			c.queue.Forget(key)
@@ -356,8 +379,13 @@ func (c *Controller) apply(ctx context.Context, k objKey, u *unstructured.Unstru
 	c.mu.Lock()
 	last, ok := c.applied[k]
 	c.mu.Unlock()
-	if exists && ok && last.hash == hash && live.(*unstructured.Unstructured).GetResourceVersion() == last.resourceVersion {
-		return nil
+	cachedRV := ""
+	if exists {
+		cachedRV = live.(*unstructured.Unstructured).GetResourceVersion()
+	}
+	// The cache may not have seen the last apply yet (cachedRV is the version before it).
+	if ok && last.hash == hash && (cachedRV == last.resourceVersion || cachedRV == last.before) {
+		return nil // (not cached and before == "": created, not seen yet; a deletion forgets it)
 	}
 	if !exists {
 		// Not among the managed objects: is there one of the user's by that name?
@@ -372,13 +400,14 @@ func (c *Controller) apply(ctx context.Context, k objKey, u *unstructured.Unstru
 			return nil
 		}
 	}
+	c.applies.Add(1)
 	out, err := c.dyn.Resource(k.gvr).Namespace(k.namespace).Apply(ctx, k.name, u, metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
 	if err != nil {
 		return err
 	}
 	c.log.Info("gateway object applied", "kind", u.GetKind(), "namespace", k.namespace, "name", k.name, "resourceVersion", out.GetResourceVersion())
 	c.mu.Lock()
-	c.applied[k] = appliedAs{hash: hash, resourceVersion: out.GetResourceVersion()}
+	c.applied[k] = appliedAs{hash: hash, resourceVersion: out.GetResourceVersion(), before: cachedRV}
 	c.mu.Unlock()
 	return nil
 }
