@@ -20,10 +20,12 @@ import (
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	"k8s.io/client-go/rest"
 
+	"sailplane.dev/services/config-ingest/internal/gatewaydeploy"
 	"sailplane.dev/services/config-ingest/internal/kubesource"
 	"sailplane.dev/services/config-ingest/internal/tree"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
+	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/telemetry"
 )
@@ -87,6 +89,10 @@ type Config struct {
 	PodName string
 	// Status leader election timings (Kubernetes mode); 15s, 10s and 2s when zero.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// GatewayDeployment (Kubernetes mode) deploys the Envoy gateway of each Kubernetes Gateway of
+	// Sailplane's classes, as istiod's gateway deployment controller (gatewaydeploy): written by
+	// the replica holding the StatusLease. The flags default it to true.
+	GatewayDeployment bool
 }
 
 // Deps are the service's collaborators.
@@ -105,6 +111,8 @@ type Service struct {
 	pub   bus.Publisher
 	ready chan struct{}
 	kube  *kubesource.Source // Kubernetes mode; nil for files
+	// deploy is the gateway deployment controller (Kubernetes mode, Config.GatewayDeployment).
+	deploy *gatewaydeploy.Controller
 	meter metric.Meter
 
 	mu           sync.Mutex
@@ -136,15 +144,30 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		meter: telemetry.Meter(deps.MeterProvider, "sailplane.dev/config-ingest"),
 	}
 	if cfg.Kube != nil {
+		var onElected func()
+		if cfg.GatewayDeployment {
+			// The new leader re-checks every Gateway: what changed meanwhile was not acted upon.
+			onElected = func() { s.deploy.Elected() }
+		}
 		src, err := kubesource.New(cfg.Kube, kubesource.Config{
 			Namespace: cfg.Namespace, Identity: cfg.PodName, MeshFile: cfg.MeshFile, Debounce: cfg.Debounce,
 			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
-			StateDir: cfg.StateDir, MeterProvider: deps.MeterProvider,
+			StateDir: cfg.StateDir, MeterProvider: deps.MeterProvider, OnElected: onElected,
 		}, deps.Publisher, deps.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("config-ingest: %w", err)
 		}
 		s.kube = src
+		if cfg.GatewayDeployment {
+			d, err := gatewaydeploy.New(kube.WithRateLimits(cfg.Kube), gatewaydeploy.Config{
+				Namespace: cmp.Or(cfg.Namespace, kubesource.DefaultNamespace), Leader: src.Leader,
+				Logger: deps.Logger.With("component", "gateway-deploy"),
+			})
+			if err != nil {
+				return nil, fmt.Errorf("config-ingest: %w", err)
+			}
+			s.deploy = d
+		}
 	}
 	return s, nil
 }
@@ -203,6 +226,16 @@ func (s *Service) Run(ctx context.Context) error {
 	stop := s.countProblems()
 	defer stop()
 	if s.kube != nil {
+		if s.deploy != nil {
+			ctx, cancel := context.WithCancel(ctx)
+			var wg sync.WaitGroup
+			defer func() { cancel(); wg.Wait() }()
+			wg.Go(func() {
+				if err := s.deploy.Run(ctx); err != nil {
+					s.log.Error("gateway deployment controller stopped", "error", err)
+				}
+			})
+		}
 		return s.kube.Run(ctx)
 	}
 	return s.runFiles(ctx)

@@ -19,6 +19,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.StateDir, "state-dir", DefaultStateDir,
 		"folder keeping the last valid config across restarts: every file's resources, or the Kubernetes resources now invalid; empty: none. "+
 			"The default is under the mesh file's root, beside its etc/sailplane (<root>/var/lib/sailplane for <root>/etc/sailplane/mesh.yaml), or under the working folder without a mesh file")
+	fs.BoolVar(&c.GatewayDeployment, "gateway-deployment", true,
+		"with Kubernetes, deploy the Envoy gateway (ServiceAccount, Deployment, Service, optional HPA/PDB) of each Gateway of class istio (controller istio.io/gateway-controller or sailplane.dev/gateway-controller) without addresses, as istiod does")
 	cli.NamespaceVar(fs, &c.Namespace)
 	cli.PodNameVar(fs, &c.PodName, "this replica's name: its identity in the status Lease and, in xds-server, in proxy status (default: $POD_NAME, else the host name)")
 }

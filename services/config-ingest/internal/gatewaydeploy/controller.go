@@ -18,6 +18,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -192,6 +193,10 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 
 // Run deploys until ctx is done.
 func (c *Controller) Run(ctx context.Context) error {
+	defer c.queue.ShutDown()
+	if !c.waitForAPI(ctx) {
+		return nil
+	}
 	c.gwFactory.Start(ctx.Done())
 	c.ownFactory.Start(ctx.Done())
 	c.metaFactory.Start(ctx.Done())
@@ -232,6 +237,32 @@ func (c *Controller) Run(ctx context.Context) error {
 		c.queue.Done(key)
 	}
 }
+
+// waitForAPI waits until the API server serves Gateways and GatewayClasses: the Gateway API
+// CRDs are often installed after the control plane.
+func (c *Controller) waitForAPI(ctx context.Context) bool {
+	tick := time.NewTicker(apiPoll)
+	defer tick.Stop()
+	for logged := false; ; {
+		rl, err := c.kube.Discovery().ServerResourcesForGroupVersion(gwv1.GroupVersion.String())
+		if err == nil && slices.ContainsFunc(rl.APIResources, func(r metav1.APIResource) bool { return r.Name == "gateways" }) &&
+			slices.ContainsFunc(rl.APIResources, func(r metav1.APIResource) bool { return r.Name == "gatewayclasses" }) {
+			return true
+		}
+		if !logged {
+			c.log.Info("the API server does not serve Gateway API v1 Gateways and GatewayClasses (CRDs not installed?); gateway deployment waits for them", "error", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
+// apiPoll is how often waitForAPI asks.
+var apiPoll = 10 * time.Second
 
 // Elected re-checks every Gateway: called when this replica becomes the writer (what changed
 // while it was not was not acted upon).

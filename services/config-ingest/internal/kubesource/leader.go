@@ -31,6 +31,9 @@ func (s *Source) runLeaderElection(ctx context.Context) {
 					s.log.Info("elected to write config status", "lease", s.cfg.Namespace+"/"+LeaseName, "identity", s.cfg.Identity)
 					s.leader.Store(true)
 					s.enqueueAllStatus()
+					if s.cfg.OnElected != nil {
+						s.cfg.OnElected()
+					}
 				},
 				OnStoppedLeading: func() {
 					if s.leader.Swap(false) {

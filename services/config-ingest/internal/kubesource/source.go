@@ -76,6 +76,9 @@ type Config struct {
 	// MeterProvider receives pilot_k8s_cfg_events and sailplane_kube_watch_errors_total; the
 	// global provider when nil.
 	MeterProvider metric.MeterProvider
+	// OnElected, when set, is called each time this replica becomes the leader, for the other
+	// writers the Lease elects (the gateway deployment controller) to catch up.
+	OnElected func()
 }
 
 // Source is the Kubernetes config source.

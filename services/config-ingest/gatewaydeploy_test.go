@@ -1,0 +1,129 @@
+package configingest_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	configingest "sailplane.dev/services/config-ingest"
+	"sailplane.dev/shared/testwait"
+)
+
+// TestKubeGatewayDeployment: with GatewayDeployment, the replica holding the status Lease
+// deploys a Gateway's objects; when it stops, the new leader catches up with what changed.
+func TestKubeGatewayDeployment(t *testing.T) {
+	e := newKenv(t, sharedKube(t))
+	installGatewayCRDs(t, e.k.RestConfig())
+	ns := e.ns("gw", nil)
+	on := func(c *configingest.Config) { c.GatewayDeployment = true }
+	ins := map[string]*kingest{"pod-a": e.start("pod-a", on), "pod-b": e.start("pod-b", on)}
+	var leader string
+	waitFor(t, "a leader", func() bool {
+		for name, in := range ins {
+			if in.svc.StatusLeader() {
+				leader = name
+				return true
+			}
+		}
+		return false
+	})
+	gc := gwclient.NewForConfigOrDie(e.k.RestConfig())
+	gw := &gwv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: ns},
+		Spec:       gwv1.GatewaySpec{GatewayClassName: "istio", Listeners: []gwv1.Listener{{Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType}}},
+	}
+	if _, err := gc.GatewayV1().Gateways(ns).Create(e.ctx(), gw, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	servicePorts := func() []int32 {
+		s, err := e.kube.CoreV1().Services(ns).Get(e.ctx(), "edge-istio", metav1.GetOptions{})
+		if err != nil {
+			return nil
+		}
+		var out []int32
+		for _, p := range s.Spec.Ports {
+			out = append(out, p.Port)
+		}
+		return out
+	}
+	waitFor(t, "the gateway's Service", func() bool { return slices.Equal(servicePorts(), []int32{15021, 80}) })
+	if _, err := e.kube.AppsV1().Deployments(ns).Get(e.ctx(), "edge-istio", metav1.GetOptions{}); err != nil {
+		t.Fatalf("the gateway's Deployment: %v", err)
+	}
+
+	ins[leader].stop()
+	cur, err := gc.GatewayV1().Gateways(ns).Get(e.ctx(), "edge", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.Listeners = append(cur.Spec.Listeners, gwv1.Listener{Name: "alt", Port: 8080, Protocol: gwv1.HTTPProtocolType})
+	if _, err := gc.GatewayV1().Gateways(ns).Update(e.ctx(), cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the new leader applies the edit", func() bool { return slices.Equal(servicePorts(), []int32{15021, 80, 8080}) })
+}
+
+// installGatewayCRDs installs the standard channel's CRDs of the pinned gateway-api module
+// (already installed is fine: the API server is shared).
+func installGatewayCRDs(t *testing.T, cfg *rest.Config) {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api").Output()
+	if err != nil {
+		t.Fatalf("locating sigs.k8s.io/gateway-api: %v", err)
+	}
+	files, _ := filepath.Glob(filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "standard", "*.yaml"))
+	crds := dynamic.NewForConfigOrDie(cfg).Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
+	var names []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 64<<10)
+		for {
+			u := &unstructured.Unstructured{}
+			if err := dec.Decode(&u.Object); err != nil {
+				break
+			}
+			if u.GetKind() != "CustomResourceDefinition" {
+				continue
+			}
+			if _, err := crds.Create(context.Background(), u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatalf("%s: %v", f, err)
+			}
+			names = append(names, u.GetName())
+		}
+	}
+	testwait.For(t, 30e9, "Gateway API CRDs established", func() error {
+		for _, n := range names {
+			got, err := crds.Get(context.Background(), n, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
+			if !slices.ContainsFunc(conds, func(c any) bool {
+				m, _ := c.(map[string]any)
+				return m["type"] == "Established" && m["status"] == "True"
+			}) {
+				return fmt.Errorf("%s not established", n)
+			}
+		}
+		return nil
+	})
+}
