@@ -54,8 +54,12 @@ const (
 	GatewayTemplate = "gateway"
 	// ProxyContainer is the container the gateway template fills in.
 	ProxyContainer = "istio-proxy"
-	// StatusPort is the gateway's readiness port, the first port of its Service as istiod's.
-	StatusPort = 15021
+	// StatusPort is the gateway's readiness port, the first port of its Service as istiod's (load
+	// balancers health-check it). It leads to AgentStatusPort: the agent's /healthz/ready, which
+	// in the gateway template waits for Envoy's listeners and clusters (istiod's Envoy serves
+	// 15021 itself; Sailplane's agent answers on its status port, ProxyConfig's default 15020).
+	StatusPort      = 15021
+	AgentStatusPort = 15020
 )
 
 // ErrInvalidParameters marks a Gateway whose customization cannot be used: parametersRef of an
@@ -356,7 +360,7 @@ func infraAnnotations(gw *gwv1.Gateway) map[string]string {
 // the first listener on it, as istiod names them.
 func servicePorts(gw *gwv1.Gateway) []corev1.ServicePort {
 	tcp := "tcp"
-	ports := []corev1.ServicePort{{Name: "status-port", Port: StatusPort, Protocol: corev1.ProtocolTCP, AppProtocol: &tcp, TargetPort: intstr.FromInt32(StatusPort)}}
+	ports := []corev1.ServicePort{{Name: "status-port", Port: StatusPort, Protocol: corev1.ProtocolTCP, AppProtocol: &tcp, TargetPort: intstr.FromInt32(AgentStatusPort)}}
 	seen := map[int32]bool{}
 	used := map[string]bool{"status-port": true}
 	for i, l := range gw.Spec.Listeners {
