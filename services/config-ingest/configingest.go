@@ -113,7 +113,7 @@ type Service struct {
 	kube  *kubesource.Source // Kubernetes mode; nil for files
 	// deploy is the gateway deployment controller (Kubernetes mode, Config.GatewayDeployment).
 	deploy *gatewaydeploy.Controller
-	meter metric.Meter
+	meter  metric.Meter
 
 	mu           sync.Mutex
 	treeProblems []error
