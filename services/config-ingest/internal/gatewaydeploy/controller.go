@@ -217,24 +217,40 @@ func (c *Controller) Run(ctx context.Context) error {
 		<-ctx.Done()
 		c.queue.ShutDown()
 	})
-	for {
-		key, quit := c.queue.Get()
-		if quit {
-			return nil
+	// A few Gateways at a time (the queue never hands one Gateway to two workers): each
+	// reconcile waits on a few API round trips.
+	for range workers {
+		wg.Go(c.work(ctx))
+	}
+	wg.Wait()
+	return nil
+}
+
+// workers is how many Gateways are reconciled at once.
+const workers = 4
+
+// work returns a worker: it reconciles what the queue hands it until the queue shuts down.
+func (c *Controller) work(ctx context.Context) func() {
+	return func() {
+		for {
+			key, quit := c.queue.Get()
+			if quit {
+				return
+			}
+			err := c.reconcile(ctx, key)
+			if c.reconciled != nil {
+				c.reconciled(key, err)
+			}
+			switch {
+			case err == nil:
+				c.queue.Forget(key)
+			case ctx.Err() != nil:
+			default:
+				c.log.Warn("gateway deployment failed; retrying", "gateway", key.String(), "error", err)
+				c.queue.AddRateLimited(key)
+			}
+			c.queue.Done(key)
 		}
-		err := c.reconcile(ctx, key)
-		if c.reconciled != nil {
-			c.reconciled(key, err)
-		}
-		switch {
-		case err == nil:
-			c.queue.Forget(key)
-		case ctx.Err() != nil:
-		default:
-			c.log.Warn("gateway deployment failed; retrying", "gateway", key.String(), "error", err)
-			c.queue.AddRateLimited(key)
-		}
-		c.queue.Done(key)
 	}
 }
 
@@ -308,6 +324,7 @@ func (c *Controller) reconcile(ctx context.Context, key types.NamespacedName) er
 	if !c.cfg.Leader() {
 		return nil // the new leader re-checks everything (Elected)
 	}
+	c.log.Debug("reconciling", "gateway", key.String())
 	gw, err := c.gateways.Gateways(key.Namespace).Get(key.Name)
 	if apierrors.IsNotFound(err) {
 		c.setProblem(key, nil)

@@ -25,10 +25,12 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	"sigs.k8s.io/yaml"
 
+	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/testlog"
 	"sailplane.dev/shared/testwait"
 	"sailplane.dev/tools/testenv"
@@ -37,7 +39,7 @@ import (
 const wait = 30 * time.Second
 
 type env struct {
-	t    *testing.T
+	t    testing.TB
 	rest *rest.Config
 	kube kubernetes.Interface
 	gw   gwclient.Interface
@@ -50,9 +52,11 @@ type harness struct {
 	leader atomic.Bool
 	mu     sync.Mutex
 	done   map[types.NamespacedName]int // reconciles, by Gateway
+	// applied, when set, is told of each Gateway reconciled without error.
+	applied func(types.NamespacedName)
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	k := testenv.KubeForTest(t)
 	cfg := k.RestConfig()
 	installGatewayCRDs(t, cfg)
@@ -71,7 +75,7 @@ func (e *env) namespace(name string) {
 }
 
 // installGatewayCRDs installs the standard channel's CRDs of the pinned gateway-api module.
-func installGatewayCRDs(t *testing.T, cfg *rest.Config) {
+func installGatewayCRDs(t testing.TB, cfg *rest.Config) {
 	t.Helper()
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api").Output()
 	if err != nil {
@@ -122,7 +126,7 @@ func (e *env) start(leader bool) *harness {
 	e.t.Helper()
 	h := &harness{done: map[types.NamespacedName]int{}}
 	h.leader.Store(leader)
-	c, err := New(e.rest, Config{Namespace: "istio-system", Leader: h.leader.Load, Logger: testlog.New(e.t, slog.LevelDebug)})
+	c, err := New(kube.WithRateLimits(e.rest), Config{Namespace: "istio-system", Leader: h.leader.Load, Logger: testlog.New(e.t, slog.LevelDebug)})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -132,7 +136,11 @@ func (e *env) start(leader bool) *harness {
 		}
 		h.mu.Lock()
 		h.done[k]++
+		fn := h.applied
 		h.mu.Unlock()
+		if fn != nil && err == nil {
+			fn(k)
+		}
 	}
 	h.c = c
 	ctx, cancel := context.WithCancel(context.Background())
@@ -143,6 +151,9 @@ func (e *env) start(leader bool) *harness {
 		if err := <-done; err != nil {
 			e.t.Errorf("Run: %v", err)
 		}
+	})
+	testwait.Until(e.t, wait, "the controller's caches synced", func() bool {
+		return !slices.ContainsFunc(c.synced, func(f cache.InformerSynced) bool { return !f() })
 	})
 	return h
 }
@@ -425,7 +436,7 @@ func TestController(t *testing.T) {
 	})
 
 	t.Run("user's object left alone", func(t *testing.T) {
-		mine := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "taken-istio", Namespace: "apps"}, Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 1}}}}
+		mine := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "taken-istio", Namespace: "apps"}, Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "mine", Port: 1}}}}
 		if _, err := e.kube.CoreV1().Services("apps").Create(context.Background(), mine, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -506,5 +517,69 @@ func TestReadiness(t *testing.T) {
 				t.Errorf("addresses %v, want %v", got, tc.addrs)
 			}
 		})
+	}
+}
+
+// BenchmarkCreateToApplied measures the time from a Gateway's creation (the API server's answer)
+// to its ServiceAccount, Deployment and Service applied, one Gateway at a time.
+func BenchmarkCreateToApplied(b *testing.B) {
+	e := newEnv(b)
+	e.namespace("bench")
+	h := e.start(true)
+	done := make(chan types.NamespacedName, 1024)
+	h.mu.Lock()
+	h.applied = func(k types.NamespacedName) { done <- k }
+	h.mu.Unlock()
+	seen := map[types.NamespacedName]bool{}
+	i := 0
+	for b.Loop() {
+		name := fmt.Sprintf("gw-%d", i)
+		i++
+		e.create(gateway("bench", name, "istio", 80, 443))
+		key := types.NamespacedName{Namespace: "bench", Name: name}
+		for !seen[key] {
+			select {
+			case k := <-done:
+				seen[k] = true
+			case <-time.After(wait):
+				b.Fatalf("%s not applied within %v", key, wait)
+			}
+		}
+	}
+	if v := e.versions("bench", "gw-0-istio"); len(v) != 3 {
+		b.Fatalf("gw-0's objects: %v", v)
+	}
+}
+
+// BenchmarkBurst50 measures 50 Gateways created at once until all their objects are applied.
+func BenchmarkBurst50(b *testing.B) {
+	e := newEnv(b)
+	h := e.start(true)
+	done := make(chan types.NamespacedName, 1024)
+	h.mu.Lock()
+	h.applied = func(k types.NamespacedName) { done <- k }
+	h.mu.Unlock()
+	round := 0
+	for b.Loop() {
+		ns := fmt.Sprintf("burst-%d", round)
+		round++
+		e.namespace(ns)
+		want := map[types.NamespacedName]bool{}
+		for i := range 50 {
+			name := fmt.Sprintf("gw-%d", i)
+			gw := gateway(ns, name, "istio", 80, 443)
+			// Not LoadBalancer: 50 Gateways' node ports would fill the API server's range.
+			gw.Annotations = map[string]string{ServiceTypeAnnotation: "ClusterIP"}
+			e.create(gw)
+			want[types.NamespacedName{Namespace: ns, Name: name}] = true
+		}
+		for len(want) > 0 {
+			select {
+			case k := <-done:
+				delete(want, k)
+			case <-time.After(wait):
+				b.Fatalf("%d Gateways not applied within %v", len(want), wait)
+			}
+		}
 	}
 }

@@ -71,7 +71,7 @@ func TestRender(t *testing.T) {
 	}
 }
 
-func splitDocs(t *testing.T, raw []byte) [][]byte {
+func splitDocs(t testing.TB, raw []byte) [][]byte {
 	r := utilyaml.NewYAMLReader(bufioReader(raw))
 	var out [][]byte
 	for {
