@@ -292,10 +292,10 @@ func serviceNeeds(caNamespace string) map[string][]access {
 	ingest = append(ingest, each(read, access{resource: "configmaps", namespace: "istio-system", name: "istio"})...)
 	ingest = append(ingest, each([]string{"get", "update"}, access{group: "coordination.k8s.io", resource: "leases", namespace: "istio-system", name: "sailplane-config-ingest-status"})...)
 	ingest = append(ingest, access{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "istio-system"})
-	// The gateway deployment controller: Gateways and classes watched; the generated objects
+	// The gateway deployment controller: Gateways, classes and ListenerSets watched; the generated objects
 	// watched (label-selected), read by name, applied (create and patch) and deleted; ConfigMaps
 	// watched (metadata) and read (parametersRef).
-	for _, r := range []string{"gateways", "gatewayclasses"} {
+	for _, r := range []string{"gateways", "gatewayclasses", "listenersets"} {
 		ingest = append(ingest, each(read, access{group: "gateway.networking.k8s.io", resource: r})...)
 	}
 	for _, r := range []access{{resource: "serviceaccounts"}, {resource: "services"}, {group: "apps", resource: "deployments"},

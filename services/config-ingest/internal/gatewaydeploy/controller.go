@@ -8,6 +8,7 @@
 package gatewaydeploy
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -15,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -29,7 +31,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
@@ -76,7 +80,11 @@ type Controller struct {
 	classes     gwlisters.GatewayClassLister
 	owned       map[schema.GroupVersionResource]cache.SharedIndexInformer
 	configMaps  cache.SharedIndexInformer
-	synced      []cache.InformerSynced
+	nsFactory   informers.SharedInformerFactory
+	namespaces  corelisters.NamespaceLister
+	// listenerSets is nil when the API server does not serve ListenerSets (set by Run).
+	listenerSets gwlisters.ListenerSetLister
+	synced       []cache.InformerSynced
 
 	mu sync.Mutex
 	// applied is, per generated object, the hash of what was last applied and the
@@ -142,11 +150,19 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 		applied:     map[objKey]appliedAs{},
 		problems:    map[types.NamespacedName]error{},
 	}
+	// Namespaces' labels, for allowedListeners selecting ListenerSets' namespaces.
+	c.nsFactory = informers.NewSharedInformerFactory(kc, 0)
+	nsInf := c.nsFactory.Core().V1().Namespaces()
+	c.namespaces = nsInf.Lister()
+	if _, err := nsInf.Informer().AddEventHandler(handler(func(metav1.Object) { c.enqueueSelecting() })); err != nil {
+		return nil, err
+	}
+	c.synced = append(c.synced, nsInf.Informer().HasSynced)
 	gws := c.gwFactory.Gateway().V1().Gateways()
 	classes := c.gwFactory.Gateway().V1().GatewayClasses()
 	c.gateways, c.classes = gws.Lister(), classes.Lister()
 	c.configMaps = c.metaFactory.ForResource(configMapsGVR).Informer()
-	c.synced = []cache.InformerSynced{gws.Informer().HasSynced, classes.Informer().HasSynced, c.configMaps.HasSynced}
+	c.synced = append(c.synced, gws.Informer().HasSynced, classes.Informer().HasSynced, c.configMaps.HasSynced)
 	for _, k := range kinds {
 		inf := c.ownFactory.ForResource(k.gvr).Informer()
 		c.owned[k.gvr] = inf
@@ -194,15 +210,26 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 // Run deploys until ctx is done.
 func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
-	if !c.waitForAPI(ctx) {
+	withSets, ok := c.waitForAPI(ctx)
+	if !ok {
 		return nil
 	}
+	if withSets {
+		sets := c.gwFactory.Gateway().V1().ListenerSets()
+		c.listenerSets = sets.Lister()
+		if _, err := sets.Informer().AddEventHandler(handler(c.enqueueParent)); err != nil {
+			return err
+		}
+		c.synced = append(c.synced, sets.Informer().HasSynced)
+	}
 	c.gwFactory.Start(ctx.Done())
+	c.nsFactory.Start(ctx.Done())
 	c.ownFactory.Start(ctx.Done())
 	c.metaFactory.Start(ctx.Done())
 	defer func() {
 		c.queue.ShutDown()
 		c.gwFactory.Shutdown()
+		c.nsFactory.Shutdown()
 		c.ownFactory.Shutdown()
 		c.metaFactory.Shutdown()
 	}()
@@ -256,14 +283,17 @@ func (c *Controller) work(ctx context.Context) func() {
 
 // waitForAPI waits until the API server serves Gateways and GatewayClasses: the Gateway API
 // CRDs are often installed after the control plane.
-func (c *Controller) waitForAPI(ctx context.Context) bool {
+// It reports whether ListenerSets are served too (their CRD is newer).
+func (c *Controller) waitForAPI(ctx context.Context) (listenerSets, ok bool) {
 	tick := time.NewTicker(apiPoll)
 	defer tick.Stop()
 	for logged := false; ; {
 		rl, err := c.kube.Discovery().ServerResourcesForGroupVersion(gwv1.GroupVersion.String())
-		if err == nil && slices.ContainsFunc(rl.APIResources, func(r metav1.APIResource) bool { return r.Name == "gateways" }) &&
-			slices.ContainsFunc(rl.APIResources, func(r metav1.APIResource) bool { return r.Name == "gatewayclasses" }) {
-			return true
+		served := func(name string) bool {
+			return err == nil && slices.ContainsFunc(rl.APIResources, func(r metav1.APIResource) bool { return r.Name == name })
+		}
+		if served("gateways") && served("gatewayclasses") {
+			return served("listenersets"), true
 		}
 		if !logged {
 			c.log.Info("the API server does not serve Gateway API v1 Gateways and GatewayClasses (CRDs not installed?); gateway deployment waits for them", "error", err)
@@ -271,7 +301,7 @@ func (c *Controller) waitForAPI(ctx context.Context) bool {
 		}
 		select {
 		case <-ctx.Done():
-			return false
+			return false, false
 		case <-tick.C:
 		}
 	}
@@ -346,7 +376,7 @@ func (c *Controller) reconcile(ctx context.Context, key types.NamespacedName) er
 	overlays, err := c.overlays(ctx, gw)
 	var objs []*unstructured.Unstructured
 	if err == nil {
-		objs, err = Render(Input{Gateway: gw, Overlays: overlays})
+		objs, err = Render(Input{Gateway: gw, ListenerSets: c.attachedSets(gw), Overlays: overlays})
 	}
 	if errors.Is(err, ErrInvalidParameters) {
 		// What runs keeps running; the status says why it is not updated.
@@ -495,6 +525,95 @@ func ownedBy(u *unstructured.Unstructured, gateway string, uid types.UID) bool {
 		}
 	}
 	return false
+}
+
+// attachedSets are the ListenerSets whose parentRef is gw and whose namespace gw's
+// allowedListeners accept, oldest first.
+func (c *Controller) attachedSets(gw *gwv1.Gateway) []*gwv1.ListenerSet {
+	if c.listenerSets == nil {
+		return nil
+	}
+	all, _ := c.listenerSets.List(labels.Everything())
+	var out []*gwv1.ListenerSet
+	for _, ls := range all {
+		if !Attached(ls, gw) {
+			continue
+		}
+		var nsLabels map[string]string
+		if ns, err := c.namespaces.Get(ls.Namespace); err == nil {
+			nsLabels = ns.Labels
+		}
+		if AcceptsListeners(gw, ls.Namespace, nsLabels) {
+			out = append(out, ls)
+		}
+	}
+	slices.SortFunc(out, func(a, b *gwv1.ListenerSet) int {
+		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	return out
+}
+
+// Attached reports whether a ListenerSet's parentRef is the Gateway.
+func Attached(ls *gwv1.ListenerSet, gw *gwv1.Gateway) bool {
+	p := ls.Spec.ParentRef
+	ns := ls.Namespace
+	if p.Namespace != nil {
+		ns = string(*p.Namespace)
+	}
+	return (p.Group == nil || *p.Group == gwv1.GroupName) && (p.Kind == nil || *p.Kind == "Gateway") &&
+		string(p.Name) == gw.Name && ns == gw.Namespace
+}
+
+// AcceptsListeners reports whether a Gateway's allowedListeners admit ListenerSets of namespace
+// ns (whose labels are nsLabels): none unless they say so, as the spec and istiod.
+func AcceptsListeners(gw *gwv1.Gateway, ns string, nsLabels map[string]string) bool {
+	a := gw.Spec.AllowedListeners
+	if a == nil || a.Namespaces == nil || a.Namespaces.From == nil {
+		return false
+	}
+	switch *a.Namespaces.From {
+	case gwv1.NamespacesFromAll:
+		return true
+	case gwv1.NamespacesFromSame:
+		return ns == gw.Namespace
+	case gwv1.NamespacesFromSelector:
+		if a.Namespaces.Selector == nil {
+			return false
+		}
+		sel, err := metav1.LabelSelectorAsSelector(a.Namespaces.Selector)
+		if err != nil {
+			return false
+		}
+		l := maps.Clone(nsLabels)
+		if l == nil {
+			l = map[string]string{}
+		}
+		l[corev1.LabelMetadataName] = ns // set by the API server; not yet on a namespace just created
+		return sel.Matches(labels.Set(l))
+	}
+	return false
+}
+
+func (c *Controller) enqueueParent(o metav1.Object) {
+	ls, ok := o.(*gwv1.ListenerSet)
+	if !ok {
+		return
+	}
+	ns := ls.Namespace
+	if p := ls.Spec.ParentRef.Namespace; p != nil {
+		ns = string(*p)
+	}
+	c.queue.Add(types.NamespacedName{Namespace: ns, Name: string(ls.Spec.ParentRef.Name)})
+}
+
+// enqueueSelecting queues the Gateways admitting ListenerSets by namespace labels.
+func (c *Controller) enqueueSelecting() {
+	gws, _ := c.gateways.List(labels.Everything())
+	for _, gw := range gws {
+		if a := gw.Spec.AllowedListeners; a != nil && a.Namespaces != nil && a.Namespaces.From != nil && *a.Namespaces.From == gwv1.NamespacesFromSelector {
+			c.queue.Add(types.NamespacedName{Namespace: gw.Namespace, Name: gw.Name})
+		}
+	}
 }
 
 func (c *Controller) enqueue(o any) {

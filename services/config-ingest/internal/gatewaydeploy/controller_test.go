@@ -449,6 +449,47 @@ func TestController(t *testing.T) {
 		}
 	})
 
+	t.Run("listenersets", func(t *testing.T) {
+		e.namespace("team-a")
+		gw := gateway("apps", "shared", "istio", 80)
+		sel := gwv1.NamespacesFromSelector
+		gw.Spec.AllowedListeners = &gwv1.AllowedListeners{Namespaces: &gwv1.ListenerNamespaces{From: &sel, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"shared-gateway": "yes"}}}}
+		e.create(gw)
+		ns := gwv1.Namespace("apps")
+		ls := &gwv1.ListenerSet{
+			ObjectMeta: metav1.ObjectMeta{Name: "team-a", Namespace: "team-a"},
+			Spec: gwv1.ListenerSetSpec{ParentRef: gwv1.ParentGatewayReference{Name: "shared", Namespace: &ns},
+				Listeners: []gwv1.ListenerEntry{{Name: "pg", Port: 5432, Protocol: gwv1.TCPProtocolType}}},
+		}
+		if _, err := e.gw.GatewayV1().ListenerSets("team-a").Create(context.Background(), ls, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testwait.Until(t, wait, "the Gateway's Service", func() bool { return e.get("Service", "apps", "shared-istio") != nil })
+		n := h.count("apps", "shared")
+		h.c.Elected()
+		h.settle(t, "apps", "shared", n)
+		if got := ports(e.service("apps", "shared-istio")); slices.Contains(got, "pg/5432/tcp") {
+			t.Fatalf("a ListenerSet of a namespace the Gateway does not select added its port: %v", got)
+		}
+		nsObj, err := e.kube.CoreV1().Namespaces().Get(context.Background(), "team-a", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nsObj.Labels["shared-gateway"] = "yes"
+		if _, err := e.kube.CoreV1().Namespaces().Update(context.Background(), nsObj, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testwait.Until(t, wait, "the selected namespace's ListenerSet port", func() bool {
+			return slices.Contains(ports(e.service("apps", "shared-istio")), "pg/5432/tcp")
+		})
+		if err := e.gw.GatewayV1().ListenerSets("team-a").Delete(context.Background(), "team-a", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testwait.Until(t, wait, "the deleted ListenerSet's port removed", func() bool {
+			return !slices.Contains(ports(e.service("apps", "shared-istio")), "pg/5432/tcp")
+		})
+	})
+
 	t.Run("deleted", func(t *testing.T) {
 		if err := e.gw.GatewayV1().Gateways("apps").Delete(context.Background(), "alias", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)

@@ -100,6 +100,9 @@ var kinds = []object{
 // Input is what the generated objects derive from.
 type Input struct {
 	Gateway *gwv1.Gateway
+	// ListenerSets are the ListenerSets attached to the Gateway that its allowedListeners
+	// accept, oldest first: their listeners' ports are the Service's too.
+	ListenerSets []*gwv1.ListenerSet
 	// Overlays are the customization ConfigMaps' data, applied in order: the class defaults,
 	// then the Gateway's parametersRef.
 	Overlays []Overlay
@@ -199,7 +202,7 @@ func Render(in Input) ([]*unstructured.Unstructured, error) {
 		Spec: corev1.ServiceSpec{
 			Type:     svcType,
 			Selector: selector,
-			Ports:    servicePorts(gw),
+			Ports:    servicePorts(gw, in.ListenerSets),
 		},
 	}
 	if len(gw.Spec.Addresses) == 1 && svcType == corev1.ServiceTypeLoadBalancer {
@@ -358,12 +361,29 @@ func infraAnnotations(gw *gwv1.Gateway) map[string]string {
 
 // servicePorts are the status port, then one port per distinct listener port, named after
 // the first listener on it, as istiod names them.
-func servicePorts(gw *gwv1.Gateway) []corev1.ServicePort {
+func servicePorts(gw *gwv1.Gateway, sets []*gwv1.ListenerSet) []corev1.ServicePort {
 	tcp := "tcp"
 	ports := []corev1.ServicePort{{Name: "status-port", Port: StatusPort, Protocol: corev1.ProtocolTCP, AppProtocol: &tcp, TargetPort: intstr.FromInt32(AgentStatusPort)}}
 	seen := map[int32]bool{}
 	used := map[string]bool{"status-port": true}
-	for i, l := range gw.Spec.Listeners {
+	listeners := slices.Clone(gw.Spec.Listeners)
+	for _, ls := range sets {
+		for _, l := range ls.Spec.Listeners {
+			// A ListenerSet's port defaults by protocol, as the spec says.
+			if l.Port == 0 {
+				switch l.Protocol {
+				case gwv1.HTTPProtocolType:
+					l.Port = 80
+				case gwv1.HTTPSProtocolType:
+					l.Port = 443
+				default:
+					continue // refused by the API server's validation
+				}
+			}
+			listeners = append(listeners, gwv1.Listener{Name: l.Name, Hostname: l.Hostname, Port: l.Port, Protocol: l.Protocol, TLS: l.TLS, AllowedRoutes: l.AllowedRoutes})
+		}
+	}
+	for i, l := range listeners {
 		if seen[int32(l.Port)] {
 			continue
 		}

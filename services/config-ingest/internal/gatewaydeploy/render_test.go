@@ -17,8 +17,8 @@ import (
 	"sailplane.dev/shared/golden"
 )
 
-// TestRender: each testdata/<case>/input.yaml holds a Gateway and the customization
-// ConfigMaps (class defaults first, then the parametersRef); golden.yaml is what is applied,
+// TestRender: each testdata/<case>/input.yaml holds a Gateway, the ListenerSets attached to it
+// and the customization ConfigMaps (class defaults first, then the parametersRef); golden.yaml is what is applied,
 // or the error, or that nothing is deployed (manual mode).
 func TestRender(t *testing.T) {
 	for _, dir := range golden.Cases(t, "testdata") {
@@ -39,6 +39,12 @@ func TestRender(t *testing.T) {
 					if err := yaml.UnmarshalStrict(doc, in.Gateway); err != nil {
 						t.Fatalf("document %d: %v", i, err)
 					}
+				case "ListenerSet":
+					ls := &gwv1.ListenerSet{}
+					if err := yaml.UnmarshalStrict(doc, ls); err != nil {
+						t.Fatalf("document %d: %v", i, err)
+					}
+					in.ListenerSets = append(in.ListenerSets, ls)
 				case "ConfigMap":
 					var cm corev1.ConfigMap
 					if err := yaml.UnmarshalStrict(doc, &cm); err != nil {
