@@ -399,6 +399,23 @@ func TestController(t *testing.T) {
 		})
 	})
 
+	t.Run("class defaults", func(t *testing.T) {
+		// A ConfigMap of the control plane's namespace labelled for the class customizes every
+		// Gateway of the class; removed, its objects go.
+		cm := &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: "istio-gateway-defaults", Namespace: "istio-system", Labels: map[string]string{ClassDefaultsLabel: "istio"}},
+			Data:       map[string]string{KeyPDB: "spec:\n  maxUnavailable: 1\n"},
+		}
+		if _, err := e.kube.CoreV1().ConfigMaps("istio-system").Create(context.Background(), cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testwait.Until(t, wait, "the class's PDB", func() bool { return e.get("PodDisruptionBudget", "apps", "web-istio") != nil })
+		if err := e.kube.CoreV1().ConfigMaps("istio-system").Delete(context.Background(), cm.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testwait.Until(t, wait, "the class's PDB removed", func() bool { return e.get("PodDisruptionBudget", "apps", "web-istio") == nil })
+	})
+
 	t.Run("manual", func(t *testing.T) {
 		hostname := gwv1.HostnameAddressType
 		gw := gateway("apps", "manual", "istio", 80)
