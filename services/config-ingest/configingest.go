@@ -146,13 +146,14 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if cfg.Kube != nil {
 		var onElected func()
 		if cfg.GatewayDeployment {
-			// The new leader re-checks every Gateway: what changed meanwhile was not acted upon.
+			// The new leader re-checks every Gateway: what changed meanwhile was not acted upon;
+			// and so does a change of the namespaces in the mesh.
 			onElected = func() { s.deploy.Elected() }
 		}
 		src, err := kubesource.New(cfg.Kube, kubesource.Config{
 			Namespace: cfg.Namespace, Identity: cfg.PodName, MeshFile: cfg.MeshFile, Debounce: cfg.Debounce,
 			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
-			StateDir: cfg.StateDir, MeterProvider: deps.MeterProvider, OnElected: onElected,
+			StateDir: cfg.StateDir, MeterProvider: deps.MeterProvider, OnElected: onElected, OnSelection: onElected,
 		}, deps.Publisher, deps.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("config-ingest: %w", err)
@@ -161,6 +162,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		if cfg.GatewayDeployment {
 			d, err := gatewaydeploy.New(kube.WithRateLimits(cfg.Kube), gatewaydeploy.Config{
 				Namespace: cmp.Or(cfg.Namespace, kubesource.DefaultNamespace), Leader: src.Leader,
+				Selected: src.Selected, Ready: src.Ready(),
 				Logger: deps.Logger.With("component", "gateway-deploy"),
 			})
 			if err != nil {

@@ -79,6 +79,52 @@ func TestKubeGatewayDeployment(t *testing.T) {
 	waitFor(t, "the new leader applies the edit", func() bool { return slices.Equal(servicePorts(), []int32{15021, 80, 8080}) })
 }
 
+// TestKubeGatewayDeploymentDiscoverySelectors: a Gateway of a namespace the discoverySelectors
+// leave out of the mesh is not deployed; once its namespace is selected, it is.
+func TestKubeGatewayDeploymentDiscoverySelectors(t *testing.T) {
+	e := newKenv(t, sharedKube(t))
+	installGatewayCRDs(t, e.k.RestConfig())
+	out := e.ns("gwout", nil)
+	e.setMesh("discoverySelectors:\n- matchLabels: {mesh-" + e.id + ": \"yes\"}\n")
+	gc := gwclient.NewForConfigOrDie(e.k.RestConfig())
+	gw := &gwv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: out},
+		Spec:       gwv1.GatewaySpec{GatewayClassName: "istio", Listeners: []gwv1.Listener{{Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType}}},
+	}
+	if _, err := gc.GatewayV1().Gateways(out).Create(e.ctx(), gw, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ing := e.start("pod-0", func(c *configingest.Config) { c.GatewayDeployment = true })
+	waitFor(t, "the leader", ing.svc.StatusLeader)
+	deployedIn := func(ns string) func() bool {
+		return func() bool {
+			_, err := e.kube.CoreV1().Services(ns).Get(e.ctx(), "edge-istio", metav1.GetOptions{})
+			return err == nil
+		}
+	}
+	deployed := deployedIn(out)
+	// A barrier: a Gateway of the control plane's namespace (always in the mesh), queued after
+	// the one above (queued when elected), is deployed.
+	cpGW := gw.DeepCopy()
+	cpGW.Namespace = e.cp
+	if _, err := gc.GatewayV1().Gateways(e.cp).Create(e.ctx(), cpGW, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the control plane namespace's Gateway deployed", deployedIn(e.cp))
+	n, err := e.kube.CoreV1().Namespaces().Get(e.ctx(), out, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if deployed() {
+		t.Fatal("a Gateway outside the discoverySelectors was deployed")
+	}
+	n.Labels = map[string]string{"mesh-" + e.id: "yes"}
+	if _, err := e.kube.CoreV1().Namespaces().Update(e.ctx(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "deployed once its namespace is selected", deployed)
+}
+
 // installGatewayCRDs installs the standard channel's CRDs of the pinned gateway-api module
 // (already installed is fine: the API server is shared).
 func installGatewayCRDs(t *testing.T, cfg *rest.Config) {

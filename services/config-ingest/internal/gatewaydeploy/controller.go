@@ -62,6 +62,12 @@ type Config struct {
 	Namespace string
 	// Leader reports whether this replica may write; nil: always.
 	Leader func() bool
+	// Selected reports whether a namespace is in the mesh (the discoverySelectors); a Gateway
+	// of another namespace is left alone, its objects included, as istiod ignores it. nil: all.
+	Selected func(namespace string) bool
+	// Ready, when set, is waited for before any write: closed once Selected is meaningful
+	// (config-ingest's first sync, the mesh config read).
+	Ready <-chan struct{}
 	Logger *slog.Logger
 }
 
@@ -113,6 +119,9 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 	}
 	if cfg.Leader == nil {
 		cfg.Leader = func() bool { return true }
+	}
+	if cfg.Selected == nil {
+		cfg.Selected = func(string) bool { return true }
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -236,6 +245,13 @@ func (c *Controller) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		return nil
 	}
+	if c.cfg.Ready != nil {
+		select {
+		case <-c.cfg.Ready:
+		case <-ctx.Done():
+			return nil
+		}
+	}
 	c.log.Info("gateway deployment controller synced")
 	c.Elected()
 	var wg sync.WaitGroup
@@ -355,6 +371,9 @@ func (c *Controller) reconcile(ctx context.Context, key types.NamespacedName) er
 		return nil // the new leader re-checks everything (Elected)
 	}
 	c.log.Debug("reconciling", "gateway", key.String())
+	if !c.cfg.Selected(key.Namespace) {
+		return nil
+	}
 	gw, err := c.gateways.Gateways(key.Namespace).Get(key.Name)
 	if apierrors.IsNotFound(err) {
 		c.setProblem(key, nil)
