@@ -96,6 +96,7 @@ func TestKubeGatewayDeploymentDiscoverySelectors(t *testing.T) {
 	}
 	ing := e.start("pod-0", func(c *configingest.Config) { c.GatewayDeployment = true })
 	waitFor(t, "the leader", ing.svc.StatusLeader)
+	waitFor(t, "the controller started", func() bool { return ing.logs.Count("gateway deployment controller synced") > 0 })
 	deployedIn := func(ns string) func() bool {
 		return func() bool {
 			_, err := e.kube.CoreV1().Services(ns).Get(e.ctx(), "edge-istio", metav1.GetOptions{})
@@ -104,7 +105,8 @@ func TestKubeGatewayDeploymentDiscoverySelectors(t *testing.T) {
 	}
 	deployed := deployedIn(out)
 	// A barrier: a Gateway of the control plane's namespace (always in the mesh), queued after
-	// the one above (queued when elected), is deployed.
+	// the one above (queued once the controller started), is deployed. (The controller's own
+	// tests check the negative exactly: TestNotSelected.)
 	cpGW := gw.DeepCopy()
 	cpGW.Namespace = e.cp
 	if _, err := gc.GatewayV1().Gateways(e.cp).Create(e.ctx(), cpGW, metav1.CreateOptions{}); err != nil {

@@ -67,7 +67,7 @@ type Config struct {
 	Selected func(namespace string) bool
 	// Ready, when set, is waited for before any write: closed once Selected is meaningful
 	// (config-ingest's first sync, the mesh config read).
-	Ready <-chan struct{}
+	Ready  <-chan struct{}
 	Logger *slog.Logger
 }
 

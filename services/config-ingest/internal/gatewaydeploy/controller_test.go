@@ -50,6 +50,8 @@ type env struct {
 type harness struct {
 	c      *Controller
 	leader atomic.Bool
+	// outside is a namespace out of the mesh until inMesh is set.
+	inMesh atomic.Bool
 	mu     sync.Mutex
 	done   map[types.NamespacedName]int // reconciles, by Gateway
 	// applied, when set, is told of each Gateway reconciled without error.
@@ -126,7 +128,8 @@ func (e *env) start(leader bool) *harness {
 	e.t.Helper()
 	h := &harness{done: map[types.NamespacedName]int{}}
 	h.leader.Store(leader)
-	c, err := New(kube.WithRateLimits(e.rest), Config{Namespace: "istio-system", Leader: h.leader.Load, Logger: testlog.New(e.t, slog.LevelDebug)})
+	c, err := New(kube.WithRateLimits(e.rest), Config{Namespace: "istio-system", Leader: h.leader.Load,
+		Selected: func(ns string) bool { return ns != "outside" || h.inMesh.Load() }, Logger: testlog.New(e.t, slog.LevelDebug)})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -528,6 +531,21 @@ func TestNotLeader(t *testing.T) {
 	h.leader.Store(true)
 	h.c.Elected()
 	testwait.Until(t, wait, "deployed once elected", func() bool { return len(e.versions("apps", "web-istio")) == 3 })
+}
+
+// TestNotSelected: a Gateway of a namespace the discoverySelectors leave out is left alone.
+func TestNotSelected(t *testing.T) {
+	e := newEnv(t)
+	e.namespace("outside")
+	h := e.start(true)
+	e.create(gateway("outside", "web", "istio", 80))
+	h.settle(t, "outside", "web", 0)
+	if v := e.versions("outside", "web-istio"); len(v) != 0 {
+		t.Fatalf("a Gateway out of the mesh was deployed: %v", v)
+	}
+	h.inMesh.Store(true)
+	h.c.Elected() // as config-ingest's OnSelection does
+	testwait.Until(t, wait, "deployed once in the mesh", func() bool { return len(e.versions("outside", "web-istio")) == 3 })
 }
 
 // TestReadiness: Programmed needs an address and a ready replica; a LoadBalancer Service
