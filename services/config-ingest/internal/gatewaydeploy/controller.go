@@ -163,7 +163,13 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 	c.nsFactory = informers.NewSharedInformerFactory(kc, 0)
 	nsInf := c.nsFactory.Core().V1().Namespaces()
 	c.namespaces = nsInf.Lister()
-	if _, err := nsInf.Informer().AddEventHandler(handler(func(metav1.Object) { c.enqueueSelecting() })); err != nil {
+	// A namespace's ListenerSets are followed by their own events; what changes here is whether
+	// a Gateway's selector admits them.
+	if _, err := nsInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{UpdateFunc: func(old, cur any) {
+		if !maps.Equal(old.(*corev1.Namespace).Labels, cur.(*corev1.Namespace).Labels) {
+			c.enqueueSelecting()
+		}
+	}}); err != nil {
 		return nil, err
 	}
 	c.synced = append(c.synced, nsInf.Informer().HasSynced)
@@ -199,7 +205,7 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 		UpdateFunc: func(old, cur any) {
 			o, n := old.(*gwv1.Gateway), cur.(*gwv1.Gateway)
 			// A status write changes none of these.
-			if o.Generation != n.Generation || !equalMaps(o.Labels, n.Labels) || !equalMaps(o.Annotations, n.Annotations) || o.UID != n.UID {
+			if o.Generation != n.Generation || !maps.Equal(o.Labels, n.Labels) || !maps.Equal(o.Annotations, n.Annotations) || o.UID != n.UID {
 				c.enqueue(cur)
 			}
 		},
@@ -682,18 +688,6 @@ func handler(fn func(metav1.Object)) cache.ResourceEventHandler {
 		}
 	}
 	return cache.ResourceEventHandlerFuncs{AddFunc: call, UpdateFunc: func(_, o any) { call(o) }, DeleteFunc: call}
-}
-
-func equalMaps(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -306,7 +307,7 @@ func TestController(t *testing.T) {
 		n, applies := h.count("apps", "web"), h.c.applies.Load()
 		h.c.Elected() // everything re-checked, as after a leader change
 		h.settle(t, "apps", "web", n)
-		if after := e.versions("apps", "web-istio"); !equalMaps(before, after) {
+		if after := e.versions("apps", "web-istio"); !maps.Equal(before, after) {
 			t.Errorf("re-checking wrote: resourceVersions %v, then %v", before, after)
 		}
 		if got := h.c.applies.Load() - applies; got != 0 {
@@ -320,7 +321,7 @@ func TestController(t *testing.T) {
 		n = h.count("apps", "web")
 		h.c.Elected()
 		h.settle(t, "apps", "web", n)
-		if after := e.versions("apps", "web-istio"); !equalMaps(before, after) {
+		if after := e.versions("apps", "web-istio"); !maps.Equal(before, after) {
 			t.Errorf("applying the same objects again wrote: resourceVersions %v, then %v", before, after)
 		}
 	})
@@ -386,7 +387,7 @@ func TestController(t *testing.T) {
 		testwait.Until(t, wait, "the problem reported", func() bool {
 			return errors.Is(h.c.Problem("apps", "web"), ErrInvalidParameters) && strings.Contains(h.c.Problem("apps", "web").Error(), `"deploymnet"`)
 		})
-		if after := e.versions("apps", "web-istio"); !equalMaps(before, after) {
+		if after := e.versions("apps", "web-istio"); !maps.Equal(before, after) {
 			t.Errorf("an invalid customization changed the objects: %v, then %v", before, after)
 		}
 		if err := e.kube.CoreV1().ConfigMaps("apps").Delete(context.Background(), "web-options", metav1.DeleteOptions{}); err != nil {
