@@ -2,11 +2,7 @@ package e2e
 
 import (
 	"context"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,53 +15,15 @@ import (
 	"sailplane.dev/tools/testenv"
 )
 
-// gatewayAPIVersion is the sigs.k8s.io/gateway-api module whose standard CRDs the tests install.
-const gatewayAPIVersion = "v1.6.3"
-
-// installGatewayAPI applies the standard channel's CRDs of the pinned gateway-api module, read
-// from the module cache.
-func installGatewayAPI(t *testing.T, kube *framework.Kube) {
-	t.Helper()
-	cmd := exec.Command("go", "mod", "download", "-json", "sigs.k8s.io/gateway-api@"+gatewayAPIVersion)
-	cmd.Dir, cmd.Env = os.TempDir(), append(os.Environ(), "GOWORK=off", "GOFLAGS=")
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go mod download sigs.k8s.io/gateway-api: %v", err)
-	}
-	dir := ""
-	for _, l := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(l), `"Dir": "`); ok {
-			dir = strings.TrimSuffix(v, `",`)
-		}
-	}
-	files, _ := filepath.Glob(filepath.Join(dir, "config", "crd", "standard", "gateway.networking.k8s.io_*.yaml"))
-	if len(files) == 0 {
-		t.Fatalf("no Gateway API CRDs under %s", dir)
-	}
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kube.Apply(t, string(b))
-	}
-	probe := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway"}}
-	framework.Eventually(t, time.Minute, func() error {
-		_, err := kube.Resource(probe) // resets its discovery when the kind is not known yet
-		return err
-	})
-}
-
 // TestGatewayDeploymentInjected: hyper on Kubernetes deploys a Kubernetes Gateway of class istio,
 // and a pod of the Deployment it wrote (made here as the ReplicaSet controller would: the test
 // environment has none) is injected by hyper's webhook with the gateway template: the agent as
 // a router node, Envoy filling the istio-proxy placeholder, no capture.
 func TestGatewayDeploymentInjected(t *testing.T) {
-	k := testenv.KubeForTest(t)
+	k := testenv.KubeForTest(t, testenv.WithGatewayAPICRDs())
 	kube := framework.NewKube(t, k.RestConfig())
 	kube.EnsureNamespace(t, "istio-system")
 	kube.Apply(t, meshConfigMap)
-	installGatewayAPI(t, kube)
 	webhookAddr := framework.FreeAddr(t)
 	webhookTopologies[0].start(t, k, kube, webhookAddr) // hyper
 	applyWebhooks(t, kube, webhookAddr)

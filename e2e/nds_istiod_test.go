@@ -25,7 +25,8 @@ import (
 )
 
 // ndsObjects: a ClusterIP service, a headless service of two StatefulSet-style pods (spec
-// hostname and subdomain), a ServiceEntry with an address and one without.
+// hostname and subdomain, one hostname not the pod's name) and a pod without subdomain (which
+// gets no name of its own), a ServiceEntry with an address and one without.
 const ndsObjects = `apiVersion: v1
 kind: Service
 metadata: {name: web, namespace: demo}
@@ -49,7 +50,12 @@ spec: {hostname: mysql-0, subdomain: mysql, containers: [{name: c, image: x}]}
 apiVersion: v1
 kind: Pod
 metadata: {name: mysql-1, namespace: demo, labels: {app: mysql}}
-spec: {hostname: mysql-1, subdomain: mysql, containers: [{name: c, image: x}]}
+spec: {hostname: replica-1, subdomain: mysql, containers: [{name: c, image: x}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: mysql-adhoc, namespace: demo, labels: {app: mysql}}
+spec: {containers: [{name: c, image: x}]}
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
@@ -62,9 +68,12 @@ endpoints:
   conditions: {ready: true, serving: true, terminating: false}
   targetRef: {kind: Pod, namespace: demo, name: mysql-0}
 - addresses: [198.18.0.12]
-  hostname: mysql-1
+  hostname: replica-1
   conditions: {ready: true, serving: true, terminating: false}
   targetRef: {kind: Pod, namespace: demo, name: mysql-1}
+- addresses: [198.18.0.13]
+  conditions: {ready: true, serving: true, terminating: false}
+  targetRef: {kind: Pod, namespace: demo, name: mysql-adhoc}
 ---
 apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -161,16 +170,21 @@ func sameNameTables(ref, got *ndsv1.NameTable, capture bool) error {
 
 // fetchNameTable asks addr for the name table of a sidecar of namespace demo.
 func fetchNameTable(addr string, capture bool) (*ndsv1.NameTable, error) {
+	md := map[string]any{"NAMESPACE": "demo", "CLUSTER_ID": "Kubernetes", "ISTIO_VERSION": "1.29.0"}
+	if capture {
+		md["DNS_CAPTURE"] = "true"
+	}
+	return nameTableOf(addr, framework.XDSNode{ID: "sidecar~198.18.0.5~web-0.demo~demo.svc.cluster.local", Metadata: md})
+}
+
+// nameTableOf asks addr for node's name table.
+func nameTableOf(addr string, node framework.XDSNode) (*ndsv1.NameTable, error) {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
-	md := map[string]any{"NAMESPACE": "demo", "CLUSTER_ID": "Kubernetes", "ISTIO_VERSION": "1.29.0"}
-	if capture {
-		md["DNS_CAPTURE"] = "true"
-	}
-	s, err := structpb.NewStruct(md)
+	s, err := structpb.NewStruct(node.Metadata)
 	if err != nil {
 		return nil, err
 	}
@@ -180,8 +194,8 @@ func fetchNameTable(addr string, capture bool) (*ndsv1.NameTable, error) {
 	if err != nil {
 		return nil, err
 	}
-	node := &corev3.Node{Id: "sidecar~198.18.0.5~web-0.demo~demo.svc.cluster.local", Metadata: s}
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: xdstype.NameTable}); err != nil {
+	req := &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: node.ID, Metadata: s}, TypeUrl: xdstype.NameTable}
+	if err := stream.Send(req); err != nil {
 		return nil, err
 	}
 	resp, err := stream.Recv()

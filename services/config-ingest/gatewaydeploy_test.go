@@ -1,35 +1,21 @@
 package configingest_test
 
 import (
-	"bytes"
-	"context"
-	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/rest"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	configingest "sailplane.dev/services/config-ingest"
-	"sailplane.dev/shared/testwait"
 )
 
 // TestKubeGatewayDeployment: with GatewayDeployment, the replica holding the status Lease
 // deploys a Gateway's objects; when it stops, the new leader catches up with what changed.
 func TestKubeGatewayDeployment(t *testing.T) {
 	e := newKenv(t, sharedKube(t))
-	installGatewayCRDs(t, e.k.RestConfig())
+	installGatewayCRDs(t, e)
 	ns := e.ns("gw", nil)
 	on := func(c *configingest.Config) { c.GatewayDeployment = true }
 	ins := map[string]*kingest{"pod-a": e.start("pod-a", on), "pod-b": e.start("pod-b", on)}
@@ -83,7 +69,7 @@ func TestKubeGatewayDeployment(t *testing.T) {
 // leave out of the mesh is not deployed; once its namespace is selected, it is.
 func TestKubeGatewayDeploymentDiscoverySelectors(t *testing.T) {
 	e := newKenv(t, sharedKube(t))
-	installGatewayCRDs(t, e.k.RestConfig())
+	installGatewayCRDs(t, e)
 	out := e.ns("gwout", nil)
 	e.setMesh("discoverySelectors:\n- matchLabels: {mesh-" + e.id + ": \"yes\"}\n")
 	gc := gwclient.NewForConfigOrDie(e.k.RestConfig())
@@ -127,51 +113,11 @@ func TestKubeGatewayDeploymentDiscoverySelectors(t *testing.T) {
 	waitFor(t, "deployed once its namespace is selected", deployed)
 }
 
-// installGatewayCRDs installs the standard channel's CRDs of the pinned gateway-api module
-// (already installed is fine: the API server is shared).
-func installGatewayCRDs(t *testing.T, cfg *rest.Config) {
+// installGatewayCRDs installs the Gateway API CRDs on the shared API server (already installed
+// is fine).
+func installGatewayCRDs(t *testing.T, e *kenv) {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api").Output()
-	if err != nil {
-		t.Fatalf("locating sigs.k8s.io/gateway-api: %v", err)
+	if err := e.k.InstallGatewayAPICRDs(e.ctx()); err != nil {
+		t.Fatal(err)
 	}
-	files, _ := filepath.Glob(filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "standard", "*.yaml"))
-	crds := dynamic.NewForConfigOrDie(cfg).Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
-	var names []string
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 64<<10)
-		for {
-			u := &unstructured.Unstructured{}
-			if err := dec.Decode(&u.Object); err != nil {
-				break
-			}
-			if u.GetKind() != "CustomResourceDefinition" {
-				continue
-			}
-			if _, err := crds.Create(context.Background(), u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-				t.Fatalf("%s: %v", f, err)
-			}
-			names = append(names, u.GetName())
-		}
-	}
-	testwait.For(t, 30e9, "Gateway API CRDs established", func() error {
-		for _, n := range names {
-			got, err := crds.Get(context.Background(), n, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
-			if !slices.ContainsFunc(conds, func(c any) bool {
-				m, _ := c.(map[string]any)
-				return m["type"] == "Established" && m["status"] == "True"
-			}) {
-				return fmt.Errorf("%s not established", n)
-			}
-		}
-		return nil
-	})
 }

@@ -29,11 +29,12 @@ import (
 // generatorFor serves proxyless gRPC clients from grpcgen and Envoy from envoygen, which
 // reports the conflicts it resolves to problems; credentials says whether credentialName
 // secrets are served (Deps.Credentials). Envoy proxies' agents get their name table (NDS) from
-// ndsgen.
+// ndsgen, whose auto-allocated addresses envoygen's listeners use.
 func generatorFor(log *slog.Logger, problems model.Problems, credentials bool) func(*model.Proxy) xds.Generator {
 	proxyless := newProxylessGenerator(log.With("component", "grpcgen"))
+	alloc := model.NewAllocator()
 	envoy := withNameTable{envoyGenerator{envoygen.New(log.With("component", "envoygen"), envoygen.WithProblems(problems),
-		envoygen.WithCredentials(credentials))}, ndsgen.New()}
+		envoygen.WithCredentials(credentials), envoygen.WithAutoAddresses(alloc))}, ndsgen.New(alloc)}
 	return func(p *model.Proxy) xds.Generator {
 		if p.IsProxyless() {
 			return proxyless

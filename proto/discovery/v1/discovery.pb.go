@@ -402,7 +402,11 @@ type Endpoint struct {
 	ClusterId      string            `protobuf:"bytes,8,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	Network        string            `protobuf:"bytes,9,opt,name=network,proto3" json:"network,omitempty"`
 	// Name of the Pod, WorkloadEntry or Consul node this endpoint came from.
-	Workload      string `protobuf:"bytes,10,opt,name=workload,proto3" json:"workload,omitempty"`
+	Workload string `protobuf:"bytes,10,opt,name=workload,proto3" json:"workload,omitempty"`
+	// The Pod's own DNS name in its namespace, "<hostname>.<subdomain>" (hostname defaulting to
+	// the Pod's name), when the Pod sets a subdomain, as Kubernetes DNS names pods of headless
+	// services; empty otherwise.
+	PodDnsName    string `protobuf:"bytes,11,opt,name=pod_dns_name,json=podDnsName,proto3" json:"pod_dns_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -507,6 +511,13 @@ func (x *Endpoint) GetWorkload() string {
 	return ""
 }
 
+func (x *Endpoint) GetPodDnsName() string {
+	if x != nil {
+		return x.PodDnsName
+	}
+	return ""
+}
+
 type Locality struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
@@ -600,7 +611,7 @@ const file_discovery_v1_discovery_proto_rawDesc = "" +
 	"\tEndpoints\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12>\n" +
-	"\tendpoints\x18\x03 \x03(\v2 .sailplane.discovery.v1.EndpointR\tendpoints\"\xae\x04\n" +
+	"\tendpoints\x18\x03 \x03(\v2 .sailplane.discovery.v1.EndpointR\tendpoints\"\xd0\x04\n" +
 	"\bEndpoint\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12A\n" +
 	"\x05ports\x18\x02 \x03(\v2+.sailplane.discovery.v1.Endpoint.PortsEntryR\x05ports\x12D\n" +
@@ -613,7 +624,9 @@ const file_discovery_v1_discovery_proto_rawDesc = "" +
 	"cluster_id\x18\b \x01(\tR\tclusterId\x12\x18\n" +
 	"\anetwork\x18\t \x01(\tR\anetwork\x12\x1a\n" +
 	"\bworkload\x18\n" +
-	" \x01(\tR\bworkload\x1a8\n" +
+	" \x01(\tR\bworkload\x12 \n" +
+	"\fpod_dns_name\x18\v \x01(\tR\n" +
+	"podDnsName\x1a8\n" +
 	"\n" +
 	"PortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +

@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -29,7 +26,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
-	"sigs.k8s.io/yaml"
 
 	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/testlog"
@@ -60,9 +56,8 @@ type harness struct {
 }
 
 func newEnv(t testing.TB) *env {
-	k := testenv.KubeForTest(t)
+	k := testenv.KubeForTest(t, testenv.WithGatewayAPICRDs())
 	cfg := k.RestConfig()
-	installGatewayCRDs(t, cfg)
 	e := &env{t: t, rest: cfg, kube: kubernetes.NewForConfigOrDie(cfg), gw: gwclient.NewForConfigOrDie(cfg), dyn: dynamic.NewForConfigOrDie(cfg)}
 	for _, ns := range []string{"istio-system"} {
 		e.namespace(ns)
@@ -75,53 +70,6 @@ func (e *env) namespace(name string) {
 	if _, err := e.kube.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		e.t.Fatal(err)
 	}
-}
-
-// installGatewayCRDs installs the standard channel's CRDs of the pinned gateway-api module.
-func installGatewayCRDs(t testing.TB, cfg *rest.Config) {
-	t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api").Output()
-	if err != nil {
-		t.Fatalf("locating sigs.k8s.io/gateway-api: %v", err)
-	}
-	files, _ := filepath.Glob(filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "standard", "*.yaml"))
-	crds := dynamic.NewForConfigOrDie(cfg).Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
-	var names []string
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, doc := range splitDocs(t, b) {
-			u := &unstructured.Unstructured{}
-			if err := yaml.Unmarshal(doc, &u.Object); err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			if u.GetKind() != "CustomResourceDefinition" {
-				continue
-			}
-			if _, err := crds.Create(context.Background(), u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-				t.Fatalf("%s: %v", f, err)
-			}
-			names = append(names, u.GetName())
-		}
-	}
-	testwait.For(t, wait, "Gateway API CRDs established", func() error {
-		for _, n := range names {
-			got, err := crds.Get(context.Background(), n, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
-			if !slices.ContainsFunc(conds, func(c any) bool {
-				m, _ := c.(map[string]any)
-				return m["type"] == "Established" && m["status"] == "True"
-			}) {
-				return fmt.Errorf("%s not established", n)
-			}
-		}
-		return nil
-	})
 }
 
 // start runs a Controller until the test ends.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"k8s.io/apimachinery/pkg/types"
@@ -38,6 +39,7 @@ type savedResource struct {
 	UID         types.UID         `json:"uid"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	Annotations map[string]string `json:"annotations,omitempty"`
+	CreateTime  time.Time         `json:"createTime,omitzero"`
 	Spec        json.RawMessage   `json:"spec"`
 }
 
@@ -90,7 +92,7 @@ func parseState(data []byte) (map[string]map[string]keptVersion, error) {
 		}
 		c := config.Config{
 			Kind: k, Namespace: r.Namespace, Name: r.Name, Labels: r.Labels, Annotations: r.Annotations,
-			Spec: spec, Source: config.Source{File: SourcePrefix},
+			CreateTime: r.CreateTime, Spec: spec, Source: config.Source{File: SourcePrefix},
 		}
 		if out[k.TypeURL] == nil {
 			out[k.TypeURL] = map[string]keptVersion{}
@@ -120,7 +122,7 @@ func (s *Source) saveStateLocked() {
 			}
 			st.Resources = append(st.Resources, savedResource{
 				Type: ks.kind.TypeURL, Namespace: c.Namespace, Name: c.Name, UID: ks.uids[busName],
-				Labels: c.Labels, Annotations: c.Annotations, Spec: spec,
+				Labels: c.Labels, Annotations: c.Annotations, CreateTime: c.CreateTime, Spec: spec,
 			})
 		}
 	}

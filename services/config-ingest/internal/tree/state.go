@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -39,6 +40,7 @@ type savedResource struct {
 	Name        string            `json:"name"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	Annotations map[string]string `json:"annotations,omitempty"`
+	CreateTime  time.Time         `json:"createTime,omitzero"`
 	Doc         int               `json:"doc,omitempty"`
 	Spec        json.RawMessage   `json:"spec"`
 }
@@ -110,7 +112,7 @@ func (f *file) marshalState() (json.RawMessage, error) {
 		}
 		rs = append(rs, savedResource{
 			Type: k.TypeURL, Namespace: c.Namespace, Name: c.Name,
-			Labels: c.Labels, Annotations: c.Annotations, Doc: c.Source.Doc, Spec: spec,
+			Labels: c.Labels, Annotations: c.Annotations, CreateTime: c.CreateTime, Doc: c.Source.Doc, Spec: spec,
 		})
 	}
 	return json.Marshal(rs)
@@ -186,7 +188,7 @@ func restoreFile(p string, raw json.RawMessage) (*file, error) {
 		}
 		c := config.Config{
 			Kind: k, Namespace: r.Namespace, Name: r.Name, Labels: r.Labels, Annotations: r.Annotations,
-			Spec: spec, Source: config.Source{File: p, Doc: r.Doc},
+			CreateTime: r.CreateTime, Spec: spec, Source: config.Source{File: p, Doc: r.Doc},
 		}
 		f.add(Key{k.TypeURL, c.BusName()}, c)
 	}

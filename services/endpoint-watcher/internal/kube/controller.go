@@ -802,6 +802,9 @@ func sliceEndpoint(cl *cluster, s *discovery.EndpointSlice, e *discovery.Endpoin
 		ep.Network = pod.Labels[LabelNetwork]
 		nodeName = cmp.Or(nodeName, pod.Spec.NodeName)
 		ep.Workload = r.Name
+		if pod.Spec.Subdomain != "" {
+			ep.PodDnsName = cmp.Or(pod.Spec.Hostname, pod.Name) + "." + pod.Spec.Subdomain
+		}
 	}
 	if nodeName != "" {
 		if n, err := cl.cur.nodes.Get(nodeName); err == nil {

@@ -217,8 +217,9 @@ func transform(obj any) (any, error) {
 	case *corev1.Pod:
 		p := &corev1.Pod{
 			ObjectMeta: stripMeta(o.ObjectMeta, o.Labels, nil),
-			Spec:       corev1.PodSpec{NodeName: o.Spec.NodeName, ServiceAccountName: o.Spec.ServiceAccountName},
-			Status:     corev1.PodStatus{Phase: o.Status.Phase, PodIP: o.Status.PodIP},
+			Spec: corev1.PodSpec{NodeName: o.Spec.NodeName, ServiceAccountName: o.Spec.ServiceAccountName,
+				Hostname: o.Spec.Hostname, Subdomain: o.Spec.Subdomain},
+			Status: corev1.PodStatus{Phase: o.Status.Phase, PodIP: o.Status.PodIP},
 		}
 		for _, c := range o.Status.Conditions {
 			if c.Type == corev1.PodReady {

@@ -35,7 +35,9 @@ import (
 //   - for clusters and endpoints, when some DestinationRule or the mesh could turn locality
 //     load balancing on, the proxy's locality and its values of the labels failoverPriority
 //     names (DNS clusters carry their endpoints inline);
-//   - for clusters, whether the proxy has only IPv6 addresses (DNS clusters' lookup family).
+//   - for clusters, whether the proxy has only IPv6 addresses (DNS clusters' lookup family);
+//   - for listeners and routes, whether the proxy uses auto-allocated addresses, and its IP
+//     families (which of a host's two it gets).
 //
 // Endpoints are cached by the xds server per host on top of this (EndpointsVersion).
 func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL string) string {
@@ -68,6 +70,11 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 	}
 	if typeURL == resourcev3.ClusterType && ipv6Only(proxy.IPs) {
 		b.WriteString("/v6")
+	}
+	if (typeURL == resourcev3.ListenerType || typeURL == resourcev3.RouteType) && g.alloc.Uses(proxy) {
+		// Auto-allocated addresses, of the proxy's families, in listeners and domains.
+		v4, v6 := proxy.IPFamilies()
+		b.WriteString("/auto=" + strconv.FormatBool(v4) + "," + strconv.FormatBool(v6))
 	}
 	if (typeURL == resourcev3.ListenerType || typeURL == resourcev3.RouteType) && proxy.IsSidecar() &&
 		len(proxy.IPs) > 0 && slices.ContainsFunc(ix.byIP[proxy.IPs[0]], func(e ipEndpoint) bool {

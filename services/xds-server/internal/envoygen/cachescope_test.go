@@ -23,7 +23,7 @@ func TestCacheScope(t *testing.T) {
 	for _, dir := range golden.Cases(t, "testdata") {
 		t.Run(dir, func(t *testing.T) {
 			tc := load(t, dir)
-			g := New(nil)
+			g := New(nil, WithAutoAddresses(model.NewAllocator()))
 			var proxies []*model.Proxy
 			namespaces := map[string]bool{}
 			for _, np := range tc.proxies {
@@ -56,6 +56,13 @@ func TestCacheScope(t *testing.T) {
 				proxies = append(proxies, v)
 				v = clone(p)
 				v.NodeLocality = &discoveryv1.Locality{Region: "elsewhere"}
+				proxies = append(proxies, v)
+				// DNS captured, or not: auto-allocated addresses in listeners and domains.
+				v = clone(p)
+				v.DNSCapture = !p.DNSCapture
+				proxies = append(proxies, v)
+				v = clone(v)
+				v.IPs = []string{"2001:db8::7"}
 				proxies = append(proxies, v)
 				// The same workload at each endpoint address: replicas of one service.
 				for _, addr := range endpointAddresses(tc.snap) {

@@ -33,6 +33,8 @@ type Generator struct {
 	problems model.Problems
 	// credentials: credentialName secrets are served over SDS (WithCredentials).
 	credentials bool
+	// alloc gives ServiceEntry hosts without addresses theirs (WithAutoAddresses).
+	alloc *model.Allocator
 	indexCache
 }
 
@@ -50,6 +52,14 @@ func WithProblems(p model.Problems) Option {
 // clusters whose DestinationRule names one, as istiod does.
 func WithCredentials(served bool) Option {
 	return func(g *Generator) { g.credentials = served }
+}
+
+// WithAutoAddresses gives proxies that capture DNS listeners and virtual host domains on the
+// addresses alloc gives ServiceEntry hosts without any, as istiod does: the agent's DNS proxy
+// answers those names with the same addresses (ndsgen shares alloc), so a plain TCP service
+// without a VIP gets a listener of its own instead of sharing the port's wildcard.
+func WithAutoAddresses(alloc *model.Allocator) Option {
+	return func(g *Generator) { g.alloc = alloc }
 }
 
 // New returns a generator logging to log (nil discards).
@@ -129,6 +139,7 @@ func (g *Generator) builder(snap *model.Snapshot, proxy *model.Proxy) (*builder,
 	b := newBuilder(snap, proxy, g.index(snap), g.log.With("proxy", proxy.NodeID))
 	b.problems = g.problems
 	b.credentials = g.credentials
+	b.auto = g.alloc.For(snap, proxy) // the whole snapshot's, as the name table has them
 	return b, nil
 }
 

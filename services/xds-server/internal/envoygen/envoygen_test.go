@@ -99,7 +99,7 @@ func all(r *Resources) []proto.Message {
 
 func generateAll(t *testing.T, tc testCase, p *model.Proxy) *Resources {
 	t.Helper()
-	res, err := New(testLogger(t), WithCredentials(tc.credentials)).GenerateAll(tc.snap, p)
+	res, err := New(testLogger(t), WithCredentials(tc.credentials), WithAutoAddresses(model.NewAllocator())).GenerateAll(tc.snap, p)
 	if err != nil {
 		t.Fatal(err)
 	}

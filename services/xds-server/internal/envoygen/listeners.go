@@ -551,7 +551,8 @@ func (b *builder) outboundEntries() []*outboundListener {
 
 // tcpListenAddresses are the addresses of a service's listeners for its non-HTTP ports, IPs or
 // CIDR ranges: every address of a ServiceEntry (istiod makes a service of each), the first VIP
-// of other registries; without VIP, the wildcard, or the endpoints (see endpointListenIPs).
+// of other registries; without VIP, the auto-allocated address when the proxy uses them, else the
+// wildcard, or the endpoints (see endpointListenIPs).
 func (b *builder) tcpListenAddresses(svc *model.Service) []string {
 	addrs := svc.Spec.GetAddresses()
 	if len(addrs) > 0 && addrs[0] != "" {
@@ -559,6 +560,9 @@ func (b *builder) tcpListenAddresses(svc *model.Service) []string {
 			return addrs[:1]
 		}
 		return slices.DeleteFunc(slices.Clone(addrs), func(a string) bool { return a == "" })
+	}
+	if auto := b.autoAddresses(svc); len(auto) > 0 {
+		return auto[:1] // istiod's GetAddressForProxy: one listener, on the first family's
 	}
 	if model.ListensPerEndpoint(svc.Spec) {
 		if eps, ok := b.endpointListenIPs(svc); ok {

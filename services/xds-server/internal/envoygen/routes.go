@@ -57,6 +57,9 @@ func (b *builder) sidecarRouteConfig(port uint32) *routev3.RouteConfiguration {
 			host := svc.Spec.GetHostname()
 			var domains []string
 			wanted := translate.Domains(svc.Spec, b.proxy.DNSDomain)
+			for _, a := range b.autoAddresses(svc) {
+				wanted = append(wanted, translate.HostLiteral(a))
+			}
 			for _, d := range wanted {
 				// Envoy refuses a route configuration that repeats a domain.
 				if taken[d] {

@@ -25,6 +25,10 @@ type builder struct {
 	// credentials: credentialName secrets are served (WithCredentials).
 	credentials bool
 
+	// auto are the auto-allocated addresses of ServiceEntry hosts without any, by
+	// model.AutoAddressKey, when the proxy uses them (its DNS is captured); nil otherwise.
+	auto map[string]model.AutoAddresses
+
 	// sidecar is the Sidecar resource that applies to the proxy, nil if none does.
 	sidecar *model.Config[*networking.Sidecar]
 	// allowAny is the outbound traffic policy: pass unknown destinations through, or drop them.
@@ -129,4 +133,17 @@ func (b *builder) visiblePorts(svc *model.Service) []*discoveryv1.Port {
 		out = append(out, p)
 	}
 	return out
+}
+
+// autoAddresses are svc's auto-allocated addresses of the proxy's IP families, IPv4 first, if
+// it has any and the proxy uses them.
+func (b *builder) autoAddresses(svc *model.Service) []string {
+	if b.auto == nil || !model.AutoAllocatable(svc.Spec) {
+		return nil
+	}
+	a, ok := b.auto[model.AutoAddressKey(svc.Spec)]
+	if !ok {
+		return nil
+	}
+	return a.For(b.proxy.IPFamilies())
 }

@@ -223,3 +223,21 @@ func ParseLocality(s string) *discoveryv1.Locality {
 	parts = append(parts, "", "")
 	return &discoveryv1.Locality{Region: parts[0], Zone: parts[1], SubZone: parts[2]}
 }
+
+// IPFamilies reports which IP families the proxy has addresses of; a proxy with no address
+// is taken to reach both.
+func (p *Proxy) IPFamilies() (v4, v6 bool) {
+	for _, ip := range p.IPs {
+		if a, err := netip.ParseAddr(ip); err == nil {
+			if a.Unmap().Is4() {
+				v4 = true
+			} else {
+				v6 = true
+			}
+		}
+	}
+	if !v4 && !v6 {
+		return true, true
+	}
+	return v4, v6
+}

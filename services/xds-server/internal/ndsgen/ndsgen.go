@@ -5,10 +5,11 @@
 //   - a service's VIPs (a Kubernetes service's filtered to the proxy's IP families when the
 //     proxy is single-stack; a ServiceEntry's as written, CIDRs left out);
 //   - a ServiceEntry without addresses, when the proxy captures DNS and auto-allocation is on,
-//     its auto-allocated addresses (see Allocator);
+//     its auto-allocated addresses (see model.Allocator);
 //   - a service without VIP nor resolution (a headless Kubernetes service, a ServiceEntry with
 //     resolution NONE) its healthy endpoints on the proxy's network, and for a Kubernetes
-//     service every pod's own name, <pod>.<service>.<namespace>.svc.<domain>, to its address.
+//     service the name of each of its pods that sets a subdomain (Kubernetes DNS's
+//     <hostname>.<subdomain>.<namespace>.svc.<domain>), to its address.
 package ndsgen
 
 import (
@@ -32,33 +33,13 @@ const unspecified = "0.0.0.0"
 
 // Generator builds name tables.
 type Generator struct {
-	alloc *Allocator
-	// allocateByDefault is istiod's PILOT_ENABLE_IP_AUTOALLOCATE (on by default): every proxy
-	// that captures DNS uses auto-allocated addresses; off, only those that also set
-	// DNS_AUTO_ALLOCATE do.
-	allocateByDefault bool
+	// alloc gives ServiceEntry hosts without addresses theirs; the Envoy generator shares it,
+	// so that the names a proxy resolves lead to its listeners.
+	alloc *model.Allocator
 }
 
-// Option configures a Generator.
-type Option func(*Generator)
-
-// WithoutDefaultAllocation uses auto-allocated addresses only for proxies whose metadata sets
-// DNS_AUTO_ALLOCATE (istiod with PILOT_ENABLE_IP_AUTOALLOCATE=false).
-func WithoutDefaultAllocation() Option { return func(g *Generator) { g.allocateByDefault = false } }
-
-// New returns a generator with its own address allocator.
-func New(opts ...Option) *Generator {
-	g := &Generator{alloc: NewAllocator(), allocateByDefault: true}
-	for _, o := range opts {
-		o(g)
-	}
-	return g
-}
-
-// usesAutoAddresses is istiod's nodeUsesAutoallocatedIPs.
-func (g *Generator) usesAutoAddresses(p *model.Proxy) bool {
-	return p.DNSCapture && (g.allocateByDefault || p.DNSAutoAllocate)
-}
+// New returns a generator taking auto-allocated addresses from alloc.
+func New(alloc *model.Allocator) *Generator { return &Generator{alloc: alloc} }
 
 // CacheScope names every proxy input Table reads: its type and namespace (exportTo), the
 // Sidecar that applies, whether it uses auto-allocated addresses, its IP families, and its
@@ -71,9 +52,9 @@ func (g *Generator) CacheScope(snap *model.Snapshot, p *model.Proxy) string {
 			b.WriteString(sc.Namespace + "/" + sc.Name)
 		}
 	}
-	v4, v6 := families(p)
+	v4, v6 := p.IPFamilies()
 	b.WriteString("/auto=")
-	if g.usesAutoAddresses(p) {
+	if g.alloc.Uses(p) {
 		b.WriteString("1")
 	}
 	b.WriteString("/f=")
@@ -94,11 +75,8 @@ func (g *Generator) Table(snap *model.Snapshot, p *model.Proxy) *ndsv1.NameTable
 	if !p.IsSidecar() {
 		scope = nil
 	}
-	v4, v6 := families(p)
-	var auto map[string]Addresses
-	if g.usesAutoAddresses(p) {
-		auto = g.alloc.Assign(snap)
-	}
+	v4, v6 := p.IPFamilies()
+	auto := g.alloc.For(snap, p)
 	for _, h := range snap.Hostnames() {
 		svc := snap.Services[h]
 		spec := svc.Spec
@@ -114,8 +92,8 @@ func (g *Generator) Table(snap *model.Snapshot, p *model.Proxy) *ndsv1.NameTable
 		case kube:
 			ips = filterFamilies(ips, v4, v6)
 		case len(ips) == 0 && headless && auto != nil:
-			if a, ok := auto[Key(spec)]; ok {
-				ips = filterFamilies(a.list(), v4, v6)
+			if a, ok := auto[model.AutoAddressKey(spec)]; ok {
+				ips = a.For(v4, v6)
 				headless = len(ips) == 0
 			}
 		}
@@ -163,7 +141,7 @@ func vips(spec *discoveryv1.Service) (ips []string, headless bool) {
 func headlessEndpoints(out *ndsv1.NameTable, svc *model.Service, p *model.Proxy, kube bool) []string {
 	spec := svc.Spec
 	first := spec.GetPorts()[0].GetName()
-	svcName, _, _ := strings.Cut(spec.GetHostname(), ".")
+	_, domain, _ := strings.Cut(spec.GetHostname(), ".")
 	var ips []string
 	local, remote := map[string][]string{}, map[string][]string{}
 	var order []string
@@ -179,8 +157,9 @@ func headlessEndpoints(out *ndsv1.NameTable, svc *model.Service, p *model.Proxy,
 		if p.Network != "" && ep.GetNetwork() != "" && ep.GetNetwork() != p.Network {
 			continue
 		}
-		if kube && ep.GetWorkload() != "" {
-			host := ep.GetWorkload() + "." + spec.GetHostname()
+		if kube && ep.GetPodDnsName() != "" {
+			// Kubernetes DNS's pod names: <hostname>.<subdomain>.<namespace>.svc.<domain>.
+			host := ep.GetPodDnsName() + "." + domain
 			if local[host] == nil && remote[host] == nil {
 				order = append(order, host)
 			}
@@ -198,26 +177,9 @@ func headlessEndpoints(out *ndsv1.NameTable, svc *model.Service, p *model.Proxy,
 			addrs = remote[host]
 		}
 		out.Table[host] = &ndsv1.NameTable_NameInfo{Ips: addrs, Registry: RegistryKubernetes,
-			Namespace: spec.GetNamespace(), Shortname: host[:len(host)-len(spec.GetHostname())-1] + "." + svcName}
+			Namespace: spec.GetNamespace(), Shortname: strings.TrimSuffix(host, "."+domain)}
 	}
 	return ips
-}
-
-// families are the IP families of the proxy's addresses; both when it has none that parse.
-func families(p *model.Proxy) (v4, v6 bool) {
-	for _, ip := range p.IPs {
-		if a, err := netip.ParseAddr(ip); err == nil {
-			if a.Unmap().Is4() {
-				v4 = true
-			} else {
-				v6 = true
-			}
-		}
-	}
-	if !v4 && !v6 {
-		return true, true
-	}
-	return v4, v6
 }
 
 // filterFamilies keeps the addresses of the families a single-stack proxy can reach; a

@@ -28,12 +28,17 @@ func Domains(svc *discoveryv1.Service, proxyDomain string) []string {
 		if a == "" || a == "0.0.0.0" {
 			continue
 		}
-		if strings.Contains(a, ":") {
-			a = "[" + a + "]"
-		}
-		out = append(out, a)
+		out = append(out, HostLiteral(a))
 	}
 	return out
+}
+
+// HostLiteral is an IP as a Host header carries it: IPv6 in brackets.
+func HostLiteral(ip string) string {
+	if strings.Contains(ip, ":") {
+		return "[" + ip + "]"
+	}
+	return ip
 }
 
 // AltHosts are the shorter names of host a client in DNS domain proxyDomain may use: for a

@@ -1,4 +1,4 @@
-package ndsgen
+package model
 
 import (
 	"hash/fnv"
@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
-	"sailplane.dev/services/xds-server/internal/model"
 )
 
 // The ranges istiod allocates from (PILOT_IP_AUTOALLOCATE_IPV4_PREFIX and _IPV6_PREFIX):
@@ -23,10 +22,20 @@ const slots = 1<<16 - 2
 // AutoAllocateLabel on a ServiceEntry set to "false" opts it out of allocation (Istio's).
 const AutoAllocateLabel = "networking.istio.io/enable-autoallocate-ip"
 
-// Addresses are one host's auto-allocated pair, at the same offset in both ranges.
-type Addresses struct{ V4, V6 netip.Addr }
+// AutoAddresses are one host's auto-allocated pair, at the same offset in both ranges.
+type AutoAddresses struct{ V4, V6 netip.Addr }
 
-func (a Addresses) list() []string { return []string{a.V4.String(), a.V6.String()} }
+// For is the pair's addresses a proxy of those IP families reaches, IPv4 first.
+func (a AutoAddresses) For(v4, v6 bool) []string {
+	var out []string
+	if v4 {
+		out = append(out, a.V4.String())
+	}
+	if v6 {
+		out = append(out, a.V6.String())
+	}
+	return out
+}
 
 // Allocator gives ServiceEntry hosts without addresses one IPv4 and one IPv6 address each, as
 // istiod's IP auto-allocation controller does, without writing them anywhere: a host's
@@ -35,37 +44,67 @@ func (a Addresses) list() []string { return []string{a.V4.String(), a.V6.String(
 // Only when two hosts' hashes collide does the later one take the next free slot, which
 // another replica, or this one after a restart, may order differently.
 type Allocator struct {
+	// byDefault is istiod's PILOT_ENABLE_IP_AUTOALLOCATE (on by default): every proxy that
+	// captures DNS uses auto-allocated addresses; off, only those that also set
+	// DNS_AUTO_ALLOCATE do.
+	byDefault bool
+
 	mu    sync.Mutex
 	byKey map[string]uint32 // namespace/hostname -> slot
 	owner map[uint32]string
 	// memo is the last snapshot assigned, and its result.
-	memo    *model.Snapshot
-	memoOut map[string]Addresses
+	memo    *Snapshot
+	memoOut map[string]AutoAddresses
 }
 
-// NewAllocator returns an allocator with nothing allocated.
+// NewAllocator returns an allocator with nothing allocated, whose addresses every proxy that
+// captures DNS uses (istiod's default).
 func NewAllocator() *Allocator {
-	return &Allocator{byKey: map[string]uint32{}, owner: map[uint32]string{}}
+	return &Allocator{byDefault: true, byKey: map[string]uint32{}, owner: map[uint32]string{}}
 }
 
-// Key names a host to the allocator: namespace/hostname, as istiod keys its allocations.
-func Key(spec *discoveryv1.Service) string { return spec.GetNamespace() + "/" + spec.GetHostname() }
+// OnlyWhenAsked makes the addresses serve only proxies whose metadata sets DNS_AUTO_ALLOCATE
+// (istiod with PILOT_ENABLE_IP_AUTOALLOCATE=false).
+func (a *Allocator) OnlyWhenAsked() *Allocator {
+	a.byDefault = false
+	return a
+}
 
-// Eligible reports whether a service gets auto-allocated addresses (istiod's
+// Uses reports whether proxy p uses auto-allocated addresses (istiod's
+// nodeUsesAutoallocatedIPs): its DNS is captured, so the names it resolves lead to them.
+func (a *Allocator) Uses(p *Proxy) bool {
+	return a != nil && p.DNSCapture && (a.byDefault || p.DNSAutoAllocate)
+}
+
+// For returns the addresses of every eligible host of snap, by Key, when proxy p uses them;
+// nil otherwise.
+func (a *Allocator) For(snap *Snapshot, p *Proxy) map[string]AutoAddresses {
+	if !a.Uses(p) {
+		return nil
+	}
+	return a.Assign(snap)
+}
+
+// AutoAddressKey names a host to the allocator: namespace/hostname, as istiod keys its allocations.
+func AutoAddressKey(spec *discoveryv1.Service) string {
+	return spec.GetNamespace() + "/" + spec.GetHostname()
+}
+
+// AutoAllocatable reports whether a service gets auto-allocated addresses (istiod's
 // ShouldV2AutoAllocateIP): a ServiceEntry host without addresses, not a wildcard, whose
 // resolution is not NONE (the proxy would not know the original destination), and not opted
 // out by its label.
-func Eligible(spec *discoveryv1.Service) bool {
+func AutoAllocatable(spec *discoveryv1.Service) bool {
 	if spec.GetRegistry() != "serviceentry" || spec.GetResolution() == discoveryv1.Resolution_NONE ||
 		strings.HasPrefix(spec.GetHostname(), "*") || strings.EqualFold(spec.GetLabels()[AutoAllocateLabel], "false") {
 		return false
 	}
-	_, headless := vips(spec)
-	return headless
+	addrs := spec.GetAddresses()
+	return len(addrs) == 0 || addrs[0] == "" || addrs[0] == "0.0.0.0"
 }
 
 // Assign returns the addresses of every eligible host of snap, by Key.
-func (a *Allocator) Assign(snap *model.Snapshot) map[string]Addresses {
+func (a *Allocator) Assign(snap *Snapshot) map[string]AutoAddresses {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.memo == snap {
@@ -74,8 +113,8 @@ func (a *Allocator) Assign(snap *model.Snapshot) map[string]Addresses {
 	want := map[string]bool{}
 	var keys []string
 	for _, h := range snap.Hostnames() {
-		if spec := snap.Services[h].Spec; Eligible(spec) {
-			k := Key(spec)
+		if spec := snap.Services[h].Spec; AutoAllocatable(spec) {
+			k := AutoAddressKey(spec)
 			want[k] = true
 			keys = append(keys, k)
 		}
@@ -87,7 +126,7 @@ func (a *Allocator) Assign(snap *model.Snapshot) map[string]Addresses {
 			delete(a.owner, s)
 		}
 	}
-	out := make(map[string]Addresses, len(keys))
+	out := make(map[string]AutoAddresses, len(keys))
 	for _, k := range keys {
 		s, ok := a.byKey[k]
 		if !ok {
@@ -113,10 +152,10 @@ func home(key string) uint32 {
 	return h.Sum32()%slots + 1
 }
 
-func addressesOf(slot uint32) Addresses {
+func addressesOf(slot uint32) AutoAddresses {
 	v4 := v4Prefix.Addr().As4()
 	v4[2], v4[3] = byte(slot>>8), byte(slot)
 	v6 := v6Prefix.Addr().As16()
 	v6[14], v6[15] = byte(slot>>8), byte(slot)
-	return Addresses{V4: netip.AddrFrom4(v4), V6: netip.AddrFrom16(v6)}
+	return AutoAddresses{V4: netip.AddrFrom4(v4), V6: netip.AddrFrom16(v6)}
 }
