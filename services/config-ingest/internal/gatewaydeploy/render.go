@@ -167,6 +167,9 @@ func Render(in Input) ([]*unstructured.Unstructured, error) {
 	}
 
 	labels := infraLabels(gw)
+	if labels == nil {
+		labels = map[string]string{}
+	}
 	labels[GatewayNameLabel] = gw.Name
 	labels[GatewayClassLabel] = string(gw.Spec.GatewayClassName)
 	labels[ManagedLabel] = ManagedValue
@@ -334,27 +337,37 @@ func strictDecode(b []byte, into runtime.Object) error {
 }
 
 // infraLabels are spec.infrastructure.labels, without the gateway.networking.k8s.io/ prefix
-// the spec reserves.
+// the spec reserves; when the Gateway sets none, its own labels, as istiod copies them.
 func infraLabels(gw *gwv1.Gateway) map[string]string {
-	out := map[string]string{}
-	if gw.Spec.Infrastructure != nil {
+	if gw.Spec.Infrastructure != nil && gw.Spec.Infrastructure.Labels != nil {
+		out := map[string]string{}
 		for k, v := range gw.Spec.Infrastructure.Labels {
 			if !strings.HasPrefix(string(k), "gateway.networking.k8s.io/") {
 				out[string(k)] = string(v)
 			}
 		}
+		return out
 	}
-	return out
+	return maps.Clone(gw.Labels)
 }
 
+// notCopied are the Gateway annotations that are about the Gateway alone.
+var notCopied = []string{"kubectl.kubernetes.io/last-applied-configuration", NameOverrideAnnotation, ServiceAccountAnnotation, "gateway.istio.io/controller-version"}
+
+// infraAnnotations are spec.infrastructure.annotations (as infraLabels), else the Gateway's own.
 func infraAnnotations(gw *gwv1.Gateway) map[string]string {
 	out := map[string]string{}
-	if gw.Spec.Infrastructure != nil {
+	if gw.Spec.Infrastructure != nil && gw.Spec.Infrastructure.Annotations != nil {
 		for k, v := range gw.Spec.Infrastructure.Annotations {
 			if !strings.HasPrefix(string(k), "gateway.networking.k8s.io/") {
 				out[string(k)] = string(v)
 			}
 		}
+	} else {
+		maps.Copy(out, gw.Annotations)
+	}
+	for _, k := range notCopied {
+		delete(out, k)
 	}
 	return out
 }
