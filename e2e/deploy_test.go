@@ -307,6 +307,21 @@ func serviceNeeds(caNamespace string) map[string][]access {
 		}
 	}
 	ingest = append(ingest, each(read, access{resource: "services"})...)
+	// The gateway deployment controller: Gateways, classes and ListenerSets watched; the generated objects
+	// watched (label-selected), read by name, applied (create and patch) and deleted; ConfigMaps
+	// watched (metadata) and read (parametersRef).
+	for _, r := range []string{"gateways", "gatewayclasses", "listenersets"} {
+		ingest = append(ingest, each(read, access{group: "gateway.networking.k8s.io", resource: r})...)
+	}
+	for _, r := range []access{{resource: "serviceaccounts"}, {resource: "services"}, {group: "apps", resource: "deployments"},
+		{group: "autoscaling", resource: "horizontalpodautoscalers"}, {group: "policy", resource: "poddisruptionbudgets"}} {
+		ingest = append(ingest, each(read, r)...)
+		r.namespace, r.name = "default", "web-istio"
+		ingest = append(ingest, each([]string{"get", "patch", "delete"}, r)...)
+		r.name = ""
+		ingest = append(ingest, access{verb: "create", group: r.group, resource: r.resource, namespace: r.namespace})
+	}
+	ingest = append(ingest, each([]string{"get", "list", "watch"}, access{resource: "configmaps"})...)
 
 	var watcher []access
 	for _, r := range []string{"services", "pods", "nodes"} {
@@ -357,6 +372,8 @@ var neverAllowed = []access{
 	{verb: "get", resource: "secrets", namespace: "default", name: "any"},
 	{verb: "update", resource: "secrets", namespace: "default", name: "any"},
 	{verb: "create", resource: "pods", namespace: "default"},
+	{verb: "update", group: "apps", resource: "deployments", namespace: "default", name: "any"},
+	{verb: "delete", resource: "secrets", namespace: "default", name: "any"},
 	{verb: "update", group: "networking.istio.io", resource: "virtualservices", namespace: "default", name: "any"},
 	{verb: "delete", resource: "configmaps", namespace: "default", name: "istio-ca-root-cert"},
 	{verb: "update", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: "someone-else"},

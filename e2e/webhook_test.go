@@ -69,7 +69,9 @@ func TestWebhookOnKube(t *testing.T) {
 	}
 }
 
-func checkWebhook(t *testing.T, kube *framework.Kube, webhookAddr string) {
+// applyWebhooks applies deploy/base/webhooks.yaml, calling webhookAddr instead of the Service.
+func applyWebhooks(t *testing.T, kube *framework.Kube, webhookAddr string) {
+	t.Helper()
 	shipped, err := os.ReadFile("../deploy/base/webhooks.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -83,6 +85,10 @@ func checkWebhook(t *testing.T, kube *framework.Kube, webhookAddr string) {
 		manifest = strings.ReplaceAll(manifest, service, "url: https://"+webhookAddr+path)
 	}
 	kube.Apply(t, manifest)
+}
+
+func checkWebhook(t *testing.T, kube *framework.Kube, webhookAddr string) {
+	applyWebhooks(t, kube, webhookAddr)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

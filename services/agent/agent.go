@@ -62,6 +62,11 @@ type Config struct {
 	Pod, Namespace, IP string
 	Labels             map[string]string
 
+	// ProxyType is the node type Envoy's bootstrap and the name-table stream present:
+	// grpcbootstrap.Sidecar (when empty) or grpcbootstrap.Router for a gateway, as pilot-agent's
+	// `proxy sidecar` and `proxy router`.
+	ProxyType string
+
 	// XDSProxySocket is a Unix socket forwarding ADS streams (SotW and delta) to XDSAddress,
 	// over mTLS with the workload certificate when XDSOverTLS: what Envoy's bootstrap points at.
 	XDSProxySocket string
@@ -151,6 +156,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	}
 	if cfg.FileRefresh <= 0 {
 		cfg.FileRefresh = 900 * time.Second
+	}
+	switch cfg.ProxyType {
+	case "", grpcbootstrap.Sidecar, grpcbootstrap.Router:
+	default:
+		return nil, fmt.Errorf("agent: proxy type %q is neither %s nor %s", cfg.ProxyType, grpcbootstrap.Sidecar, grpcbootstrap.Router)
 	}
 	switch {
 	case cfg.XDSProxySocket != "" && cfg.XDSAddress == "":
@@ -270,6 +280,14 @@ func (a *Agent) publish(ctx context.Context, c *Credential) error {
 		close(a.ready)
 	})
 	return nil
+}
+
+// nodeType is the node ID's type: a sidecar unless configured as a router (a gateway).
+func (a *Agent) nodeType() string {
+	if a.cfg.ProxyType == "" {
+		return grpcbootstrap.Sidecar
+	}
+	return a.cfg.ProxyType
 }
 
 // workload is how the bootstraps present the workload: the namespace defaults to its identity's.

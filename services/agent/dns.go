@@ -89,7 +89,7 @@ func (a *Agent) watchNameTable(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("name table: node metadata: %w", err)
 	}
-	node := &corev3.Node{Id: grpcbootstrap.SidecarNodeID(w.IP, w.Pod, w.Namespace, w.DNSDomain), Metadata: mds}
+	node := &corev3.Node{Id: grpcbootstrap.NodeID(a.nodeType(), w.IP, w.Pod, w.Namespace, w.DNSDomain), Metadata: mds}
 	client := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
 	b := grpcserver.Backoff{Initial: 200 * time.Millisecond, Max: 30 * time.Second}
 	for {

@@ -30,7 +30,7 @@ const (
 // envoyBootstrap is the bootstrap Envoy starts with beside this agent: its node as istiod knows
 // it, the admin endpoint on admin (host:port), everything else from ADS through XDSProxySocket,
 // and SDS from SDSSocket.
-func envoyBootstrap(w grpcbootstrap.Workload, cluster, admin, xdsSocket, sdsSocket string) (*bootstrapv3.Bootstrap, error) {
+func envoyBootstrap(w grpcbootstrap.Workload, nodeType, cluster, admin, xdsSocket, sdsSocket string) (*bootstrapv3.Bootstrap, error) {
 	adminHost, adminPort, err := net.SplitHostPort(admin)
 	if err != nil {
 		return nil, fmt.Errorf("envoy admin address: %w", err)
@@ -70,7 +70,7 @@ func envoyBootstrap(w grpcbootstrap.Workload, cluster, admin, xdsSocket, sdsSock
 		InitialFetchTimeout:   durationpb.New(0),
 	}
 	b := &bootstrapv3.Bootstrap{
-		Node: &corev3.Node{Id: grpcbootstrap.SidecarNodeID(w.IP, w.Pod, w.Namespace, w.DNSDomain), Cluster: cluster, Metadata: md},
+		Node: &corev3.Node{Id: grpcbootstrap.NodeID(nodeType, w.IP, w.Pod, w.Namespace, w.DNSDomain), Cluster: cluster, Metadata: md},
 		Admin: &bootstrapv3.Admin{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
 			Address: adminHost, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)},
 		}}}},
@@ -102,7 +102,7 @@ func (a *Agent) writeEnvoyBootstrap(c *Credential) error {
 	if err != nil {
 		return err
 	}
-	b, err := envoyBootstrap(w, c.ID.ServiceAccount+"."+w.Namespace, a.cfg.EnvoyAdmin, xds, sds)
+	b, err := envoyBootstrap(w, a.nodeType(), c.ID.ServiceAccount+"."+w.Namespace, a.cfg.EnvoyAdmin, xds, sds)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
@@ -18,11 +19,27 @@ import (
 func TestEnvoyBootstrap(t *testing.T) {
 	b, err := envoyBootstrap(grpcbootstrap.Workload{
 		IP: "10.0.0.1", Pod: "web-0", Namespace: "demo", ServiceAccount: "web", Labels: map[string]string{"app": "web"},
-	}, "web.demo", "127.0.0.1:15000", "/etc/istio/proxy/XDS", "/var/run/secrets/workload-spiffe-uds/socket")
+	}, grpcbootstrap.Sidecar, "web.demo", "127.0.0.1:15000", "/etc/istio/proxy/XDS", "/var/run/secrets/workload-spiffe-uds/socket")
 	if err != nil {
 		t.Fatal(err)
 	}
 	golden.Compare(t, filepath.Join("testdata", "envoy-bootstrap.golden.json"), stableJSON(t, b))
+}
+
+// TestEnvoyBootstrapRouter: a gateway's agent (--proxy-type router) presents a router node, as
+// pilot-agent's `proxy router`, so the xDS server sends it the Gateways that select it.
+func TestEnvoyBootstrapRouter(t *testing.T) {
+	b, err := envoyBootstrap(grpcbootstrap.Workload{IP: "10.0.0.1", Pod: "web-istio-5d8f", Namespace: "apps", ServiceAccount: "web-istio"},
+		grpcbootstrap.Router, "web-istio.apps", "127.0.0.1:15000", "/etc/istio/proxy/XDS", "/var/run/secrets/workload-spiffe-uds/socket")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := b.GetNode().GetId(), "router~10.0.0.1~web-istio-5d8f.apps~apps.svc.cluster.local"; got != want {
+		t.Errorf("node ID %q, want %q", got, want)
+	}
+	if _, err := New(Config{ProxyType: "gateway"}, Deps{}); err == nil || !strings.Contains(err.Error(), `proxy type "gateway"`) {
+		t.Errorf("New with proxy type gateway: %v, want it refused", err)
+	}
 }
 
 // stableJSON is protojson with fixed spacing (protojson varies it on purpose).

@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"sailplane.dev/shared/cli"
+	"sailplane.dev/shared/grpcbootstrap"
 )
 
 // AddFlags registers the agent's flags with Istio's paths and environment variables as defaults,
@@ -29,6 +30,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Namespace, "namespace", cli.EnvOr("POD_NAMESPACE", ""), "namespace in the node ID (default: the identity's)")
 	fs.StringVar(&c.IP, "ip", cli.EnvOr("INSTANCE_IP", ""), "workload IP, in the node ID")
 	fs.StringToStringVar(&c.Labels, "labels", nil, "workload labels, in the node metadata (k=v,...)")
+	fs.StringVar(&c.ProxyType, "proxy-type", cli.EnvOr("SAILPLANE_PROXY_TYPE", grpcbootstrap.Sidecar), "node type presented to the xDS server: sidecar, or router for a gateway (pilot-agent's `proxy sidecar` and `proxy router`; env SAILPLANE_PROXY_TYPE)")
 	fs.StringVar(&c.XDSProxySocket, "xds-proxy-socket", "./etc/istio/proxy/XDS", "Unix socket forwarding the local proxy's ADS streams to --xds-address; empty: none")
 	fs.StringVar(&c.EnvoyBootstrap, "envoy-bootstrap", "./etc/istio/proxy/envoy-rev.json", "where Envoy's bootstrap is written (ADS through --xds-proxy-socket, SDS from --sds-socket); empty: none")
 	fs.StringVar(&c.EnvoyAdmin, "envoy-admin-address", "127.0.0.1:15000", "Envoy's admin address, written in its bootstrap; its /stats/prometheus is merged into the agent's")

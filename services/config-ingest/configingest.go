@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"sailplane.dev/services/config-ingest/internal/gatewaystatus"
+	"sailplane.dev/services/config-ingest/internal/gatewaydeploy"
 	"sailplane.dev/services/config-ingest/internal/kubesource"
 	"sailplane.dev/services/config-ingest/internal/tree"
 	"sailplane.dev/shared/bus"
@@ -97,6 +98,10 @@ type Config struct {
 	// revision other than the default elects its status writer with its own Lease,
 	// StatusLease-<revision>.
 	Revision string
+	// GatewayDeployment (Kubernetes mode) deploys the Envoy gateway of each Kubernetes Gateway of
+	// Sailplane's classes, as istiod's gateway deployment controller (gatewaydeploy): written by
+	// the replica holding the StatusLease. The flags default it to true.
+	GatewayDeployment bool
 }
 
 // Deps are the service's collaborators.
@@ -119,7 +124,9 @@ type Service struct {
 	// revision other than the default (nil: the status Lease does).
 	gwStatus *gatewaystatus.Writer
 	gwLease  *gatewaystatus.Lease
-	meter    metric.Meter
+	// deploy is the gateway deployment controller (Kubernetes mode, Config.GatewayDeployment).
+	deploy *gatewaydeploy.Controller
+	meter  metric.Meter
 
 	mu           sync.Mutex
 	treeProblems []error
@@ -152,21 +159,42 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		meter: telemetry.Meter(deps.MeterProvider, "sailplane.dev/config-ingest"),
 	}
 	if cfg.Kube != nil {
+		// A new leader re-checks every Gateway API object and Gateway: what changed meanwhile
+		// was neither written nor deployed; a change of the namespaces in the mesh re-checks the
+		// Gateways. (A revision other than the default elects its status writer on its own Lease.)
+		onElected := func() {
+			if s.gwLease == nil {
+				s.gwStatus.Elected()
+			}
+			if s.deploy != nil {
+				s.deploy.Elected()
+			}
+		}
+		onSelection := func() {
+			if s.deploy != nil {
+				s.deploy.Elected()
+			}
+		}
 		src, err := kubesource.New(cfg.Kube, kubesource.Config{
 			Namespace: cfg.Namespace, Identity: cfg.PodName, MeshFile: cfg.MeshFile, Debounce: cfg.Debounce,
 			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
-			StateDir: cfg.StateDir, MeterProvider: deps.MeterProvider,
-			// The new leader checks every Gateway API object: what changed meanwhile was not written.
-			OnElected: func() {
-				if s.gwLease == nil {
-					s.gwStatus.Elected()
-				}
-			},
+			StateDir: cfg.StateDir, MeterProvider: deps.MeterProvider, OnElected: onElected, OnSelection: onSelection,
 		}, deps.Publisher, deps.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("config-ingest: %w", err)
 		}
 		s.kube = src
+		if cfg.GatewayDeployment {
+			d, err := gatewaydeploy.New(kube.WithRateLimits(cfg.Kube), gatewaydeploy.Config{
+				Namespace: cmp.Or(cfg.Namespace, kubesource.DefaultNamespace), Leader: src.Leader,
+				Selected: src.Selected, Ready: src.Ready(),
+				Logger: deps.Logger.With("component", "gateway-deploy"),
+			})
+			if err != nil {
+				return nil, fmt.Errorf("config-ingest: %w", err)
+			}
+			s.deploy = d
+		}
 		gwLog := deps.Logger.With("component", "gateway-status")
 		leader := src.Leader
 		if rev := cmp.Or(cfg.Revision, gatewaystatus.DefaultRevision); rev != gatewaystatus.DefaultRevision {
@@ -263,6 +291,13 @@ func (s *Service) Run(ctx context.Context) error {
 		})
 		if s.gwLease != nil {
 			wg.Go(func() { s.gwLease.Run(ctx) })
+		}
+		if s.deploy != nil {
+			wg.Go(func() {
+				if err := s.deploy.Run(ctx); err != nil {
+					s.log.Error("gateway deployment controller stopped", "error", err)
+				}
+			})
 		}
 		return s.kube.Run(ctx)
 	}

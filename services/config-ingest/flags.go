@@ -21,6 +21,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 			"The default is under the mesh file's root, beside its etc/sailplane (<root>/var/lib/sailplane for <root>/etc/sailplane/mesh.yaml), or under the working folder without a mesh file")
 	cli.SharedStringVar(fs, &c.Revision, "revision", "default",
 		"control plane revision (istio.io/rev): the Gateway API status of objects labelled (or in a namespace labelled) for another revision is left to it")
+	fs.BoolVar(&c.GatewayDeployment, "gateway-deployment", true,
+		"with Kubernetes, deploy the Envoy gateway (ServiceAccount, Deployment, Service, optional HPA/PDB) of each Gateway of class istio (controller istio.io/gateway-controller or sailplane.dev/gateway-controller) without addresses, as istiod does")
 	cli.NamespaceVar(fs, &c.Namespace)
 	cli.PodNameVar(fs, &c.PodName, "this replica's name: its identity in the status Lease and, in xds-server, in proxy status (default: $POD_NAME, else the host name)")
 }

@@ -91,7 +91,6 @@ require (
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
-	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
 replace sailplane.dev/proto => ../../proto
@@ -111,6 +110,7 @@ require (
 	k8s.io/client-go v0.37.2
 	sailplane.dev/tools v0.0.0
 	sigs.k8s.io/gateway-api v1.6.3
+	sigs.k8s.io/yaml v1.6.0
 )
 
 replace sailplane.dev/tools => ../../tools

@@ -91,10 +91,22 @@ const ServerListenerTemplate = "xds.istio.io/grpc/lds/inbound/%s"
 
 // SidecarNodeID is Istio's node ID: sidecar~<ip>~<pod>.<namespace>~<namespace>.svc.<domain>.
 func SidecarNodeID(ip, pod, namespace, domain string) string {
+	return NodeID(Sidecar, ip, pod, namespace, domain)
+}
+
+// Node types, the node ID's first part: a sidecar, or an Envoy gateway (pilot-agent's
+// `proxy router`), which the control plane serves the Gateways selecting it.
+const (
+	Sidecar = "sidecar"
+	Router  = "router"
+)
+
+// NodeID is Istio's node ID of a node of that type: <type>~<ip>~<pod>.<namespace>~<namespace>.svc.<domain>.
+func NodeID(nodeType, ip, pod, namespace, domain string) string {
 	if domain == "" {
 		domain = "cluster.local"
 	}
-	return fmt.Sprintf("sidecar~%s~%s.%s~%s.svc.%s", ip, pod, namespace, namespace, domain)
+	return fmt.Sprintf("%s~%s~%s.%s~%s.svc.%s", nodeType, ip, pod, namespace, namespace, domain)
 }
 
 // NodeMetadata is the node metadata istiod reads (NAMESPACE, CLUSTER_ID, NAME, SERVICE_ACCOUNT,

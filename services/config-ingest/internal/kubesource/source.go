@@ -83,6 +83,9 @@ type Config struct {
 	// OnElected, when set, is called each time this replica becomes the leader, for the other
 	// writers the Lease elects (the gateway deployment controller) to catch up.
 	OnElected func()
+	// OnSelection, when set, is called when the namespaces Selected admits may have changed
+	// (discoverySelectors, or a namespace's labels under them). It must not block.
+	OnSelection func()
 }
 
 // Source is the Kubernetes config source.
@@ -657,6 +660,17 @@ func (s *Source) resyncLocked(match func(ns string) bool) {
 	}
 }
 
+// Selected reports whether the mesh config's discoverySelectors admit namespace ns, as for
+// config; before the first sync (Ready), every namespace is.
+func (s *Source) Selected(ns string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.caches == nil {
+		return true
+	}
+	return s.selectedLocked(ns)
+}
+
 // selectedLocked applies the discoverySelectors. The control plane and root namespaces are
 // always read, as istiod does for its own namespace: mesh-wide policies live there.
 func (s *Source) selectedLocked(ns string) bool {
@@ -681,6 +695,9 @@ func (s *Source) onNamespace(key string) {
 		return
 	}
 	s.resyncLocked(func(ns string) bool { return ns == key })
+	if s.cfg.OnSelection != nil {
+		s.cfg.OnSelection()
+	}
 }
 
 // onConfigMap reads the mesh config from the ConfigMap; a missing ConfigMap or key means
@@ -736,6 +753,9 @@ func (s *Source) setMeshLocked(m *meshv1alpha1.MeshConfig) error {
 		old.GetRootNamespace() != m.GetRootNamespace() {
 		s.log.Info("discovery selectors changed", "selectors", len(m.GetDiscoverySelectors()))
 		s.resyncLocked(func(string) bool { return true })
+		if s.cfg.OnSelection != nil {
+			s.cfg.OnSelection()
+		}
 	}
 	return nil
 }
