@@ -22,8 +22,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"sailplane.dev/services/config-ingest/internal/gatewaystatus"
 	"sailplane.dev/services/config-ingest/internal/gatewaydeploy"
+	"sailplane.dev/services/config-ingest/internal/gatewaystatus"
 	"sailplane.dev/services/config-ingest/internal/kubesource"
 	"sailplane.dev/services/config-ingest/internal/tree"
 	"sailplane.dev/shared/bus"
