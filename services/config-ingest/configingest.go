@@ -188,7 +188,9 @@ func New(cfg Config, deps Deps) (*Service, error) {
 			d, err := gatewaydeploy.New(kube.WithRateLimits(cfg.Kube), gatewaydeploy.Config{
 				Namespace: cmp.Or(cfg.Namespace, kubesource.DefaultNamespace), Leader: src.Leader,
 				Selected: src.Selected, Ready: src.Ready(),
-				Logger: deps.Logger.With("component", "gateway-deploy"),
+				// The Gateway status follows the generated Service's address and Deployment.
+				OnOwnedChange: func() { s.gwStatus.Changed() },
+				Logger:        deps.Logger.With("component", "gateway-deploy"),
 			})
 			if err != nil {
 				return nil, fmt.Errorf("config-ingest: %w", err)
@@ -215,8 +217,12 @@ func New(cfg Config, deps Deps) (*Service, error) {
 				gwLog, func() { s.gwStatus.Elected() })
 			leader = s.gwLease.Leader
 		}
+		var serviceReady func(ns, name string) (bool, bool)
+		if s.deploy != nil {
+			serviceReady = s.deploy.ServiceReady
+		}
 		s.gwStatus, err = gatewaystatus.New(cfg.Kube, gatewaystatus.Config{
-			Translate: gatewayapi.Translate, Leader: leader, Revision: cfg.Revision,
+			Translate: gatewayapi.Translate, Leader: leader, Revision: cfg.Revision, ServiceReady: serviceReady,
 			Logger: gwLog, MeterProvider: deps.MeterProvider,
 		})
 		if err != nil {

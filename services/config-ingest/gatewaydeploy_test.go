@@ -2,6 +2,7 @@ package configingest_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -120,4 +121,56 @@ func installGatewayCRDs(t *testing.T, e *kenv) {
 	if err := e.k.InstallGatewayAPICRDs(e.ctx()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestKubeGatewayProgrammed: a deployed Gateway is Programmed only once its generated
+// Deployment has a ready replica, and then carries its Service's address, as istiod writes it:
+// the status writer follows the deployment controller's objects.
+func TestKubeGatewayProgrammed(t *testing.T) {
+	e := newKenv(t, sharedKube(t))
+	installGatewayCRDs(t, e)
+	ns := e.ns("gwprog", nil)
+	ing := e.start("pod-0", func(c *configingest.Config) { c.GatewayDeployment = true })
+	waitFor(t, "the leader", ing.svc.StatusLeader)
+	gc := gwclient.NewForConfigOrDie(e.k.RestConfig())
+	gw := &gwv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: ns,
+			Annotations: map[string]string{"networking.istio.io/service-type": "ClusterIP"}},
+		Spec: gwv1.GatewaySpec{GatewayClassName: "istio", Listeners: []gwv1.Listener{{Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType}}},
+	}
+	if _, err := gc.GatewayV1().Gateways(ns).Create(e.ctx(), gw, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	programmed := func() (metav1.Condition, []gwv1.GatewayStatusAddress) {
+		cur, err := gc.GatewayV1().Gateways(ns).Get(e.ctx(), "edge", metav1.GetOptions{})
+		if err != nil {
+			return metav1.Condition{}, nil
+		}
+		for _, c := range cur.Status.Conditions {
+			if c.Type == string(gwv1.GatewayConditionProgrammed) {
+				return c, cur.Status.Addresses
+			}
+		}
+		return metav1.Condition{}, nil
+	}
+	waitFor(t, "Programmed False while no replica is ready", func() bool {
+		c, _ := programmed()
+		return c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "no instances found")
+	})
+	dep, err := e.kube.AppsV1().Deployments(ns).Get(e.ctx(), "edge-istio", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep.Status.Replicas, dep.Status.ReadyReplicas = 1, 1
+	if _, err := e.kube.AppsV1().Deployments(ns).UpdateStatus(e.ctx(), dep, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := e.kube.CoreV1().Services(ns).Get(e.ctx(), "edge-istio", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "Programmed True with the Service's address once a replica is ready", func() bool {
+		c, addrs := programmed()
+		return c.Status == metav1.ConditionTrue && len(addrs) == 1 && addrs[0].Value == svc.Spec.ClusterIP
+	})
 }

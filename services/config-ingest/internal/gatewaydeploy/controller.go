@@ -67,8 +67,11 @@ type Config struct {
 	Selected func(namespace string) bool
 	// Ready, when set, is waited for before any write: closed once Selected is meaningful
 	// (config-ingest's first sync, the mesh config read).
-	Ready  <-chan struct{}
-	Logger *slog.Logger
+	Ready <-chan struct{}
+	// OnOwnedChange, when set, is called (without blocking) whenever a generated object
+	// changes: the Gateway status follows its Service's address and its Deployment's readiness.
+	OnOwnedChange func()
+	Logger        *slog.Logger
 }
 
 // Controller is the gateway deployment controller.
@@ -194,8 +197,18 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 				c.enqueueOwner(m)
 			}
 		}
-		h := handler(c.enqueueOwner).(cache.ResourceEventHandlerFuncs)
-		h.DeleteFunc = forget
+		h := handler(func(m metav1.Object) {
+			c.enqueueOwner(m)
+			if c.cfg.OnOwnedChange != nil {
+				c.cfg.OnOwnedChange()
+			}
+		}).(cache.ResourceEventHandlerFuncs)
+		h.DeleteFunc = func(o any) {
+			forget(o)
+			if c.cfg.OnOwnedChange != nil {
+				c.cfg.OnOwnedChange()
+			}
+		}
 		if _, err := inf.AddEventHandler(h); err != nil {
 			return nil, err
 		}

@@ -82,3 +82,18 @@ func (c *Controller) Readiness(gw *gwv1.Gateway, domain string) Readiness {
 	}
 	return Assess(gw, svc, dep, domain)
 }
+
+// ServiceReady reports, for a Service this controller generated (namespace/name), whether its
+// Deployment has a ready replica; known is false for any other Service.
+func (c *Controller) ServiceReady(namespace, name string) (ready, known bool) {
+	o, ok, _ := c.owned[kinds[1].gvr].GetIndexer().GetByKey(namespace + "/" + name)
+	if !ok {
+		return false, false
+	}
+	dep := &appsv1.Deployment{}
+	u, isU := o.(interface{ UnstructuredContent() map[string]any })
+	if !isU || runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), dep) != nil {
+		return false, false
+	}
+	return dep.Status.ReadyReplicas > 0, true
+}

@@ -59,7 +59,7 @@ func FromConfigs(configs []config.Config, translate func(gatewayapi.Input) gatew
 		return nil, errors.Join(errs...)
 	}
 	in.DomainSuffix = "cluster.local"
-	in.Services = newRegistry(nil, entries, in.DomainSuffix)
+	in.Services = newRegistry(nil, entries, in.DomainSuffix, nil)
 	return computed(translate(in).Status), errors.Join(errs...)
 }
 

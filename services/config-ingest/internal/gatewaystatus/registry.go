@@ -32,11 +32,18 @@ type serviceEntry struct {
 	spec *networking.ServiceEntry
 }
 
-func newRegistry(services []*corev1.Service, entries []serviceEntry, domain string) *registry {
+// ready, when set, says whether a Service's workloads are ready (Config.ServiceReady); a
+// Service it does not know, and every ServiceEntry, counts as ready.
+func newRegistry(services []*corev1.Service, entries []serviceEntry, domain string, ready func(ns, name string) (bool, bool)) *registry {
 	r := &registry{byHost: map[string][]visible{}}
 	for _, s := range services {
 		host := s.Name + "." + s.Namespace + ".svc." + domain
-		svc := gatewayapi.Service{Hostname: host, Selector: s.Spec.Selector}
+		svc := gatewayapi.Service{Hostname: host, Selector: s.Spec.Selector, Ready: true}
+		if ready != nil {
+			if r, known := ready(s.Namespace, s.Name); known {
+				svc.Ready = r
+			}
+		}
 		for _, p := range s.Spec.Ports {
 			svc.Ports = append(svc.Ports, gatewayapi.ServicePort{Name: p.Name, Number: uint32(p.Port), Protocol: serviceProtocol(p)})
 		}
@@ -52,7 +59,7 @@ func newRegistry(services []*corev1.Service, entries []serviceEntry, domain stri
 	}
 	for _, se := range entries {
 		for _, host := range se.spec.GetHosts() {
-			svc := gatewayapi.Service{Hostname: host, Addresses: slices.Clone(se.spec.GetAddresses())}
+			svc := gatewayapi.Service{Hostname: host, Addresses: slices.Clone(se.spec.GetAddresses()), Ready: true}
 			for _, p := range se.spec.GetPorts() {
 				svc.Ports = append(svc.Ports, gatewayapi.ServicePort{Name: p.GetName(), Number: p.GetNumber(), Protocol: strings.ToUpper(p.GetProtocol())})
 			}

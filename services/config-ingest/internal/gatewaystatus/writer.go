@@ -79,6 +79,11 @@ type Config struct {
 	// MaxDelay how long a stream of changes can postpone it; DefaultDebounce and
 	// DefaultMaxDelay when zero.
 	Debounce, MaxDelay time.Duration
+	// ServiceReady, when set, says whether the workloads behind a Service are ready, for the
+	// Services it knows (the generated Services of deployed gateways: their Deployment has a
+	// ready replica): a Gateway is Programmed only once its Service is ready. A Service it
+	// does not know counts as ready. Call Changed when its answers may have changed.
+	ServiceReady func(namespace, name string) (ready, known bool)
 	// Now is the clock of lastTransitionTime; time.Now when nil.
 	Now func() time.Time
 	// Logger; discarded when nil.
@@ -307,6 +312,10 @@ func equalMaps(a, b map[string]string) bool {
 	return true
 }
 
+// Changed asks for the status to be computed again: an input outside the writer's informers
+// (Config.ServiceReady) may have changed.
+func (w *Writer) Changed() { w.markDirty() }
+
 func (w *Writer) markDirty() {
 	select {
 	case w.dirty <- struct{}{}:
@@ -373,7 +382,7 @@ func (w *Writer) compute() {
 	for _, se := range listOf[*networkingv1.ServiceEntry](w.entries.GetStore().List()) {
 		entries = append(entries, serviceEntry{ns: se.Namespace, spec: &se.Spec})
 	}
-	in.Services = newRegistry(listOf[*corev1.Service](w.services.GetStore().List()), entries, w.cfg.DomainSuffix)
+	in.Services = newRegistry(listOf[*corev1.Service](w.services.GetStore().List()), entries, w.cfg.DomainSuffix, w.cfg.ServiceReady)
 	// Listeners' allowedRoutes namespace selectors match these.
 	in.NamespaceLabels = map[string]map[string]string{}
 	for _, n := range listOf[*corev1.Namespace](w.ns.GetStore().List()) {
