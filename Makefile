@@ -38,11 +38,17 @@ run-kube: testenv
 	@mkdir -p $(BIN)
 	$(GO) run ./tools/cmd/testenv up --kubeconfig $(CURDIR)/$(BIN)/kubeconfig --kubectl $(CURDIR)/$(BIN)/kubectl
 
-# Rewrites deploy/crds from the istio.io/api module tools/testenv installs (testenv.IstioAPIVersion);
-# TestDeployCRDsMatchIstioAPI fails until this is run after a version change.
+# Rewrites deploy/crds from the istio.io/api module tools/testenv installs (testenv.IstioAPIVersion),
+# deploy/crds/gateway-api from sigs.k8s.io/gateway-api (testenv.GatewayAPIVersion) and the schemas
+# files mode validates the Gateway API with (shared/gatewayapi/validation/schemas.gen.json) from it;
+# TestDeployCRDsMatchIstioAPI and TestDeployGatewayAPICRDsMatchModule fail until this is run after
+# a version change.
 crds:
 	$(GO) run ./tools/cmd/testenv crds > deploy/crds/customresourcedefinitions.gen.yaml.tmp
 	mv deploy/crds/customresourcedefinitions.gen.yaml.tmp deploy/crds/customresourcedefinitions.gen.yaml
+	$(GO) run ./tools/cmd/testenv crds --gateway-api deploy/crds/gateway-api
+	$(GO) run ./shared/gatewayapi/validation/gen deploy/crds/gateway-api > shared/gatewayapi/validation/schemas.gen.json.tmp
+	mv shared/gatewayapi/validation/schemas.gen.json.tmp shared/gatewayapi/validation/schemas.gen.json
 
 # Unit tests of every module (the fuzz tests' seeds among them), a short run of each fuzz test,
 # then the end-to-end tests (which build the binaries they start).

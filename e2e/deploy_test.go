@@ -744,6 +744,34 @@ func TestDeployCRDsMatchIstioAPI(t *testing.T) {
 	}
 }
 
+// TestDeployGatewayAPICRDsMatchModule fails when deploy/crds/gateway-api differs from the
+// standard-channel CRDs of the sigs.k8s.io/gateway-api version Sailplane pins: run `make crds`.
+func TestDeployGatewayAPICRDsMatchModule(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	files, err := testenv.GatewayAPICRDFiles(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copies, err := filepath.Glob("../deploy/crds/gateway-api/gateway.networking.k8s.io_*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(copies) != len(files) {
+		t.Errorf("deploy/crds/gateway-api has %d CRD files, sigs.k8s.io/gateway-api %s has %d: run `make crds`", len(copies), testenv.GatewayAPIVersion, len(files))
+	}
+	for _, f := range files {
+		want, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join("../deploy/crds/gateway-api", filepath.Base(f)))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("deploy/crds/gateway-api/%s differs from sigs.k8s.io/gateway-api %s (%v): run `make crds`", filepath.Base(f), testenv.GatewayAPIVersion, err)
+		}
+	}
+}
+
 // TestDeployArgs runs each Sailplane binary the overlays run with --help and checks the
 // containers' arguments against it: every flag exists, every port a flag listens on (":port") is
 // a declared container port and the other way round, and every probe asks a declared port.

@@ -153,10 +153,11 @@ func New(cfg Config, deps Deps) (*Service, error) {
 // (Kubernetes mode, holding the StatusLease).
 func (s *Service) StatusLeader() bool { return s.kube != nil && s.kube.Leader() }
 
-// PublishedTypes are the bus types config-ingest publishes: every Istio config kind and MeshConfig.
+// PublishedTypes are the bus types config-ingest publishes: every config kind (Istio's and the
+// Gateway API's) and MeshConfig.
 func PublishedTypes() []string {
 	types := []string{schema.MeshConfig.TypeURL}
-	for _, k := range schema.IstioConfig {
+	for _, k := range schema.ConfigKinds {
 		types = append(types, k.TypeURL)
 	}
 	return types

@@ -127,7 +127,7 @@ func (s *Service) runFiles(ctx context.Context) error {
 	f.setSources(current)
 	f.restore()
 	f.scan()
-	for _, k := range schema.IstioConfig {
+	for _, k := range schema.ConfigKinds {
 		state := f.tree.State(k.TypeURL)
 		s.published(f.tree, k.TypeURL, state, s.pub.Replace(k.TypeURL, state))
 	}

@@ -5,6 +5,7 @@ package config
 
 import (
 	"maps"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -19,6 +20,9 @@ type Config struct {
 	Name        string
 	Labels      map[string]string
 	Annotations map[string]string
+	// CreateTime is the object's creation in Kubernetes; zero for a file's. The Gateway API
+	// orders conflicting objects by it, oldest first.
+	CreateTime time.Time
 	// Spec is the kind's message (schema.Kind.New()), never nil for a parsed Config.
 	Spec   proto.Message
 	Source Source
@@ -48,6 +52,7 @@ func (c Config) Resource() *bus.Resource {
 		Body:        c.Spec,
 		Labels:      maps.Clone(c.Labels),
 		Annotations: maps.Clone(c.Annotations),
+		CreateTime:  c.CreateTime,
 	}
 }
 
@@ -63,6 +68,7 @@ func FromResource(k schema.Kind, r *bus.Resource) Config {
 		Name:        name,
 		Labels:      maps.Clone(r.Labels),
 		Annotations: maps.Clone(r.Annotations),
+		CreateTime:  r.CreateTime,
 		Spec:        r.Body,
 	}
 }
@@ -71,5 +77,5 @@ func FromResource(k schema.Kind, r *bus.Resource) Config {
 func Equal(a, b Config) bool {
 	return a.Kind.TypeURL == b.Kind.TypeURL && a.Namespace == b.Namespace && a.Name == b.Name &&
 		maps.Equal(a.Labels, b.Labels) && maps.Equal(a.Annotations, b.Annotations) &&
-		proto.Equal(a.Spec, b.Spec)
+		a.CreateTime.Equal(b.CreateTime) && proto.Equal(a.Spec, b.Spec)
 }

@@ -24,8 +24,11 @@ type Error struct {
 	File string
 	// Doc is the 1-based index of the document in File, counting non-empty documents only; 0
 	// when unknown.
-	Doc       int
-	Kind      string
+	Doc  int
+	Kind string
+	// Group is the kind's API group, when known: it tells the Gateway API's Gateway from
+	// Istio's (both Kind "Gateway"). It is not rendered: the file and document say which.
+	Group     string
 	Namespace string
 	Name      string
 	// Field is the path of the offending field in YAML (camelCase) spelling:
@@ -74,9 +77,12 @@ func Errors(err error) []*Error {
 // name the Kubernetes API server would refuse. The resource is still served; config-ingest logs
 // warnings and the webhook returns them as admission warnings. It is deliberately not an error.
 type Warning struct {
-	File      string
-	Doc       int
-	Kind      string
+	File string
+	Doc  int
+	Kind string
+	// Group is the kind's API group, when known: it tells the Gateway API's Gateway from
+	// Istio's (both Kind "Gateway"). It is not rendered: the file and document say which.
+	Group     string
 	Namespace string
 	Name      string
 	// Field is the path of the field in YAML spelling, like Error.Field; empty for the whole

@@ -18,9 +18,11 @@ import (
 // ParseYAML reads every document of a multi-document YAML file. Each document is parsed on its
 // own: one that fails is reported (as an *Error carrying file, 1-based document index and, when
 // known, kind/namespace/name and field) and does not affect the others. Empty documents are
-// skipped and not counted. Only the kinds of schema.IstioConfig are accepted, in the API versions
-// Istio serves them (schema.Kind.Versions); duplicate keys, unknown top-level fields and documents
-// over MaxResourceBytes are errors. The specs are decoded, not validated: call Validate.
+// skipped and not counted. Only the kinds of schema.ConfigKinds are accepted, in the API versions
+// Istio and the Gateway API serve them (schema.Kind.Versions); duplicate keys, unknown top-level
+// fields and documents over MaxResourceBytes are errors. The specs are decoded, not validated:
+// call Validate (and, for the Gateway API kinds, gatewayapi/validation). A Gateway API spec is
+// kept as the google.protobuf.Struct of its JSON, as the bus carries it.
 func ParseYAML(file string, data []byte, defaultNamespace string) ([]Config, []error) {
 	var cfgs []Config
 	var errs []error
@@ -126,15 +128,16 @@ func parseDocument(doc []byte, defaultNamespace string) (Config, *Error) {
 	if len(doc) > MaxResourceBytes {
 		// Named, so that the resource's last good version is kept, but not parsed: that is what
 		// the limit protects.
-		kind, ns, name := identify(doc)
+		apiVersion, kind, ns, name := identify(doc)
 		if ns == "" && name != "" {
 			ns = defaultNamespace
 		}
-		return Config{}, &Error{Kind: kind, Namespace: ns, Name: name, Err: fmt.Errorf(
+		return Config{}, &Error{Kind: kind, Group: group(apiVersion), Namespace: ns, Name: name, Err: fmt.Errorf(
 			"%w: the document is %d bytes, more than the %d bytes (1.5 MiB) a resource may have", ErrTooLarge, len(doc), MaxResourceBytes)}
 	}
 	h, err := parseHeader(doc)
 	if err != nil {
+		err.Group = group(h.APIVersion)
 		if err.Name != "" && err.Namespace == "" {
 			err.Namespace = defaultNamespace
 		}
@@ -144,7 +147,7 @@ func parseDocument(doc []byte, defaultNamespace string) (Config, *Error) {
 	if ns == "" {
 		ns = defaultNamespace
 	}
-	e := &Error{Kind: h.Kind, Namespace: ns, Name: h.Metadata.Name}
+	e := &Error{Kind: h.Kind, Group: group(h.APIVersion), Namespace: ns, Name: h.Metadata.Name}
 	if h.APIVersion == "" || h.Kind == "" {
 		e.Err = fmt.Errorf("%w: apiVersion and kind are required", ErrUnknownKind)
 		return Config{}, e
@@ -154,12 +157,16 @@ func parseDocument(doc []byte, defaultNamespace string) (Config, *Error) {
 		e.Err = fmt.Errorf("%w: MeshConfig is read from the mesh file, not from config folders", ErrUnknownKind)
 		return Config{}, e
 	}
-	if !ok || !isIstioConfig(k) {
+	if !ok || !isConfigKind(k) {
 		e.Err = fmt.Errorf("%w %s %q", ErrUnknownKind, h.APIVersion, h.Kind)
-		if k, ok := kindNamed(h.Kind); ok && strings.HasPrefix(h.APIVersion, k.Group+"/") {
+		if k, ok := kindNamed(e.Group, h.Kind); ok {
 			e.Err = fmt.Errorf("%w: %s has no %s (versions: %s)", ErrUnknownKind, k.Group, h.APIVersion, strings.Join(k.Versions(), ", "))
 		}
 		return Config{}, e
+	}
+	if k.ClusterScoped {
+		// As the API server does: a cluster-scoped object has no namespace.
+		ns, e.Namespace = "", ""
 	}
 	if h.Metadata.Name == "" {
 		e.Field, e.Err = "metadata.name", errors.New("required")
@@ -231,9 +238,9 @@ func parseHeader(doc []byte) (header, *Error) {
 	return h, nil
 }
 
-// identify reads kind, namespace and name from the top-level lines of a document and the
-// direct children of its metadata, without parsing the rest (an oversized annotation, say).
-func identify(doc []byte) (kind, namespace, name string) {
+// identify reads apiVersion, kind, namespace and name from the top-level lines of a document and
+// the direct children of its metadata, without parsing the rest (an oversized annotation, say).
+func identify(doc []byte) (apiVersion, kind, namespace, name string) {
 	var head bytes.Buffer
 	inMetadata, childIndent := false, -1
 	for line := range bytes.Lines(doc) {
@@ -242,7 +249,7 @@ func identify(doc []byte) (kind, namespace, name string) {
 		switch {
 		case indent == 0:
 			inMetadata = bytes.HasPrefix(line, []byte("metadata:"))
-			if inMetadata || bytes.HasPrefix(line, []byte("kind:")) {
+			if inMetadata || bytes.HasPrefix(line, []byte("kind:")) || bytes.HasPrefix(line, []byte("apiVersion:")) {
 				head.Write(line)
 			}
 		case inMetadata && (childIndent < 0 || indent == childIndent):
@@ -256,23 +263,32 @@ func identify(doc []byte) (kind, namespace, name string) {
 	if js, err := yaml.YAMLToJSON(head.Bytes()); err == nil {
 		_ = json.Unmarshal(js, &h) // best effort: an unnamed error is still an error
 	}
-	return h.Kind, h.Metadata.Namespace, h.Metadata.Name
+	return h.APIVersion, h.Kind, h.Metadata.Namespace, h.Metadata.Name
 }
 
-func kindNamed(kind string) (schema.Kind, bool) {
-	for _, k := range schema.IstioConfig {
-		if k.Kind == kind {
+func kindNamed(group, kind string) (schema.Kind, bool) {
+	for _, k := range schema.ConfigKinds {
+		if k.Group == group && k.Kind == kind {
 			return k, true
 		}
 	}
 	return schema.Kind{}, false
 }
 
-func isIstioConfig(k schema.Kind) bool {
-	for _, ik := range schema.IstioConfig {
-		if ik.TypeURL == k.TypeURL {
+func isConfigKind(k schema.Kind) bool {
+	for _, ck := range schema.ConfigKinds {
+		if ck.TypeURL == k.TypeURL {
 			return true
 		}
 	}
 	return false
+}
+
+// group is the API group of an apiVersion ("" for the core group's "v1").
+func group(apiVersion string) string {
+	g, _, ok := strings.Cut(apiVersion, "/")
+	if !ok {
+		return ""
+	}
+	return g
 }

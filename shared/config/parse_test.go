@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+	"google.golang.org/protobuf/types/known/structpb"
 	networking "istio.io/api/networking/v1alpha3"
 	"sigs.k8s.io/yaml"
 
@@ -275,5 +276,58 @@ func TestGolden(t *testing.T) {
 			}
 			golden.Compare(t, filepath.Join(dir, "golden.yaml"), out)
 		})
+	}
+}
+
+// The Gateway API kinds are read in every version their CRDs serve, stored as v1 with the spec
+// kept as the Struct of its JSON; GatewayClass is cluster-scoped.
+func TestParseYAMLGatewayAPI(t *testing.T) {
+	const in = `apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: istio, namespace: ignored}
+spec: {controllerName: istio.io/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: Gateway
+metadata: {name: web}
+spec:
+  gatewayClassName: istio
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TCPRoute
+metadata: {name: db, namespace: data}
+spec: {rules: [{backendRefs: [{name: db, port: 5432}]}]}
+---
+apiVersion: gateway.networking.k8s.io/v1alpha9
+kind: HTTPRoute
+metadata: {name: future}
+`
+	cfgs, errs := ParseYAML("conf/gw.yaml", []byte(in), "default")
+	if len(cfgs) != 3 || len(errs) != 1 {
+		t.Fatalf("got %d configs and errors %v, want 3 configs and 1 error", len(cfgs), errs)
+	}
+	if gc := cfgs[0]; gc.Kind.TypeURL != schema.GatewayClass.TypeURL || gc.Namespace != "" || gc.BusName() != "istio" {
+		t.Errorf("GatewayClass = %+v", gc)
+	}
+	gw := cfgs[1]
+	if gw.Kind.TypeURL != schema.KubernetesGateway.TypeURL || gw.BusName() != "default/web" {
+		t.Errorf("Gateway = %+v", gw)
+	}
+	spec, ok := gw.Spec.(*structpb.Struct)
+	if !ok || spec.Fields["gatewayClassName"].GetStringValue() != "istio" ||
+		spec.Fields["listeners"].GetListValue().GetValues()[0].GetStructValue().Fields["port"].GetNumberValue() != 80 {
+		t.Errorf("Gateway spec = %v", gw.Spec)
+	}
+	if ws, err := Validate(gw); err != nil || len(ws) != 0 {
+		t.Errorf("Validate(Gateway) = %v, %v", ws, err)
+	}
+	if r := cfgs[2]; r.Kind.TypeURL != schema.TCPRoute.TypeURL || r.BusName() != "data/db" {
+		t.Errorf("TCPRoute = %+v", r)
+	}
+	var e *Error
+	if !errors.As(errs[0], &e) || e.Doc != 4 || e.Group != schema.GatewayAPIGroup || !errors.Is(e, ErrUnknownKind) ||
+		!strings.Contains(e.Error(), "gateway.networking.k8s.io has no gateway.networking.k8s.io/v1alpha9 (versions: v1, v1beta1)") {
+		t.Errorf("error = %v", errs[0])
 	}
 }

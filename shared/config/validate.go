@@ -9,10 +9,13 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	networking "istio.io/api/networking/v1alpha3"
 	security "istio.io/api/security/v1beta1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"sailplane.dev/shared/schema"
 )
 
 // Validate checks c the way Istio's validating webhook does (the rules that matter to a control
@@ -43,6 +46,13 @@ func Validate(c Config) ([]*Warning, error) {
 		v.authorizationPolicy(s)
 	case *security.RequestAuthentication:
 		v.requestAuthentication(s)
+	case *structpb.Struct:
+		// A Gateway API spec: its CRD's schema and rules are applied by
+		// sailplane.dev/shared/gatewayapi/validation, which this package does not link (it
+		// brings the API server's validators to every binary that reads config).
+		if c.Kind.Group != schema.GatewayAPIGroup {
+			v.add(specPath, "unexpected spec type %T for %s", c.Spec, c.Kind.Kind)
+		}
 	case nil:
 		v.add(specPath, "required")
 	default:
@@ -58,7 +68,7 @@ func Validate(c Config) ([]*Warning, error) {
 	errs := make([]error, len(v.errs))
 	for i, e := range v.errs {
 		e.File, e.Doc = c.Source.File, c.Source.Doc
-		e.Kind, e.Namespace, e.Name = c.Kind.Kind, c.Namespace, c.Name
+		e.Kind, e.Group, e.Namespace, e.Name = c.Kind.Kind, c.Kind.Group, c.Namespace, c.Name
 		errs[i] = e
 	}
 	if len(errs) == 1 {

@@ -148,8 +148,12 @@ var IstioConfig = []Kind{
 	AuthorizationPolicy, PeerAuthentication, RequestAuthentication,
 }
 
+// ConfigKinds lists every config kind config-ingest reads (from Kubernetes and from files) and
+// publishes: Istio's and the Gateway API's.
+var ConfigKinds = append(append([]Kind{}, IstioConfig...), GatewayAPI...)
+
 // All lists every kind known to Sailplane.
-var All = append(append(append([]Kind{}, IstioConfig...), GatewayAPI...), MeshConfig, Service, Endpoints, TrustBundle)
+var All = append(append([]Kind{}, ConfigKinds...), MeshConfig, Service, Endpoints, TrustBundle)
 
 // TypeURLs lists the bus type URLs of kinds.
 func TypeURLs(kinds []Kind) []string {

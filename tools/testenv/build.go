@@ -41,6 +41,9 @@ const (
 	ConsulVersion      = "v1.13.9"
 	// IstioAPIVersion is the istio.io/api module whose CRD file StartKube installs.
 	IstioAPIVersion = "v1.31.1"
+	// GatewayAPIVersion is the sigs.k8s.io/gateway-api module whose standard-channel CRDs
+	// WithGatewayAPICRDs installs: the version shared/go.mod pins.
+	GatewayAPIVersion = "v1.6.3"
 	// IstioVersion is the istio.io/istio module pilot-agent is built from: the only master
 	// pseudo-version the module proxy has (docs/ISTIO-COMPAT.md of the shared notes).
 	IstioVersion = "v0.0.0-20260827124520-eed52ebb66ad"

@@ -45,7 +45,7 @@ type Kube struct {
 
 // StartKube builds (if needed) and starts etcd and kube-apiserver, waits
 // until the API server is ready, writes a kubeconfig and installs Istio's
-// CRDs. ctx bounds the start only; the processes run until Stop.
+// CRDs (and the Gateway API's, WithGatewayAPICRDs). ctx bounds the start only; the processes run until Stop.
 func StartKube(ctx context.Context, opts ...Option) (k *Kube, err error) {
 	o := buildOptions(opts)
 	etcdBin, err := EnsureEtcd(ctx, o.log)
@@ -94,6 +94,11 @@ func StartKube(ctx context.Context, opts ...Option) (k *Kube, err error) {
 	if o.istioCRDs {
 		if err := k.installIstioCRDs(startCtx); err != nil {
 			return nil, &StartError{Component: "istio CRDs", Logs: k.Logs(), Err: err}
+		}
+	}
+	if o.gatewayCRDs {
+		if err := k.InstallGatewayAPICRDs(startCtx); err != nil {
+			return nil, &StartError{Component: "Gateway API CRDs", Logs: k.Logs(), Err: err}
 		}
 	}
 	o.log.Info("testenv: kube ready", "host", k.Host(), "kubeconfig", k.kubecfg)

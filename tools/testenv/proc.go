@@ -22,6 +22,7 @@ type Option func(*options)
 type options struct {
 	log          *slog.Logger
 	istioCRDs    bool
+	gatewayCRDs  bool
 	startTimeout time.Duration
 	consulOnDisk bool
 }
@@ -51,6 +52,11 @@ func WithLogger(log *slog.Logger) Option {
 
 // WithoutIstioCRDs skips installing Istio's CRDs into the API server.
 func WithoutIstioCRDs() Option { return func(o *options) { o.istioCRDs = false } }
+
+// WithGatewayAPICRDs also installs the Gateway API's standard-channel CRDs (GatewayAPIVersion).
+// Not by default: a few seconds more at every start, which Istio-only tests need not pay, and
+// Sailplane must run without them, as istiod does.
+func WithGatewayAPICRDs() Option { return func(o *options) { o.gatewayCRDs = true } }
 
 // WithConsulOnDisk runs Consul as a one-node server keeping its catalog on
 // disk instead of -dev's memory, as a real one does: what was registered

@@ -322,3 +322,40 @@ func TestIstiod(t *testing.T) {
 		t.Fatal("istiod's xDS port still answers after Stop")
 	}
 }
+
+// GatewayAPIVersion is the version of sigs.k8s.io/gateway-api Sailplane's Go code pins: the
+// CRDs installed in tests are those the code was written for.
+func TestGatewayAPIVersionPinned(t *testing.T) {
+	mod, err := os.ReadFile("../../shared/go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "sigs.k8s.io/gateway-api " + GatewayAPIVersion + "\n"; !strings.Contains(string(mod), want) {
+		t.Errorf("shared/go.mod does not require %q", strings.TrimSpace(want))
+	}
+}
+
+// WithGatewayAPICRDs serves the Gateway API kinds, with their CEL rules; without it they are
+// not served, as in a cluster where nobody installed them.
+func TestKubeGatewayAPICRDs(t *testing.T) {
+	ctx := testCtx(t)
+	start := time.Now()
+	k := KubeForTest(t, WithGatewayAPICRDs())
+	t.Logf("started with Istio's and the Gateway API's CRDs in %v", time.Since(start).Round(time.Millisecond))
+	dc := dynamicClient(t, k.RestConfig())
+	routes := dc.Resource(schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "httproutes"}).Namespace("default")
+	route := func(backend map[string]any) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+			"metadata": map[string]any{"name": "r"},
+			"spec":     map[string]any{"rules": []any{map[string]any{"backendRefs": []any{backend}}}},
+		}}
+	}
+	if _, err := routes.Create(ctx, route(map[string]any{"name": "svc"}), metav1.CreateOptions{}); err == nil ||
+		!strings.Contains(err.Error(), "Must have port for Service reference") {
+		t.Errorf("a backendRef without port: %v, want the CRD's CEL rule to refuse it", err)
+	}
+	if _, err := routes.Create(ctx, route(map[string]any{"name": "svc", "port": int64(80)}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -3,10 +3,12 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -60,13 +62,18 @@ func buildCmd() *cobra.Command {
 	}
 }
 
-// crdsCmd prints the CRD file StartKube installs; `make crds` copies it into deploy/crds.
+// crdsCmd prints the CRD file StartKube installs, or copies the Gateway API's CRD files into a
+// folder; `make crds` writes both into deploy/crds.
 func crdsCmd() *cobra.Command {
-	return &cobra.Command{
+	var gatewayAPIDir string
+	cmd := &cobra.Command{
 		Use:   "crds",
 		Short: "Print Istio's CRDs (istio.io/api@" + testenv.IstioAPIVersion + "), the ones StartKube installs",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if gatewayAPIDir != "" {
+				return copyGatewayAPICRDs(cmd.Context(), gatewayAPIDir)
+			}
 			path, err := testenv.IstioCRDFile(cmd.Context())
 			if err != nil {
 				return err
@@ -79,6 +86,36 @@ func crdsCmd() *cobra.Command {
 			return err
 		},
 	}
+	cmd.Flags().StringVar(&gatewayAPIDir, "gateway-api", "", "instead, copy the Gateway API's standard-channel CRD files (sigs.k8s.io/gateway-api@"+
+		testenv.GatewayAPIVersion+") into this folder, replacing those it has")
+	return cmd
+}
+
+func copyGatewayAPICRDs(ctx context.Context, dir string) error {
+	files, err := testenv.GatewayAPICRDFiles(ctx)
+	if err != nil {
+		return err
+	}
+	old, err := filepath.Glob(filepath.Join(dir, "gateway.networking.k8s.io_*.yaml"))
+	if err != nil {
+		return err
+	}
+	for _, f := range old {
+		if err := os.Remove(f); err != nil {
+			return err
+		}
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		// The module cache's files are read-only; the copies are the repo's.
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func upCmd() *cobra.Command {

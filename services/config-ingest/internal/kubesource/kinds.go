@@ -2,11 +2,13 @@ package kubesource
 
 import (
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 	analysis "istio.io/api/analysis/v1alpha1"
 	istiometa "istio.io/api/meta/v1alpha1"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	k8sschema "k8s.io/apimachinery/pkg/runtime/schema"
 
 	"sailplane.dev/shared/config"
@@ -20,15 +22,38 @@ type istioStatus interface {
 	GetValidationMessages() []*analysis.AnalysisMessageBase
 }
 
-// gvr is the Kubernetes resource serving kind k. Every kind in schema.IstioConfig is served as v1.
+// gvr is the Kubernetes resource serving kind k. Every kind in schema.ConfigKinds is served as v1.
 func gvr(k schema.Kind) k8sschema.GroupVersionResource {
 	return k8sschema.GroupVersionResource{Group: k.Group, Version: k.Version, Resource: k.Plural}
 }
 
-// parts splits a typed Istio object from the informers into what config-ingest uses. The
-// returned spec and status point into obj, which belongs to the informer cache: never modify them.
+// isGatewayAPI reports whether k is a Gateway API kind: read with a dynamic informer, only when
+// its CRD is installed, and its status left to the Gateway API's status writer.
+func isGatewayAPI(k schema.Kind) bool { return k.Group == schema.GatewayAPIGroup }
+
+// informerName names kind k's informer in logs, problems and pilot_k8s_cfg_events: its Kind,
+// but "KubernetesGateway" for the Gateway API's Gateway (Istio's name for it), which Istio's
+// Gateway is not.
+func informerName(k schema.Kind) string {
+	if k.TypeURL == schema.KubernetesGateway.TypeURL {
+		return "KubernetesGateway"
+	}
+	return k.Kind
+}
+
+// parts splits an object from the informers into what config-ingest uses: a typed Istio
+// object, or an unstructured Gateway API one (whose status, not Istio's, is nil here). The
+// returned spec and status of an Istio object point into obj, which belongs to the informer
+// cache: never modify them.
 func parts(obj any) (meta metav1.Object, spec proto.Message, status istioStatus, ok bool) {
 	switch o := obj.(type) {
+	case *unstructured.Unstructured:
+		m, _ := o.Object["spec"].(map[string]any)
+		s, err := structpb.NewStruct(m)
+		if err != nil {
+			return nil, nil, nil, false
+		}
+		return o, s, nil, true
 	case *networkingv1.VirtualService:
 		return o, &o.Spec, &o.Status, true
 	case *networkingv1.DestinationRule:
@@ -70,6 +95,7 @@ func toConfig(k schema.Kind, obj any) (config.Config, bool) {
 		Name:        meta.GetName(),
 		Labels:      meta.GetLabels(),
 		Annotations: withoutLastApplied(meta.GetAnnotations()),
+		CreateTime:  meta.GetCreationTimestamp().Time,
 		Spec:        proto.Clone(spec),
 		Source:      config.Source{File: SourcePrefix},
 	}, true

@@ -52,6 +52,9 @@ func (s *Source) enqueueAllStatus() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, ks := range s.kinds {
+		if ks.informer == nil || isGatewayAPI(ks.kind) {
+			continue
+		}
 		for _, key := range ks.informer.GetIndexer().ListKeys() {
 			ns, name, _ := cache.SplitMetaNamespaceKey(key)
 			s.enqueueStatusLocked(statusKey{kind: i, ns: ns, name: name})

@@ -1,7 +1,8 @@
-// Package kubesource reads Istio config from a Kubernetes API server: every kind of
-// schema.IstioConfig, in the namespaces the mesh config's discoverySelectors select, validated
-// and published on the bus. The mesh config comes from the "istio" ConfigMap (or a file). One
-// replica, elected with a Lease, writes validation errors back to the resources' status.
+// Package kubesource reads config from a Kubernetes API server: every kind of schema.ConfigKinds
+// (Istio's, and the Gateway API's when their CRDs are installed), in the namespaces the mesh
+// config's discoverySelectors select, validated and published on the bus. The mesh config comes
+// from the "istio" ConfigMap (or a file). One replica, elected with a Lease, writes validation
+// errors back to the Istio resources' status.
 package kubesource
 
 import (
@@ -26,7 +27,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -84,6 +88,8 @@ type Source struct {
 	log     *slog.Logger
 	pub     bus.Publisher
 	clients kube.Clients
+	dynamic dynamic.Interface // the Gateway API kinds
+	crds    metadata.Interface
 	ready   chan struct{}
 	leader  atomic.Bool
 	// queue holds the resources whose status the leader must check.
@@ -96,6 +102,10 @@ type Source struct {
 	retired sync.WaitGroup
 	// events counts the informers' events, as istiod's pilot_k8s_cfg_events.
 	events kube.EventCounter
+	// resyncMu serializes resyncs: after an outage and after a Gateway API CRD change.
+	resyncMu sync.Mutex
+	// crdChanged is signalled by the CRD watch when a Gateway API CRD changes.
+	crdChanged chan struct{}
 
 	mu        sync.Mutex
 	synced    bool // the initial state was published: from now on, publish every change
@@ -103,6 +113,9 @@ type Source struct {
 	selectors []labels.Selector // nil: every namespace
 	kinds     []*kindState
 	caches    *caches // the informers in use
+	// gwServed holds the plurals of the Gateway API kinds the API server serves as v1, those
+	// whose CRD is installed: the others are not watched (and publish nothing).
+	gwServed  map[string]bool
 	meshProb  error
 	watchProb map[string]error // by informer name
 
@@ -115,8 +128,9 @@ type Source struct {
 }
 
 type kindState struct {
-	kind     schema.Kind
-	informer cache.SharedIndexInformer // caches.kinds[i]
+	kind schema.Kind
+	// informer is caches.kinds[i]; nil for a Gateway API kind whose CRD is not installed.
+	informer cache.SharedIndexInformer
 	// published is what the bus has, by bus name: the last valid version of each resource.
 	published map[string]config.Config
 	// invalid holds the validation error of resources whose current version is invalid.
@@ -126,7 +140,7 @@ type kindState struct {
 }
 
 type statusKey struct {
-	kind int // index in Source.kinds
+	kind int // index in Source.kinds (and schema.ConfigKinds)
 	ns   string
 	name string
 }
@@ -160,7 +174,7 @@ func New(restCfg *rest.Config, cfg Config, pub bus.Publisher, log *slog.Logger) 
 	}
 	s := &Source{
 		cfg: cfg, log: log, pub: pub,
-		ready: make(chan struct{}), probeNow: make(chan struct{}, 1),
+		ready: make(chan struct{}), probeNow: make(chan struct{}, 1), crdChanged: make(chan struct{}, 1),
 		watchProb: map[string]error{},
 		events:    kube.ConfigEvents(cfg.MeterProvider),
 	}
@@ -173,6 +187,13 @@ func New(restCfg *rest.Config, cfg Config, pub bus.Publisher, log *slog.Logger) 
 		return nil, fmt.Errorf("kubesource: %w", err)
 	}
 	s.clients = clients
+	limited := kube.WithRateLimits(restCfg)
+	if s.dynamic, err = dynamic.NewForConfig(limited); err != nil {
+		return nil, fmt.Errorf("kubesource: %w", err)
+	}
+	if s.crds, err = metadata.NewForConfig(limited); err != nil {
+		return nil, fmt.Errorf("kubesource: %w", err)
+	}
 	return s, nil
 }
 
@@ -208,18 +229,29 @@ func (s *Source) Problems() []error {
 // Run watches the cluster and publishes until ctx is done. It fails only when a mesh file
 // (Config.MeshFile) cannot be loaded at start.
 func (s *Source) Run(ctx context.Context) error {
-	g, err := s.newCaches()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Watched before the Gateway API kinds are looked up, so that no CRD installed meanwhile
+	// goes unnoticed.
+	stopCRDs := s.watchCRDs(ctx)
+	defer stopCRDs()
+	served, err := s.gatewayAPIServedRetrying(ctx)
+	if err != nil {
+		return nil // ctx is done
+	}
+	s.logGatewayAPI(nil, served)
+	g, err := s.newCaches(served)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	s.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.DefaultTypedControllerRateLimiter[statusKey](),
 		workqueue.TypedRateLimitingQueueConfig[statusKey]{Name: "config-ingest-status"})
 	s.mu.Lock()
-	s.kinds = make([]*kindState, len(schema.IstioConfig))
-	for i, k := range schema.IstioConfig {
+	s.gwServed = served
+	s.kinds = make([]*kindState, len(schema.ConfigKinds))
+	for i, k := range schema.ConfigKinds {
 		s.kinds[i] = &kindState{kind: k, published: map[string]config.Config{}, invalid: map[string]error{}, uids: map[string]types.UID{}}
 	}
 	s.useLocked(g)
@@ -313,9 +345,15 @@ func (s *Source) Run(ctx context.Context) error {
 
 	wg.Go(func() {
 		s.outages.Run(ctx, s.clients.Kube.Discovery().RESTClient(), func(until context.Context) error {
-			return s.resync(ctx, until)
+			// The Gateway API CRDs may have changed during the outage too.
+			served, err := s.gatewayAPIServed(until)
+			if err != nil {
+				served = s.servedGatewayAPI()
+			}
+			return s.resync(ctx, until, served)
 		})
 	})
+	wg.Go(func() { s.followCRDs(ctx) })
 	select {
 	case <-ctx.Done():
 		return nil
@@ -331,7 +369,7 @@ type caches struct {
 		Start(stopCh <-chan struct{})
 		Shutdown()
 	}
-	kinds              []cache.SharedIndexInformer // by index in schema.IstioConfig
+	kinds              []cache.SharedIndexInformer // by index in schema.ConfigKinds; nil when not served
 	ns                 cache.SharedIndexInformer
 	cm                 cache.SharedIndexInformer // nil when the mesh config comes from a file
 	nsLister, cmLister cache.GenericLister
@@ -339,18 +377,30 @@ type caches struct {
 }
 
 // newCaches builds a generation of informers, with the Source's handlers; nothing runs yet.
-func (s *Source) newCaches() (*caches, error) {
+// Of the Gateway API kinds, only those served (by plural) are watched.
+func (s *Source) newCaches(served map[string]bool) (*caches, error) {
 	istioF := istioinformers.NewSharedInformerFactoryWithOptions(s.clients.Istio, 0)
 	nsF := informers.NewSharedInformerFactoryWithOptions(s.clients.Kube, 0)
+	gwF := dynamicinformer.NewDynamicSharedInformerFactory(s.dynamic, 0)
 	g := &caches{cancel: func() {}}
-	g.factories = append(g.factories, istioF, nsF)
-	for i, k := range schema.IstioConfig {
-		gi, err := istioF.ForResource(gvr(k))
-		if err != nil {
-			return nil, fmt.Errorf("kubesource: %s: %w", k.Kind, err)
+	g.factories = append(g.factories, istioF, nsF, gwF)
+	for i, k := range schema.ConfigKinds {
+		var inf cache.SharedIndexInformer
+		switch {
+		case isGatewayAPI(k) && !served[k.Plural]:
+			g.kinds = append(g.kinds, nil)
+			continue
+		case isGatewayAPI(k):
+			inf = gwF.ForResource(gvr(k)).Informer()
+		default:
+			gi, err := istioF.ForResource(gvr(k))
+			if err != nil {
+				return nil, fmt.Errorf("kubesource: %s: %w", k.Kind, err)
+			}
+			inf = gi.Informer()
 		}
-		g.kinds = append(g.kinds, gi.Informer())
-		s.handle(g, gi.Informer(), k.Kind, func(key string) { s.onObject(i, key) })
+		g.kinds = append(g.kinds, inf)
+		s.handle(g, inf, informerName(k), func(key string) { s.onObject(i, key) })
 	}
 	g.ns = nsF.Core().V1().Namespaces().Informer()
 	g.nsLister = cache.NewGenericLister(g.ns.GetIndexer(), corev1.Resource("namespaces"))
@@ -388,7 +438,9 @@ func (g *caches) synced() []cache.InformerSynced {
 		out = append(out, g.cm.HasSynced)
 	}
 	for _, inf := range g.kinds {
-		out = append(out, inf.HasSynced)
+		if inf != nil {
+			out = append(out, inf.HasSynced)
+		}
 	}
 	return out
 }
@@ -405,9 +457,12 @@ func (s *Source) useLocked(g *caches) {
 // new ones (client-go's would relist only when their backoff, up to a minute, lets them) and,
 // once the new ones listed everything, diffs their state against what is published: what
 // changed or went away during the outage is published, what did not is left as it is. The
-// informers run under ctx; until cancels the wait for their first list.
-func (s *Source) resync(ctx, until context.Context) error {
-	g, err := s.newCaches()
+// informers run under ctx; until cancels the wait for their first list. served are the Gateway
+// API kinds to watch.
+func (s *Source) resync(ctx, until context.Context, served map[string]bool) error {
+	s.resyncMu.Lock()
+	defer s.resyncMu.Unlock()
+	g, err := s.newCaches(served)
 	if err != nil {
 		return err
 	}
@@ -418,6 +473,7 @@ func (s *Source) resync(ctx, until context.Context) error {
 	}
 	s.mu.Lock()
 	old := s.caches
+	s.gwServed = served
 	s.useLocked(g)
 	if g.cm != nil {
 		s.onConfigMapLocked()
@@ -506,8 +562,13 @@ func (s *Source) onObject(i int, key string) {
 func (s *Source) syncLocked(ctx context.Context, ks *kindState, i int, key string) {
 	ns, name, _ := cache.SplitMetaNamespaceKey(key)
 	busName := schema.Name(ns, name)
-	obj, exists, _ := ks.informer.GetIndexer().GetByKey(key)
-	if !exists || !s.selectedLocked(ns) {
+	var obj any
+	exists := false
+	if ks.informer != nil { // nil: the kind's CRD is gone, and its objects with it
+		obj, exists, _ = ks.informer.GetIndexer().GetByKey(key)
+	}
+	// Cluster-scoped kinds (GatewayClass) are in no namespace for the selectors to filter.
+	if !exists || (!ks.kind.ClusterScoped && !s.selectedLocked(ns)) {
 		_, wasInvalid := ks.invalid[busName]
 		delete(ks.invalid, busName)
 		delete(ks.uids, busName)
@@ -574,12 +635,15 @@ func (s *Source) syncLocked(ctx context.Context, ks *kindState, i int, key strin
 func (s *Source) resyncLocked(match func(ns string) bool) {
 	for i, ks := range s.kinds {
 		keys := map[string]bool{}
-		for _, k := range ks.informer.GetIndexer().ListKeys() {
-			keys[k] = true
+		if ks.informer != nil {
+			for _, k := range ks.informer.GetIndexer().ListKeys() {
+				keys[k] = true
+			}
 		}
 		for busName := range ks.published {
-			ns, name := schema.SplitName(busName)
-			keys[ns+"/"+name] = true
+			// The informer's key: "namespace/name", "name" for a cluster-scoped kind, as the
+			// bus name.
+			keys[busName] = true
 		}
 		for k := range keys {
 			ns, _, _ := cache.SplitMetaNamespaceKey(k)
@@ -679,7 +743,7 @@ func selectors(m *meshv1alpha1.MeshConfig) ([]labels.Selector, error) {
 }
 
 func (s *Source) enqueueStatusLocked(k statusKey) {
-	if s.leader.Load() {
+	if s.leader.Load() && !isGatewayAPI(s.kinds[k.kind].kind) {
 		s.queue.Add(k)
 	}
 }
@@ -782,9 +846,13 @@ func (s *Source) probe(ctx context.Context, name string) error {
 		_, err := s.clients.Kube.CoreV1().ConfigMaps(s.cfg.Namespace).List(ctx, one)
 		return err
 	}
-	for _, k := range schema.IstioConfig {
-		if k.Kind != name {
+	for _, k := range schema.ConfigKinds {
+		if informerName(k) != name {
 			continue
+		}
+		if isGatewayAPI(k) {
+			_, err := s.dynamic.Resource(gvr(k)).List(ctx, one)
+			return err
 		}
 		rc := s.clients.Istio.NetworkingV1().RESTClient()
 		if k.Group == "security.istio.io" {

@@ -24,6 +24,7 @@ import (
 
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
+	gwvalidation "sailplane.dev/shared/gatewayapi/validation"
 	"sailplane.dev/shared/schema"
 )
 
@@ -189,7 +190,7 @@ func (t *Tree) Published() map[Key]config.Config { return t.published }
 // Scan reads the *.yaml and *.yml files under roots (recursively, following symlinks, skipping
 // hidden entries such as Kubernetes' "..data" folders), reparses those whose content changed,
 // and returns what changed since the previous scan, per type, for the types of
-// schema.IstioConfig. unreadableSources are sources that cannot be read at all (an unsupported
+// schema.ConfigKinds. unreadableSources are sources that cannot be read at all (an unsupported
 // scheme): like a root that cannot be read, they keep the previous roots' resources published.
 func (t *Tree) Scan(roots []string, unreadableSources ...error) []Change {
 	now := t.now()
@@ -350,6 +351,10 @@ func (t *Tree) parse(path string, data []byte, prev *file) *file {
 		for _, w := range warnings {
 			f.warnings = append(f.warnings, w.String())
 		}
+		if err == nil && c.Kind.Group == schema.GatewayAPIGroup {
+			// As the API server would: the CRD's schema and rules, and its defaults set.
+			c, err = gwvalidation.Validate(c)
+		}
 		if err != nil {
 			for _, e := range config.Errors(err) {
 				f.problems = append(f.problems, e)
@@ -374,7 +379,7 @@ func (t *Tree) parse(path string, data []byte, prev *file) *file {
 
 func duplicate(c config.Config, first config.Source) *config.Error {
 	return &config.Error{
-		File: c.Source.File, Doc: c.Source.Doc, Kind: c.Kind.Kind, Namespace: c.Namespace, Name: c.Name,
+		File: c.Source.File, Doc: c.Source.Doc, Kind: c.Kind.Kind, Group: c.Kind.Group, Namespace: c.Namespace, Name: c.Name,
 		Err: fmt.Errorf("%w: already defined in %s document %d, which wins", ErrDuplicate, first.File, first.Doc),
 	}
 }
@@ -385,10 +390,16 @@ func keyOf(err error) (Key, bool) {
 	if !errors.As(err, &ce) || ce.Name == "" {
 		return Key{}, false
 	}
-	for _, k := range schema.IstioConfig {
-		if k.Kind == ce.Kind {
-			return Key{k.TypeURL, schema.Name(ce.Namespace, ce.Name)}, true
+	// Istio's kinds first: an error that does not know its group ("Gateway") is Istio's, as
+	// before the Gateway API was read.
+	for _, k := range schema.ConfigKinds {
+		if k.Kind != ce.Kind || (ce.Group != "" && k.Group != ce.Group) {
+			continue
 		}
+		if k.ClusterScoped {
+			return Key{k.TypeURL, ce.Name}, true
+		}
+		return Key{k.TypeURL, schema.Name(ce.Namespace, ce.Name)}, true
 	}
 	return Key{}, false
 }
@@ -474,7 +485,7 @@ func (t *Tree) settleFiles(paths []string, problems []error) ([]Change, []note) 
 	}
 	t.published = desired
 	var out []Change
-	for _, k := range schema.IstioConfig {
+	for _, k := range schema.ConfigKinds {
 		if c, ok := byType[k.TypeURL]; ok {
 			slices.SortFunc(c.Upsert, func(a, b *bus.Resource) int { return strings.Compare(a.Name, b.Name) })
 			slices.Sort(c.Delete)
