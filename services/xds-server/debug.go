@@ -302,8 +302,9 @@ type objectMeta struct {
 	Annotations       map[string]string `json:"annotations,omitempty"`
 }
 
-// serveConfigz lists the Istio config this server holds (what xDS is built from; ServiceEntries
-// and WorkloadEntries reach it as registry services, see registryz), in Kubernetes form.
+// serveConfigz lists the Istio and Gateway API config this server holds (what xDS is built from;
+// ServiceEntries are held only by name, for Gateway API parentRefs, and with WorkloadEntries
+// reach it as registry services, see registryz), in Kubernetes form.
 func (s *Server) serveConfigz(w http.ResponseWriter, r *http.Request) {
 	out := []kubeObject{}
 	for _, kind := range model.ConfigKinds {

@@ -26,6 +26,7 @@ require (
 	k8s.io/client-go v0.37.2
 	sailplane.dev/shared v0.0.0
 	sailplane.dev/tools v0.0.0
+	sigs.k8s.io/gateway-api v1.6.3
 	sigs.k8s.io/yaml v1.6.0
 )
 

@@ -41,6 +41,10 @@ type Input struct {
 	Services Services
 	// DomainSuffix is the cluster domain ("cluster.local").
 	DomainSuffix string
+	// NamespaceLabels are the namespaces' labels by name, which listeners' allowedRoutes
+	// selectors match. Nil: only the namespaces routes are in, with their
+	// kubernetes.io/metadata.name label.
+	NamespaceLabels map[string]map[string]string
 }
 
 // Services is the registry as translation sees it.
@@ -56,6 +60,11 @@ type Service struct {
 	Ports    []ServicePort
 	// Addresses are its VIPs; a Gateway whose addresses name a Service uses them (manual mode).
 	Addresses []string
+	// Selector is the pod selector of a Kubernetes Service, where known: the Istio Gateway of
+	// a manually deployed Gateway (addresses naming the Service) selects those pods.
+	Selector map[string]string
+	// Ready: the service has endpoints. A Gateway is Programmed only once its service is.
+	Ready bool
 }
 
 // ServicePort is one port of a Service.

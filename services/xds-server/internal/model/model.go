@@ -16,6 +16,7 @@ import (
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 	security "istio.io/api/security/v1beta1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/shared/bus"
@@ -26,8 +27,9 @@ import (
 const DomainSuffix = "cluster.local"
 
 // ConfigKinds are the Istio config kinds the xds-server subscribes to.
-var ConfigKinds = []schema.Kind{schema.VirtualService, schema.DestinationRule, schema.Gateway, schema.Sidecar,
-	schema.MeshConfig, schema.AuthorizationPolicy, schema.RequestAuthentication, schema.PeerAuthentication}
+var ConfigKinds = append([]schema.Kind{schema.VirtualService, schema.DestinationRule, schema.Gateway, schema.Sidecar,
+	schema.MeshConfig, schema.AuthorizationPolicy, schema.RequestAuthentication, schema.PeerAuthentication,
+	schema.ServiceEntry}, schema.GatewayAPI...)
 
 // RegistryKinds are the registry kinds the xds-server subscribes to.
 var RegistryKinds = []schema.Kind{schema.Service, schema.Endpoints}
@@ -152,6 +154,8 @@ type Store struct {
 	epVersion map[string]uint64
 	// jwks are the fetched JWKS documents by URI.
 	jwks map[string]string
+	// gw holds the decoded Gateway API objects and their translation (see gatewayapi.go).
+	gw gatewayAPIState
 }
 
 // NewStore returns an empty store.
@@ -208,13 +212,42 @@ func (s *Store) apply(c bus.Change) error {
 	if len(c.Updated) == 0 && len(c.Removed) == 0 {
 		return nil
 	}
+	// ServiceEntries are read here only for GAMMA parentRefs (their services come from the
+	// registry): like Gateway API objects, they are not changes of their own.
+	gwAPI := isGatewayAPI(kind) || kind.TypeURL == schema.ServiceEntry.TypeURL
+	var decoded map[string]metav1.Object
+	if isGatewayAPI(kind) {
+		var err error
+		if decoded, err = s.decodeGatewayAPIChange(kind, c); err != nil {
+			return err
+		}
+	}
 	s.mu.Lock()
 	m := s.state[kind.TypeURL]
 	if m == nil {
 		m = map[string]*bus.Resource{}
 		s.state[kind.TypeURL] = m
 	}
+	switch {
+	case kind.TypeURL == schema.ServiceEntry.TypeURL:
+		s.gw.dirty = true
+		if len(s.gw.objects) > 0 {
+			s.pending.Full = true
+			s.pending.seen()
+		}
+	case gwAPI:
+		// Not recorded as such: Next records the generated config that changed instead.
+		s.storeGatewayAPI(kind, decoded, c.Removed)
+		s.pending.Full = true
+		s.pending.seen()
+	case kind.TypeURL == schema.Service.TypeURL:
+		s.gw.dirty = true // backends and GAMMA parents are looked up among services
+	}
 	for _, name := range c.Removed {
+		if gwAPI {
+			delete(m, name)
+			continue
+		}
 		if old, ok := m[name]; ok {
 			s.pending.record(kind, old, nil)
 			s.recordListenerEndpoints(kind, name)
@@ -222,6 +255,10 @@ func (s *Store) apply(c bus.Change) error {
 		}
 	}
 	for _, r := range c.Updated {
+		if gwAPI {
+			m[r.Name] = r
+			continue
+		}
 		s.pending.record(kind, m[r.Name], r)
 		s.recordListenerEndpoints(kind, r.Name)
 		m[r.Name] = r
@@ -308,6 +345,7 @@ func (s *Store) Next() (*Snapshot, Change) {
 	var snap *Snapshot
 	if ch.Full {
 		snap = s.build()
+		s.noteGatewayAPI(&ch, s.gw.out)
 		snap.ConfigVersion = s.version
 	} else {
 		snap = s.patchEndpoints(ch.Endpoints)
@@ -425,6 +463,7 @@ func (s *Store) build() *Snapshot {
 	for _, r := range s.state[schema.MeshConfig.TypeURL] {
 		snap.Mesh = r.Body.(*meshv1alpha1.MeshConfig)
 	}
+	withGatewayAPI(snap, s.gatewayAPIOutput(snap))
 	return snap
 }
 
