@@ -155,7 +155,15 @@ func runDifferentialCase(t *testing.T, name string) ([]xdsdiff.Difference, xdsdi
 		t.Fatalf("%s/kube.yaml: %v", dir, err)
 	}
 
-	k := testenv.KubeForTest(t)
+	// A case using the Gateway API gets its CRDs; istiod then neither deploys gateways nor
+	// writes status, which hyper does on the same API server.
+	var kubeOpts []testenv.Option
+	var istiodEnv []string
+	if strings.Contains(manifest, "apiVersion: gateway.networking.k8s.io/") {
+		kubeOpts = append(kubeOpts, testenv.WithGatewayAPICRDs())
+		istiodEnv = []string{"PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER=false", "PILOT_ENABLE_GATEWAY_API_STATUS=false"}
+	}
+	k := testenv.KubeForTest(t, kubeOpts...)
 	kube := framework.NewKube(t, k.RestConfig())
 	// Both control planes keep their leases in their namespace.
 	kube.EnsureNamespace(t, "istio-system")
@@ -166,7 +174,7 @@ func runDifferentialCase(t *testing.T, name string) ([]xdsdiff.Difference, xdsdi
 	// The objects are in place before either starts, so each one's readiness (caches synced,
 	// first state built) means it serves all of them.
 	hyperAddr := startDifferentialHyper(t, k, mesh)
-	istiod := testenv.IstiodForTest(t, k, mesh)
+	istiod := testenv.IstiodForTest(t, k, mesh, istiodEnv...)
 
 	var all []xdsdiff.Difference
 	var stats xdsdiff.Stats
