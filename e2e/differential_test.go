@@ -155,13 +155,15 @@ func runDifferentialCase(t *testing.T, name string) ([]xdsdiff.Difference, xdsdi
 		t.Fatalf("%s/kube.yaml: %v", dir, err)
 	}
 
-	// A case using the Gateway API gets its CRDs; istiod then neither deploys gateways nor
-	// writes status, which hyper does on the same API server.
+	// A case using the Gateway API gets its CRDs, and istiod its Gateway API controller
+	// (testenv turns it off by default); istiod then neither deploys gateways nor writes
+	// status, which hyper does on the same API server.
 	var kubeOpts []testenv.Option
 	var istiodEnv []string
 	if strings.Contains(manifest, "apiVersion: gateway.networking.k8s.io/") {
 		kubeOpts = append(kubeOpts, testenv.WithGatewayAPICRDs())
-		istiodEnv = []string{"PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER=false", "PILOT_ENABLE_GATEWAY_API_STATUS=false"}
+		istiodEnv = []string{"PILOT_ENABLE_GATEWAY_API=true",
+			"PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER=false", "PILOT_ENABLE_GATEWAY_API_STATUS=false"}
 	}
 	k := testenv.KubeForTest(t, kubeOpts...)
 	kube := framework.NewKube(t, k.RestConfig())
