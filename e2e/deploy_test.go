@@ -113,10 +113,10 @@ func podTemplate(t testing.TB, obj *unstructured.Unstructured) (corev1.PodTempla
 	return tmpl, true
 }
 
-// TestDeployOnAPIServer applies deploy/crds to a real API server, then every overlay with
-// server-side dry-run (the server validates and admits each object, nothing is stored) in
-// namespaces where Pod Security "restricted" is enforced and warned about, and every pod
-// template as a Pod (Pod Security enforces on Pods; workloads only get warnings). Any error and
+// TestDeployOnAPIServer applies deploy/crds (and deploy/crds/gateway-api) to a real API server,
+// then every overlay with server-side dry-run (the server validates and admits each object,
+// nothing is stored) in namespaces where Pod Security "restricted" is enforced and warned
+// about, and every pod template as a Pod (Pod Security enforces on Pods; workloads only get warnings). Any error and
 // any warning fails. There is no controller nor kubelet: nothing runs, the manifests are only
 // judged. Then it checks what each service account may do against what each service's code does.
 func TestDeployOnAPIServer(t *testing.T) {
@@ -129,13 +129,16 @@ func TestDeployOnAPIServer(t *testing.T) {
 	defer cancel()
 
 	t.Run("crds", func(t *testing.T) {
-		crds := kustomizeBuild(t, "crds")
+		// Istio's, and the Gateway API's (optional, its own kustomization).
+		crds := append(kustomizeBuild(t, "crds"), kustomizeBuild(t, "crds/gateway-api")...)
 		var names []string
 		for _, crd := range crds {
 			if err := serverSideApply(ctx, kube, crd, false); err != nil {
 				t.Fatalf("deploy/crds: %s: %v", ref(crd), err)
 			}
-			names = append(names, crd.GetName())
+			if crd.GetKind() == "CustomResourceDefinition" {
+				names = append(names, crd.GetName())
+			}
 		}
 		crdGVR := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 		framework.Eventually(t, time.Minute, func() error {
@@ -288,6 +291,15 @@ func serviceNeeds(caNamespace string) map[string][]access {
 		ingest = append(ingest, each(read, access{group: k.Group, resource: k.Plural})...)
 		ingest = append(ingest, access{verb: "patch", group: k.Group, resource: k.Plural, subresource: "status", namespace: "default", name: "any"})
 	}
+	// The Gateway API kinds, their status (ReferenceGrant has none), and the CRDs, watched to
+	// notice the Gateway API's being installed.
+	for _, k := range sailplaneschema.GatewayAPI {
+		ingest = append(ingest, each([]string{"get", "list", "watch"}, access{group: k.Group, resource: k.Plural})...)
+		if k.Kind != "ReferenceGrant" {
+			ingest = append(ingest, each([]string{"get", "update", "patch"}, access{group: k.Group, resource: k.Plural, subresource: "status", namespace: "default", name: "any"})...)
+		}
+	}
+	ingest = append(ingest, each(read, access{group: "apiextensions.k8s.io", resource: "customresourcedefinitions"})...)
 	ingest = append(ingest, each(read, access{resource: "namespaces"})...)
 	ingest = append(ingest, each(read, access{resource: "configmaps", namespace: "istio-system", name: "istio"})...)
 	ingest = append(ingest, each([]string{"get", "update"}, access{group: "coordination.k8s.io", resource: "leases", namespace: "istio-system", name: "sailplane-config-ingest-status"})...)

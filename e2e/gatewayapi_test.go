@@ -58,41 +58,46 @@ spec:
 }
 
 // TestGatewayAPIGAMMA drives a real proxyless gRPC client through a GAMMA HTTPRoute (parentRef
-// the echo Service) read from files by hyper: the weighted split, the header match, and a
+// the echo Service) read from files, in both topologies: the weighted split, the header match, and a
 // rewritten route moving the traffic.
 func TestGatewayAPIGAMMA(t *testing.T) {
-	v1 := framework.StartEcho(t, "v1", "127.0.0.1:0")
-	v2 := framework.StartEcho(t, "v2", "127.0.0.1:0")
-	dir := t.TempDir()
-	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", meshYAML)
-	framework.WriteFile(t, dir, "etc/sailplane/conf/echo/service.yaml", gammaServices(v1, v2))
-	framework.WriteFile(t, dir, "etc/sailplane/conf/echo/route.yaml", gammaRoute(80, 20))
+	for _, topo := range topologies {
+		t.Run(topo.name, func(t *testing.T) {
+			v1 := framework.StartEcho(t, "v1", "127.0.0.1:0")
+			v2 := framework.StartEcho(t, "v2", "127.0.0.1:0")
+			dir := t.TempDir()
+			framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", meshYAML)
+			framework.WriteFile(t, dir, "etc/sailplane/conf/echo/service.yaml", gammaServices(v1, v2))
+			framework.WriteFile(t, dir, "etc/sailplane/conf/echo/route.yaml", gammaRoute(80, 20))
 
-	xdsAddr, _ := topologies[0].start(t, dir)
-	client := framework.XDSClient(t, xdsAddr, echoTarget)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	framework.WaitServing(ctx, t, client)
+			xdsAddr, _ := topo.start(t, dir)
+			client := framework.XDSClient(t, xdsAddr, echoTarget)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			framework.WaitServing(ctx, t, client)
 
-	t.Run("weighted 80/20", func(t *testing.T) {
-		counts := countBackends(ctx, t, client, 1000)
-		if counts["v1"] < 750 || counts["v1"] > 850 || counts["v1"]+counts["v2"] != 1000 {
-			t.Fatalf("want v1 80±5%% of 1000 RPCs, got %v", counts)
-		}
-	})
-	t.Run("header match goes to v2", func(t *testing.T) {
-		counts := countBackends(ctx, t, client, 100, "x-canary", "true")
-		if counts["v2"] != 100 {
-			t.Fatalf("want all 100 canary RPCs on v2, got %v", counts)
-		}
-	})
-	t.Run("rewritten route moves traffic", func(t *testing.T) {
-		framework.WriteFile(t, dir, "etc/sailplane/conf/echo/route.yaml", gammaRoute(0, 100))
-		framework.Eventually(t, 30*time.Second, func() error {
-			if c := countBackends(ctx, t, client, 20); c["v1"] > 0 {
-				return fmt.Errorf("still reaching v1: %v", c)
-			}
-			return nil
+			t.Run("weighted 80/20", func(t *testing.T) {
+				counts := countBackends(ctx, t, client, 1000)
+				if counts["v1"] < 750 || counts["v1"] > 850 || counts["v1"]+counts["v2"] != 1000 {
+					t.Fatalf("want v1 80±5%% of 1000 RPCs, got %v", counts)
+				}
+			})
+			t.Run("header match goes to v2", func(t *testing.T) {
+				counts := countBackends(ctx, t, client, 100, "x-canary", "true")
+				if counts["v2"] != 100 {
+					t.Fatalf("want all 100 canary RPCs on v2, got %v", counts)
+				}
+			})
+			t.Run("rewritten route moves traffic", func(t *testing.T) {
+				framework.WriteFile(t, dir, "etc/sailplane/conf/echo/route.yaml", gammaRoute(0, 100))
+				framework.Eventually(t, 30*time.Second, func() error {
+					if c := countBackends(ctx, t, client, 20); c["v1"] > 0 {
+						return fmt.Errorf("still reaching v1: %v", c)
+					}
+					return nil
+				})
+			})
+
 		})
-	})
+	}
 }

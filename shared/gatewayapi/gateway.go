@@ -123,6 +123,19 @@ func (t *translator) serviceHosts(gw *gwv1.Gateway) ([]string, *configError) {
 	return hosts, nil
 }
 
+// ManualGatewayHosts are the hostnames of the Services a manually deployed Gateway (addresses
+// naming Services) runs behind, nil for an automated one: its Istio Gateways select those
+// Services' pods, so a registry deriving Service.Selector from endpoints re-translates when they
+// change.
+func ManualGatewayHosts(gw *gwv1.Gateway, domain string) []string {
+	if managed(gw) {
+		return nil
+	}
+	t := &translator{domain: cmp.Or(domain, "cluster.local")}
+	hosts, _ := t.serviceHosts(gw)
+	return hosts
+}
+
 // selector picks the gateway's pods: the automated deployment's label, or the pods of the
 // Service a manual Gateway names (its selector, where the registry knows it).
 func (t *translator) selector(gw *gwv1.Gateway, hosts []string) map[string]string {

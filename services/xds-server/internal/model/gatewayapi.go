@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 
 	"google.golang.org/protobuf/proto"
@@ -9,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/gatewayapi"
 	"sailplane.dev/shared/schema"
@@ -31,6 +33,9 @@ type gatewayAPIState struct {
 	served map[ConfigKey]proto.Message
 	// Translations counts translations run (tests and the benchmark read it).
 	translations int
+	// selectorHosts are the services manually deployed Gateways run behind: their endpoints'
+	// labels select the gateway pods, so a change of those endpoints translates again.
+	selectorHosts map[string]bool
 }
 
 func isGatewayAPI(kind schema.Kind) bool {
@@ -116,6 +121,12 @@ func (s *Store) gatewayAPIOutput(snap *Snapshot) gatewayapi.Output {
 		return s.gw.out
 	}
 	s.gw.translations++
+	s.gw.selectorHosts = map[string]bool{}
+	for _, o := range s.gw.objects[schema.KubernetesGateway.Kind] {
+		for _, h := range gatewayapi.ManualGatewayHosts(o.(*gwv1.Gateway), DomainSuffix) {
+			s.gw.selectorHosts[h] = true
+		}
+	}
 	s.gw.out = gatewayapi.Translate(gatewayapi.Input{
 		GatewayClasses:     objectsOf[gwv1.GatewayClass](s, schema.GatewayClass),
 		Gateways:           objectsOf[gwv1.Gateway](s, schema.KubernetesGateway),
@@ -239,7 +250,8 @@ func (r registry) Service(hostname, namespace string) (gatewayapi.Service, bool)
 	if pick == nil {
 		return gatewayapi.Service{}, false
 	}
-	out := gatewayapi.Service{Hostname: hostname, Addresses: pick.Spec.GetAddresses(), Ready: len(pick.Endpoints) > 0}
+	out := gatewayapi.Service{Hostname: hostname, Addresses: pick.Spec.GetAddresses(), Ready: len(pick.Endpoints) > 0,
+		Selector: commonLabels(pick.Endpoints)}
 	for _, p := range pick.Spec.GetPorts() {
 		out.Ports = append(out.Ports, gatewayapi.ServicePort{Name: p.GetName(), Number: p.GetNumber(), Protocol: p.GetProtocol()})
 	}
@@ -263,4 +275,22 @@ func compareConfigs[T proto.Message](a, b Config[T]) int {
 		return 1
 	}
 	return 0
+}
+
+// commonLabels are the labels all endpoints share: the registry carries no Service selector,
+// and these select no fewer pods (a manually deployed Gateway's Istio Gateways select its
+// Service's pods with them). None without endpoints, so that nothing is selected by accident.
+func commonLabels(eps []*discoveryv1.Endpoint) map[string]string {
+	if len(eps) == 0 {
+		return nil
+	}
+	out := maps.Clone(eps[0].GetLabels())
+	for _, ep := range eps[1:] {
+		for k, v := range out {
+			if ep.GetLabels()[k] != v {
+				delete(out, k)
+			}
+		}
+	}
+	return out
 }

@@ -242,6 +242,17 @@ func (s *Store) apply(c bus.Change) error {
 		s.pending.seen()
 	case kind.TypeURL == schema.Service.TypeURL:
 		s.gw.dirty = true // backends and GAMMA parents are looked up among services
+	case kind.TypeURL == schema.Endpoints.TypeURL && len(s.gw.selectorHosts) > 0:
+		for _, r := range c.Updated {
+			if s.gw.selectorHosts[r.Body.(*discoveryv1.Endpoints).GetHostname()] {
+				s.gw.dirty, s.pending.Full = true, true
+			}
+		}
+		for _, name := range c.Removed {
+			if old := m[name]; old != nil && s.gw.selectorHosts[old.Body.(*discoveryv1.Endpoints).GetHostname()] {
+				s.gw.dirty, s.pending.Full = true, true
+			}
+		}
 	}
 	for _, name := range c.Removed {
 		if gwAPI {
