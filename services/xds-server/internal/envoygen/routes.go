@@ -1,6 +1,7 @@
 package envoygen
 
 import (
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -223,7 +224,10 @@ func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host 
 		if r == nil {
 			return nil, false
 		}
-		if !b.routeAction(r, hr, vs.Namespace, host, port, m, log) {
+		if vs.GatewayAPI {
+			translate.SegmentPrefix(r.Match)
+		}
+		if !b.routeAction(r, hr, vs.Namespace, host, port, m, vs.GatewayAPI, log) {
 			return nil, true
 		}
 		return r, false
@@ -237,7 +241,7 @@ func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host 
 
 // routeAction fills r's action and per-route settings; false when the route has nothing usable.
 func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, host string, port uint32,
-	m *networking.HTTPMatchRequest, log interface{ Debug(string, ...any) }) bool {
+	m *networking.HTTPMatchRequest, gatewayAPI bool, log interface{ Debug(string, ...any) }) bool {
 	switch {
 	case hr.GetRedirect() != nil:
 		r.Action = &routev3.Route_Redirect{Redirect: redirect(hr.GetRedirect(), port, log)}
@@ -252,10 +256,18 @@ func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, ho
 		}
 		r.Action = &routev3.Route_DirectResponse{DirectResponse: act}
 	case len(hr.GetRoute()) > 0:
-		act := b.forwardAction(hr, ns, host, port, log)
+		act := b.forwardAction(hr, ns, host, port, gatewayAPI, log)
 		if act == nil {
 			log.Debug("skipping http route without usable destination")
 			return false
+		}
+		if gatewayAPI && hr.GetRewrite().GetUri() == "/" && hr.GetRewrite().GetUriRegexRewrite() == nil {
+			// As istiod: a ReplacePrefixMatch of "/" removes the matched prefix and the
+			// separator after it, keeping the path absolute.
+			act.PrefixRewrite = ""
+			act.RegexRewrite = &matcherv3.RegexMatchAndSubstitute{
+				Pattern:      &matcherv3.RegexMatcher{Regex: "^" + regexp.QuoteMeta(r.GetMatch().GetPathSeparatedPrefix()) + `(/?)(.*)`},
+				Substitution: `/\2`}
 		}
 		r.Action = &routev3.Route_Route{Route: act}
 	default:
@@ -293,12 +305,20 @@ func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, ho
 	return true
 }
 
-func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port uint32, log interface{ Debug(string, ...any) }) *routev3.RouteAction {
+func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port uint32, gatewayAPI bool,
+	log interface{ Debug(string, ...any) }) *routev3.RouteAction {
 	dests := translate.WeightedDestinations(b.snap.Services, hr.GetRoute(), ns, host, port)
+	if gatewayAPI {
+		dests = translate.GatewayAPIDestinations(b.snap.Services, hr.GetRoute(), ns, host, port)
+	}
 	if len(dests) == 0 {
 		return nil
 	}
 	act := &routev3.RouteAction{Timeout: durationpb.New(0)}
+	if gatewayAPI {
+		// The Gateway API answers 500 for a backend that is missing or not allowed.
+		act.ClusterNotFoundResponseCode = routev3.RouteAction_INTERNAL_SERVER_ERROR
+	}
 	if len(dests) == 1 {
 		act.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: dests[0].Cluster}
 	} else {

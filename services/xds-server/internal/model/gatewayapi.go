@@ -160,7 +160,7 @@ func mergeConfigs[T proto.Message](own []Config[T], gen []gatewayapi.Config[T]) 
 	}
 	out := slices.Grow(slices.Clone(own), len(gen))
 	for _, g := range gen {
-		out = append(out, Config[T]{Namespace: g.Namespace, Name: g.Name, CreateTime: g.CreateTime, Spec: g.Spec})
+		out = append(out, Config[T]{Namespace: g.Namespace, Name: g.Name, CreateTime: g.CreateTime, Spec: g.Spec, GatewayAPI: true})
 	}
 	slices.SortStableFunc(out, compareConfigs[T])
 	return out
