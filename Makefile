@@ -81,6 +81,8 @@ bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem ./services/endpoint-watcher/internal/serviceentry/...
 	$(GO) test -run '^$$' -bench CreateCertificate -benchtime 3000x ./services/ca/
 	$(GO) test -run '^$$' -bench Push -benchmem -benchtime 30x ./services/xds-server/internal/xds/
+	$(GO) test -run '^$$' -bench Translate -benchmem ./shared/gatewayapi/
+	$(GO) test -run '^$$' -bench GatewayAPISnapshot -benchmem ./services/xds-server/internal/model/
 	SAILPLANE_BENCH_SERVICES=5000 SAILPLANE_BENCH_PODS=20000 \
 		$(GO) test -run '^$$' -bench EndpointSliceUpdate -benchtime 1x -timeout 30m ./services/endpoint-watcher/internal/kube/
 

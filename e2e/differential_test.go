@@ -155,17 +155,15 @@ func runDifferentialCase(t *testing.T, name string) ([]xdsdiff.Difference, xdsdi
 		t.Fatalf("%s/kube.yaml: %v", dir, err)
 	}
 
-	// A case using the Gateway API gets its CRDs, and istiod its Gateway API controller
-	// (testenv turns it off by default); istiod then neither deploys gateways nor writes
-	// status, which hyper does on the same API server.
-	var kubeOpts []testenv.Option
+	var opts []testenv.Option
 	var istiodEnv []string
-	if strings.Contains(manifest, "apiVersion: gateway.networking.k8s.io/") {
-		kubeOpts = append(kubeOpts, testenv.WithGatewayAPICRDs())
-		istiodEnv = []string{"PILOT_ENABLE_GATEWAY_API=true",
-			"PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER=false", "PILOT_ENABLE_GATEWAY_API_STATUS=false"}
+	if strings.Contains(manifest, "gateway.networking.k8s.io/") {
+		opts = append(opts, testenv.WithGatewayAPICRDs()) // only where used: installing them takes a while
+		// testenv's istiod runs without its Gateway API controller; translation (not status,
+		// not deployments) is what is compared.
+		istiodEnv = append(istiodEnv, "PILOT_ENABLE_GATEWAY_API=true")
 	}
-	k := testenv.KubeForTest(t, kubeOpts...)
+	k := testenv.KubeForTest(t, opts...)
 	kube := framework.NewKube(t, k.RestConfig())
 	// Both control planes keep their leases in their namespace.
 	kube.EnsureNamespace(t, "istio-system")

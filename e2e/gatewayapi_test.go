@@ -101,3 +101,52 @@ func TestGatewayAPIGAMMA(t *testing.T) {
 		})
 	}
 }
+
+// gammaGRPCRoute is a GAMMA GRPCRoute on the echo Service: UnaryCall with x-canary: true to v2,
+// the rest of the TestService split 70/30 between v1 and v2.
+const gammaGRPCRoute = `apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: echo, namespace: demo}
+spec:
+  parentRefs: [{group: "", kind: Service, name: echo}]
+  rules:
+  - matches:
+    - method: {service: grpc.testing.TestService, method: UnaryCall}
+      headers: [{name: x-canary, value: "true"}]
+    backendRefs: [{name: echo-v2, port: 7070}]
+  - matches:
+    - method: {service: grpc.testing.TestService}
+    backendRefs:
+    - {name: echo-v1, port: 7070, weight: 70}
+    - {name: echo-v2, port: 7070, weight: 30}
+`
+
+// TestGatewayAPIGAMMAGRPCRoute drives a real proxyless gRPC client through a GAMMA GRPCRoute
+// (method and header matches, a weighted split) read from files by hyper.
+func TestGatewayAPIGAMMAGRPCRoute(t *testing.T) {
+	v1 := framework.StartEcho(t, "v1", "127.0.0.1:0")
+	v2 := framework.StartEcho(t, "v2", "127.0.0.1:0")
+	dir := t.TempDir()
+	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", meshYAML)
+	framework.WriteFile(t, dir, "etc/sailplane/conf/echo/service.yaml", gammaServices(v1, v2))
+	framework.WriteFile(t, dir, "etc/sailplane/conf/echo/route.yaml", gammaGRPCRoute)
+
+	xdsAddr, _ := topologies[0].start(t, dir)
+	client := framework.XDSClient(t, xdsAddr, echoTarget)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	framework.WaitServing(ctx, t, client)
+
+	t.Run("service match split 70/30", func(t *testing.T) {
+		counts := countBackends(ctx, t, client, 1000)
+		if counts["v1"] < 650 || counts["v1"] > 750 || counts["v1"]+counts["v2"] != 1000 {
+			t.Fatalf("want v1 70±5%% of 1000 RPCs, got %v", counts)
+		}
+	})
+	t.Run("method and header match goes to v2", func(t *testing.T) {
+		counts := countBackends(ctx, t, client, 100, "x-canary", "true")
+		if counts["v2"] != 100 {
+			t.Fatalf("want all 100 canary RPCs on v2, got %v", counts)
+		}
+	})
+}

@@ -1,7 +1,6 @@
 package envoygen
 
 import (
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -224,11 +223,11 @@ func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host 
 		if r == nil {
 			return nil, false
 		}
-		if vs.GatewayAPI {
-			translate.SegmentPrefix(r.Match)
-		}
 		if !b.routeAction(r, hr, vs.Namespace, host, port, m, vs.GatewayAPI, log) {
 			return nil, true
+		}
+		if vs.GatewayAPI {
+			translate.GatewaySemantics(r, translate.Envoy)
 		}
 		return r, false
 	})
@@ -260,14 +259,6 @@ func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, ho
 		if act == nil {
 			log.Debug("skipping http route without usable destination")
 			return false
-		}
-		if gatewayAPI && hr.GetRewrite().GetUri() == "/" && hr.GetRewrite().GetUriRegexRewrite() == nil {
-			// As istiod: a ReplacePrefixMatch of "/" removes the matched prefix and the
-			// separator after it, keeping the path absolute.
-			act.PrefixRewrite = ""
-			act.RegexRewrite = &matcherv3.RegexMatchAndSubstitute{
-				Pattern:      &matcherv3.RegexMatcher{Regex: "^" + regexp.QuoteMeta(r.GetMatch().GetPathSeparatedPrefix()) + `(/?)(.*)`},
-				Substitution: `/\2`}
 		}
 		r.Action = &routev3.Route_Route{Route: act}
 	default:
@@ -315,10 +306,6 @@ func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port 
 		return nil
 	}
 	act := &routev3.RouteAction{Timeout: durationpb.New(0)}
-	if gatewayAPI {
-		// The Gateway API answers 500 for a backend that is missing or not allowed.
-		act.ClusterNotFoundResponseCode = routev3.RouteAction_INTERNAL_SERVER_ERROR
-	}
 	if len(dests) == 1 {
 		act.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: dests[0].Cluster}
 	} else {

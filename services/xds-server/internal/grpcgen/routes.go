@@ -69,6 +69,9 @@ func (g *generator) vsRoutes(svc *model.Service, port *discoveryv1.Port,
 			return nil, false
 		}
 		r.Action = &routev3.Route_Route{Route: action}
+		if vs.GatewayAPI {
+			translate.GatewaySemantics(r, translate.Proxyless)
+		}
 		if f := translate.Fault(http.GetFault(), log); f != nil {
 			cfg, err := marshalAny(f)
 			if err != nil {
@@ -110,11 +113,6 @@ func (g *generator) routeAction(http *networking.HTTPRoute, svc *model.Service, 
 		return nil
 	}
 	action := &routev3.RouteAction{}
-	if gatewayAPI {
-		// As istiod (gRPC reads no such field; a refused backend's cluster does not exist, so
-		// its requests fail either way).
-		action.ClusterNotFoundResponseCode = routev3.RouteAction_INTERNAL_SERVER_ERROR
-	}
 	if len(dests) == 1 {
 		action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: dests[0].Cluster}
 	} else {

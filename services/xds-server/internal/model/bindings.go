@@ -92,13 +92,44 @@ func (s *Snapshot) visibleVirtualServices(v *Viewer) []*Config[*networking.Virtu
 		}
 		return out
 	}
-	return s.VirtualServicesFor(v.Namespace, func(vs *Config[*networking.VirtualService]) bool {
+	out := s.VirtualServicesFor(v.Namespace, func(vs *Config[*networking.VirtualService]) bool {
 		if !AppliesToMesh(vs.Spec.GetGateways()) {
+			return false
+		}
+		if vs.GatewayAPI && vs.Namespace != v.Namespace && !s.producerRoute(vs) {
 			return false
 		}
 		sc := v.Sidecar
 		return sc == nil || SidecarImportsVirtualService(sc.Spec, sc.Namespace, vs.Namespace, resolvedHosts(vs))
 	})
+	// GAMMA, as istiod: a consumer's own routes (of its namespace) override the producer's.
+	slices.SortStableFunc(out, func(a, b *Config[*networking.VirtualService]) int {
+		return cmpBool(b.GatewayAPI && b.Namespace == v.Namespace, a.GatewayAPI && a.Namespace == v.Namespace)
+	})
+	return out
+}
+
+// producerRoute reports whether a GAMMA VirtualService is of its service's own namespace: such a
+// route applies to every client, another namespace's only to clients of that namespace.
+func (s *Snapshot) producerRoute(vs *Config[*networking.VirtualService]) bool {
+	for _, h := range vs.Spec.GetHosts() {
+		for _, svc := range append([]*Service{s.Services[h]}, s.shadowed[h]...) {
+			if svc != nil && svc.Spec.GetNamespace() == vs.Namespace {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
 }
 
 // VirtualServicesFor lists the VirtualServices that include keeps and a proxy of namespace ns

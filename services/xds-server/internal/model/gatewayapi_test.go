@@ -213,3 +213,33 @@ func TestGatewayAPIManualGatewaySelector(t *testing.T) {
 		t.Fatalf("the selector change is not a Gateway change: %v", ch.Configs)
 	}
 }
+
+// GAMMA scoping, as istiod: a route in its Service's namespace applies to every client; one in
+// another namespace only to that namespace's clients, and before the producer's.
+func TestGatewayAPIConsumerRoutes(t *testing.T) {
+	s := NewStore()
+	for _, h := range []string{"echo.default.svc.cluster.local", "echo-v2.default.svc.cluster.local"} {
+		apply(t, s, schema.Service.TypeURL, &bus.Resource{Name: "default/" + h, Body: &discoveryv1.Service{Hostname: h, Namespace: "default"}})
+	}
+	route := func(ns string) *bus.Resource {
+		return gwResource(t, ns+"/echo", map[string]any{
+			"parentRefs": []any{map[string]any{"group": "", "kind": "Service", "name": "echo", "namespace": "default"}},
+			"rules":      []any{map[string]any{"backendRefs": []any{map[string]any{"name": "echo-v2", "namespace": "default", "port": 80}}}},
+		})
+	}
+	apply(t, s, schema.HTTPRoute.TypeURL, route("default"), route("consumer"))
+	snap, _ := s.Next()
+	names := func(ns string) []string {
+		var out []string
+		for _, vs := range snap.visibleVirtualServices(&Viewer{Namespace: ns}) {
+			out = append(out, vs.Namespace)
+		}
+		return out
+	}
+	if got := names("consumer"); len(got) != 2 || got[0] != "consumer" || got[1] != "default" {
+		t.Fatalf("a consumer sees GAMMA routes of namespaces %v, want [consumer default]", got)
+	}
+	if got := names("other"); len(got) != 1 || got[0] != "default" {
+		t.Fatalf("another namespace sees GAMMA routes of namespaces %v, want only the producer's [default]", got)
+	}
+}

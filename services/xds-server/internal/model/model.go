@@ -43,9 +43,8 @@ type Config[T proto.Message] struct {
 	Name       string
 	CreateTime time.Time
 	Spec       T
-	// GatewayAPI marks config translated from the Gateway API, which istiod serves with the
-	// Gateway API's semantics (its route-semantics annotation): a PathPrefix matches whole path
-	// segments, and a backend that is missing or refused answers 500.
+	// GatewayAPI marks config translated from the Gateway API: its routes follow that API's
+	// semantics (istiod's "route-semantics: gateway"), see translate.GatewaySemantics.
 	GatewayAPI bool
 }
 

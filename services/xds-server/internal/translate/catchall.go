@@ -1,8 +1,6 @@
 package translate
 
 import (
-	"strings"
-
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	networking "istio.io/api/networking/v1alpha3"
 )
@@ -72,12 +70,4 @@ func HTTPRoutes(hrs []*networking.HTTPRoute, build BuildRoute) (out []*routev3.R
 		}
 	}
 	return out, 0
-}
-
-// SegmentPrefix turns a path prefix other than "/" into a prefix of whole path segments, as
-// istiod serves a Gateway API PathPrefix: /v1 matches /v1 and /v1/x, not /v1x.
-func SegmentPrefix(m *routev3.RouteMatch) {
-	if p, ok := m.GetPathSpecifier().(*routev3.RouteMatch_Prefix); ok && p.Prefix != "/" {
-		m.PathSpecifier = &routev3.RouteMatch_PathSeparatedPrefix{PathSeparatedPrefix: strings.TrimSuffix(p.Prefix, "/")}
-	}
 }

@@ -9,31 +9,33 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 )
 
-func TestSegmentPrefix(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		in   *routev3.RouteMatch
-		want *routev3.RouteMatch
-	}{
-		{name: "a prefix matches whole segments",
-			in:   &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/v1"}},
-			want: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_PathSeparatedPrefix{PathSeparatedPrefix: "/v1"}}},
-		{name: "without its trailing slash",
-			in:   &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/v1/"}},
-			want: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_PathSeparatedPrefix{PathSeparatedPrefix: "/v1"}}},
-		{name: "the root stays a prefix",
-			in:   &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-			want: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}}},
-		{name: "an exact path is left alone",
-			in:   &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Path{Path: "/login"}},
-			want: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Path{Path: "/login"}}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			SegmentPrefix(tc.in)
-			if got, want := tc.in.String(), tc.want.String(); got != want {
-				t.Errorf("got %s, want %s", got, want)
-			}
-		})
+func TestGatewaySemantics(t *testing.T) {
+	route := func(prefix, rewrite string) *routev3.Route {
+		return &routev3.Route{Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: prefix}},
+			Action: &routev3.Route_Route{Route: &routev3.RouteAction{PrefixRewrite: rewrite}}}
+	}
+	r := route("/static/", "/")
+	GatewaySemantics(r, Envoy)
+	if got := r.GetMatch().GetPathSeparatedPrefix(); got != "/static" {
+		t.Fatalf("PathPrefix /static/ matches as %v, want the path-separated prefix /static", r.GetMatch())
+	}
+	act := r.GetRoute()
+	if act.GetClusterNotFoundResponseCode() != routev3.RouteAction_INTERNAL_SERVER_ERROR {
+		t.Fatal("a missing backend does not answer 500")
+	}
+	if act.GetPrefixRewrite() != "" || act.GetRegexRewrite().GetPattern().GetRegex() != `^/static(/?)(.*)` ||
+		act.GetRegexRewrite().GetSubstitution() != `/\2` {
+		t.Fatalf("rewrite to / is %v, want the prefix removed", act)
+	}
+	all := route("/", "")
+	GatewaySemantics(all, Envoy)
+	if all.GetMatch().GetPrefix() != "/" {
+		t.Fatalf("PathPrefix / is %v, want prefix /", all.GetMatch())
+	}
+	grpc := route("/svc", "")
+	GatewaySemantics(grpc, Proxyless)
+	if grpc.GetMatch().GetPrefix() != "/svc" || grpc.GetRoute().GetClusterNotFoundResponseCode() != routev3.RouteAction_INTERNAL_SERVER_ERROR {
+		t.Fatalf("proxyless route %v: want its prefix kept (gRPC drops path-separated prefixes) and 500", grpc)
 	}
 }
 
