@@ -167,3 +167,58 @@ func TestGatewayAPIMeshRoutes(t *testing.T) {
 			wc[1].GetName() == "outbound|80||echo-v2.default.svc.cluster.local" && wc[1].GetWeight().GetValue() == 20
 	})
 }
+
+// Routes of the Gateway gw that exercise the Gateway API's own semantics.
+const gatewayAPISemanticsInput = `
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: refused, namespace: default}
+spec:
+  parentRefs: [{name: gw, namespace: istio-system}]
+  hostnames: [refused.example.com]
+  rules:
+  - backendRefs: [{name: httpbin, namespace: other, port: 80}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: strip, namespace: default}
+spec:
+  parentRefs: [{name: gw, namespace: istio-system}]
+  hostnames: [strip.example.com]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /old/}}]
+    filters: [{type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /}}}]
+    backendRefs: [{name: httpbin, port: 80}]
+`
+
+// Config translated from the Gateway API is served as istiod serves it: a PathPrefix matches
+// whole segments, a missing cluster answers 500, a backend no ReferenceGrant allows keeps its
+// route on UnknownService (so it fails rather than 404), and ReplacePrefixMatch "/" strips the
+// prefix and its separator.
+func TestGatewayAPIRouteSemantics(t *testing.T) {
+	src := fakebus.New(changes(t, gatewayAPIInput+gatewayAPISemanticsInput)...)
+	srv := startServer(t, src)
+	md, _ := structpb.NewStruct(map[string]any{"NAMESPACE": "istio-system",
+		"LABELS": map[string]any{"gateway.networking.k8s.io/gateway-name": "gw"}})
+	wait := rdsStream(t, srv, &corev3.Node{Id: "router~10.0.0.5~gw-istio-1.istio-system~istio-system.svc.cluster.local",
+		Metadata: md}, "http.80")
+	first := func(rc *routev3.RouteConfiguration, domain string) *routev3.Route {
+		if vh := virtualHost(rc, domain); vh != nil && len(vh.GetRoutes()) > 0 {
+			return vh.GetRoutes()[0]
+		}
+		return nil
+	}
+	wait("the Gateway API's semantics", func(rc *routev3.RouteConfiguration) bool {
+		web, refused, strip := first(rc, "web.example.com"), first(rc, "refused.example.com"), first(rc, "strip.example.com")
+		if web == nil || refused == nil || strip == nil {
+			return false
+		}
+		const code = routev3.RouteAction_INTERNAL_SERVER_ERROR
+		rw := strip.GetRoute().GetRegexRewrite()
+		return web.GetMatch().GetPathSeparatedPrefix() == "/get" && web.GetRoute().GetClusterNotFoundResponseCode() == code &&
+			refused.GetRoute().GetCluster() == "UnknownService" && refused.GetRoute().GetClusterNotFoundResponseCode() == code &&
+			strip.GetMatch().GetPathSeparatedPrefix() == "/old" && strip.GetRoute().GetPrefixRewrite() == "" &&
+			rw.GetPattern().GetRegex() == `^/old(/?)(.*)` && rw.GetSubstitution() == `/\2`
+	})
+}

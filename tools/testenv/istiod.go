@@ -27,7 +27,10 @@ type Istiod struct {
 }
 
 // istiodEnv is istiod's environment beyond the caller's: what it needs to run outside a pod,
-// and the controllers turned off that need what the test environment lacks.
+// and the controllers turned off that need what the test environment lacks. The caller's env
+// comes after it and wins (os/exec keeps the last value of a key): a test with the Gateway API
+// CRDs passes PILOT_ENABLE_GATEWAY_API=true, without which istiod neither reads the Gateway API
+// kinds into its config store nor runs its gateway controller (it still watches the CRDs).
 var istiodEnv = []string{
 	// Its own namespace (the mesh's root namespace by default, where it keeps its leases).
 	"POD_NAMESPACE=istio-system",

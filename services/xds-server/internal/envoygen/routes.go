@@ -223,7 +223,7 @@ func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host 
 		if r == nil {
 			return nil, false
 		}
-		if !b.routeAction(r, hr, vs.Namespace, host, port, m, log) {
+		if !b.routeAction(r, hr, vs.Namespace, host, port, m, vs.GatewayAPI, log) {
 			return nil, true
 		}
 		if vs.GatewayAPI {
@@ -240,7 +240,7 @@ func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host 
 
 // routeAction fills r's action and per-route settings; false when the route has nothing usable.
 func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, host string, port uint32,
-	m *networking.HTTPMatchRequest, log interface{ Debug(string, ...any) }) bool {
+	m *networking.HTTPMatchRequest, gatewayAPI bool, log interface{ Debug(string, ...any) }) bool {
 	switch {
 	case hr.GetRedirect() != nil:
 		r.Action = &routev3.Route_Redirect{Redirect: redirect(hr.GetRedirect(), port, log)}
@@ -255,7 +255,7 @@ func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, ho
 		}
 		r.Action = &routev3.Route_DirectResponse{DirectResponse: act}
 	case len(hr.GetRoute()) > 0:
-		act := b.forwardAction(hr, ns, host, port, log)
+		act := b.forwardAction(hr, ns, host, port, gatewayAPI, log)
 		if act == nil {
 			log.Debug("skipping http route without usable destination")
 			return false
@@ -296,8 +296,12 @@ func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, ho
 	return true
 }
 
-func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port uint32, log interface{ Debug(string, ...any) }) *routev3.RouteAction {
+func (b *builder) forwardAction(hr *networking.HTTPRoute, ns, host string, port uint32, gatewayAPI bool,
+	log interface{ Debug(string, ...any) }) *routev3.RouteAction {
 	dests := translate.WeightedDestinations(b.snap.Services, hr.GetRoute(), ns, host, port)
+	if gatewayAPI {
+		dests = translate.GatewayAPIDestinations(b.snap.Services, hr.GetRoute(), ns, host, port)
+	}
 	if len(dests) == 0 {
 		return nil
 	}
@@ -365,7 +369,7 @@ func (b *builder) destinationHeaders(hr *networking.HTTPRoute, ns, host string, 
 
 func (b *builder) mirrors(hr *networking.HTTPRoute, ns, host string, port uint32) []*routev3.RouteAction_RequestMirrorPolicy {
 	var out []*routev3.RouteAction_RequestMirrorPolicy
-	add := func(dest *networking.Destination, pct *networking.Percent) {
+	add := func(dest *networking.Destination, frac *typev3.FractionalPercent) {
 		if dest.GetHost() == "" {
 			return
 		}
@@ -375,31 +379,46 @@ func (b *builder) mirrors(hr *networking.HTTPRoute, ns, host string, port uint32
 		// the mirror's sidecar routes nowhere) and is not sampled for tracing.
 		mp := &routev3.RouteAction_RequestMirrorPolicy{Cluster: ClusterName(p, dest.GetSubset(), h),
 			DisableShadowHostSuffixAppend: true, TraceSampled: wrapperspb.Bool(false)}
-		value := 100.0
-		if pct != nil {
-			value = pct.GetValue()
-		}
-		mp.RuntimeFraction = &corev3.RuntimeFractionalPercent{DefaultValue: translate.FractionalPercent(value)}
+		mp.RuntimeFraction = &corev3.RuntimeFractionalPercent{DefaultValue: frac}
 		out = append(out, mp)
 	}
-	if m := hr.GetMirror(); m != nil {
-		pct := hr.GetMirrorPercentage()
-		if pct == nil && hr.GetMirrorPercent() != nil { //nolint:staticcheck // still honoured by Istio
-			pct = &networking.Percent{Value: float64(hr.GetMirrorPercent().GetValue())} //nolint:staticcheck
+	// A mirror's share as istiod writes it: a percentage in millionths, the deprecated integer
+	// percent and no percentage (all) in hundredths; an explicit zero mirrors nothing.
+	hundredths := func(n uint32) *typev3.FractionalPercent {
+		return &typev3.FractionalPercent{Numerator: n, Denominator: typev3.FractionalPercent_HUNDRED}
+	}
+	share := func(pct *networking.Percent) *typev3.FractionalPercent {
+		switch {
+		case pct == nil:
+			return hundredths(100)
+		case pct.GetValue() > 0:
+			return translate.FractionalPercent(pct.GetValue())
 		}
-		add(m, pct)
+		return nil
+	}
+	if m := hr.GetMirror(); m != nil {
+		frac := share(hr.GetMirrorPercentage())
+		if hr.GetMirrorPercentage() == nil && hr.GetMirrorPercent() != nil { //nolint:staticcheck // still honoured by Istio
+			frac = nil
+			if n := hr.GetMirrorPercent().GetValue(); n > 0 { //nolint:staticcheck
+				frac = hundredths(n)
+			}
+		}
+		if frac != nil {
+			add(m, frac)
+		}
 	}
 	for _, mp := range hr.GetMirrors() {
-		add(mp.GetDestination(), mp.GetPercentage())
+		if frac := share(mp.GetPercentage()); frac != nil {
+			add(mp.GetDestination(), frac)
+		}
 	}
 	return out
 }
 
 func redirect(r *networking.HTTPRedirect, port uint32, log interface{ Debug(string, ...any) }) *routev3.RedirectAction {
-	act := &routev3.RedirectAction{}
-	if u := r.GetUri(); u != "" {
-		act.PathRewriteSpecifier = &routev3.RedirectAction_PathRedirect{PathRedirect: u}
-	}
+	// As istiod, the path is always stated: empty (no uri) keeps the request's.
+	act := &routev3.RedirectAction{PathRewriteSpecifier: &routev3.RedirectAction_PathRedirect{PathRedirect: r.GetUri()}}
 	if a := r.GetAuthority(); a != "" {
 		act.HostRedirect = a
 	}

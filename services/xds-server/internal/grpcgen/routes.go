@@ -52,7 +52,7 @@ func (g *generator) vsRoutes(svc *model.Service, port *discoveryv1.Port,
 		log := g.log.With("virtualService", vs.Namespace+"/"+vs.Name, "http", i, "port", port.GetNumber())
 		action, built := actions[i]
 		if !built {
-			action = g.httpAction(http, svc, port, vs.Namespace, log)
+			action = g.httpAction(http, svc, port, vs.Namespace, vs.GatewayAPI, log)
 			actions[i] = action
 		}
 		if action == nil {
@@ -91,12 +91,12 @@ func (g *generator) vsRoutes(svc *model.Service, port *discoveryv1.Port,
 
 // httpAction is the action of an http route; nil, logged, when gRPC clients cannot use it.
 func (g *generator) httpAction(http *networking.HTTPRoute, svc *model.Service, port *discoveryv1.Port,
-	ns string, log interface{ Debug(string, ...any) }) *routev3.RouteAction {
+	ns string, gatewayAPI bool, log interface{ Debug(string, ...any) }) *routev3.RouteAction {
 	if len(http.GetRoute()) == 0 {
 		log.Debug("skipping http route without destinations (redirect and direct response are not supported for gRPC)")
 		return nil
 	}
-	action := g.routeAction(http, svc, port, ns)
+	action := g.routeAction(http, svc, port, ns, gatewayAPI)
 	if action == nil {
 		log.Debug("skipping http route without usable destination")
 	}
@@ -104,8 +104,11 @@ func (g *generator) httpAction(http *networking.HTTPRoute, svc *model.Service, p
 }
 
 func (g *generator) routeAction(http *networking.HTTPRoute, svc *model.Service, port *discoveryv1.Port,
-	ns string) *routev3.RouteAction {
+	ns string, gatewayAPI bool) *routev3.RouteAction {
 	dests := translate.WeightedDestinations(g.snap.Services, http.GetRoute(), ns, svc.Spec.GetHostname(), port.GetNumber())
+	if gatewayAPI {
+		dests = translate.GatewayAPIDestinations(g.snap.Services, http.GetRoute(), ns, svc.Spec.GetHostname(), port.GetNumber())
+	}
 	if len(dests) == 0 {
 		return nil
 	}

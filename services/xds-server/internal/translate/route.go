@@ -43,19 +43,44 @@ type WeightedDest struct {
 // WeightedDestinations resolves route destinations (of a VirtualService in namespace ns, routing
 // host:port) to clusters, merging repeats and dropping zero weights from splits. A lone
 // destination weighs 100.
-func WeightedDestinations[D interface {
+func WeightedDestinations[D routeDestination](services map[string]*model.Service, rds []D, ns, host string, port uint32) []WeightedDest {
+	return weightedDestinations(services, rds, ns, host, port, false)
+}
+
+// UnknownCluster is the cluster istiod routes a Gateway API backend to that is missing or not
+// allowed (a destination without host): no such cluster exists, so Envoy answers with the
+// route's cluster_not_found_response_code, 500 as the Gateway API asks.
+const UnknownCluster = "UnknownService"
+
+// GatewayAPIDestinations is WeightedDestinations for config translated from the Gateway API:
+// a destination without host keeps its weight, on UnknownCluster, so that its share of the
+// requests fails rather than going to the other backends.
+func GatewayAPIDestinations[D routeDestination](services map[string]*model.Service, rds []D, ns, host string, port uint32) []WeightedDest {
+	return weightedDestinations(services, rds, ns, host, port, true)
+}
+
+type routeDestination interface {
 	GetDestination() *networking.Destination
 	GetWeight() int32
-}](services map[string]*model.Service, rds []D, ns, host string, port uint32) []WeightedDest {
+}
+
+func weightedDestinations[D routeDestination](services map[string]*model.Service, rds []D, ns, host string, port uint32,
+	unknown bool) []WeightedDest {
 	var dests []WeightedDest
 	for _, d := range rds {
 		dest := d.GetDestination()
-		if dest.GetHost() == "" {
+		var name, h string
+		var p uint32
+		switch {
+		case dest.GetHost() != "":
+			h = model.ResolveHost(dest.GetHost(), ns)
+			p = DestinationPort(services, dest, h, host, port)
+			name = ClusterName(p, dest.GetSubset(), h)
+		case unknown:
+			name = UnknownCluster
+		default:
 			continue
 		}
-		h := model.ResolveHost(dest.GetHost(), ns)
-		p := DestinationPort(services, dest, h, host, port)
-		name := ClusterName(p, dest.GetSubset(), h)
 		w := uint32(max(d.GetWeight(), 0))
 		if i := slices.IndexFunc(dests, func(x WeightedDest) bool { return x.Cluster == name }); i >= 0 {
 			dests[i].Weight += w
