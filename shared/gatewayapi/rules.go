@@ -44,31 +44,39 @@ func httpRoute(t *translator, r *gwv1.HTTPRoute) route {
 	}
 	return route{kind: schema.HTTPRoute, obj: r, parents: r.Spec.ParentRefs, hostnames: r.Spec.Hostnames, backends: backends,
 		convert: func(mesh bool) (*converted, *configError) {
-			out := &converted{}
-			var soft *configError
-			for i, rule := range r.Spec.Rules {
-				matches := rule.Matches
-				if len(matches) == 0 {
-					matches = []gwv1.HTTPRouteMatch{{}}
-				}
-				// One Istio rule per match, so that each sorts by its own precedence.
-				for mi := range matches {
-					var m *gwv1.HTTPRouteMatch
-					if len(rule.Matches) > 0 {
-						m = &matches[mi]
-					}
-					hr, err := t.httpRule(r, rule, m, i, !mesh)
-					if hr == nil {
-						return nil, err
-					}
-					if err != nil {
-						soft = err // the last rule's problem, as istiod reports it
-					}
-					out.http = append(out.http, hr)
-				}
-			}
-			return out, soft
+			return eachMatch(r.Spec.Rules, func(rule gwv1.HTTPRouteRule) []gwv1.HTTPRouteMatch { return rule.Matches },
+				func(rule gwv1.HTTPRouteRule, m *gwv1.HTTPRouteMatch, i int) (*networking.HTTPRoute, *configError) {
+					return t.httpRule(r, rule, m, i, !mesh)
+				})
 		}}
+}
+
+// eachMatch converts every match of every rule: one Istio rule per match, so that each sorts by
+// its own precedence, and one matching everything for a rule without matches. A rule that
+// cannot be converted at all fails the route; otherwise the last rule's problem is reported, as
+// istiod reports it.
+func eachMatch[R, M any](rules []R, matchesOf func(R) []M,
+	convert func(rule R, m *M, i int) (*networking.HTTPRoute, *configError)) (*converted, *configError) {
+	out := &converted{}
+	var soft *configError
+	for i, rule := range rules {
+		matches := matchesOf(rule)
+		for mi := range max(len(matches), 1) {
+			var m *M
+			if len(matches) > 0 {
+				m = &matches[mi]
+			}
+			hr, err := convert(rule, m, i)
+			if hr == nil {
+				return nil, err
+			}
+			if err != nil {
+				soft = err
+			}
+			out.http = append(out.http, hr)
+		}
+	}
+	return out, soft
 }
 
 func (t *translator) httpRule(r *gwv1.HTTPRoute, rule gwv1.HTTPRouteRule, m *gwv1.HTTPRouteMatch, i int, enforce bool) (*networking.HTTPRoute, *configError) {
@@ -488,29 +496,10 @@ func grpcRoute(t *translator, r *gwv1.GRPCRoute) route {
 	}
 	return route{kind: schema.GRPCRoute, obj: r, parents: r.Spec.ParentRefs, hostnames: r.Spec.Hostnames, backends: backends,
 		convert: func(mesh bool) (*converted, *configError) {
-			out := &converted{}
-			var soft *configError
-			for i, rule := range r.Spec.Rules {
-				matches := rule.Matches
-				if len(matches) == 0 {
-					matches = []gwv1.GRPCRouteMatch{{}}
-				}
-				for mi := range matches {
-					var m *gwv1.GRPCRouteMatch
-					if len(rule.Matches) > 0 {
-						m = &matches[mi]
-					}
-					hr, err := t.grpcRule(r, rule, m, i, !mesh)
-					if hr == nil {
-						return nil, err
-					}
-					if err != nil {
-						soft = err // the last rule's problem, as istiod reports it
-					}
-					out.http = append(out.http, hr)
-				}
-			}
-			return out, soft
+			return eachMatch(r.Spec.Rules, func(rule gwv1.GRPCRouteRule) []gwv1.GRPCRouteMatch { return rule.Matches },
+				func(rule gwv1.GRPCRouteRule, m *gwv1.GRPCRouteMatch, i int) (*networking.HTTPRoute, *configError) {
+					return t.grpcRule(r, rule, m, i, !mesh)
+				})
 		}}
 }
 
