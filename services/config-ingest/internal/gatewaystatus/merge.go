@@ -108,72 +108,62 @@ func MergeListenerSet(cur, want gwv1.ListenerSetStatus, now metav1.Time) gwv1.Li
 // times kept) or removed when want has none (the route no longer references that parent, or
 // it is no longer ours); want's new parents are appended.
 func MergeRoute(cur gwv1.RouteStatus, want []gwv1.RouteParentStatus, ns string, now metav1.Time) gwv1.RouteStatus {
-	out := []gwv1.RouteParentStatus{} // the CRDs require the list, even empty
-	used := make([]bool, len(want))
-	for _, p := range cur.Parents {
-		if !Ours(p.ControllerName) {
-			out = append(out, p)
-			continue
-		}
-		i := slices.IndexFunc(want, func(w gwv1.RouteParentStatus) bool {
-			return w.ControllerName == p.ControllerName && SameParent(w.ParentRef, p.ParentRef, ns)
-		})
-		if i < 0 || used[i] {
-			continue
-		}
-		used[i] = true
-		w := want[i]
-		w.Conditions = MergeConditions(p.Conditions, w.Conditions, now)
-		out = append(out, w)
-	}
-	for i, w := range want {
-		if used[i] {
-			continue
-		}
-		w.Conditions = MergeConditions(nil, w.Conditions, now)
-		out = append(out, w)
-	}
-	for i := range out {
-		if Ours(out[i].ControllerName) {
-			out[i].ParentRef = defaultRef(out[i].ParentRef)
-		}
-	}
-	return gwv1.RouteStatus{Parents: out}
+	return gwv1.RouteStatus{Parents: mergeEntries(cur.Parents, want, ns, now, func(p *gwv1.RouteParentStatus) entry {
+		return entry{p.ControllerName, &p.ParentRef, &p.Conditions}
+	})}
 }
 
 // MergePolicy is MergeRoute for a policy's ancestors.
 func MergePolicy(cur gwv1.PolicyStatus, want []gwv1.PolicyAncestorStatus, ns string, now metav1.Time) gwv1.PolicyStatus {
-	out := []gwv1.PolicyAncestorStatus{} // the CRDs require the list, even empty
+	return gwv1.PolicyStatus{Ancestors: mergeEntries(cur.Ancestors, want, ns, now, func(a *gwv1.PolicyAncestorStatus) entry {
+		return entry{a.ControllerName, &a.AncestorRef, &a.Conditions}
+	})}
+}
+
+// entry is what merging reads and writes of a route parent's or a policy ancestor's status.
+type entry struct {
+	controller gwv1.GatewayController
+	ref        *gwv1.ParentReference
+	conditions *[]metav1.Condition
+}
+
+// mergeEntries is MergeRoute's rule for any list of per-parent statuses.
+func mergeEntries[E any](cur, want []E, ns string, now metav1.Time, of func(*E) entry) []E {
+	out := []E{} // the CRDs require the list, even empty
 	used := make([]bool, len(want))
-	for _, a := range cur.Ancestors {
-		if !Ours(a.ControllerName) {
-			out = append(out, a)
+	for ci := range cur {
+		c := of(&cur[ci])
+		if !Ours(c.controller) {
+			out = append(out, cur[ci])
 			continue
 		}
-		i := slices.IndexFunc(want, func(w gwv1.PolicyAncestorStatus) bool {
-			return w.ControllerName == a.ControllerName && SameParent(w.AncestorRef, a.AncestorRef, ns)
+		i := slices.IndexFunc(want, func(w E) bool {
+			we := of(&w)
+			return we.controller == c.controller && SameParent(*we.ref, *c.ref, ns)
 		})
 		if i < 0 || used[i] {
 			continue
 		}
 		used[i] = true
 		w := want[i]
-		w.Conditions = MergeConditions(a.Conditions, w.Conditions, now)
+		we := of(&w)
+		*we.conditions = MergeConditions(*c.conditions, *we.conditions, now)
 		out = append(out, w)
 	}
 	for i, w := range want {
 		if used[i] {
 			continue
 		}
-		w.Conditions = MergeConditions(nil, w.Conditions, now)
+		we := of(&w)
+		*we.conditions = MergeConditions(nil, *we.conditions, now)
 		out = append(out, w)
 	}
 	for i := range out {
-		if Ours(out[i].ControllerName) {
-			out[i].AncestorRef = defaultRef(out[i].AncestorRef)
+		if e := of(&out[i]); Ours(e.controller) {
+			*e.ref = defaultRef(*e.ref)
 		}
 	}
-	return gwv1.PolicyStatus{Ancestors: out}
+	return out
 }
 
 // The API server fills in the status schema's defaults; the status to write has them already,
