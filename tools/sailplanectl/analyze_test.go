@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/types/known/structpb"
 	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
@@ -95,4 +96,66 @@ func squeeze(s string) string {
 		lines[i] = strings.Join(strings.Fields(l), " ")
 	}
 	return strings.Join(lines, "\n")
+}
+
+// TestAnalyzeGatewayAPI: Gateway API documents in files are analyzed with the Istio ones: a
+// parent that does not exist, one whose listener does not take the route, a missing backend.
+func TestAnalyzeGatewayAPI(t *testing.T) {
+	out, err := run(t, "analyze", "-f", "testdata/analyze-gatewayapi.yaml")
+	if !errors.Is(err, errFound) {
+		t.Errorf("err = %v, want errFound", err)
+	}
+	for _, want := range []string{
+		`Error IST0101 HTTPRoute demo/web testdata/analyze-gatewayapi.yaml document 3 spec.parentRefs[1] Referenced parent Gateway not found: "demo/private"`,
+		`Warning IST0171 HTTPRoute demo/web testdata/analyze-gatewayapi.yaml document 3 spec.parentRefs[0] A condition with a negative status is present: type=Accepted, reason=NoMatchingListenerHostname`,
+		`Error IST0101 HTTPRoute demo/web testdata/analyze-gatewayapi.yaml document 3 spec.rules[0].backendRefs[1] Referenced backend Service not found: "demo/api"`,
+	} {
+		if !strings.Contains(squeeze(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	// The Kubernetes Service in the file is the first backend.
+	if strings.Contains(out, `"demo/web"`) {
+		t.Errorf("backend web reported missing:\n%s", out)
+	}
+}
+
+// TestAnalyzeInfoPasses: an Info message (a Gateway of another controller's class) is printed
+// but fails nothing, even with --warnings-as-errors.
+func TestAnalyzeInfoPasses(t *testing.T) {
+	out, err := runIn(t, `apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: other, namespace: demo}
+spec:
+  gatewayClassName: nginx
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+`, "analyze", "--warnings-as-errors", "-f", "-")
+	if err != nil {
+		t.Errorf("err = %v, want none", err)
+	}
+	if want := "Info SPL0003 Gateway demo/other"; !strings.Contains(squeeze(out), want) {
+		t.Errorf("output lacks %q:\n%s", want, out)
+	}
+}
+
+// TestAnalyzeBusGatewayAPI: the Gateway API kinds a config bus serves (specs as
+// google.protobuf.Struct) are analyzed.
+func TestAnalyzeBusGatewayAPI(t *testing.T) {
+	spec, err := structpb.NewStruct(map[string]any{
+		"parentRefs": []any{map[string]any{"name": "missing"}},
+		"rules":      []any{map[string]any{"backendRefs": []any{map[string]any{"name": "web", "port": 80}}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := bus.NewStore()
+	cfg.Upsert(schema.HTTPRoute.TypeURL, &bus.Resource{Name: "demo/web", Body: spec})
+	cfg.Upsert(schema.Service.TypeURL, &bus.Resource{Name: "web.demo.svc.cluster.local", Body: &discoveryv1.Service{Hostname: "web.demo.svc.cluster.local", Namespace: "demo"}})
+	out, err := run(t, "analyze", "--bus", serveBus(t, cfg))
+	if !errors.Is(err, errFound) {
+		t.Errorf("err = %v, want errFound", err)
+	}
+	if want := `HTTPRoute demo/web spec.parentRefs[0] Referenced parent Gateway not found: "demo/missing"`; !strings.Contains(squeeze(out), want) {
+		t.Errorf("output lacks %q:\n%s", want, out)
+	}
 }

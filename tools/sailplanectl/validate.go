@@ -128,9 +128,10 @@ Exit code 1 when any resource is invalid (with --warnings-as-errors, also on war
 func report(cmd *cobra.Command, format string, msgs []analyze.Message, source string, warningsAsErrors bool) error {
 	errs, warnings := 0, 0
 	for _, m := range msgs {
-		if m.Level == analyze.Error {
+		switch m.Level {
+		case analyze.Error:
 			errs++
-		} else {
+		case analyze.Warning:
 			warnings++
 		}
 	}

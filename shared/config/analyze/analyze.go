@@ -20,7 +20,7 @@ const meshGateway = "mesh"
 // resource and field.
 func Analyze(s *Set) []Message {
 	var msgs []Message
-	for _, a := range []func(*Set) []Message{destinationSubsets, destinationHosts, gateways, conflictingVirtualServices, conflictingDestinationRules} {
+	for _, a := range []func(*Set) []Message{destinationSubsets, destinationHosts, gateways, conflictingVirtualServices, conflictingDestinationRules, gatewayAPI} {
 		msgs = append(msgs, a(s)...)
 	}
 	return Sort(msgs)
@@ -105,20 +105,9 @@ func destinationSubsets(s *Set) []Message {
 // ServiceEntry host (Istio's virtualservice.DestinationHostAnalyzer); so should a
 // DestinationRule's host (a warning, Istio's UnknownDestinationRuleHost).
 func destinationHosts(s *Set) []Message {
-	if s.NoRegistry {
+	known := s.knownHost()
+	if known == nil {
 		return nil
-	}
-	var hosts []string
-	for _, svc := range s.Services {
-		hosts = append(hosts, svc.GetHostname())
-	}
-	for _, se := range of[*networking.ServiceEntry](s, schema.ServiceEntry) {
-		for _, h := range se.spec.GetHosts() {
-			hosts = append(hosts, resolveHost(h, se.Namespace))
-		}
-	}
-	known := func(host string) bool {
-		return slices.ContainsFunc(hosts, func(h string) bool { return hostMatches(h, host) || hostMatches(host, h) })
 	}
 	var msgs []Message
 	for _, vs := range of[*networking.VirtualService](s, schema.VirtualService) {
@@ -140,6 +129,27 @@ func destinationHosts(s *Set) []Message {
 		}
 	}
 	return msgs
+}
+
+// knownHost reports whether a host is a service's: a registry service or a ServiceEntry host,
+// either covering the other. Nil when the registry was not read (NoRegistry): hosts are not
+// checked then.
+func (s *Set) knownHost() func(host string) bool {
+	if s.NoRegistry {
+		return nil
+	}
+	var hosts []string
+	for _, svc := range s.Services {
+		hosts = append(hosts, svc.GetHostname())
+	}
+	for _, se := range of[*networking.ServiceEntry](s, schema.ServiceEntry) {
+		for _, h := range se.spec.GetHosts() {
+			hosts = append(hosts, resolveHost(h, se.Namespace))
+		}
+	}
+	return func(host string) bool {
+		return slices.ContainsFunc(hosts, func(h string) bool { return hostMatches(h, host) || hostMatches(host, h) })
+	}
 }
 
 // gateways: a VirtualService's gateways must exist, "name" in its own namespace or "ns/name", and

@@ -1,7 +1,8 @@
-// Package analyze finds the problems a set of Istio config resources has together, which
-// validating each resource on its own cannot see: a VirtualService naming a subset no
-// DestinationRule defines, a gateway no Gateway resource is, a host no service has, two
-// DestinationRules or VirtualServices for one host. Messages use Istio's codes and texts
+// Package analyze finds the problems a set of Istio and Gateway API config resources has
+// together, which validating each resource on its own cannot see: a VirtualService naming a
+// subset no DestinationRule defines, a gateway no Gateway resource is, a host no service has, two
+// DestinationRules or VirtualServices for one host; a route whose parent or backend does not
+// exist or does not accept it, a reference without its ReferenceGrant. Messages use Istio's codes and texts
 // (istioctl analyze) where Istio has the check. It also reads config files the way config-ingest
 // does (Set.AddFile), so that `sailplanectl validate` and `analyze` report the same problems
 // config-ingest would.
@@ -21,6 +22,8 @@ type Level string
 const (
 	Error   Level = "Error"
 	Warning Level = "Warning"
+	// Info is worth knowing but not a problem; it never fails a command.
+	Info Level = "Info"
 )
 
 // Codes of the messages, Istio's (pkg/config/analysis/msg/messages.yaml) where Istio has the check,
@@ -36,12 +39,19 @@ const (
 	CodeVirtualServiceHostNotFoundInGateway = "IST0132"
 	// CodeUnknownDestinationRuleHost is Istio's UnknownDestinationRuleHost.
 	CodeUnknownDestinationRuleHost = "IST0174"
+	// CodeNegativeConditionStatus is Istio's NegativeConditionStatus: an object's status (here the
+	// one Translate computes) has a negative condition, e.g. a route its parent does not accept.
+	CodeNegativeConditionStatus = "IST0171"
 	// CodeSchemaWarning is Istio's SchemaWarning: valid, but Istio warns about it.
 	CodeSchemaWarning = "IST0158"
 	// CodeConflictingDestinationRules: two DestinationRules of one namespace for one host, without
 	// workload selectors. Istio merges them; Sailplane applies one (the oldest), so the other's
 	// settings are lost.
 	CodeConflictingDestinationRules = "SPL0001"
+	// CodeUnusedReferenceGrant: a ReferenceGrant no cross-namespace reference uses.
+	CodeUnusedReferenceGrant = "SPL0002"
+	// CodeGatewayClassNotServed: a Gateway of a class Sailplane does not serve.
+	CodeGatewayClassNotServed = "SPL0003"
 )
 
 // Message is one problem, with the resource and field it is about and where that resource was

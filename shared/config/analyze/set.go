@@ -35,10 +35,12 @@ type Set struct {
 type key struct{ typeURL, name string }
 
 // AddFile reads one file of YAML (or JSON) documents as config-ingest reads its folders: every
-// Istio document is parsed and validated on its own, and what is invalid is reported and left
-// out. Documents of other API groups (a manifest's Deployment beside its VirtualService) are not
-// Istio config and are skipped, except Kubernetes Services, which are kept as registry services.
-// An Istio kind Sailplane does not read (EnvoyFilter …) is an error, as for config-ingest.
+// Istio and Gateway API document is parsed and validated on its own, and what is invalid is
+// reported and left out. Documents of other API groups (a manifest's Deployment beside its
+// VirtualService) are not config and are skipped, except Kubernetes Services, which are kept as
+// registry services. An Istio or Gateway API kind Sailplane does not read (EnvoyFilter …) is an
+// error, as for config-ingest. Gateway API specs are not checked against their CRDs' schemas
+// here (that would link the API server's validators into sailplanectl); config-ingest does.
 func (s *Set) AddFile(file string, data []byte, defaultNamespace string) []Message {
 	var msgs []Message
 	for i, doc := range config.SplitDocuments(data) {
@@ -64,10 +66,11 @@ func (s *Set) AddFile(file string, data []byte, defaultNamespace string) []Messa
 	return msgs
 }
 
-// istioGroup reports whether apiVersion is of one of Istio's API groups (networking.istio.io …).
+// istioGroup reports whether apiVersion is of one of Istio's API groups (networking.istio.io …)
+// or the Gateway API's, which Sailplane reads as config too.
 func istioGroup(apiVersion string) bool {
 	group, _, ok := strings.Cut(apiVersion, "/")
-	return ok && (group == "istio.io" || strings.HasSuffix(group, ".istio.io"))
+	return ok && (group == "istio.io" || strings.HasSuffix(group, ".istio.io") || group == schema.GatewayAPIGroup)
 }
 
 // Add validates c and keeps it when valid and not a duplicate.
