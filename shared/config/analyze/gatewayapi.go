@@ -111,7 +111,8 @@ func gatewayAPI(s *Set) []Message {
 	msgs = append(msgs, certMsgs...)
 	msgs = append(msgs, g.statusMessages(out.Status, refused)...)
 	msgs = append(msgs, g.unusedGrants(grants)...)
-	return msgs
+	// A condition Translate writes for each parent or ancestor is one problem of the object.
+	return slices.Compact(Sort(msgs))
 }
 
 // classes: a Gateway of a class Sailplane does not serve is left to another controller, which
@@ -383,6 +384,29 @@ func (g *gwAPI) statusMessages(statuses []gatewayapi.Status, refused map[string]
 			})
 		}
 	}
+	// listeners reports a Gateway's or ListenerSet's conditions, and its listeners' but those of
+	// a listener with a refused reference (reported with the reference).
+	listeners := func(st gatewayapi.Status, conds []metav1.Condition, ls []listenerConditions) {
+		c, ok := g.src[srcKey(st.Kind.Kind, st.Namespace, st.Name)]
+		if !ok {
+			return
+		}
+		field := "" // a Gateway's own conditions are about all of it
+		if st.Kind.Kind == schema.ListenerSet.Kind {
+			field = "spec.parentRef" // whether its Gateway takes it
+		}
+		report(c, field, conds, nil)
+		names := g.listenerNames(st.Kind.Kind, st.Namespace, st.Name)
+		for _, l := range ls {
+			field := "spec.listeners"
+			if i := slices.Index(names, l.name); i >= 0 {
+				field = fmt.Sprintf("spec.listeners[%d]", i)
+			}
+			if !refused[srcKey(st.Kind.Kind, st.Namespace, st.Name)+" "+field] {
+				report(c, field, l.conditions, nil)
+			}
+		}
+	}
 	for _, st := range statuses {
 		switch v := st.Value.(type) {
 		case *gwv1.HTTPRouteStatus:
@@ -394,25 +418,43 @@ func (g *gwAPI) statusMessages(statuses []gatewayapi.Status, refused map[string]
 		case *gwv1.TLSRouteStatus:
 			routeParents(st, v.Parents)
 		case *gwv1.GatewayStatus:
+			var ls []listenerConditions
+			for _, l := range v.Listeners {
+				ls = append(ls, listenerConditions{l.Name, l.Conditions})
+			}
+			listeners(st, v.Conditions, ls)
+		case *gwv1.ListenerSetStatus:
+			var ls []listenerConditions
+			for _, l := range v.Listeners {
+				ls = append(ls, listenerConditions{l.Name, l.Conditions})
+			}
+			listeners(st, v.Conditions, ls)
+		case *gwv1.PolicyStatus:
 			c, ok := g.src[srcKey(st.Kind.Kind, st.Namespace, st.Name)]
 			if !ok {
 				continue
 			}
-			report(c, "", v.Conditions, nil)
-			names := g.listenerNames(st.Namespace, st.Name)
-			for _, l := range v.Listeners {
-				field := "spec.listeners"
-				if i := slices.Index(names, l.Name); i >= 0 {
-					field = fmt.Sprintf("spec.listeners[%d]", i)
+			for _, a := range v.Ancestors {
+				for _, cd := range a.Conditions {
+					field := "spec"
+					switch gwv1.PolicyConditionReason(cd.Reason) {
+					case gwv1.PolicyReasonTargetNotFound, gwv1.PolicyReasonConflicted:
+						field = "spec.targetRefs"
+					case gwv1.PolicyConditionReason(gwv1.BackendTLSPolicyReasonInvalidKind), gwv1.PolicyConditionReason(gwv1.BackendTLSPolicyReasonInvalidCACertificateRef),
+						gwv1.PolicyConditionReason(gwv1.BackendTLSPolicyReasonNoValidCACertificate):
+						field = "spec.validation.caCertificateRefs"
+					}
+					report(c, field, []metav1.Condition{cd}, nil)
 				}
-				if refused[srcKey(st.Kind.Kind, st.Namespace, st.Name)+" "+field] {
-					continue
-				}
-				report(c, field, l.Conditions, nil)
 			}
 		}
 	}
 	return msgs
+}
+
+type listenerConditions struct {
+	name       gwv1.SectionName
+	conditions []metav1.Condition
 }
 
 func (g *gwAPI) parentRefsOf(kind, ns, name string) []gwv1.ParentReference {
@@ -424,17 +466,26 @@ func (g *gwAPI) parentRefsOf(kind, ns, name string) []gwv1.ParentReference {
 	return nil
 }
 
-func (g *gwAPI) listenerNames(ns, name string) []gwv1.SectionName {
+func (g *gwAPI) listenerNames(kind, ns, name string) []gwv1.SectionName {
+	var out []gwv1.SectionName
+	if kind == schema.ListenerSet.Kind {
+		for _, ls := range g.in.ListenerSets {
+			if ls.Namespace == ns && ls.Name == name {
+				for _, l := range ls.Spec.Listeners {
+					out = append(out, l.Name)
+				}
+			}
+		}
+		return out
+	}
 	for _, gw := range g.in.Gateways {
 		if gw.Namespace == ns && gw.Name == name {
-			var out []gwv1.SectionName
 			for _, l := range gw.Spec.Listeners {
 				out = append(out, l.Name)
 			}
-			return out
 		}
 	}
-	return nil
+	return out
 }
 
 // sameParent reports whether two parentRefs of a route in ns name the same parent and section.
