@@ -100,7 +100,8 @@ func gatewayAPI(s *Set) []Message {
 	grants := newGrantIndex(g.in.ReferenceGrants)
 
 	msgs = append(msgs, g.classes()...)
-	for _, r := range g.routes() {
+	routes := g.routes()
+	for _, r := range routes {
 		c := g.src[srcKey(r.kind, r.ns, r.name)]
 		msgs = append(msgs, g.parentRefs(s, c, r, known)...)
 		for _, b := range r.backends {
@@ -109,7 +110,7 @@ func gatewayAPI(s *Set) []Message {
 	}
 	certMsgs, refused := g.certificateRefs(grants)
 	msgs = append(msgs, certMsgs...)
-	msgs = append(msgs, g.statusMessages(out.Status, refused)...)
+	msgs = append(msgs, g.statusMessages(out.Status, routes, refused)...)
 	msgs = append(msgs, g.unusedGrants(grants)...)
 	// A condition Translate writes for each parent or ancestor is one problem of the object.
 	return slices.Compact(Sort(msgs))
@@ -352,7 +353,11 @@ func (g *gwAPI) certificateRefs(grants *grantIndex) (msgs []Message, refused map
 // reference analyzers report with the field at fault is left out here: missing backends and
 // parent Services, references without a ReferenceGrant. Programmed is left out too: it needs
 // the Gateway's deployment, which files do not have.
-func (g *gwAPI) statusMessages(statuses []gatewayapi.Status, refused map[string]bool) []Message {
+func (g *gwAPI) statusMessages(statuses []gatewayapi.Status, routes []route, refused map[string]bool) []Message {
+	parentRefs := map[string][]gwv1.ParentReference{}
+	for _, r := range routes {
+		parentRefs[srcKey(r.kind, r.ns, r.name)] = r.parents
+	}
 	var msgs []Message
 	report := func(c config.Config, field string, conds []metav1.Condition, skip func(metav1.Condition) bool) {
 		for _, cd := range conds {
@@ -371,7 +376,7 @@ func (g *gwAPI) statusMessages(statuses []gatewayapi.Status, refused map[string]
 		if !ok {
 			return
 		}
-		refs := g.parentRefsOf(st.Kind.Kind, st.Namespace, st.Name)
+		refs := parentRefs[srcKey(st.Kind.Kind, st.Namespace, st.Name)]
 		for _, p := range parents {
 			field := "spec.parentRefs"
 			if i := slices.IndexFunc(refs, func(r gwv1.ParentReference) bool { return sameParent(r, p.ParentRef, st.Namespace) }); i >= 0 {
@@ -455,15 +460,6 @@ func (g *gwAPI) statusMessages(statuses []gatewayapi.Status, refused map[string]
 type listenerConditions struct {
 	name       gwv1.SectionName
 	conditions []metav1.Condition
-}
-
-func (g *gwAPI) parentRefsOf(kind, ns, name string) []gwv1.ParentReference {
-	for _, r := range g.routes() {
-		if r.kind == kind && r.ns == ns && r.name == name {
-			return r.parents
-		}
-	}
-	return nil
 }
 
 func (g *gwAPI) listenerNames(kind, ns, name string) []gwv1.SectionName {
