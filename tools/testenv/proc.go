@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -191,9 +193,11 @@ func logsOf(paths ...string) string {
 	return b.String()
 }
 
-// freePorts reserves n distinct loopback ports. They are released before
-// the child binds them, so another process could take one in between; all
-// are held until the last is picked so they are at least distinct.
+// freePorts reserves n distinct loopback ports. They are released before the child binds
+// them, so another process could take one in between; all are held until the last is picked
+// so they are at least distinct. They are picked below the kernel's ephemeral range: a process
+// restarted on its ports (Kube.StartAPIServer, Consul.StartAgent) finds them free again, where
+// an ephemeral port may meanwhile have become the source port of some outgoing connection.
 func freePorts(n int) ([]int, error) {
 	ls := make([]net.Listener, 0, n)
 	defer func() {
@@ -201,16 +205,38 @@ func freePorts(n int) ([]int, error) {
 			l.Close()
 		}
 	}()
+	lo, hi := stablePortRange()
 	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for attempts := 0; len(ports) < n; attempts++ {
+		addr := "127.0.0.1:0" // the ephemeral range, if the stable one is taken or too small
+		if attempts < 100*n && hi > lo {
+			addr = "127.0.0.1:" + strconv.Itoa(lo+rand.IntN(hi-lo))
+		}
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
+			if addr != "127.0.0.1:0" {
+				continue
+			}
 			return nil, fmt.Errorf("testenv: free port: %w", err)
 		}
 		ls = append(ls, l)
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// stablePortRange is [lo, hi): from 10000 up to the first ephemeral port
+// (/proc/sys/net/ipv4/ip_local_port_range, 32768 by default).
+func stablePortRange() (lo, hi int) {
+	hi = 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				hi = v
+			}
+		}
+	}
+	return 10000, hi
 }
 
 // waitFor polls check until it returns nil, the process exits, or ctx ends.
