@@ -136,6 +136,7 @@ const quietWindow = 300 * time.Millisecond
 func (s Scenario) RunGateways(ctx context.Context, g GatewayAPI) (*GatewayResult, error) {
 	log := cmp.Or(s.Logger, slog.New(slog.DiscardHandler))
 	s.Changes = cmp.Or(s.Changes, 40)
+	s.Proxies = g.Gateways // names the profiles
 	s.PhaseTimeout = cmp.Or(s.PhaseTimeout, 5*time.Minute)
 	s.Mesh.Namespace = cmp.Or(s.Mesh.Namespace, "load")
 	if s.Mesh.Services <= 0 || s.Mesh.Endpoints <= 0 || g.Gateways <= 0 || g.Routes < g.Gateways {
@@ -305,6 +306,8 @@ func (s Scenario) RunGateways(ctx context.Context, g GatewayAPI) (*GatewayResult
 
 	// Edits: one HTTPRoute file at a time, spread over the routes and so the Gateways.
 	meter.begin()
+	stopProfile := s.cpuProfile(ctx, "route_edit")
+	defer stopProfile()
 	var editLat []time.Duration
 	editMissing := 0
 	for n := range s.Changes {
@@ -348,6 +351,7 @@ func (s Scenario) RunGateways(ctx context.Context, g GatewayAPI) (*GatewayResult
 	res.RouteEdit = summarize(editLat, editMissing)
 	res.Phases["route_edit"] = meter.end()
 	memory("after_edits")
+	s.profile(ctx, "heap", "heap-gateways.pprof")
 	finish()
 	return res, nil
 }

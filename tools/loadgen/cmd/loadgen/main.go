@@ -45,7 +45,13 @@ func main() {
 		Long: `loadgen runs bounded scenarios. For each topology, protocol and proxy count it writes the
 mesh config, starts the control plane (or uses --xds for an external one), connects the
 sidecars (connect storm), changes a VirtualService --changes times and an endpoint --changes
-times, measuring when every proxy has the change, then stops everything.`,
+times, measuring when every proxy has the change, then stops everything.
+
+With --gateways N it runs the gateway scenario instead: N Gateways (class istio) and --routes
+HTTPRoutes (one file each) on the mesh's services, one simulated gateway proxy (router node)
+per Gateway; it edits --changes HTTPRoutes (default 40) one at a time, measuring each edit to
+its gateway proxy's ACK, counting pushes to the other gateways, and reads the serving
+process's memory from its /metrics.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
