@@ -10,7 +10,7 @@ PROTOC_GEN_GO := $(shell $(GO) env GOPATH)/bin/protoc-gen-go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
 LDFLAGS := $(if $(VERSION),-X sailplane.dev/shared/version.Version=$(VERSION))
 
-.PHONY: build run run-kube testenv crds test test-unit test-fuzz test-e2e bench bench-go bench-start bench-xds bench-xds-10k proto tidy fmt vet clean
+.PHONY: build run run-kube testenv crds test test-unit test-fuzz test-e2e bench bench-go bench-start bench-xds bench-xds-10k bench-gateway-api proto tidy fmt vet clean
 
 build:
 	@mkdir -p $(BIN)
@@ -74,7 +74,7 @@ test-e2e: build
 	SAILPLANE_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m ./e2e/...
 
 # Every benchmark; figures and commands are in docs/benchmarks.md.
-bench: bench-go bench-start bench-xds
+bench: bench-go bench-start bench-xds bench-gateway-api
 
 bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 5x ./shared/bus/...
@@ -91,6 +91,13 @@ bench-start: build
 	SAILPLANE_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench HyperStartToServing -benchtime 20x ./e2e/
 
 # xDS convergence at Istio's load-test size (2,000 sidecars, 1,000 services x 2 endpoints) and the
+# 50 Gateways with 1,000 HTTPRoutes in files mode, 50 simulated gateway proxies: HTTPRoute edit to
+# the gateway's ACK and hyper's memory; about 1.5 minutes. See docs/benchmarks.md.
+bench-gateway-api: build
+	$(GO) run ./tools/loadgen/cmd/loadgen --bin $(BIN) --topology hyper --protocol sotw,delta \
+		--gateways 50 --routes 1000 --services 100 --endpoints 2 --changes 40 \
+		--phase-timeout 2m --duration 5m --log-level warn
+
 # sweep behind docs/bench-xds-convergence.svg; about 3 minutes. See docs/benchmarks.md.
 bench-xds: build
 	BIN=$(CURDIR)/$(BIN) tools/loadgen/bench.sh

@@ -66,6 +66,9 @@ type ProxyConfig struct {
 	// of connections over several loopback addresses keeps each address's ephemeral ports
 	// from running out.
 	SourceIP string
+	// Router makes the proxy a gateway (node type "router", as istio-proxy in a gateway pod)
+	// instead of a sidecar.
+	Router bool
 }
 
 // ProxyIP is the address of proxy i: 198.18.0.0/15 is set aside for benchmarks.
@@ -119,6 +122,7 @@ type Proxy struct {
 	syncedAt atomic.Int64
 	opened   atomic.Int64
 	bytes    atomic.Int64
+	resps    atomic.Int64
 
 	mu    sync.Mutex // guards types against Watching, called by the driver
 	types map[string]*typeState
@@ -166,10 +170,14 @@ func NewProxy(cfg ProxyConfig) *Proxy {
 	if err != nil {
 		panic(err) // only strings and string maps: cannot fail
 	}
+	nodeType := "sidecar"
+	if cfg.Router {
+		nodeType = "router"
+	}
 	return &Proxy{
 		cfg: cfg, shared: cfg.Shared, log: log.With("proxy", cfg.Index),
 		node: &corev3.Node{
-			Id:       "sidecar~" + cfg.IP + "~" + pod + "." + cfg.Namespace + "~" + cfg.Namespace + ".svc.cluster.local",
+			Id:       nodeType + "~" + cfg.IP + "~" + pod + "." + cfg.Namespace + "~" + cfg.Namespace + ".svc.cluster.local",
 			Cluster:  "loadgen." + cfg.Namespace,
 			Metadata: md,
 		},
@@ -195,6 +203,9 @@ func (p *Proxy) SyncedAfter() (time.Duration, bool) {
 
 // BytesReceived counts the encoded size of every response the proxy got.
 func (p *Proxy) BytesReceived() int64 { return p.bytes.Load() }
+
+// Responses counts the responses the proxy got, of every type.
+func (p *Proxy) Responses() int64 { return p.resps.Load() }
 
 // Watching reports whether the proxy subscribes to resource name of typeURL (EDS or RDS).
 func (p *Proxy) Watching(typeURL, name string) bool {
@@ -323,6 +334,7 @@ func (p *Proxy) checkSynced() {
 
 func (p *Proxy) received(typeURL string, size int) {
 	p.bytes.Add(int64(size))
+	p.resps.Add(1)
 	p.shared.BytesReceived.Add(int64(size))
 	p.shared.Responses.Add(1)
 }

@@ -17,9 +17,11 @@ import (
 // Process is a control-plane binary the scenario started.
 type Process struct {
 	Name string
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
+	// Metrics is the process's monitoring address (GET /metrics), if it has one.
+	Metrics string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	err     error
 }
 
 // StartProcess runs bin with args in dir, its output in dir/<name>.log.

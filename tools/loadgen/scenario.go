@@ -456,6 +456,7 @@ func (s Scenario) start(ctx context.Context, dir string) ([]*Process, string, er
 		if err != nil {
 			return err
 		}
+		p.Metrics = monitoring
 		procs = append(procs, p)
 		return nil
 	}

@@ -37,6 +37,7 @@ func main() {
 		logLevel string
 		proxies  int
 		selfProf string
+		gwAPI    loadgen.GatewayAPI
 	)
 	cmd := &cobra.Command{
 		Use:   "loadgen",
@@ -44,7 +45,13 @@ func main() {
 		Long: `loadgen runs bounded scenarios. For each topology, protocol and proxy count it writes the
 mesh config, starts the control plane (or uses --xds for an external one), connects the
 sidecars (connect storm), changes a VirtualService --changes times and an endpoint --changes
-times, measuring when every proxy has the change, then stops everything.`,
+times, measuring when every proxy has the change, then stops everything.
+
+With --gateways N it runs the gateway scenario instead: N Gateways (class istio) and --routes
+HTTPRoutes (one file each) on the mesh's services, one simulated gateway proxy (router node)
+per Gateway; it edits --changes HTTPRoutes (default 40) one at a time, measuring each edit to
+its gateway proxy's ACK, counting pushes to the other gateways, and reads the serving
+process's memory from its /metrics.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -100,6 +107,9 @@ times, measuring when every proxy has the change, then stops everything.`,
 				default:
 					return fmt.Errorf("--protocol: want sotw, delta or both, got %q", m)
 				}
+			}
+			if gwAPI.Gateways > 0 {
+				return runGateways(ctx, sc, gwAPI, topos, modes, jsonOut, cmd.Flags().Changed("changes"))
 			}
 			var results []*loadgen.Result
 			var firstErr error
@@ -207,6 +217,8 @@ times, measuring when every proxy has the change, then stops everything.`,
 	f.StringVar(&mdOut, "markdown", "", "write a Markdown table of the results to this file")
 	f.StringVar(&fromJSON, "from-json", "", "do not run: report (table, --markdown, --plot) the results of an earlier --json")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn, error")
+	f.IntVar(&gwAPI.Gateways, "gateways", 0, "run the gateway scenario instead: this many Gateways (class istio), one simulated gateway proxy each")
+	f.IntVar(&gwAPI.Routes, "routes", 1000, "gateway scenario: HTTPRoutes spread over the Gateways, one file each; --changes of them are edited (default 40)")
 	f.StringVar(&selfProf, "self-cpuprofile", "", "write the load generator's own CPU profile (whole invocation) to this file")
 	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
 		if d, _ := cmd.Flags().GetBool("delta"); d && !cmd.Flags().Changed("protocol") {
@@ -218,6 +230,47 @@ times, measuring when every proxy has the change, then stops everything.`,
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
+}
+
+// runGateways runs the gateway scenario for each topology and protocol and reports it.
+func runGateways(ctx context.Context, sc loadgen.Scenario, g loadgen.GatewayAPI, topos string, modes []bool,
+	jsonOut string, changesSet bool) error {
+	if !changesSet {
+		sc.Changes = 40
+	}
+	var results []*loadgen.GatewayResult
+	var firstErr error
+	for topo := range strings.SplitSeq(topos, ",") {
+		for _, d := range modes {
+			run := sc
+			run.Topology, run.Delta = strings.TrimSpace(topo), d
+			sc.Logger.Info("running gateways", "topology", run.Topology, "delta", d, "gateways", g.Gateways, "routes", g.Routes)
+			r, err := run.RunGateways(ctx, g)
+			if r != nil {
+				results = append(results, r)
+			}
+			if err != nil {
+				sc.Logger.Error("scenario failed", "topology", run.Topology, "delta", d, "err", err)
+				firstErr = cmp(firstErr, err)
+			}
+			if ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	if err := loadgen.WriteGatewayTable(os.Stdout, results); err != nil {
+		return err
+	}
+	if jsonOut != "" {
+		b, err := json.MarshalIndent(results, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(jsonOut, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return firstErr
 }
 
 func cmp(a, b error) error {
