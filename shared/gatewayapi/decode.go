@@ -85,3 +85,55 @@ func KindOf(obj runtime.Object) schema.Kind {
 	}
 	return schema.Kind{}
 }
+
+// DecodeAny is Decode for a resource of any Gateway API kind, named by kind.
+func DecodeAny(kind schema.Kind, r *bus.Resource) (metav1.Object, error) {
+	switch kind.TypeURL {
+	case schema.GatewayClass.TypeURL:
+		return Decode[gwv1.GatewayClass](r)
+	case schema.KubernetesGateway.TypeURL:
+		return Decode[gwv1.Gateway](r)
+	case schema.ListenerSet.TypeURL:
+		return Decode[gwv1.ListenerSet](r)
+	case schema.HTTPRoute.TypeURL:
+		return Decode[gwv1.HTTPRoute](r)
+	case schema.GRPCRoute.TypeURL:
+		return Decode[gwv1.GRPCRoute](r)
+	case schema.TCPRoute.TypeURL:
+		return Decode[gwv1.TCPRoute](r)
+	case schema.TLSRoute.TypeURL:
+		return Decode[gwv1.TLSRoute](r)
+	case schema.ReferenceGrant.TypeURL:
+		return Decode[gwv1.ReferenceGrant](r)
+	case schema.BackendTLSPolicy.TypeURL:
+		return Decode[gwv1.BackendTLSPolicy](r)
+	}
+	return nil, fmt.Errorf("%s is not a Gateway API kind", kind.Kind)
+}
+
+// Add appends a decoded object to the list of its kind in the input; false for any other type.
+func (in *Input) Add(obj metav1.Object) bool {
+	switch o := obj.(type) {
+	case *gwv1.GatewayClass:
+		in.GatewayClasses = append(in.GatewayClasses, o)
+	case *gwv1.Gateway:
+		in.Gateways = append(in.Gateways, o)
+	case *gwv1.ListenerSet:
+		in.ListenerSets = append(in.ListenerSets, o)
+	case *gwv1.HTTPRoute:
+		in.HTTPRoutes = append(in.HTTPRoutes, o)
+	case *gwv1.GRPCRoute:
+		in.GRPCRoutes = append(in.GRPCRoutes, o)
+	case *gwv1.TCPRoute:
+		in.TCPRoutes = append(in.TCPRoutes, o)
+	case *gwv1.TLSRoute:
+		in.TLSRoutes = append(in.TLSRoutes, o)
+	case *gwv1.ReferenceGrant:
+		in.ReferenceGrants = append(in.ReferenceGrants, o)
+	case *gwv1.BackendTLSPolicy:
+		in.BackendTLSPolicies = append(in.BackendTLSPolicies, o)
+	default:
+		return false
+	}
+	return true
+}

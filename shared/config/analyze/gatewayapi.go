@@ -9,7 +9,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
-	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/gatewayapi"
 	"sailplane.dev/shared/schema"
@@ -34,27 +33,8 @@ func decodeGatewayAPI(s *Set) (*gwAPI, []Message) {
 			continue
 		}
 		r := c.Resource()
-		var err error
-		switch c.Kind.TypeURL {
-		case schema.GatewayClass.TypeURL:
-			err = decodeInto(&g.in.GatewayClasses, gatewayapi.Decode[gwv1.GatewayClass], r)
-		case schema.KubernetesGateway.TypeURL:
-			err = decodeInto(&g.in.Gateways, gatewayapi.Decode[gwv1.Gateway], r)
-		case schema.ListenerSet.TypeURL:
-			err = decodeInto(&g.in.ListenerSets, gatewayapi.Decode[gwv1.ListenerSet], r)
-		case schema.HTTPRoute.TypeURL:
-			err = decodeInto(&g.in.HTTPRoutes, gatewayapi.Decode[gwv1.HTTPRoute], r)
-		case schema.GRPCRoute.TypeURL:
-			err = decodeInto(&g.in.GRPCRoutes, gatewayapi.Decode[gwv1.GRPCRoute], r)
-		case schema.TCPRoute.TypeURL:
-			err = decodeInto(&g.in.TCPRoutes, gatewayapi.Decode[gwv1.TCPRoute], r)
-		case schema.TLSRoute.TypeURL:
-			err = decodeInto(&g.in.TLSRoutes, gatewayapi.Decode[gwv1.TLSRoute], r)
-		case schema.ReferenceGrant.TypeURL:
-			err = decodeInto(&g.in.ReferenceGrants, gatewayapi.Decode[gwv1.ReferenceGrant], r)
-		case schema.BackendTLSPolicy.TypeURL:
-			err = decodeInto(&g.in.BackendTLSPolicies, gatewayapi.Decode[gwv1.BackendTLSPolicy], r)
-		default:
+		obj, err := gatewayapi.DecodeAny(c.Kind, r)
+		if err == nil && !g.in.Add(obj) {
 			continue
 		}
 		if err != nil {
@@ -71,15 +51,6 @@ func decodeGatewayAPI(s *Set) (*gwAPI, []Message) {
 		g.src[srcKey(c.Kind.Kind, c.Namespace, c.Name)] = c
 	}
 	return g, msgs
-}
-
-func decodeInto[P any](list *[]P, decode func(*bus.Resource) (P, error), r *bus.Resource) error {
-	obj, err := decode(r)
-	if err != nil {
-		return err
-	}
-	*list = append(*list, obj)
-	return nil
 }
 
 // empty reports whether the Set has no Gateway API object to analyze.

@@ -4,9 +4,7 @@ import (
 	"errors"
 
 	networking "istio.io/api/networking/v1alpha3"
-	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
-	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/gatewayapi"
 	"sailplane.dev/shared/schema"
@@ -29,27 +27,12 @@ func FromConfigs(configs []config.Config, translate func(gatewayapi.Input) gatew
 			}
 			continue
 		}
-		r := c.Resource()
-		var err error
-		switch c.Kind.TypeURL {
-		case schema.GatewayClass.TypeURL:
-			err = add(&in.GatewayClasses, gatewayapi.Decode[gwv1.GatewayClass], r)
-		case schema.KubernetesGateway.TypeURL:
-			err = add(&in.Gateways, gatewayapi.Decode[gwv1.Gateway], r)
-		case schema.ListenerSet.TypeURL:
-			err = add(&in.ListenerSets, gatewayapi.Decode[gwv1.ListenerSet], r)
-		case schema.HTTPRoute.TypeURL:
-			err = add(&in.HTTPRoutes, gatewayapi.Decode[gwv1.HTTPRoute], r)
-		case schema.GRPCRoute.TypeURL:
-			err = add(&in.GRPCRoutes, gatewayapi.Decode[gwv1.GRPCRoute], r)
-		case schema.TCPRoute.TypeURL:
-			err = add(&in.TCPRoutes, gatewayapi.Decode[gwv1.TCPRoute], r)
-		case schema.TLSRoute.TypeURL:
-			err = add(&in.TLSRoutes, gatewayapi.Decode[gwv1.TLSRoute], r)
-		case schema.ReferenceGrant.TypeURL:
-			err = add(&in.ReferenceGrants, gatewayapi.Decode[gwv1.ReferenceGrant], r)
-		case schema.BackendTLSPolicy.TypeURL:
-			err = add(&in.BackendTLSPolicies, gatewayapi.Decode[gwv1.BackendTLSPolicy], r)
+		if c.Kind.Group != schema.GatewayAPIGroup {
+			continue
+		}
+		obj, err := gatewayapi.DecodeAny(c.Kind, c.Resource())
+		if err == nil {
+			in.Add(obj)
 		}
 		if err != nil {
 			errs = append(errs, err)
@@ -61,13 +44,4 @@ func FromConfigs(configs []config.Config, translate func(gatewayapi.Input) gatew
 	in.DomainSuffix = "cluster.local"
 	in.Services = newRegistry(nil, entries, in.DomainSuffix, nil)
 	return computed(translate(in).Status), errors.Join(errs...)
-}
-
-func add[P any](list *[]P, decode func(*bus.Resource) (P, error), r *bus.Resource) error {
-	obj, err := decode(r)
-	if err != nil {
-		return err
-	}
-	*list = append(*list, obj)
-	return nil
 }

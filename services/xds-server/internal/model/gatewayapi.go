@@ -42,37 +42,12 @@ func isGatewayAPI(kind schema.Kind) bool {
 	return slices.ContainsFunc(schema.GatewayAPI, func(k schema.Kind) bool { return k.TypeURL == kind.TypeURL })
 }
 
-// decodeGatewayAPI turns a bus resource of a Gateway API kind into its typed object.
-func decodeGatewayAPI(kind schema.Kind, r *bus.Resource) (metav1.Object, error) {
-	switch kind.TypeURL {
-	case schema.GatewayClass.TypeURL:
-		return gatewayapi.Decode[gwv1.GatewayClass](r)
-	case schema.KubernetesGateway.TypeURL:
-		return gatewayapi.Decode[gwv1.Gateway](r)
-	case schema.ListenerSet.TypeURL:
-		return gatewayapi.Decode[gwv1.ListenerSet](r)
-	case schema.HTTPRoute.TypeURL:
-		return gatewayapi.Decode[gwv1.HTTPRoute](r)
-	case schema.GRPCRoute.TypeURL:
-		return gatewayapi.Decode[gwv1.GRPCRoute](r)
-	case schema.TCPRoute.TypeURL:
-		return gatewayapi.Decode[gwv1.TCPRoute](r)
-	case schema.TLSRoute.TypeURL:
-		return gatewayapi.Decode[gwv1.TLSRoute](r)
-	case schema.ReferenceGrant.TypeURL:
-		return gatewayapi.Decode[gwv1.ReferenceGrant](r)
-	case schema.BackendTLSPolicy.TypeURL:
-		return gatewayapi.Decode[gwv1.BackendTLSPolicy](r)
-	}
-	return nil, fmt.Errorf("%s is not a Gateway API kind", kind.Kind)
-}
-
 // applyGatewayAPI decodes a change of a Gateway API kind, all or nothing, and stores the
 // objects; s.mu is held by the caller only for the store part.
 func (s *Store) decodeGatewayAPIChange(kind schema.Kind, c bus.Change) (map[string]metav1.Object, error) {
 	out := make(map[string]metav1.Object, len(c.Updated))
 	for _, r := range c.Updated {
-		obj, err := decodeGatewayAPI(kind, r)
+		obj, err := gatewayapi.DecodeAny(kind, r)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrRejected, err)
 		}
