@@ -11,6 +11,7 @@ import (
 	"github.com/miekg/dns"
 
 	"sailplane.dev/e2e/framework"
+	"sailplane.dev/shared/dnstest"
 	"sailplane.dev/shared/spiffe"
 )
 
@@ -120,42 +121,17 @@ func startNameserver(t *testing.T) string {
 		}
 		_ = w.WriteMsg(m)
 	})
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, srv := range []*dns.Server{{PacketConn: pc, Handler: h}, {Listener: l, Handler: h}} {
-		started := make(chan struct{})
-		srv.NotifyStartedFunc = func() { close(started) }
-		done := make(chan struct{})
-		go func() { defer close(done); _ = srv.ActivateAndServe() }()
-		<-started
-		t.Cleanup(func() { _ = srv.Shutdown(); <-done })
-	}
-	_, port, _ := net.SplitHostPort(pc.LocalAddr().String())
-	return port
+	return dnstest.Serve(t, h)
 }
 
 // freeUDPAddr is a loopback address free for both UDP and TCP when chosen.
 func freeUDPAddr(t *testing.T) string {
 	t.Helper()
-	for range 20 {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := pc.LocalAddr().String()
-		l, err := net.Listen("tcp", addr)
-		_ = pc.Close()
-		if err == nil {
-			_ = l.Close()
-			return addr
-		}
+	pc, l, err := dnstest.Listen()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no loopback port free for both UDP and TCP")
-	return ""
+	addr := pc.LocalAddr().String()
+	_, _ = pc.Close(), l.Close()
+	return addr
 }

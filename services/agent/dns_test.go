@@ -16,6 +16,7 @@ import (
 
 	ndsv1 "sailplane.dev/proto/istio/networking/nds/v1"
 	ca "sailplane.dev/services/ca"
+	"sailplane.dev/shared/dnstest"
 	"sailplane.dev/shared/workloadcert"
 	"sailplane.dev/shared/xdstype"
 	"sailplane.dev/tools/testenv"
@@ -97,24 +98,7 @@ func startUpstreamDNS(t *testing.T) string {
 		}
 		_ = w.WriteMsg(m)
 	})
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, srv := range []*dns.Server{{PacketConn: pc, Handler: h}, {Listener: l, Handler: h}} {
-		started := make(chan struct{})
-		srv.NotifyStartedFunc = func() { close(started) }
-		done := make(chan struct{})
-		go func() { defer close(done); _ = srv.ActivateAndServe() }()
-		<-started
-		t.Cleanup(func() { _ = srv.Shutdown(); <-done })
-	}
-	_, port, _ := net.SplitHostPort(pc.LocalAddr().String())
-	return port
+	return dnstest.Serve(t, h)
 }
 
 // lookupA asks addr over proto and returns the A answers as text, "" for none.

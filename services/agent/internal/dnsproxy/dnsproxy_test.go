@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	ndsv1 "sailplane.dev/proto/istio/networking/nds/v1"
+	"sailplane.dev/shared/dnstest"
 	"sailplane.dev/shared/testlog"
 )
 
@@ -48,23 +49,7 @@ func startUpstream(t *testing.T) *upstream {
 		}
 		_ = w.WriteMsg(m)
 	})
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, srv := range []*dns.Server{{PacketConn: pc, Handler: h}, {Listener: l, Handler: h}} {
-		started := make(chan struct{})
-		srv.NotifyStartedFunc = func() { close(started) }
-		done := make(chan struct{})
-		go func() { defer close(done); _ = srv.ActivateAndServe() }()
-		<-started
-		t.Cleanup(func() { _ = srv.Shutdown(); <-done })
-	}
-	_, u.port, _ = net.SplitHostPort(pc.LocalAddr().String())
+	u.port = dnstest.Serve(t, h)
 	return u
 }
 

@@ -111,16 +111,30 @@ func (s *Server) Addrs() []net.Addr {
 // Bound is closed once Run listens.
 func (s *Server) Bound() <-chan struct{} { return s.bound }
 
+// listen binds UDP and TCP on addr's port. For port 0 the kernel picks the UDP port, and
+// another is tried when that one is taken for TCP.
+func listen(addr string) (net.PacketConn, net.Listener, error) {
+	_, port, _ := net.SplitHostPort(addr)
+	for attempt := 0; ; attempt++ {
+		pc, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		l, err := net.Listen("tcp", pc.LocalAddr().String())
+		if err == nil {
+			return pc, l, nil
+		}
+		_ = pc.Close()
+		if port != "0" || attempt == 20 {
+			return nil, nil, err
+		}
+	}
+}
+
 // Run serves UDP and TCP until ctx ends.
 func (s *Server) Run(ctx context.Context) error {
-	pc, err := net.ListenPacket("udp", s.cfg.Addr)
+	pc, l, err := listen(s.cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("dns proxy: %w", err)
-	}
-	// TCP on the same port as UDP, which may have been chosen by the system (port 0).
-	l, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		_ = pc.Close()
 		return fmt.Errorf("dns proxy: %w", err)
 	}
 	udpClient := &dns.Client{Net: "udp", Timeout: s.cfg.UpstreamTimeout}
