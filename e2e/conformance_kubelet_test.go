@@ -141,7 +141,10 @@ func (k *conformanceKubelet) sync(ctx context.Context) {
 		}
 		var ready int32
 		for i := range replicas {
-			name := fmt.Sprintf("%s-%d", d.Name, i)
+			// Named as the ReplicaSet controller names them (<deployment>-<template>-<pod>): the
+			// suite finds a request's backend by cutting the last two parts of the pod name. A
+			// new generation replaces the pods, as a rollout would.
+			name := fmt.Sprintf("%s-g%d-%d", d.Name, d.Generation, i)
 			pkey := d.Namespace + "/" + name
 			want[pkey] = true
 			if _, ok := k.pods[pkey]; !ok {
@@ -269,6 +272,7 @@ func (k *conformanceKubelet) startPod(ctx context.Context, d *appsv1.Deployment,
 	}
 	cs := k.kube.Clientset
 	spec := *d.Spec.Template.Spec.DeepCopy()
+	spec.NodeName = "sailplane-e2e-node" // the node this stand-in kubelet is
 	pod, err := cs.CoreV1().Pods(d.Namespace).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: d.Namespace, Labels: maps.Clone(d.Spec.Template.Labels)},
 		Spec:       spec,

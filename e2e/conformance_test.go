@@ -50,8 +50,6 @@ var conformanceKnownFailures = map[string]string{
 	"GatewayWithAttachedRoutes":      "subtest 'AttachedRoutes set even when Gateway has unresolved refs': the unresolved certificate Secret is not detected (same cause)",
 	"HTTPRouteCrossNamespace":        "request to web-backend in another namespace not answered as expected; not investigated yet",
 	"HTTPRouteRedirectHostAndStatus": "simulated hostname redirect not as expected; not investigated yet (simulator or translation)",
-	"HTTPRouteServiceTypes":          "not investigated yet (Services with manual EndpointSlices / headless)",
-	"HTTPRouteWeight":                "distribution check fails; not investigated yet (simulator's pick or weights)",
 }
 
 // TestGatewayAPIConformance runs the upstream Gateway API conformance suite (v1.6.3) against
