@@ -353,3 +353,12 @@ func (h *TestHost) SetLinkUp(up bool) error {
 	}
 	return ipCmd("link", "set", h.veth, state)
 }
+
+// OpenTestHost creates a test host that the caller closes: for hosts made and removed while a
+// test runs, from goroutines that must not fail the test themselves (a stand-in kubelet).
+func OpenTestHost() (*TestHost, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("network namespaces need root (CI runs as root)")
+	}
+	return newTestHost()
+}

@@ -505,6 +505,10 @@ func redirectLocation(ra *routev3.RedirectAction, m *routev3.RouteMatch, h *http
 	p, q := h.pathOnly(), h.query()
 	switch ps := ra.GetPathRewriteSpecifier().(type) {
 	case *routev3.RedirectAction_PathRedirect:
+		// Envoy keeps the request's path when path_redirect is empty (istiod always sets it).
+		if ps.PathRedirect == "" {
+			break
+		}
 		if strings.Contains(ps.PathRedirect, "?") {
 			p, q = ps.PathRedirect, ""
 		} else {

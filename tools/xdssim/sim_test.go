@@ -435,6 +435,8 @@ func TestRedirectLocation(t *testing.T) {
 		{"port given replaces the request's", &routev3.RedirectAction{PortRedirect: 8443}, nil, "h:80", "/", "", "http://h:8443/", 301},
 		{"port given is kept even if default", &routev3.RedirectAction{SchemeRewriteSpecifier: https, PortRedirect: 443}, nil, "h", "/", "", "https://h:443/", 301},
 		{"host redirect drops nothing of its own", &routev3.RedirectAction{HostRedirect: "x:9"}, nil, "h:80", "/", "", "http://x:9/", 301},
+		{"empty path redirect keeps the path (as istiod sends a host redirect)", &routev3.RedirectAction{HostRedirect: "example.org",
+			PathRewriteSpecifier: &routev3.RedirectAction_PathRedirect{PathRedirect: ""}}, nil, "h", "/o?q=1", "", "http://example.org/o?q=1", 301},
 		{"path redirect keeps the query", &routev3.RedirectAction{PathRewriteSpecifier: &routev3.RedirectAction_PathRedirect{PathRedirect: "/n"}}, nil, "h", "/o?q=1", "", "http://h/n?q=1", 301},
 		{"path redirect's query wins and is not stripped", &routev3.RedirectAction{StripQuery: true,
 			PathRewriteSpecifier: &routev3.RedirectAction_PathRedirect{PathRedirect: "/n?z"}}, nil, "h", "/o?q=1", "", "http://h/n?z", 301},

@@ -1,0 +1,184 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/sets"
+	clientset "k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	"sigs.k8s.io/gateway-api/apis/v1alpha2"
+	"sigs.k8s.io/gateway-api/apis/v1alpha3"
+	"sigs.k8s.io/gateway-api/apis/v1beta1"
+	gwconformance "sigs.k8s.io/gateway-api/conformance"
+	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
+	"sigs.k8s.io/gateway-api/conformance/utils/config"
+	"sigs.k8s.io/gateway-api/conformance/utils/suite"
+	"sigs.k8s.io/gateway-api/pkg/features"
+	"sigs.k8s.io/yaml"
+
+	"sailplane.dev/e2e/framework"
+	"sailplane.dev/tools/testenv"
+	"sailplane.dev/tools/xdsdiff"
+	"sailplane.dev/tools/xdssim/conformance"
+)
+
+// conformanceReport is where the suite's report is written, relative to the e2e module.
+const conformanceReport = "../docs/conformance/gateway-api-v1.6.3-hyper.yaml"
+
+// conformanceSkips are the suite's tests that cannot run here, with why (docs/gateway-api.md):
+// the simulator is the gateway's proxy, so what needs a real handshake with the gateway or a
+// filter other than the router is not run, and never counted as passed.
+var conformanceSkips = map[string]string{}
+
+// conformanceKnownFailures fail against Sailplane today. They are skipped in make test, so
+// that any other test failing is noticed, and run when the report is refreshed
+// (UPDATE_GOLDEN=1), so that docs/conformance records them as failed.
+var conformanceKnownFailures = map[string]string{
+	"GatewayInvalidTLSConfiguration": "config-ingest does not read Secrets (gatewayapi.Secrets is not implemented by its registry): a missing or malformed certificate Secret leaves the listener ResolvedRefs True",
+	"GatewayWithAttachedRoutes":      "subtest 'AttachedRoutes set even when Gateway has unresolved refs': the listener's missing certificate Secret is not detected (same cause), so it is Programmed True where False is expected",
+	"HTTPRouteCrossNamespace":        "the route in gateway-conformance-web-backend gets Accepted, but the simulated gateway answers 404 (no route served for it); not investigated yet",
+}
+
+// TestGatewayAPIConformance runs the upstream Gateway API conformance suite (v1.6.3) against
+// hyper on the test environment's API server. conformanceKubelet runs the suite's echo
+// backends as real processes in test hosts and stands in for the controllers an API server
+// alone lacks; tools/xdssim/conformance is the gateway's Envoy, over the xDS hyper serves the
+// gateway's router node. It writes the suite's report to docs/conformance.
+func TestGatewayAPIConformance(t *testing.T) {
+	start := time.Now()
+	k := testenv.KubeForTest(t, testenv.WithGatewayAPICRDs())
+	kube := framework.NewKube(t, k.RestConfig())
+	kube.EnsureNamespace(t, "istio-system")
+	sp := startHyperOnKube(t, k, kube)
+	kube.Apply(t, `apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: istio}
+spec: {controllerName: istio.io/gateway-controller}
+`)
+	kl := startConformanceKubelet(t, kube, buildEchoBasic(t))
+
+	rt := &conformance.RoundTripper{Fetch: func(ctx context.Context, gatewayAddr string) (xdsdiff.Snapshot, error) {
+		ip, _, err := net.SplitHostPort(gatewayAddr)
+		if err != nil {
+			ip = gatewayAddr
+		}
+		key, ok := kl.gateway(ip)
+		if !ok {
+			return xdsdiff.Snapshot{}, fmt.Errorf("no gateway has address %s", ip)
+		}
+		ns, name, _ := strings.Cut(key, "/")
+		dep, err := kube.Clientset.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return xdsdiff.Snapshot{}, err
+		}
+		// The router node a pod of the generated Deployment runs, as its agent announces it.
+		lbls := map[string]any{}
+		for k, v := range dep.Spec.Template.Labels {
+			lbls[k] = v
+		}
+		node := framework.XDSNode{
+			ID: fmt.Sprintf("router~%s~%s-0.%s~%s.svc.cluster.local", ip, name, ns, ns),
+			Metadata: map[string]any{"NAMESPACE": ns, "LABELS": lbls, "SERVICE_ACCOUNT": dep.Spec.Template.Spec.ServiceAccountName,
+				"CLUSTER_ID": "Kubernetes"},
+		}
+		return framework.FetchXDS(ctx, sp.xds, node, 300*time.Millisecond)
+	}}
+
+	c, err := client.New(k.RestConfig(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, install := range []func(*runtime.Scheme) error{v1alpha3.Install, v1alpha2.Install, v1beta1.Install, gwv1.Install, apiextensionsv1.AddToScheme} {
+		if err := install(c.Scheme()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cs, err := clientset.NewForConfig(k.RestConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	report, err := filepath.Abs(conformanceReport)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpReport := filepath.Join(t.TempDir(), "report.yaml")
+	timeouts := config.DefaultTimeoutConfig()
+	var skips []string
+	for name := range conformanceSkips {
+		skips = append(skips, name)
+	}
+	update := os.Getenv("UPDATE_GOLDEN") != ""
+	if !update {
+		for name := range conformanceKnownFailures {
+			skips = append(skips, name)
+		}
+	}
+	opts := suite.ConformanceOptions{
+		ConfigurableOptions: suite.ConfigurableOptions{
+			GatewayClassName:     "istio",
+			CleanupBaseResources: false,
+			CleanupTestResources: true,
+			TimeoutConfig:        timeouts,
+			SupportedFeatures:    sailplaneGatewayFeatures.UnsortedList(),
+			ConformanceProfiles:  []suite.ConformanceProfileName{suite.GatewayHTTPConformanceProfileName},
+			SkipTests:            skips,
+			ReportOutputPath:     tmpReport,
+			RunTest:              os.Getenv("CONFORMANCE_RUN_TEST"),
+			Implementation: confv1.Implementation{
+				Organization: "sailplane", Project: "sailplane", URL: "https://sailplane.dev", Version: "main",
+				Contact: []string{"https://sailplane.dev"},
+			},
+			Mode: "hyper",
+		},
+		Client: c, Clientset: cs, RestConfig: k.RestConfig(),
+		RoundTripper: rt, GRPCClient: &conformance.GRPCClient{RT: rt},
+	}
+	t.Run("suite", func(t *testing.T) { gwconformance.RunConformanceWithOptions(t, opts) })
+	t.Logf("conformance suite took %s", time.Since(start).Round(time.Second))
+	data, err := os.ReadFile(tmpReport)
+	if err != nil {
+		t.Fatalf("suite report: %v", err)
+	}
+	var got confv1.ConformanceReport
+	if err := yaml.Unmarshal(data, &got); err != nil {
+		t.Fatalf("suite report: %v", err)
+	}
+	if update && opts.RunTest == "" {
+		if err := os.MkdirAll(filepath.Dir(report), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(report, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// sailplaneGatewayFeatures are the features Sailplane claims for the Gateway HTTP profile.
+var sailplaneGatewayFeatures = sets.New(
+	features.SupportGateway,
+	features.SupportReferenceGrant,
+	features.SupportHTTPRoute,
+)
+
+func buildEchoBasic(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "echo-basic")
+	cmd := exec.Command("go", "build", "-o", bin, "sigs.k8s.io/gateway-api/conformance/echo-basic")
+	cmd.Dir = "../tools"
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build echo-basic: %v\n%s", err, out)
+	}
+	return bin
+}
