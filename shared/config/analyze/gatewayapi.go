@@ -131,45 +131,40 @@ type backendRef struct {
 
 func (g *gwAPI) routes() []route {
 	var out []route
-	mirrors := func(field string, f gwv1.HTTPRouteFilter) []backendRef {
-		if f.RequestMirror == nil {
+	// Both route kinds' filters mirror with the same filter type.
+	mirrors := func(field string, m *gwv1.HTTPRequestMirrorFilter) []backendRef {
+		if m == nil {
 			return nil
 		}
-		return []backendRef{{field + ".requestMirror.backendRef", f.RequestMirror.BackendRef}}
+		return []backendRef{{field + ".requestMirror.backendRef", m.BackendRef}}
 	}
 	for _, r := range g.in.HTTPRoutes {
 		rt := route{kind: schema.HTTPRoute.Kind, ns: r.Namespace, name: r.Name, parents: r.Spec.ParentRefs}
 		for i, rule := range r.Spec.Rules {
 			for k, f := range rule.Filters {
-				rt.backends = append(rt.backends, mirrors(fmt.Sprintf("spec.rules[%d].filters[%d]", i, k), f)...)
+				rt.backends = append(rt.backends, mirrors(fmt.Sprintf("spec.rules[%d].filters[%d]", i, k), f.RequestMirror)...)
 			}
 			for j, b := range rule.BackendRefs {
 				field := fmt.Sprintf("spec.rules[%d].backendRefs[%d]", i, j)
 				rt.backends = append(rt.backends, backendRef{field, b.BackendObjectReference})
 				for k, f := range b.Filters {
-					rt.backends = append(rt.backends, mirrors(fmt.Sprintf("%s.filters[%d]", field, k), f)...)
+					rt.backends = append(rt.backends, mirrors(fmt.Sprintf("%s.filters[%d]", field, k), f.RequestMirror)...)
 				}
 			}
 		}
 		out = append(out, rt)
 	}
-	grpcMirrors := func(field string, f gwv1.GRPCRouteFilter) []backendRef {
-		if f.RequestMirror == nil {
-			return nil
-		}
-		return []backendRef{{field + ".requestMirror.backendRef", f.RequestMirror.BackendRef}}
-	}
 	for _, r := range g.in.GRPCRoutes {
 		rt := route{kind: schema.GRPCRoute.Kind, ns: r.Namespace, name: r.Name, parents: r.Spec.ParentRefs}
 		for i, rule := range r.Spec.Rules {
 			for k, f := range rule.Filters {
-				rt.backends = append(rt.backends, grpcMirrors(fmt.Sprintf("spec.rules[%d].filters[%d]", i, k), f)...)
+				rt.backends = append(rt.backends, mirrors(fmt.Sprintf("spec.rules[%d].filters[%d]", i, k), f.RequestMirror)...)
 			}
 			for j, b := range rule.BackendRefs {
 				field := fmt.Sprintf("spec.rules[%d].backendRefs[%d]", i, j)
 				rt.backends = append(rt.backends, backendRef{field, b.BackendObjectReference})
 				for k, f := range b.Filters {
-					rt.backends = append(rt.backends, grpcMirrors(fmt.Sprintf("%s.filters[%d]", field, k), f)...)
+					rt.backends = append(rt.backends, mirrors(fmt.Sprintf("%s.filters[%d]", field, k), f.RequestMirror)...)
 				}
 			}
 		}
