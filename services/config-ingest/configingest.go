@@ -102,6 +102,12 @@ type Config struct {
 	// Sailplane's classes, as istiod's gateway deployment controller (gatewaydeploy): written by
 	// the replica holding the StatusLease. The flags default it to true.
 	GatewayDeployment bool
+	// GatewaySecrets (Kubernetes mode) reads Secrets and ConfigMaps, as istiod, so that the
+	// Gateway API status finds a listener's (or BackendTLSPolicy's) certificate reference to a
+	// missing or malformed one invalid; only each object's verdict is kept, never its data. Off,
+	// references are taken as valid (the proxies' SDS reports what it cannot serve). The flags
+	// default it to true.
+	GatewaySecrets bool
 }
 
 // Deps are the service's collaborators.
@@ -223,7 +229,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		}
 		s.gwStatus, err = gatewaystatus.New(cfg.Kube, gatewaystatus.Config{
 			Translate: gatewayapi.Translate, Leader: leader, Revision: cfg.Revision, ServiceReady: serviceReady,
-			Logger: gwLog, MeterProvider: deps.MeterProvider,
+			Credentials: cfg.GatewaySecrets, Logger: gwLog, MeterProvider: deps.MeterProvider,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("config-ingest: %w", err)

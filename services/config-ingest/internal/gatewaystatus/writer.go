@@ -84,6 +84,12 @@ type Config struct {
 	// ready replica): a Gateway is Programmed only once its Service is ready. A Service it
 	// does not know counts as ready. Call Changed when its answers may have changed.
 	ServiceReady func(namespace, name string) (ready, known bool)
+	// Credentials checks the Secrets and ConfigMaps that listeners' certificateRefs, Gateways'
+	// caCertificateRefs and BackendTLSPolicies name (gatewayapi.Secrets), as istiod: a missing or
+	// malformed one makes its listener or policy invalid. Only each object's verdict is kept,
+	// never its data. It needs list and watch on Secrets and ConfigMaps in every namespace;
+	// without them (or unset) references are taken as valid.
+	Credentials bool
 	// Now is the clock of lastTransitionTime; time.Now when nil.
 	Now func() time.Time
 	// Logger; discarded when nil.
@@ -102,12 +108,14 @@ type Writer struct {
 	limiter *rate.Limiter
 	writes  metric.Int64Counter
 
-	kinds     map[string]*kind
-	services  cache.SharedIndexInformer
-	entries   cache.SharedIndexInformer
-	grants    cache.SharedIndexInformer // ReferenceGrants: read by Translate, no status
-	ns        cache.SharedIndexInformer
-	factories []interface {
+	kinds    map[string]*kind
+	services cache.SharedIndexInformer
+	entries  cache.SharedIndexInformer
+	grants   cache.SharedIndexInformer // ReferenceGrants: read by Translate, no status
+	ns       cache.SharedIndexInformer
+	// secrets and configMaps hold credentials (Config.Credentials); nil when not read.
+	secrets, configMaps cache.SharedIndexInformer
+	factories           []interface {
 		Start(<-chan struct{})
 		Shutdown()
 	}
@@ -206,6 +214,18 @@ func (w *Writer) Run(ctx context.Context) error {
 	}
 	for _, inf := range informers {
 		w.watch(inf, "")
+	}
+	if w.cfg.Credentials {
+		if ok, why := mayReadCredentials(ctx, w.kube); !ok {
+			w.log.Warn("the certificates Gateways and BackendTLSPolicies reference are not checked: grant the ClusterRole "+
+				"sailplane-gateway-credentials, or set --gateway-secrets=false", "reason", why)
+		} else {
+			var err error
+			if w.secrets, w.configMaps, err = w.watchCredentials(); err != nil {
+				return err
+			}
+			informers = append(informers, w.secrets, w.configMaps)
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -382,7 +402,11 @@ func (w *Writer) compute() {
 	for _, se := range listOf[*networkingv1.ServiceEntry](w.entries.GetStore().List()) {
 		entries = append(entries, serviceEntry{ns: se.Namespace, spec: &se.Spec})
 	}
-	in.Services = newRegistry(listOf[*corev1.Service](w.services.GetStore().List()), entries, w.cfg.DomainSuffix, w.cfg.ServiceReady)
+	reg := newRegistry(listOf[*corev1.Service](w.services.GetStore().List()), entries, w.cfg.DomainSuffix, w.cfg.ServiceReady)
+	in.Services = reg
+	if w.secrets != nil {
+		in.Services = credentialRegistry{registry: reg, secrets: w.secrets.GetStore(), configMaps: w.configMaps.GetStore()}
+	}
 	// Listeners' allowedRoutes namespace selectors match these.
 	in.NamespaceLabels = map[string]map[string]string{}
 	for _, n := range listOf[*corev1.Namespace](w.ns.GetStore().List()) {
