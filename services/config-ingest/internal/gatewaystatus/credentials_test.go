@@ -45,9 +45,9 @@ func TestCredentialVerdicts(t *testing.T) {
 	otherCert, _ := selfSigned(t)
 	garbage := []byte("Hello world\n")
 	for _, tc := range []struct {
-		name            string
-		data            map[string][]byte
-		configMap       bool
+		name             string
+		data             map[string][]byte
+		configMap        bool
 		wantPair, wantCA string // substrings of the error, "" valid
 	}{
 		{name: "tls layout", data: map[string][]byte{"tls.crt": cert, "tls.key": key}, wantCA: `didn't have expected keys cacert or ca.crt; found: tls.crt, tls.key`},
