@@ -322,6 +322,12 @@ func serviceNeeds(caNamespace string) map[string][]access {
 		ingest = append(ingest, access{verb: "create", group: r.group, resource: r.resource, namespace: r.namespace})
 	}
 	ingest = append(ingest, each([]string{"get", "list", "watch"}, access{resource: "configmaps"})...)
+	// The certificates Gateways and BackendTLSPolicies reference (--gateway-secrets): Secrets
+	// watched everywhere (ConfigMaps as above). With the ca segregated, not: that would reach
+	// the signing key's namespace.
+	if caNamespace == "istio-system" {
+		ingest = append(ingest, each(read, access{resource: "secrets"})...)
+	}
 
 	var watcher []access
 	for _, r := range []string{"services", "pods", "nodes"} {
@@ -367,7 +373,8 @@ func serviceNeeds(caNamespace string) map[string][]access {
 }
 
 // neverAllowed is refused to every Sailplane account. Listing Secrets everywhere is xds-server's
-// need alone (credentialName, as istiod), checked with the others' needs.
+// need (credentialName, as istiod) and config-ingest's (the Gateway API status), checked with
+// the others' needs.
 var neverAllowed = []access{
 	{verb: "get", resource: "secrets", namespace: "default", name: "any"},
 	{verb: "update", resource: "secrets", namespace: "default", name: "any"},
