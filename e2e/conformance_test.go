@@ -46,7 +46,7 @@ var conformanceSkips = map[string]string{}
 // that any other test failing is noticed, and run when the report is refreshed
 // (UPDATE_GOLDEN=1), so that docs/conformance records them as failed.
 var conformanceKnownFailures = map[string]string{
-	"HTTPRouteCrossNamespace":        "the route in gateway-conformance-web-backend gets Accepted, but the simulated gateway answers 404 (no route served for it); not investigated yet",
+	"HTTPRouteCrossNamespace": "the route in gateway-conformance-web-backend gets Accepted, but the simulated gateway answers 404 (no route served for it); not investigated yet",
 }
 
 // TestGatewayAPIConformance runs the upstream Gateway API conformance suite (v1.6.3) against
