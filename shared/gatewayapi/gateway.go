@@ -31,6 +31,9 @@ type listener struct {
 	kinds []gwv1.RouteGroupKind
 	// attached counts the routes bound to it.
 	attached int32
+	// unserved: its TLS cannot be set up, so it has no Istio Gateway (it is never served
+	// weaker), yet routes bind to it and count in attachedRoutes, as in istiod.
+	unserved bool
 }
 
 var (
@@ -186,6 +189,7 @@ func (t *translator) buildListeners(o owner, ls []gwv1.Listener, conflicts map[g
 			set(string(gwv1.ListenerConditionResolvedRefs), false, string(gwv1.ListenerReasonInvalidRouteKinds), "Invalid route kinds")
 		}
 		var server *networking.Server
+		var unserved bool
 		if reason, ok := conflicts[l.Name]; ok {
 			msg := "Listener has a conflict with another listener attached to the same Gateway"
 			set(string(gwv1.ListenerConditionAccepted), false, string(reason), msg)
@@ -196,7 +200,7 @@ func (t *translator) buildListeners(o owner, ls []gwv1.Listener, conflicts map[g
 			}
 		} else {
 			var ok bool
-			server, ok = t.server(o, l, set)
+			server, ok, unserved = t.server(o, l, set)
 			if ok {
 				valid++
 			}
@@ -206,14 +210,20 @@ func (t *translator) buildListeners(o owner, ls []gwv1.Listener, conflicts map[g
 			}
 		}
 		b := builtListener{name: l.Name, kinds: kinds, conditions: sortedConditions(conds)}
-		if server != nil {
+		if server != nil || unserved {
 			name := o.obj.GetName() + "~" + internalGatewaySuffix + "~" + string(l.Name)
 			ns := o.obj.GetNamespace()
-			t.out.Gateways = append(t.out.Gateways, Config[*networking.Gateway]{Namespace: ns, Name: name,
-				CreateTime: o.obj.GetCreationTimestamp().Time,
-				Spec:       &networking.Gateway{Servers: []*networking.Server{server}, Selector: sel}})
+			var hosts []string
+			if server != nil {
+				t.out.Gateways = append(t.out.Gateways, Config[*networking.Gateway]{Namespace: ns, Name: name,
+					CreateTime: o.obj.GetCreationTimestamp().Time,
+					Spec:       &networking.Gateway{Servers: []*networking.Server{server}, Selector: sel}})
+				hosts = server.Hosts
+			} else {
+				hosts = t.serverHosts(ns, l)
+			}
 			b.bound = &listener{istioGateway: ns + "/" + name, section: l.Name, port: l.Port, protocol: l.Protocol,
-				hostname: string(deref(l.Hostname, "")), hosts: server.Hosts, kinds: kinds}
+				hostname: string(deref(l.Hostname, "")), hosts: hosts, kinds: kinds, unserved: server == nil}
 			k := o.kind + "/" + key(ns, o.obj.GetName())
 			t.listeners[k] = append(t.listeners[k], b.bound)
 		}
@@ -540,8 +550,9 @@ func supportedKinds(l *gwv1.Listener) ([]gwv1.RouteGroupKind, bool) {
 }
 
 // server is the Istio server of a listener; ok false when the listener is not programmed. A
-// listener whose TLS cannot be set up gets no server at all: it is never served weaker.
-func (t *translator) server(o owner, l *gwv1.Listener, set func(typ string, ok bool, reason, msg string)) (*networking.Server, bool) {
+// listener whose TLS cannot be set up gets no server at all (it is never served weaker), but
+// routes still bind to it (unserved), as istiod counts them.
+func (t *translator) server(o owner, l *gwv1.Listener, set func(typ string, ok bool, reason, msg string)) (srv *networking.Server, ok, unserved bool) {
 	var proto string
 	switch l.Protocol {
 	case gwv1.HTTPProtocolType, gwv1.HTTPSProtocolType, gwv1.TLSProtocolType, gwv1.TCPProtocolType:
@@ -553,7 +564,7 @@ func (t *translator) server(o owner, l *gwv1.Listener, set func(typ string, ok b
 		}
 		// istiod leaves Programmed as it is: the listener is not accepted.
 		set(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonUnsupportedProtocol), msg)
-		return nil, false
+		return nil, false, false
 	}
 	tls, err := t.tls(o, l)
 	if err != nil {
@@ -563,22 +574,22 @@ func (t *translator) server(o owner, l *gwv1.Listener, set func(typ string, ok b
 		case gwv1.ListenerReasonRefNotPermitted, gwv1.ListenerReasonInvalidCACertificateRef, gwv1.ListenerReasonInvalidCACertificateKind:
 			set(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonNoValidCACertificate), err.Message)
 		}
-		return nil, false
+		return nil, false, true
 	}
 	if tls == nil && (l.Protocol == gwv1.HTTPSProtocolType || l.Protocol == gwv1.TLSProtocolType) {
 		if o.kind == "ListenerSet" {
 			msg := fmt.Sprintf("protocol is %s but no TLS section is defined", l.Protocol)
 			set(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonUnsupportedProtocol), msg)
 			set(string(gwv1.ListenerConditionProgrammed), false, string(gwv1.ListenerReasonInvalid), "Bad TLS configuration")
-			return nil, false
+			return nil, false, false
 		}
-		return nil, true // a Gateway's placeholder for ListenerSets' TLS listeners, as istiod: no server
+		return nil, true, false // a Gateway's placeholder for ListenerSets' TLS listeners, as istiod: no server
 	}
 	return &networking.Server{
 		Port:  &networking.Port{Name: "default", Number: uint32(l.Port), Protocol: proto},
 		Hosts: t.serverHosts(o.obj.GetNamespace(), l),
 		Tls:   tls,
-	}, true
+	}, true, false
 }
 
 // serverHosts are the listener's hostname for each namespace its routes may come from.
