@@ -1,20 +1,30 @@
 package gatewaystatus
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"log/slog"
 	"math/big"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"sailplane.dev/shared/gatewayapi"
+	"sailplane.dev/shared/testlog"
+	"sailplane.dev/shared/testwait"
 )
 
 // selfSigned returns a PEM certificate and its PEM private key.
@@ -141,5 +151,64 @@ func TestCredentialRegistry(t *testing.T) {
 		if (err == nil) != (tc.want == "") || err != nil && !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Certificate(%s, ns, %s, %v) = %v, want %q", tc.kind, tc.name, tc.caOnly, err, tc.want)
 		}
+	}
+}
+
+// Where config-ingest may not read Secrets, the status is still written, references taken as
+// valid (as with the check off), instead of waiting forever for informers that cannot sync.
+func TestCredentialsNotReadable(t *testing.T) {
+	e := newEnv(t)
+	user := "no-secrets-" + e.ns
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: user}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{"gateway.networking.k8s.io"}, Resources: []string{"*"}, Verbs: []string{"get", "list", "watch", "update"}},
+		{APIGroups: []string{""}, Resources: []string{"services", "namespaces"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{"networking.istio.io"}, Resources: []string{"serviceentries"}, Verbs: []string{"list", "watch"}},
+	}}
+	if _, err := e.kube.RbacV1().ClusterRoles().Create(t.Context(), role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.kube.RbacV1().ClusterRoleBindings().Create(t.Context(), &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: user}, RoleRef: rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: user},
+		Subjects: []rbacv1.Subject{{Kind: "User", Name: user}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = e.kube.RbacV1().ClusterRoleBindings().Delete(context.Background(), user, metav1.DeleteOptions{})
+		_ = e.kube.RbacV1().ClusterRoles().Delete(context.Background(), user, metav1.DeleteOptions{})
+	})
+	if _, err := e.gw.GatewayV1().Gateways(e.ns).Create(t.Context(), &gwv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "tls"},
+		Spec: gwv1.GatewaySpec{GatewayClassName: gwv1.ObjectName(e.class), Listeners: []gwv1.Listener{{Name: "https", Port: 443,
+			Protocol: gwv1.HTTPSProtocolType, TLS: &gwv1.ListenerTLSConfig{CertificateRefs: []gwv1.SecretObjectReference{{Name: "missing"}}}}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rc := rest.CopyConfig(e.k.RestConfig())
+	rc.Impersonate = rest.ImpersonationConfig{UserName: user}
+	log, logs := testlog.NewRecording(t, slog.LevelDebug)
+	w, err := New(rc, Config{Translate: gatewayapi.Translate, Leader: func() bool { return true }, Credentials: true, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	testwait.Until(t, waitTimeout, "the listener's status written, its reference taken as valid", func() bool {
+		g, err := e.gw.GatewayV1().Gateways(e.ns).Get(t.Context(), "tls", metav1.GetOptions{})
+		if err != nil || len(g.Status.Listeners) == 0 {
+			return false
+		}
+		c := meta.FindStatusCondition(g.Status.Listeners[0].Conditions, "ResolvedRefs")
+		return c != nil && c.Status == metav1.ConditionTrue
+	})
+	if logs.Count("are not checked") != 1 {
+		t.Errorf("%d warnings that certificates are not checked, want 1", logs.Count("are not checked"))
 	}
 }
