@@ -108,17 +108,17 @@ type Writer struct {
 	limiter *rate.Limiter
 	writes  metric.Int64Counter
 
-	kinds    map[string]*kind
-	services cache.SharedIndexInformer
-	entries  cache.SharedIndexInformer
-	grants   cache.SharedIndexInformer // ReferenceGrants: read by Translate, no status
-	ns       cache.SharedIndexInformer
-	// secrets and configMaps hold credentials (Config.Credentials); nil when not read.
-	secrets, configMaps cache.SharedIndexInformer
-	factories           []interface {
+	kinds     map[string]*kind
+	services  cache.SharedIndexInformer
+	entries   cache.SharedIndexInformer
+	grants    cache.SharedIndexInformer // ReferenceGrants: read by Translate, no status
+	ns        cache.SharedIndexInformer
+	factories []interface {
 		Start(<-chan struct{})
 		Shutdown()
 	}
+	// secrets and configMaps hold credentials (Config.Credentials); nil when not read.
+	secrets, configMaps cache.SharedIndexInformer
 
 	dirty chan struct{} // something Translate reads changed
 	queue workqueue.TypedRateLimitingInterface[key]
