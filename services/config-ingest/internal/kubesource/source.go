@@ -117,8 +117,6 @@ type Source struct {
 	synced    bool // the initial state was published: from now on, publish every change
 	mesh      *meshv1alpha1.MeshConfig
 	selectors []labels.Selector // nil: every namespace
-	// namespaces are the labels of the namespaces published (schema.Namespace), by name.
-	namespaces map[string]map[string]string
 	kinds     []*kindState
 	caches    *caches // the informers in use
 	// gwServed holds the plurals of the Gateway API kinds the API server serves as v1, those
@@ -126,6 +124,8 @@ type Source struct {
 	gwServed  map[string]bool
 	meshProb  error
 	watchProb map[string]error // by informer name
+	// namespaces are the labels of the namespaces published (schema.Namespace), by name.
+	namespaces map[string]map[string]string
 
 	// restored holds, until the initial sync, the last valid versions saved by the previous
 	// run, by type URL then bus name; restoredCount counts those the initial sync used.
@@ -183,8 +183,9 @@ func New(restCfg *rest.Config, cfg Config, pub bus.Publisher, log *slog.Logger) 
 	s := &Source{
 		cfg: cfg, log: log, pub: pub,
 		ready: make(chan struct{}), probeNow: make(chan struct{}, 1), crdChanged: make(chan struct{}, 1),
-		watchProb: map[string]error{}, namespaces: map[string]map[string]string{},
-		events:    kube.ConfigEvents(cfg.MeterProvider),
+		watchProb:  map[string]error{},
+		namespaces: map[string]map[string]string{},
+		events:     kube.ConfigEvents(cfg.MeterProvider),
 	}
 	s.outages = kube.NewOutages(restCfg.Host, log)
 	restCfg = rest.CopyConfig(restCfg)
