@@ -45,9 +45,7 @@ var conformanceSkips = map[string]string{}
 // conformanceKnownFailures fail against Sailplane today. They are skipped in make test, so
 // that any other test failing is noticed, and run when the report is refreshed
 // (UPDATE_GOLDEN=1), so that docs/conformance records them as failed.
-var conformanceKnownFailures = map[string]string{
-	"HTTPRouteCrossNamespace": "the route in gateway-conformance-web-backend gets Accepted, but the simulated gateway answers 404 (no route served for it); not investigated yet",
-}
+var conformanceKnownFailures = map[string]string{}
 
 // TestGatewayAPIConformance runs the upstream Gateway API conformance suite (v1.6.3) against
 // hyper on the test environment's API server. conformanceKubelet runs the suite's echo
