@@ -177,6 +177,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 			}
 		}
 		onSelection := func() {
+			s.gwStatus.Changed()
 			if s.deploy != nil {
 				s.deploy.Elected()
 			}
@@ -228,7 +229,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 			serviceReady = s.deploy.ServiceReady
 		}
 		s.gwStatus, err = gatewaystatus.New(cfg.Kube, gatewaystatus.Config{
-			Translate: gatewayapi.Translate, Leader: leader, Revision: cfg.Revision, ServiceReady: serviceReady,
+			Translate: gatewayapi.Translate, Leader: leader, Revision: cfg.Revision, ServiceReady: serviceReady, Selected: src.Selected,
 			Credentials: cfg.GatewaySecrets, Logger: gwLog, MeterProvider: deps.MeterProvider,
 		})
 		if err != nil {

@@ -350,3 +350,70 @@ func TestKubeGatewayStatusCertificateRefsOff(t *testing.T) {
 		})
 	}
 }
+
+// The status is computed over the namespaces the discoverySelectors admit, as the bus carries
+// them (istiod's Gateway API informers are filtered by the discovery namespaces): a route
+// outside them is neither Accepted nor counted in attachedRoutes, until its namespace is
+// selected.
+func TestKubeGatewayStatusDiscoverySelectors(t *testing.T) {
+	e := newKenv(t, sharedKube(t))
+	sel := map[string]string{"mesh-" + e.id: "yes"}
+	e.setMesh("discoverySelectors:\n- matchLabels: {mesh-" + e.id + ": \"yes\"}\n")
+	gw, err := gwclient.NewForConfig(e.k.RestConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwNS, in, out := e.ns("gwd", sel), e.ns("rin", sel), e.ns("rout", nil)
+	class := "gwd-" + e.id
+	if _, err := gw.GatewayV1().GatewayClasses().Create(e.ctx(), &gwv1.GatewayClass{
+		ObjectMeta: metav1.ObjectMeta{Name: class}, Spec: gwv1.GatewayClassSpec{ControllerName: gatewayapi.ControllerName},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gw.GatewayV1().GatewayClasses().Delete(context.Background(), class, metav1.DeleteOptions{}) })
+	all := gwv1.NamespacesFromAll
+	if _, err := gw.GatewayV1().Gateways(gwNS).Create(e.ctx(), &gwv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "gw"},
+		Spec: gwv1.GatewaySpec{GatewayClassName: gwv1.ObjectName(class), Listeners: []gwv1.Listener{{
+			Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType,
+			AllowedRoutes: &gwv1.AllowedRoutes{Namespaces: &gwv1.RouteNamespaces{From: &all}},
+		}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	gwns := gwv1.Namespace(gwNS)
+	for _, ns := range []string{in, out} {
+		if _, err := gw.GatewayV1().HTTPRoutes(ns).Create(e.ctx(), &gwv1.HTTPRoute{
+			ObjectMeta: metav1.ObjectMeta{Name: "r"},
+			Spec:       gwv1.HTTPRouteSpec{CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{{Name: "gw", Namespace: &gwns}}}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	accepted := func(ns string) bool {
+		f := &gwFixture{e: e, gw: gw, ns: ns}
+		return f.accepted("r")
+	}
+	attached := func() int32 {
+		g, err := gw.GatewayV1().Gateways(gwNS).Get(e.ctx(), "gw", metav1.GetOptions{})
+		if err != nil || len(g.Status.Listeners) == 0 {
+			return -1
+		}
+		return g.Status.Listeners[0].AttachedRoutes
+	}
+	e.start("pod-0", nil)
+	waitFor(t, "the selected namespace's route Accepted, the only one attached", func() bool { return accepted(in) && attached() == 1 })
+	if accepted(out) {
+		t.Error("the route outside the discoverySelectors was written Accepted")
+	}
+	// Selecting its namespace brings the route in.
+	n, err := e.kube.CoreV1().Namespaces().Get(e.ctx(), out, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Labels = sel
+	if _, err := e.kube.CoreV1().Namespaces().Update(e.ctx(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the newly selected namespace's route Accepted and attached", func() bool { return accepted(out) && attached() == 2 })
+}

@@ -70,6 +70,10 @@ type Config struct {
 	// Revision is the control plane's revision; DefaultRevision when empty. Objects labelled
 	// (or in a namespace labelled) istio.io/rev for another revision are left to it.
 	Revision string
+	// Selected, when set, admits the namespaces the mesh reads (the discoverySelectors, as the
+	// bus): objects elsewhere are left out of the status, as if absent. Call Changed when its
+	// answers may have changed.
+	Selected func(namespace string) bool
 	// DomainSuffix is the cluster domain; "cluster.local" when empty.
 	DomainSuffix string
 	// QPS and Burst limit the status writes; DefaultQPS and DefaultBurst when zero.
@@ -380,7 +384,7 @@ func (w *Writer) runCompute(ctx context.Context) {
 func (w *Writer) compute() {
 	list := func(k schema.Kind) []any {
 		if kd := w.kinds[k.Kind]; kd != nil {
-			return kd.list()
+			return w.selected(kd.list())
 		}
 		return nil
 	}
@@ -396,13 +400,13 @@ func (w *Writer) compute() {
 		DomainSuffix:       w.cfg.DomainSuffix,
 	}
 	if w.grants != nil {
-		in.ReferenceGrants = listOf[*gwv1.ReferenceGrant](w.grants.GetStore().List())
+		in.ReferenceGrants = listOf[*gwv1.ReferenceGrant](w.selected(w.grants.GetStore().List()))
 	}
 	var entries []serviceEntry
-	for _, se := range listOf[*networkingv1.ServiceEntry](w.entries.GetStore().List()) {
+	for _, se := range listOf[*networkingv1.ServiceEntry](w.selected(w.entries.GetStore().List())) {
 		entries = append(entries, serviceEntry{ns: se.Namespace, spec: &se.Spec})
 	}
-	reg := newRegistry(listOf[*corev1.Service](w.services.GetStore().List()), entries, w.cfg.DomainSuffix, w.cfg.ServiceReady)
+	reg := newRegistry(listOf[*corev1.Service](w.selected(w.services.GetStore().List())), entries, w.cfg.DomainSuffix, w.cfg.ServiceReady)
 	in.Services = reg
 	if w.secrets != nil {
 		in.Services = credentialRegistry{registry: reg, secrets: w.secrets.GetStore(), configMaps: w.configMaps.GetStore()}
@@ -487,7 +491,7 @@ func (w *Writer) write(ctx context.Context, k key) error {
 	if err != nil || !exists {
 		return nil
 	}
-	if !w.mine(obj) {
+	if !w.mine(obj) || !w.inSelection(obj) {
 		return nil
 	}
 	w.mu.Lock()
