@@ -30,6 +30,7 @@ import (
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/gatewayapi"
 	"sailplane.dev/shared/kube"
+	"sailplane.dev/shared/revision"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/telemetry"
 )
@@ -130,6 +131,8 @@ type Service struct {
 	// revision other than the default (nil: the status Lease does).
 	gwStatus *gatewaystatus.Writer
 	gwLease  *gatewaystatus.Lease
+	// tags are the revision's tags (Kubernetes mode).
+	tags *revision.Tags
 	// deploy is the gateway deployment controller (Kubernetes mode, Config.GatewayDeployment).
 	deploy *gatewaydeploy.Controller
 	meter  metric.Meter
@@ -182,7 +185,24 @@ func New(cfg Config, deps Deps) (*Service, error) {
 				s.deploy.Elected()
 			}
 		}
+		// The revision's tags (istio-revision-tag-<tag> webhooks) decide, with its name, which
+		// config, status and gateways are this control plane's; a tag moving re-evaluates them.
+		tagClient, err := kubernetes.NewForConfig(kube.WithRateLimits(cfg.Kube))
+		if err != nil {
+			return nil, fmt.Errorf("config-ingest: %w", err)
+		}
+		s.tags = revision.NewTags(tagClient, cfg.Revision, deps.Logger.With("component", "revision-tags"))
+		s.tags.OnChange(func() {
+			s.log.Info("revision tags changed", "revision", s.tags.Revision(), "names", s.tags.Mine())
+			s.kube.RevisionChanged()
+			s.gwStatus.Elected()
+			s.gwStatus.Changed()
+			if s.deploy != nil {
+				s.deploy.Elected()
+			}
+		})
 		src, err := kubesource.New(cfg.Kube, kubesource.Config{
+			Revision: s.tags,
 			Namespace: cfg.Namespace, Identity: cfg.PodName, MeshFile: cfg.MeshFile, Debounce: cfg.Debounce,
 			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 			StateDir: cfg.StateDir, MeterProvider: deps.MeterProvider, OnElected: onElected, OnSelection: onSelection,
@@ -194,7 +214,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		if cfg.GatewayDeployment {
 			d, err := gatewaydeploy.New(kube.WithRateLimits(cfg.Kube), gatewaydeploy.Config{
 				Namespace: cmp.Or(cfg.Namespace, kubesource.DefaultNamespace), Leader: src.Leader,
-				Selected: src.Selected, Ready: src.Ready(),
+				Selected: src.Selected, Ready: src.Ready(), Owner: s.tags,
 				// The Gateway status follows the generated Service's address and Deployment.
 				OnOwnedChange: func() { s.gwStatus.Changed() },
 				Logger:        deps.Logger.With("component", "gateway-deploy"),
@@ -229,7 +249,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 			serviceReady = s.deploy.ServiceReady
 		}
 		s.gwStatus, err = gatewaystatus.New(cfg.Kube, gatewaystatus.Config{
-			Translate: gatewayapi.Translate, Leader: leader, Revision: cfg.Revision, ServiceReady: serviceReady, Selected: src.Selected,
+			Translate: gatewayapi.Translate, Leader: leader, Revision: cfg.Revision, ServiceReady: serviceReady, Selected: src.Selected, Owner: s.tags,
 			Credentials: cfg.GatewaySecrets, Logger: gwLog, MeterProvider: deps.MeterProvider,
 		})
 		if err != nil {
@@ -304,6 +324,14 @@ func (s *Service) Run(ctx context.Context) error {
 		})
 		if s.gwLease != nil {
 			wg.Go(func() { s.gwLease.Run(ctx) })
+		}
+		// The tags are read before the config, so that the first full state is already the
+		// revision's own.
+		wg.Go(func() { _ = s.tags.Run(ctx) })
+		select {
+		case <-s.tags.Synced():
+		case <-ctx.Done():
+			return nil
 		}
 		if s.deploy != nil {
 			wg.Go(func() {

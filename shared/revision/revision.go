@@ -11,12 +11,14 @@ package revision
 
 import (
 	"context"
+	"log/slog"
 	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -79,6 +81,8 @@ func ConfigIn(o Owner, objLabels map[string]string) bool {
 // Tags follows the tags of one revision from their webhook configurations.
 type Tags struct {
 	revision string
+	kc       kubernetes.Interface
+	log      *slog.Logger
 	inf      cache.SharedIndexInformer
 	factory  informers.SharedInformerFactory
 	synced   chan struct{}
@@ -88,15 +92,19 @@ type Tags struct {
 	onChange []func()
 }
 
-// NewTags returns the tags of revision ("" is Default); nothing is read before Run.
-func NewTags(kc kubernetes.Interface, revision string) *Tags {
+// NewTags returns the tags of revision ("" is Default); nothing is read before Run. log
+// (nil: discarded) hears when the tags cannot be read.
+func NewTags(kc kubernetes.Interface, revision string, log *slog.Logger) *Tags {
 	if revision == "" {
 		revision = Default
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(kc, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.LabelSelector = TagLabel
 	}))
-	return &Tags{revision: revision, factory: f, inf: f.Admissionregistration().V1().MutatingWebhookConfigurations().Informer(), synced: make(chan struct{})}
+	return &Tags{revision: revision, kc: kc, log: log, factory: f, inf: f.Admissionregistration().V1().MutatingWebhookConfigurations().Informer(), synced: make(chan struct{})}
 }
 
 // OnChange registers fn, called (it must not block) when the tags may have changed; before Run.
@@ -106,8 +114,17 @@ func (t *Tags) OnChange(fn func()) {
 	t.onChange = append(t.onChange, fn)
 }
 
-// Run watches the tag webhooks until ctx ends.
+// Run watches the tag webhooks until ctx ends. Without the right to list them, the revision has
+// no tags (said once in the log), rather than waiting for them for ever.
 func (t *Tags) Run(ctx context.Context) error {
+	_, err := t.kc.AdmissionregistrationV1().MutatingWebhookConfigurations().List(ctx, metav1.ListOptions{LabelSelector: TagLabel, Limit: 1})
+	if apierrors.IsForbidden(err) {
+		t.log.Warn("cannot read the revision tags (list MutatingWebhookConfigurations): none is followed", "revision", t.revision, "error", err)
+		t.ready.Store(true)
+		close(t.synced)
+		<-ctx.Done()
+		return nil
+	}
 	notify := func(any) {
 		if !t.ready.Load() {
 			return

@@ -51,7 +51,7 @@ func TestOwns(t *testing.T) {
 			if _, err := kc.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(context.Background(), own, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			tags := NewTags(kc, c.revision)
+			tags := NewTags(kc, c.revision, nil)
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error)
 			go func() { done <- tags.Run(ctx) }()

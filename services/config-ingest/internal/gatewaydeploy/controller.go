@@ -45,6 +45,7 @@ import (
 	gwlisters "sigs.k8s.io/gateway-api/pkg/client/listers/apis/v1"
 
 	"sailplane.dev/shared/gatewayapi"
+	"sailplane.dev/shared/revision"
 )
 
 // FieldManager is the server-side apply field manager of the generated objects: istiod's, so
@@ -65,6 +66,10 @@ type Config struct {
 	// Selected reports whether a namespace is in the mesh (the discoverySelectors); a Gateway
 	// of another namespace is left alone, its objects included, as istiod ignores it. nil: all.
 	Selected func(namespace string) bool
+	// Owner, when set, says which istio.io/rev values (on a Gateway, else its namespace) are
+	// this revision's: another revision's Gateways are left to it. nil: the default revision's.
+	// Call Elected when its answers change.
+	Owner revision.Owner
 	// Ready, when set, is waited for before any write: closed once Selected is meaningful
 	// (config-ingest's first sync, the mesh config read).
 	Ready <-chan struct{}
@@ -122,6 +127,9 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 	}
 	if cfg.Leader == nil {
 		cfg.Leader = func() bool { return true }
+	}
+	if cfg.Owner == nil {
+		cfg.Owner = revision.Static(revision.Default)
 	}
 	if cfg.Selected == nil {
 		cfg.Selected = func(string) bool { return true }
@@ -385,6 +393,17 @@ func Ours(class *gwv1.GatewayClass, className string) bool {
 	return class.Spec.ControllerName == gatewayapi.ControllerName || class.Spec.ControllerName == gatewayapi.SailplaneControllerName
 }
 
+// mine reports whether gw is this revision's to deploy.
+func (c *Controller) mine(gw *gwv1.Gateway) bool {
+	var nsLabels map[string]string
+	if _, labelled := gw.Labels[revision.Label]; !labelled {
+		if ns, err := c.namespaces.Get(gw.Namespace); err == nil {
+			nsLabels = ns.Labels
+		}
+	}
+	return c.cfg.Owner.Owns(revision.Of(gw.Labels, nsLabels))
+}
+
 func (c *Controller) reconcile(ctx context.Context, key types.NamespacedName) error {
 	if !c.cfg.Leader() {
 		return nil // the new leader re-checks everything (Elected)
@@ -402,6 +421,9 @@ func (c *Controller) reconcile(ctx context.Context, key types.NamespacedName) er
 	}
 	if err != nil {
 		return err
+	}
+	if !c.mine(gw) {
+		return nil // another revision deploys it (istiod's TagWatcher.IsMine)
 	}
 	class, err := c.classes.Get(string(gw.Spec.GatewayClassName))
 	if err != nil && !apierrors.IsNotFound(err) {

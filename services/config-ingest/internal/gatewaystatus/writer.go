@@ -40,6 +40,7 @@ import (
 
 	"sailplane.dev/shared/gatewayapi"
 	"sailplane.dev/shared/kube"
+	"sailplane.dev/shared/revision"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/telemetry"
 )
@@ -70,6 +71,9 @@ type Config struct {
 	// Revision is the control plane's revision; DefaultRevision when empty. Objects labelled
 	// (or in a namespace labelled) istio.io/rev for another revision are left to it.
 	Revision string
+	// Owner, when set, decides instead of Revision which istio.io/rev values are this
+	// revision's (its tags included: revision.Tags). Call Elected when its answers change.
+	Owner revision.Owner
 	// Selected, when set, admits the namespaces the mesh reads (the discoverySelectors, as the
 	// bus): objects elsewhere are left out of the status, as if absent. Call Changed when its
 	// answers may have changed.
@@ -384,7 +388,7 @@ func (w *Writer) runCompute(ctx context.Context) {
 func (w *Writer) compute() {
 	list := func(k schema.Kind) []any {
 		if kd := w.kinds[k.Kind]; kd != nil {
-			return w.selected(kd.list())
+			return w.configs(kd.list())
 		}
 		return nil
 	}
@@ -400,10 +404,10 @@ func (w *Writer) compute() {
 		DomainSuffix:       w.cfg.DomainSuffix,
 	}
 	if w.grants != nil {
-		in.ReferenceGrants = listOf[*gwv1.ReferenceGrant](w.selected(w.grants.GetStore().List()))
+		in.ReferenceGrants = listOf[*gwv1.ReferenceGrant](w.configs(w.grants.GetStore().List()))
 	}
 	var entries []serviceEntry
-	for _, se := range listOf[*networkingv1.ServiceEntry](w.selected(w.entries.GetStore().List())) {
+	for _, se := range listOf[*networkingv1.ServiceEntry](w.configs(w.entries.GetStore().List())) {
 		entries = append(entries, serviceEntry{ns: se.Namespace, spec: &se.Spec})
 	}
 	reg := newRegistry(listOf[*corev1.Service](w.selected(w.services.GetStore().List())), entries, w.cfg.DomainSuffix, w.cfg.ServiceReady)
@@ -553,7 +557,7 @@ func (w *Writer) mine(obj any) bool {
 			}
 		}
 	}
-	return cmp.Or(rev, DefaultRevision) == w.cfg.Revision
+	return w.owner().Owns(rev)
 }
 
 // Computed is one object's status as last computed, for the debug page.

@@ -40,6 +40,7 @@ import (
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/kube"
 	"sailplane.dev/shared/mesh"
+	"sailplane.dev/shared/revision"
 	"sailplane.dev/shared/schema"
 )
 
@@ -83,6 +84,11 @@ type Config struct {
 	// OnElected, when set, is called each time this replica becomes the leader, for the other
 	// writers the Lease elects (the gateway deployment controller) to catch up.
 	OnElected func()
+	// Revision decides which config is this control plane's (istio.io/rev, tags included):
+	// config labelled for another revision is left out, as if absent, as istiod's config
+	// client does; unlabelled config is every revision's. nil: the default revision. Call
+	// RevisionChanged when its answers may have changed.
+	Revision revision.Owner
 	// OnSelection, when set, is called when the namespaces Selected admits may have changed
 	// (discoverySelectors, or a namespace's labels under them). It must not block.
 	OnSelection func()
@@ -163,6 +169,9 @@ func New(restCfg *rest.Config, cfg Config, pub bus.Publisher, log *slog.Logger) 
 	}
 	if cfg.Namespace == "" {
 		cfg.Namespace = DefaultNamespace
+	}
+	if cfg.Revision == nil {
+		cfg.Revision = revision.Static(revision.Default)
 	}
 	if cfg.Identity == "" {
 		h, err := os.Hostname()
@@ -580,7 +589,7 @@ func (s *Source) syncLocked(ctx context.Context, ks *kindState, i int, key strin
 		obj, exists, _ = ks.informer.GetIndexer().GetByKey(key)
 	}
 	// Cluster-scoped kinds (GatewayClass) are in no namespace for the selectors to filter.
-	if !exists || (!ks.kind.ClusterScoped && !s.selectedLocked(ns)) {
+	if !exists || (!ks.kind.ClusterScoped && !s.selectedLocked(ns)) || !s.inRevision(obj) {
 		_, wasInvalid := ks.invalid[busName]
 		delete(ks.invalid, busName)
 		delete(ks.uids, busName)
@@ -663,6 +672,21 @@ func (s *Source) resyncLocked(match func(ns string) bool) {
 				s.syncLocked(context.Background(), ks, i, k)
 			}
 		}
+	}
+}
+
+// inRevision reports whether obj is this revision's config (Config.Revision).
+func (s *Source) inRevision(obj any) bool {
+	m, _, _, ok := parts(obj)
+	return ok && revision.ConfigIn(s.cfg.Revision, m.GetLabels())
+}
+
+// RevisionChanged re-evaluates every resource: the revision's tags may have changed.
+func (s *Source) RevisionChanged() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.synced {
+		s.resyncLocked(func(string) bool { return true })
 	}
 }
 
