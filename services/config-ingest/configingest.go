@@ -202,7 +202,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 			}
 		})
 		src, err := kubesource.New(cfg.Kube, kubesource.Config{
-			Revision: s.tags,
+			Revision:  s.tags,
 			Namespace: cfg.Namespace, Identity: cfg.PodName, MeshFile: cfg.MeshFile, Debounce: cfg.Debounce,
 			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 			StateDir: cfg.StateDir, MeterProvider: deps.MeterProvider, OnElected: onElected, OnSelection: onSelection,

@@ -370,7 +370,9 @@ func TestKubeGatewayStatusDiscoverySelectors(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = gw.GatewayV1().GatewayClasses().Delete(context.Background(), class, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = gw.GatewayV1().GatewayClasses().Delete(context.Background(), class, metav1.DeleteOptions{})
+	})
 	all := gwv1.NamespacesFromAll
 	if _, err := gw.GatewayV1().Gateways(gwNS).Create(e.ctx(), &gwv1.Gateway{
 		ObjectMeta: metav1.ObjectMeta{Name: "gw"},

@@ -57,7 +57,6 @@ func (e *kenv) createLabelledVS(ns, name string, labels map[string]string) {
 	}
 }
 
-
 // Two revisions side by side read the config that is theirs, as istiod's config client: the
 // unlabelled config is both's, config labelled istio.io/rev for a revision (or a tag naming it)
 // only that revision's; moving the tag moves its config, and moving it back rolls back.
