@@ -23,6 +23,6 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(bootstrapCmd(), busCmd(), proxyStatusCmd(), proxyConfigCmd(), validateCmd(), analyzeCmd(), gatewayStatusCmd(), versionCmd())
+	root.AddCommand(bootstrapCmd(), busCmd(), proxyStatusCmd(), proxyConfigCmd(), validateCmd(), analyzeCmd(), gatewayStatusCmd(), tagCmd(), versionCmd())
 	return root
 }
