@@ -307,6 +307,8 @@ func serviceNeeds(caNamespace string) map[string][]access {
 		}
 	}
 	ingest = append(ingest, each(read, access{resource: "services"})...)
+	// Revision tags: the webhook configurations labelled istio.io/tag (shared/revision.Tags).
+	ingest = append(ingest, each(read, access{group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations"})...)
 	// The gateway deployment controller: Gateways, classes and ListenerSets watched; the generated objects
 	// watched (label-selected), read by name, applied (create and patch) and deleted; ConfigMaps
 	// watched (metadata) and read (parametersRef).

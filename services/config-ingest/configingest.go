@@ -84,7 +84,8 @@ type Config struct {
 
 	// Kube, when set, selects Kubernetes mode: the Istio config kinds are read from this API
 	// server (ConfigDirs and the mesh config's configSources are ignored) and the mesh config
-	// from the "istio" ConfigMap's "mesh" key in Namespace, unless MeshFile is set, in which
+	// from the "istio" ConfigMap's "mesh" key in Namespace ("istio-<revision>" for a Revision
+	// other than the default, as istiod), unless MeshFile is set, in which
 	// case the file is the mesh config's source instead of the ConfigMap.
 	Kube *rest.Config
 	// Namespace is the control plane's namespace (Kubernetes mode): the mesh ConfigMap and the
@@ -202,7 +203,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 			}
 		})
 		src, err := kubesource.New(cfg.Kube, kubesource.Config{
-			Revision:  s.tags,
+			Revision: s.tags, MeshConfigMap: kubesource.MeshConfigMapName(cfg.Revision),
 			Namespace: cfg.Namespace, Identity: cfg.PodName, MeshFile: cfg.MeshFile, Debounce: cfg.Debounce,
 			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 			StateDir: cfg.StateDir, MeterProvider: deps.MeterProvider, OnElected: onElected, OnSelection: onSelection,

@@ -20,7 +20,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		"folder keeping the last valid config across restarts: every file's resources, or the Kubernetes resources now invalid; empty: none. "+
 			"The default is under the mesh file's root, beside its etc/sailplane (<root>/var/lib/sailplane for <root>/etc/sailplane/mesh.yaml), or under the working folder without a mesh file")
 	cli.SharedStringVar(fs, &c.Revision, "revision", "default",
-		"control plane revision (istio.io/rev): the Gateway API status of objects labelled (or in a namespace labelled) for another revision is left to it")
+		"control plane revision (istio.io/rev): config labelled for another revision is not read, the Gateway API status and gateways of objects labelled (or in a namespace labelled) for another revision or its tags are left to it; the mesh ConfigMap is istio-<revision> for a revision other than default")
 	fs.BoolVar(&c.GatewayDeployment, "gateway-deployment", true,
 		"with Kubernetes, deploy the Envoy gateway (ServiceAccount, Deployment, Service, optional HPA/PDB) of each Gateway of class istio (controller istio.io/gateway-controller or sailplane.dev/gateway-controller) without addresses, as istiod does")
 	fs.BoolVar(&c.GatewaySecrets, "gateway-secrets", true,

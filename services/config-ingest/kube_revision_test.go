@@ -5,7 +5,9 @@ import (
 	"testing"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	configingest "sailplane.dev/services/config-ingest"
@@ -135,4 +137,28 @@ func TestKubeRevisionTagStatus(t *testing.T) {
 	waitFor(t, "the canary writes the tagged namespace's status", func() bool {
 		return f.accepted("second") && attached() == 2 && gatewayWrites(canary) > 0
 	})
+}
+
+// A revision other than the default reads its mesh config from istio-<revision>, as istiod:
+// the canary can be tried with its own mesh settings.
+func TestKubeRevisionMeshConfigMap(t *testing.T) {
+	e := newKenv(t, sharedKube(t))
+	e.setMesh("trustDomain: default.example\n")
+	if _, err := e.kube.CoreV1().ConfigMaps(e.cp).Create(e.ctx(), &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "istio-canary"}, Data: map[string]string{"mesh": "trustDomain: canary.example\n"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	trust := func(in *kingest) string {
+		m, _ := in.rec.body(schema.MeshConfig, "mesh").(*meshv1alpha1.MeshConfig)
+		return m.GetTrustDomain()
+	}
+	def := e.start("pod-default", nil)
+	canary := e.start("pod-canary", func(c *configingest.Config) { c.Revision = "canary" })
+	if got := trust(def); got != "default.example" {
+		t.Errorf("the default revision's trust domain %q, want default.example (ConfigMap istio)", got)
+	}
+	if got := trust(canary); got != "canary.example" {
+		t.Errorf("the canary's trust domain %q, want canary.example (ConfigMap istio-canary)", got)
+	}
 }

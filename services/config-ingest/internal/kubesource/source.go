@@ -58,6 +58,15 @@ const (
 // successful request), or a resource that cannot be listed, e.g. for RBAC (cleared once it can).
 var ErrKubernetes = errors.New("kubernetes")
 
+// MeshConfigMapName is the mesh ConfigMap of a revision, as istiod names it: istio for the
+// default revision, istio-<revision> for another.
+func MeshConfigMapName(rev string) string {
+	if rev == "" || rev == revision.Default {
+		return MeshConfigMap
+	}
+	return MeshConfigMap + "-" + rev
+}
+
 // ErrMeshConfigMap marks a mesh config ConfigMap that could not be used; the last good mesh
 // config stays in effect.
 var ErrMeshConfigMap = errors.New("mesh config ConfigMap")
@@ -69,6 +78,9 @@ type Config struct {
 	Namespace string
 	// Identity names this replica in the Lease; the host name when empty.
 	Identity string
+	// MeshConfigMap names the mesh config's ConfigMap; MeshConfigMap when empty
+	// (MeshConfigMapName gives a revision's).
+	MeshConfigMap string
 	// MeshFile, when set, is the mesh config's source instead of the ConfigMap.
 	MeshFile string
 	// Debounce is the mesh file's debounce (see mesh.WithDebounce).
@@ -172,6 +184,9 @@ func New(restCfg *rest.Config, cfg Config, pub bus.Publisher, log *slog.Logger) 
 	}
 	if cfg.Revision == nil {
 		cfg.Revision = revision.Static(revision.Default)
+	}
+	if cfg.MeshConfigMap == "" {
+		cfg.MeshConfigMap = MeshConfigMap
 	}
 	if cfg.Identity == "" {
 		h, err := os.Hostname()
@@ -428,7 +443,7 @@ func (s *Source) newCaches(served map[string]bool) (*caches, error) {
 	if s.cfg.MeshFile == "" {
 		cmF := informers.NewSharedInformerFactoryWithOptions(s.clients.Kube, 0,
 			informers.WithNamespace(s.cfg.Namespace),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + MeshConfigMap }))
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + s.cfg.MeshConfigMap }))
 		g.factories = append(g.factories, cmF)
 		g.cm = cmF.Core().V1().ConfigMaps().Informer()
 		g.cmLister = cache.NewGenericLister(g.cm.GetIndexer(), corev1.Resource("configmaps"))
@@ -743,9 +758,9 @@ func (s *Source) onConfigMap() {
 }
 
 func (s *Source) onConfigMapLocked() {
-	where := s.cfg.Namespace + "/" + MeshConfigMap
+	where := s.cfg.Namespace + "/" + s.cfg.MeshConfigMap
 	data := ""
-	if obj, err := s.caches.cmLister.ByNamespace(s.cfg.Namespace).Get(MeshConfigMap); err == nil {
+	if obj, err := s.caches.cmLister.ByNamespace(s.cfg.Namespace).Get(s.cfg.MeshConfigMap); err == nil {
 		if cm, ok := obj.(*corev1.ConfigMap); ok {
 			data = cm.Data[MeshKey]
 		}
@@ -900,7 +915,7 @@ func (s *Source) probe(ctx context.Context, name string) error {
 		_, err := s.clients.Kube.CoreV1().Namespaces().List(ctx, one)
 		return err
 	case "ConfigMap":
-		one.FieldSelector = "metadata.name=" + MeshConfigMap
+		one.FieldSelector = "metadata.name=" + s.cfg.MeshConfigMap
 		_, err := s.clients.Kube.CoreV1().ConfigMaps(s.cfg.Namespace).List(ctx, one)
 		return err
 	}
