@@ -4,8 +4,8 @@ import (
 	"context"
 	"testing"
 
-	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
