@@ -40,7 +40,7 @@ import (
 
 // deployOverlays are what a user applies (after deploy/crds), each built as `kubectl apply -k`
 // builds it.
-var deployOverlays = []string{"hyper", "microservices", "segregated-ca", "agent-example"}
+var deployOverlays = []string{"hyper", "hyper-canary", "microservices", "segregated-ca", "agent-example"}
 
 // controlPlaneOverlays install Sailplane itself (agent-example is an application).
 var controlPlaneOverlays = []string{"hyper", "microservices", "segregated-ca"}
