@@ -608,3 +608,28 @@ func BenchmarkBurst50(b *testing.B) {
 		}
 	}
 }
+
+// A Gateway labelled (or in a namespace labelled) istio.io/rev for another revision is left to
+// it, as istiod's TagWatcher.IsMine; unlabelled, it is the default revision's.
+func TestOtherRevision(t *testing.T) {
+	e := newEnv(t)
+	if _, err := e.kube.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		Name: "canary-ns", Labels: map[string]string{"istio.io/rev": "canary"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.namespace("plain")
+	h := e.start(true)
+	e.create(gateway("canary-ns", "web", "istio", 80))
+	labelled := gateway("plain", "web", "istio", 80)
+	labelled.Labels = map[string]string{"istio.io/rev": "canary"}
+	e.create(labelled)
+	h.settle(t, "canary-ns", "web", 0)
+	h.settle(t, "plain", "web", 0)
+	for _, ns := range []string{"canary-ns", "plain"} {
+		if v := e.versions(ns, "web-istio"); len(v) != 0 {
+			t.Errorf("the default revision deployed the canary's Gateway %s/web: %v", ns, v)
+		}
+	}
+	e.edit("plain", "web", func(gw *gwv1.Gateway) { delete(gw.Labels, "istio.io/rev") })
+	testwait.Until(t, wait, "deployed once unlabelled", func() bool { return len(e.versions("plain", "web-istio")) == 3 })
+}
