@@ -319,6 +319,13 @@ func (s *Service) Run(ctx context.Context) error {
 		var wg sync.WaitGroup
 		defer func() { cancel(); wg.Wait() }()
 		wg.Go(func() {
+			// The status is computed over the namespaces the source selects, known once it
+			// has synced (Selected admits every namespace before).
+			select {
+			case <-s.kube.Ready():
+			case <-ctx.Done():
+				return
+			}
 			if err := s.gwStatus.Run(ctx); err != nil {
 				s.log.Error("Gateway API status writer stopped", "error", err)
 			}
