@@ -53,8 +53,8 @@ var loadBalancerIngress = map[string]corev1.LoadBalancerIngress{
 	"gs/lb-hostname-gw": {Hostname: "lb.example.net"},
 }
 
-// TestGatewayStatusMatchesIstiod applies the corpus of testdata/gateway-status to a real API
-// server, lets istiod (its gateway controller and status writer on, as installed) write the
+// TestGatewayStatusMatchesIstiod applies the corpus of testdata/gateway-status (kube.yaml, then
+// edits.yaml) to a real API server, lets istiod (its gateway controller and status writer on, as installed) write the
 // Gateway API status, stops it and clears every status, lets Sailplane's hyper write it, and
 // compares the two per object: conditions (type, status, reason, observedGeneration),
 // attachedRoutes, supportedKinds, addresses (in order), parents and their controllerName;
@@ -88,6 +88,16 @@ func TestGatewayStatusMatchesIstiod(t *testing.T) {
 	kube := framework.NewKube(t, k.RestConfig())
 	kube.EnsureNamespace(t, "istio-system")
 	kube.Apply(t, manifest)
+	edits, err := os.ReadFile(filepath.Join(gatewayStatusDir, "edits.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range kube.Apply(t, string(edits)) {
+		if o.GetGeneration() < 2 {
+			t.Fatalf("%s/edits.yaml: %s %s/%s is at generation %d: the edit changed nothing", gatewayStatusDir,
+				o.GetKind(), o.GetNamespace(), o.GetName(), o.GetGeneration())
+		}
+	}
 	setPodsRunning(t, kube, pods)
 	writeEndpointSlices(t, kube, objs, pods)
 	setLoadBalancerIngress(t, kube)
