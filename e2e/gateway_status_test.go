@@ -30,16 +30,18 @@ const gatewayStatusDir = "testdata/gateway-status"
 var gatewayStatusKinds = []struct {
 	kind string
 	gvr  schema.GroupVersionResource
-	// route: the status is a RouteStatus, whose parents field is required.
-	route bool
+	// required is the list field the status must have, if any: a route's parents, a
+	// policy's ancestors.
+	required string
 }{
-	{"GatewayClass", gwGVR("gatewayclasses"), false},
-	{"Gateway", gwGVR("gateways"), false},
-	{"ListenerSet", gwGVR("listenersets"), false},
-	{"HTTPRoute", gwGVR("httproutes"), true},
-	{"GRPCRoute", gwGVR("grpcroutes"), true},
-	{"TCPRoute", gwGVR("tcproutes"), true},
-	{"TLSRoute", gwGVR("tlsroutes"), true},
+	{"GatewayClass", gwGVR("gatewayclasses"), ""},
+	{"Gateway", gwGVR("gateways"), ""},
+	{"ListenerSet", gwGVR("listenersets"), ""},
+	{"HTTPRoute", gwGVR("httproutes"), "parents"},
+	{"GRPCRoute", gwGVR("grpcroutes"), "parents"},
+	{"TCPRoute", gwGVR("tcproutes"), "parents"},
+	{"TLSRoute", gwGVR("tlsroutes"), "parents"},
+	{"BackendTLSPolicy", gwGVR("backendtlspolicies"), "ancestors"},
 }
 
 func gwGVR(resource string) schema.GroupVersionResource {
@@ -271,11 +273,13 @@ func settledGatewayStatus(t *testing.T, kube *framework.Kube, server string, exp
 	}
 }
 
-// statusWritten: a controller wrote this status (a route's parents, a condition that is not the
-// CRD's default "Pending").
+// statusWritten: a controller wrote this status (a route's parents, a policy's ancestors, a
+// condition that is not the CRD's default "Pending").
 func statusWritten(st map[string]any) bool {
-	if parents, ok := st["parents"].([]any); ok && len(parents) > 0 {
-		return true
+	for _, f := range []string{"parents", "ancestors"} {
+		if l, ok := st[f].([]any); ok && len(l) > 0 {
+			return true
+		}
 	}
 	conds, _ := st["conditions"].([]any)
 	for _, c := range conds {
@@ -286,8 +290,8 @@ func statusWritten(st map[string]any) bool {
 	return false
 }
 
-// clearGatewayStatus empties the status of every Gateway API object (a route's parents are
-// required: an empty list).
+// clearGatewayStatus empties the status of every Gateway API object (a route's parents and a
+// policy's ancestors are required: an empty list).
 func clearGatewayStatus(t *testing.T, kube *framework.Kube) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -300,8 +304,8 @@ func clearGatewayStatus(t *testing.T, kube *framework.Kube) {
 		}
 		for _, o := range list.Items {
 			st := map[string]any{}
-			if k.route {
-				st["parents"] = []any{}
+			if k.required != "" {
+				st[k.required] = []any{}
 			}
 			o.Object["status"] = st
 			var err error
@@ -354,8 +358,8 @@ func compareGatewayStatus(ref, ours map[string]map[string]any) ([]xdsdiff.Differ
 
 // flattenStatus maps each compared leaf of a status to its value as JSON. Lists whose order
 // carries no meaning are keyed by what identifies an entry: conditions by type, listeners by
-// name, parents by parentRef (namespace/kind/name/section/port, each "-" when unset) and
-// controllerName. Other lists (addresses, supportedKinds) keep their index: their order is
+// name, parents (and policies' ancestors) by parentRef (namespace/kind/name/section/port, each
+// "-" when unset) and controllerName. Other lists (addresses, supportedKinds) keep their index: their order is
 // compared. Messages and lastTransitionTime are left out.
 func flattenStatus(st map[string]any) map[string]string {
 	out := map[string]string{}
@@ -397,7 +401,11 @@ func entryKey(e any, i int) string {
 	if m == nil {
 		return fmt.Sprint(i)
 	}
-	if ref, ok := m["parentRef"].(map[string]any); ok {
+	ref, ok := m["parentRef"].(map[string]any)
+	if !ok {
+		ref, ok = m["ancestorRef"].(map[string]any) // a policy's ancestor
+	}
+	if ok {
 		var parts []string
 		for _, f := range []string{"namespace", "kind", "name", "sectionName", "port"} {
 			parts = append(parts, strOr(fmt.Sprint(valueOr(ref[f], "-")), "-"))
