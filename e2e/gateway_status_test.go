@@ -107,9 +107,12 @@ func TestGatewayStatusMatchesIstiod(t *testing.T) {
 
 	const mesh = "rootNamespace: istio-system\n"
 	phase := time.Now()
-	istiod := testenv.IstiodForTest(t, k, mesh,
-		// Its gateway controller and status writer, as installed (testenv turns them off).
-		"PILOT_ENABLE_GATEWAY_API=true", "PILOT_ENABLE_GATEWAY_API_STATUS=true")
+	// istiod's gateway controller and status writer, as installed (testenv turns them off). It
+	// writes once it holds its per-revision Lease istio-gateway-status-leader in POD_NAMESPACE
+	// (istio-system; revision "default"), which nobody holds here, so at once. Its deployment
+	// controller stays off, and so does hyper's (--gateway-deployment=false): the corpus holds
+	// the Services, so both see the same ones.
+	istiod := testenv.IstiodForTest(t, k, mesh, "PILOT_ENABLE_GATEWAY_API=true", "PILOT_ENABLE_GATEWAY_API_STATUS=true")
 	ref := settledGatewayStatus(t, kube, "istiod", expected)
 	istiod.Stop()
 	t.Logf("istiod: %d statuses settled in %v", len(ref), time.Since(phase).Round(time.Millisecond))
@@ -235,11 +238,12 @@ func gatewayStatuses(ctx context.Context, kube *framework.Kube) (map[string]map[
 }
 
 // settledGatewayStatus waits until server has written a status to every expected object and
-// then nothing changes for a second (both write in batches: istiod as its collections recompute,
-// hyper debounced by 100 ms, at most 1 s), and returns the statuses.
+// then nothing changes for two seconds (both write in batches: istiod as its collections
+// recompute, hyper debounced by 100 ms, at most 1 s; a Gateway's attachedRoutes may follow its
+// first write), and returns the statuses.
 func settledGatewayStatus(t *testing.T, kube *framework.Kube, server string, expected []string) map[string]map[string]any {
 	t.Helper()
-	const quiet = time.Second
+	const quiet = 2 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
 	var prev map[string]map[string]any
