@@ -14,7 +14,7 @@ import (
 
 // A manually deployed Gateway is Programmed, as in istiod, only once its Service has endpoints
 // and, for a LoadBalancer, an address; its status.addresses are the Service's host name, or the
-// LoadBalancer's address once it has one (not the cluster IP).
+// LoadBalancer's address once it has one (not the cluster IP), and are never emptied once set.
 func TestWriterProgrammedFollowsService(t *testing.T) {
 	e := newEnv(t)
 	ctx := t.Context()
@@ -71,7 +71,8 @@ func TestWriterProgrammedFollowsService(t *testing.T) {
 	if svc, err = svcAPI.Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitProgrammed("LoadBalancer address pending", "False", "AddressNotAssigned")
+	// Not Programmed, but the address once reported stays, as in istiod.
+	waitProgrammed("LoadBalancer address pending", "False", "AddressNotAssigned", "gw-svc."+e.ns+".svc.cluster.local")
 
 	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.18.9.1"}}
 	if _, err := svcAPI.UpdateStatus(ctx, svc, metav1.UpdateOptions{}); err != nil {
