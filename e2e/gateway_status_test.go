@@ -56,9 +56,9 @@ var loadBalancerIngress = map[string]corev1.LoadBalancerIngress{
 }
 
 // TestGatewayStatusMatchesIstiod applies the corpus of testdata/gateway-status (kube.yaml, then
-// edits.yaml) to a real API server, lets istiod (its gateway controller and status writer on, as installed) write the
-// Gateway API status, stops it and clears every status, lets Sailplane's hyper write it, and
-// compares the two per object: conditions (type, status, reason, observedGeneration),
+// edits.yaml) to a real API server, lets istiod (its gateway controller and status writer on, as
+// installed) write the Gateway API status, stops it and clears every status, lets Sailplane's
+// hyper write it, and compares the two per object: conditions (type, status, reason, observedGeneration),
 // attachedRoutes, supportedKinds, addresses (in order), parents and their controllerName;
 // messages and lastTransitionTime are not compared. A difference not in
 // testdata/gateway-status/allowlist.yaml fails the test, and so does an entry that matched
