@@ -48,7 +48,6 @@ var conformanceSkips = map[string]string{}
 var conformanceKnownFailures = map[string]string{
 	"GatewayInvalidTLSConfiguration": "config-ingest does not read Secrets (gatewayapi.Secrets is not implemented by its registry): a missing or malformed certificate Secret leaves the listener ResolvedRefs True",
 	"GatewayWithAttachedRoutes":      "subtest 'AttachedRoutes set even when Gateway has unresolved refs': the listener's missing certificate Secret is not detected (same cause), so it is Programmed True where False is expected",
-	"HTTPRouteCrossNamespace":        "the route in gateway-conformance-web-backend gets Accepted, but the simulated gateway answers 404 (no route served for it); not investigated yet",
 }
 
 // TestGatewayAPIConformance runs the upstream Gateway API conformance suite (v1.6.3) against

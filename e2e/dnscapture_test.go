@@ -7,14 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"sailplane.dev/shared/netns"
+
 	"github.com/miekg/dns"
-	"golang.org/x/sys/unix"
 
 	"sailplane.dev/e2e/framework"
 	"sailplane.dev/shared/pki"
@@ -172,50 +172,9 @@ func dnsNamespaces(t *testing.T) (pod, peer string) {
 	return pod, peer
 }
 
-// inNamespace runs f on a thread inside the named namespace, as uid (its fsuid, which owns the
-// sockets f creates and is what the capture rules' owner match reads) when uid >= 0. A thread
-// that cannot be restored is left locked, and the runtime discards it.
-func inNamespace(name string, uid int, f func() error) error {
-	ch := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		restored, err := func() (bool, error) {
-			orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return true, err
-			}
-			defer unix.Close(orig)
-			target, err := unix.Open(filepath.Join("/run/netns", name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return true, err
-			}
-			defer unix.Close(target)
-			if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-				return true, err
-			}
-			if uid >= 0 {
-				unix.Setfsuid(uid)
-			}
-			ferr := f()
-			if uid >= 0 {
-				unix.Setfsuid(0)
-			}
-			if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-				return false, err
-			}
-			return true, ferr
-		}()
-		if restored {
-			runtime.UnlockOSThread()
-		}
-		ch <- err
-	}()
-	return <-ch
-}
-
 // lookupIn is lookup from inside namespace ns as uid, to resolv.conf's nameserver.
 func lookupIn(ns string, uid int, proto, name string) (got []netip.Addr, err error) {
-	ierr := inNamespace(ns, uid, func() error {
+	ierr := netns.DoAs("/run/netns/"+ns, uid, func() error {
 		got, err = lookup(net.JoinHostPort(dnsPeerIP, "53"), proto, name)
 		return nil
 	})
@@ -265,7 +224,7 @@ func startNameserverIn(t *testing.T, ns string) *recordingNameserver {
 	var pc net.PacketConn
 	var l net.Listener
 	addr := net.JoinHostPort(dnsPeerIP, "53")
-	if err := inNamespace(ns, -1, func() (err error) {
+	if err := netns.Do("/run/netns/"+ns, func() (err error) {
 		if pc, err = net.ListenPacket("udp", addr); err != nil {
 			return err
 		}

@@ -120,29 +120,8 @@ func TestTrafficManagement(t *testing.T) {
 			defer cancel()
 			framework.WaitServing(ctx, t, client)
 
-			t.Run("weighted 80/20", func(t *testing.T) {
-				counts := countBackends(ctx, t, client, 1000)
-				if counts["v1"] < 750 || counts["v1"] > 850 || counts["v1"]+counts["v2"] != 1000 {
-					t.Fatalf("want v1 80±5%% of 1000 RPCs, got %v", counts)
-				}
-			})
-			t.Run("header match goes to v2", func(t *testing.T) {
-				counts := countBackends(ctx, t, client, 100, "x-canary", "true")
-				if counts["v2"] != 100 {
-					t.Fatalf("want all 100 canary RPCs on v2, got %v", counts)
-				}
-			})
-			t.Run("rewritten file moves traffic", func(t *testing.T) {
+			checkCanaryRouting(ctx, t, client, func() {
 				framework.WriteFile(t, dir, "etc/sailplane/conf/echo/traffic.yaml", trafficYAML(0, 100))
-				framework.Eventually(t, 30*time.Second, func() error {
-					if c := countBackends(ctx, t, client, 20); c["v1"] > 0 {
-						return fmt.Errorf("still reaching v1: %v", c)
-					}
-					return nil
-				})
-				if counts := countBackends(ctx, t, client, 500); counts["v2"] != 500 {
-					t.Fatalf("after 0/100, want all 500 RPCs on v2, got %v", counts)
-				}
 			})
 			t.Run("broken file keeps what was served", func(t *testing.T) {
 				framework.WriteFile(t, dir, "etc/sailplane/conf/echo/traffic.yaml", "kind: VirtualService\nspec: [unclosed\n")
@@ -160,6 +139,37 @@ func TestTrafficManagement(t *testing.T) {
 			})
 		})
 	}
+}
+
+// checkCanaryRouting checks what the canary config of a traffic test (header x-canary: true to
+// v2, the rest 80/20 between v1 and v2) does to the client's RPCs, then that moveAll (the same
+// config at 0/100) moves every RPC to v2.
+func checkCanaryRouting(ctx context.Context, t *testing.T, client framework.EchoClient, moveAll func()) {
+	t.Helper()
+	t.Run("weighted 80/20", func(t *testing.T) {
+		counts := countBackends(ctx, t, client, 1000)
+		if counts["v1"] < 750 || counts["v1"] > 850 || counts["v1"]+counts["v2"] != 1000 {
+			t.Fatalf("want v1 80±5%% of 1000 RPCs, got %v", counts)
+		}
+	})
+	t.Run("header match goes to v2", func(t *testing.T) {
+		counts := countBackends(ctx, t, client, 100, "x-canary", "true")
+		if counts["v2"] != 100 {
+			t.Fatalf("want all 100 canary RPCs on v2, got %v", counts)
+		}
+	})
+	t.Run("rewritten config moves traffic", func(t *testing.T) {
+		moveAll()
+		framework.Eventually(t, 30*time.Second, func() error {
+			if c := countBackends(ctx, t, client, 20); c["v1"] > 0 {
+				return fmt.Errorf("still reaching v1: %v", c)
+			}
+			return nil
+		})
+		if counts := countBackends(ctx, t, client, 500); counts["v2"] != 500 {
+			t.Fatalf("after 0/100, want all 500 RPCs on v2, got %v", counts)
+		}
+	})
 }
 
 func countBackends(ctx context.Context, t *testing.T, c framework.EchoClient, n int, headers ...string) echo.Counts {

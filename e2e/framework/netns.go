@@ -9,11 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+
+	"sailplane.dev/shared/netns"
 
 	"golang.org/x/sys/unix"
 )
@@ -116,40 +117,7 @@ func (h *TestHost) DialContext(ctx context.Context, addr string) (net.Conn, erro
 
 // inside runs f on a thread in the host's namespace: sockets f creates belong to the host.
 func (h *TestHost) inside(f func() error) error {
-	ch := make(chan error, 1)
-	// A fresh goroutine on its own locked thread: a socket is created in the namespace the
-	// thread is in. If switching back fails the goroutine exits still locked, and the Go runtime
-	// then destroys the thread rather than reuse it in the wrong namespace.
-	go func() {
-		runtime.LockOSThread()
-		restored, err := h.insideLocked(f)
-		if restored {
-			runtime.UnlockOSThread()
-		}
-		ch <- err
-	}()
-	return <-ch
-}
-
-func (h *TestHost) insideLocked(f func() error) (restored bool, err error) {
-	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return true, fmt.Errorf("open own netns: %w", err)
-	}
-	defer unix.Close(orig)
-	target, err := unix.Open(filepath.Join(netnsDir, h.Name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return true, fmt.Errorf("open netns: %w", err)
-	}
-	defer unix.Close(target)
-	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-		return true, fmt.Errorf("enter netns: %w", err)
-	}
-	err = f()
-	if serr := unix.Setns(orig, unix.CLONE_NEWNET); serr != nil {
-		return false, fmt.Errorf("return to own netns: %w", serr)
-	}
-	return true, err
+	return netns.Do(filepath.Join(netnsDir, h.Name), f)
 }
 
 // Close deletes the host's namespace and veth, and the bridge when no other host uses it.

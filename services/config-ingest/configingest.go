@@ -237,9 +237,9 @@ func New(cfg Config, deps Deps) (*Service, error) {
 func (s *Service) StatusLeader() bool { return s.kube != nil && s.kube.Leader() }
 
 // PublishedTypes are the bus types config-ingest publishes: every config kind (Istio's and the
-// Gateway API's) and MeshConfig.
+// Gateway API's), MeshConfig, and (Kubernetes mode) the mesh's namespaces with their labels.
 func PublishedTypes() []string {
-	types := []string{schema.MeshConfig.TypeURL}
+	types := []string{schema.MeshConfig.TypeURL, schema.Namespace.TypeURL}
 	for _, k := range schema.ConfigKinds {
 		types = append(types, k.TypeURL)
 	}

@@ -2,7 +2,7 @@ module sailplane.dev/services/config-ingest
 
 go 1.26.0
 
-require sailplane.dev/proto v0.0.0 // indirect
+require sailplane.dev/proto v0.0.0
 
 require (
 	github.com/fsnotify/fsnotify v1.10.1

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -24,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	configingest "sailplane.dev/services/config-ingest"
 	"sailplane.dev/services/config-ingest/internal/kubesource"
 	"sailplane.dev/shared/config"
@@ -507,6 +509,65 @@ func TestKubeDiscoverySelectors(t *testing.T) {
 	// Dropping the selectors selects everything again.
 	e.setMesh("trustDomain: example.org\n")
 	waitFor(t, "all namespaces", func() bool { return rec.get(schema.VirtualService, in+"/r") != nil })
+}
+
+// The namespaces the discoverySelectors admit are published with their labels (and nothing
+// else), followed as labels change, for the xds-server's Gateway API translation to match
+// listeners' allowedRoutes selectors as the status writer does.
+func TestKubeNamespacesPublished(t *testing.T) {
+	e := newKenv(t, sharedKube(t))
+	sel := "mesh-" + e.id
+	in, out := e.ns("in", map[string]string{sel: "yes", "team": "web"}), e.ns("out", nil)
+	e.setMesh("discoverySelectors:\n- matchLabels: {" + sel + ": \"yes\"}\n")
+	ing := e.start("pod-0", nil)
+	rec := ing.rec
+	labels := func(name string) (map[string]string, bool) {
+		b, ok := rec.body(schema.Namespace, name).(*discoveryv1.Namespace)
+		if !ok {
+			return nil, false
+		}
+		if b.GetName() != name {
+			t.Errorf("namespace %s published as %q", name, b.GetName())
+		}
+		return b.GetLabels(), true
+	}
+	want := map[string]string{"kubernetes.io/metadata.name": in, sel: "yes", "team": "web"}
+	if got, ok := labels(in); !ok || !maps.Equal(got, want) {
+		t.Errorf("selected namespace published with labels %v (%v), want %v", got, ok, want)
+	}
+	if _, ok := labels(e.cp); !ok {
+		t.Error("control plane namespace not published")
+	}
+	if _, ok := labels(out); ok {
+		t.Error("unselected namespace published")
+	}
+
+	relabel := func(ns string, edit func(map[string]string)) {
+		n, err := e.kube.CoreV1().Namespaces().Get(e.ctx(), ns, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		edit(n.Labels)
+		if _, err := e.kube.CoreV1().Namespaces().Update(e.ctx(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	relabel(in, func(l map[string]string) { delete(l, "team") })
+	waitFor(t, "label removal published", func() bool {
+		got, ok := labels(in)
+		return ok && got["team"] == "" && got[sel] == "yes"
+	})
+	relabel(out, func(l map[string]string) { l[sel] = "yes" })
+	waitFor(t, "newly selected namespace published", func() bool { _, ok := labels(out); return ok })
+	relabel(in, func(l map[string]string) { delete(l, sel) })
+	waitFor(t, "unselected namespace removed", func() bool { _, ok := labels(in); return !ok })
+
+	// Without selectors, every namespace is in the mesh.
+	e.setMesh("trustDomain: example.org\n")
+	waitFor(t, "all namespaces published", func() bool { _, ok := labels(in); return ok })
 }
 
 func TestKubeMeshConfigMap(t *testing.T) {

@@ -134,6 +134,15 @@ var (
 	}
 )
 
+// Namespace is a Kubernetes namespace's name and labels, published by config-ingest for the
+// namespaces the discoverySelectors admit: Gateway API listeners select routes' namespaces by
+// label (allowedRoutes.namespaces.selector). Named after the namespace.
+var Namespace = Kind{
+	Group: "sailplane.dev", Version: "v1", Kind: "Namespace", TypeURL: "sailplane.dev/discovery/v1/Namespace",
+	New:           func() proto.Message { return &discoveryv1.Namespace{} },
+	ClusterScoped: true,
+}
+
 // TrustBundle is every root the mesh trusts, published by the ca: one resource per trust
 // domain, named after it.
 var TrustBundle = Kind{
@@ -153,7 +162,7 @@ var IstioConfig = []Kind{
 var ConfigKinds = append(append([]Kind{}, IstioConfig...), GatewayAPI...)
 
 // All lists every kind known to Sailplane.
-var All = append(append([]Kind{}, ConfigKinds...), MeshConfig, Service, Endpoints, TrustBundle)
+var All = append(append([]Kind{}, ConfigKinds...), MeshConfig, Namespace, Service, Endpoints, TrustBundle)
 
 // TypeURLs lists the bus type URLs of kinds.
 func TypeURLs(kinds []Kind) []string {

@@ -35,6 +35,7 @@ func TestByTypeURL(t *testing.T) {
 		{"security.istio.io/v1beta1/PeerAuthentication", PeerAuthentication.TypeURL},
 		{"core/v1alpha1/MeshConfig", MeshConfig.TypeURL},
 		{"sailplane.dev/discovery/v1/Endpoints", Endpoints.TypeURL},
+		{"sailplane.dev/discovery/v1/Namespace", Namespace.TypeURL},
 		{"networking.istio.io/v1alpha3/Nope", ""},
 		{"security.istio.io/v1alpha3/PeerAuthentication", ""},
 		{"sailplane.dev/v1/Service", ""},

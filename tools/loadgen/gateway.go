@@ -162,51 +162,18 @@ func (s Scenario) RunGateways(ctx context.Context, g GatewayAPI) (*GatewayResult
 		Memory: map[string]Memory{}, Usage: map[string]Usage{}, Phases: map[string]Phase{}}
 
 	start := time.Now()
-	procs, addr, err := s.start(ctx, dir)
-	defer func() {
-		for _, p := range procs {
-			p.Stop(10 * time.Second)
-		}
-	}()
+	cp, err := s.launch(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
-	exited := make(chan struct{})
-	var exitOnce sync.Once
-	for _, p := range procs {
-		go func() {
-			select {
-			case <-p.Exited():
-				exitOnce.Do(func() { close(exited) })
-			case <-exited:
-			}
-		}()
-	}
-	var server *Process
-	if len(procs) > 0 {
-		server = procs[len(procs)-1]
+	defer cp.stop()
+	procs, addr, server := cp.procs, cp.addr, cp.server()
+	if server != nil {
 		res.XDSProcess = server.Name
-		defer exitOnce.Do(func() { close(exited) })
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	wait := func(phase string, done <-chan struct{}) error {
-		t := time.NewTimer(s.PhaseTimeout)
-		defer t.Stop()
-		select {
-		case <-done:
-			return nil
-		case <-t.C:
-			return fmt.Errorf("%w: %s: timed out after %s", ErrScenario, phase, s.PhaseTimeout)
-		case <-exited:
-			return fmt.Errorf("%w: %s: a control-plane process exited (logs in %s)", ErrScenario, phase, dir)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	if err := s.waitMesh(ctx, addr, wait); err != nil {
-		return nil, err
-	}
+	wait := func(phase string, done <-chan struct{}) error { return cp.wait(ctx, phase, done) }
 	res.StartupSeconds = time.Since(start).Seconds()
 	log.Info("control plane ready", "took", time.Since(start).Round(time.Millisecond))
 

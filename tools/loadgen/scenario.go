@@ -144,51 +144,18 @@ func (s Scenario) Run(ctx context.Context) (*Result, error) {
 		Usage: map[string]Usage{}}
 
 	start := time.Now()
-	procs, addr, err := s.start(ctx, dir)
-	defer func() {
-		for _, p := range procs {
-			p.Stop(10 * time.Second)
-		}
-	}()
+	cp, err := s.launch(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
-	exited := make(chan struct{})
-	var exitOnce sync.Once
-	for _, p := range procs {
-		go func() {
-			select {
-			case <-p.Exited():
-				exitOnce.Do(func() { close(exited) })
-			case <-exited:
-			}
-		}()
-	}
-	if len(procs) > 0 {
-		res.XDSProcess = procs[len(procs)-1].Name
-		defer exitOnce.Do(func() { close(exited) })
+	defer cp.stop()
+	procs, addr := cp.procs, cp.addr
+	if server := cp.server(); server != nil {
+		res.XDSProcess = server.Name
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-
-	// A probe proxy tells when the control plane holds the whole mesh.
-	wait := func(phase string, done <-chan struct{}) error {
-		t := time.NewTimer(s.PhaseTimeout)
-		defer t.Stop()
-		select {
-		case <-done:
-			return nil
-		case <-t.C:
-			return fmt.Errorf("%w: %s: timed out after %s", ErrScenario, phase, s.PhaseTimeout)
-		case <-exited:
-			return fmt.Errorf("%w: %s: a control-plane process exited (logs in %s)", ErrScenario, phase, dir)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	if err := s.waitMesh(ctx, addr, wait); err != nil {
-		return nil, err
-	}
+	wait := func(phase string, done <-chan struct{}) error { return cp.wait(ctx, phase, done) }
 	res.StartupSeconds = time.Since(start).Seconds()
 	log.Info("control plane ready", "took", time.Since(start).Round(time.Millisecond))
 
@@ -388,6 +355,73 @@ func watching(ps []*Proxy, typeURL, name string) []*Proxy {
 		}
 	}
 	return out
+}
+
+// controlPlane is a started control plane: its processes (the one serving xDS last) and the
+// waits of the scenario's phases, which fail as soon as one of the processes exits.
+type controlPlane struct {
+	procs   []*Process // none for an external control plane
+	addr    string     // where it serves xDS
+	dir     string
+	timeout time.Duration
+	exited  chan struct{}
+	once    sync.Once
+}
+
+// launch starts the control plane of the topology on the config of dir and waits until a
+// probe proxy sees the whole mesh.
+func (s Scenario) launch(ctx context.Context, dir string) (*controlPlane, error) {
+	procs, addr, err := s.start(ctx, dir)
+	cp := &controlPlane{procs: procs, addr: addr, dir: dir, timeout: s.PhaseTimeout, exited: make(chan struct{})}
+	if err != nil {
+		cp.stop()
+		return nil, err
+	}
+	for _, p := range procs {
+		go func() {
+			select {
+			case <-p.Exited():
+				cp.once.Do(func() { close(cp.exited) })
+			case <-cp.exited:
+			}
+		}()
+	}
+	if err := s.waitMesh(ctx, addr, func(phase string, done <-chan struct{}) error { return cp.wait(ctx, phase, done) }); err != nil {
+		cp.stop()
+		return nil, err
+	}
+	return cp, nil
+}
+
+// server is the process serving xDS, nil for an external control plane.
+func (cp *controlPlane) server() *Process {
+	if len(cp.procs) == 0 {
+		return nil
+	}
+	return cp.procs[len(cp.procs)-1]
+}
+
+// wait waits for done, at most the phase timeout.
+func (cp *controlPlane) wait(ctx context.Context, phase string, done <-chan struct{}) error {
+	t := time.NewTimer(cp.timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("%w: %s: timed out after %s", ErrScenario, phase, cp.timeout)
+	case <-cp.exited:
+		return fmt.Errorf("%w: %s: a control-plane process exited (logs in %s)", ErrScenario, phase, cp.dir)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (cp *controlPlane) stop() {
+	cp.once.Do(func() { close(cp.exited) })
+	for _, p := range cp.procs {
+		p.Stop(10 * time.Second)
+	}
 }
 
 // waitMesh connects a probe proxy until its configuration holds every service's cluster.

@@ -578,6 +578,61 @@ func (x *Locality) GetSubZone() string {
 	return ""
 }
 
+// Namespace is a Kubernetes namespace of the mesh (one the discoverySelectors admit), as
+// config-ingest publishes it: its name and labels only, which Gateway API listeners'
+// allowedRoutes namespace selectors match. Named after the namespace.
+type Namespace struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Labels        map[string]string      `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Namespace) Reset() {
+	*x = Namespace{}
+	mi := &file_discovery_v1_discovery_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Namespace) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Namespace) ProtoMessage() {}
+
+func (x *Namespace) ProtoReflect() protoreflect.Message {
+	mi := &file_discovery_v1_discovery_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
+func (*Namespace) Descriptor() ([]byte, []int) {
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Namespace) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Namespace) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
 var File_discovery_v1_discovery_proto protoreflect.FileDescriptor
 
 const file_discovery_v1_discovery_proto_rawDesc = "" +
@@ -637,7 +692,13 @@ const file_discovery_v1_discovery_proto_rawDesc = "" +
 	"\bLocality\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x19\n" +
-	"\bsub_zone\x18\x03 \x01(\tR\asubZone*@\n" +
+	"\bsub_zone\x18\x03 \x01(\tR\asubZone\"\xa1\x01\n" +
+	"\tNamespace\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12E\n" +
+	"\x06labels\x18\x02 \x03(\v2-.sailplane.discovery.v1.Namespace.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*@\n" +
 	"\n" +
 	"Resolution\x12\n" +
 	"\n" +
@@ -663,7 +724,7 @@ func file_discovery_v1_discovery_proto_rawDescGZIP() []byte {
 }
 
 var file_discovery_v1_discovery_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_discovery_v1_discovery_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_discovery_v1_discovery_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_discovery_v1_discovery_proto_goTypes = []any{
 	(Resolution)(0),   // 0: sailplane.discovery.v1.Resolution
 	(Health)(0),       // 1: sailplane.discovery.v1.Health
@@ -672,24 +733,27 @@ var file_discovery_v1_discovery_proto_goTypes = []any{
 	(*Endpoints)(nil), // 4: sailplane.discovery.v1.Endpoints
 	(*Endpoint)(nil),  // 5: sailplane.discovery.v1.Endpoint
 	(*Locality)(nil),  // 6: sailplane.discovery.v1.Locality
-	nil,               // 7: sailplane.discovery.v1.Service.LabelsEntry
-	nil,               // 8: sailplane.discovery.v1.Endpoint.PortsEntry
-	nil,               // 9: sailplane.discovery.v1.Endpoint.LabelsEntry
+	(*Namespace)(nil), // 7: sailplane.discovery.v1.Namespace
+	nil,               // 8: sailplane.discovery.v1.Service.LabelsEntry
+	nil,               // 9: sailplane.discovery.v1.Endpoint.PortsEntry
+	nil,               // 10: sailplane.discovery.v1.Endpoint.LabelsEntry
+	nil,               // 11: sailplane.discovery.v1.Namespace.LabelsEntry
 }
 var file_discovery_v1_discovery_proto_depIdxs = []int32{
-	3, // 0: sailplane.discovery.v1.Service.ports:type_name -> sailplane.discovery.v1.Port
-	0, // 1: sailplane.discovery.v1.Service.resolution:type_name -> sailplane.discovery.v1.Resolution
-	7, // 2: sailplane.discovery.v1.Service.labels:type_name -> sailplane.discovery.v1.Service.LabelsEntry
-	5, // 3: sailplane.discovery.v1.Endpoints.endpoints:type_name -> sailplane.discovery.v1.Endpoint
-	8, // 4: sailplane.discovery.v1.Endpoint.ports:type_name -> sailplane.discovery.v1.Endpoint.PortsEntry
-	9, // 5: sailplane.discovery.v1.Endpoint.labels:type_name -> sailplane.discovery.v1.Endpoint.LabelsEntry
-	6, // 6: sailplane.discovery.v1.Endpoint.locality:type_name -> sailplane.discovery.v1.Locality
-	1, // 7: sailplane.discovery.v1.Endpoint.health:type_name -> sailplane.discovery.v1.Health
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	3,  // 0: sailplane.discovery.v1.Service.ports:type_name -> sailplane.discovery.v1.Port
+	0,  // 1: sailplane.discovery.v1.Service.resolution:type_name -> sailplane.discovery.v1.Resolution
+	8,  // 2: sailplane.discovery.v1.Service.labels:type_name -> sailplane.discovery.v1.Service.LabelsEntry
+	5,  // 3: sailplane.discovery.v1.Endpoints.endpoints:type_name -> sailplane.discovery.v1.Endpoint
+	9,  // 4: sailplane.discovery.v1.Endpoint.ports:type_name -> sailplane.discovery.v1.Endpoint.PortsEntry
+	10, // 5: sailplane.discovery.v1.Endpoint.labels:type_name -> sailplane.discovery.v1.Endpoint.LabelsEntry
+	6,  // 6: sailplane.discovery.v1.Endpoint.locality:type_name -> sailplane.discovery.v1.Locality
+	1,  // 7: sailplane.discovery.v1.Endpoint.health:type_name -> sailplane.discovery.v1.Health
+	11, // 8: sailplane.discovery.v1.Namespace.labels:type_name -> sailplane.discovery.v1.Namespace.LabelsEntry
+	9,  // [9:9] is the sub-list for method output_type
+	9,  // [9:9] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_discovery_v1_discovery_proto_init() }
@@ -703,7 +767,7 @@ func file_discovery_v1_discovery_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_discovery_v1_discovery_proto_rawDesc), len(file_discovery_v1_discovery_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   8,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -8,57 +8,15 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"sailplane.dev/shared/netns"
+
 	"golang.org/x/sys/unix"
 )
-
-// inNetns runs f on a thread inside the named namespace: sockets f creates belong to it. With
-// uid set, the thread's fsuid is that uid while f runs, so the sockets it creates are owned by
-// that user (what the owner match of the rules tests). If the thread cannot be restored, it is
-// left locked and the runtime discards it.
-func inNetns(name string, uid int, f func() error) error {
-	ch := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		restored, err := func() (bool, error) {
-			orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return true, err
-			}
-			defer unix.Close(orig)
-			target, err := unix.Open(filepath.Join("/run/netns", name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return true, err
-			}
-			defer unix.Close(target)
-			if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-				return true, err
-			}
-			if uid >= 0 {
-				unix.Setfsuid(uid)
-			}
-			ferr := f()
-			if uid >= 0 {
-				unix.Setfsuid(0)
-			}
-			if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-				return false, err
-			}
-			return true, ferr
-		}()
-		if restored {
-			runtime.UnlockOSThread()
-		}
-		ch <- err
-	}()
-	return <-ch
-}
 
 // originalDst is the destination a connection had before the kernel redirected it
 // (SO_ORIGINAL_DST, what Envoy's original_dst listener filter reads).
@@ -140,7 +98,7 @@ func listenTransparentIn(t *testing.T, ns, network, addr string, transparent boo
 			return errors.Join(err, serr)
 		}
 	}
-	if err := inNetns(ns, -1, func() (err error) {
+	if err := netns.Do("/run/netns/"+ns, func() (err error) {
 		l, err = lc.Listen(context.Background(), network, addr)
 		return err
 	}); err != nil {
@@ -152,7 +110,7 @@ func listenTransparentIn(t *testing.T, ns, network, addr string, transparent boo
 // dialIn connects from namespace ns (as uid, or -1 for ours) and returns the line it reads.
 func dialIn(ns string, uid int, addr string) (string, error) {
 	var conn net.Conn
-	err := inNetns(ns, uid, func() (err error) {
+	err := netns.DoAs("/run/netns/"+ns, uid, func() (err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		var d net.Dialer
@@ -271,7 +229,7 @@ func TestPackets(t *testing.T) {
 func serveUDP(t *testing.T, ns string, uid int, addr, reply string) {
 	t.Helper()
 	var pc net.PacketConn
-	if err := inNetns(ns, uid, func() (err error) {
+	if err := netns.DoAs("/run/netns/"+ns, uid, func() (err error) {
 		pc, err = net.ListenPacket("udp", addr)
 		return err
 	}); err != nil {
@@ -294,7 +252,7 @@ func serveUDP(t *testing.T, ns string, uid int, addr, reply string) {
 func expectUDP(t *testing.T, ns string, uid int, addr, want string) {
 	t.Helper()
 	var conn net.Conn
-	if err := inNetns(ns, uid, func() (err error) {
+	if err := netns.DoAs("/run/netns/"+ns, uid, func() (err error) {
 		conn, err = net.Dial("udp", addr)
 		return err
 	}); err != nil {

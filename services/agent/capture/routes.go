@@ -62,7 +62,9 @@ func (rt Routes) Apply(ctx context.Context) error {
 		}
 	}
 	if rt.addressSix {
-		if _, err := runCmd(ctx, "", "ip", "-6", "addr", "replace", "::6/128", "dev", "lo"); err != nil {
+		// nodad: the address is the pod's own, on loopback; duplicate address detection would
+		// only leave it tentative (unusable) for its first second.
+		if _, err := runCmd(ctx, "", "ip", "-6", "addr", "replace", "::6/128", "dev", "lo", "nodad"); err != nil {
 			return fmt.Errorf("the inbound passthrough address: %w", err)
 		}
 	}

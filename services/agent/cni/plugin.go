@@ -22,6 +22,7 @@ import (
 
 	agentcapture "sailplane.dev/services/agent/capture"
 	"sailplane.dev/shared/capture"
+	"sailplane.dev/shared/netns"
 )
 
 // PluginType is the plugin's type in the CNI configuration and its binary's name.
@@ -109,7 +110,8 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	default:
 		return fmt.Errorf("sailplane-cni: backend %q: want nftables, iptables or auto", conf.Backend)
 	}
-	err = inNetns(args.Netns, func() error {
+	// The rules and routes are the pod's: nft, iptables-restore and ip run in its namespace.
+	err = netns.Do(args.Netns, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		opts := agentcapture.Options{IPv6: agentcapture.HasIPv6()}

@@ -124,6 +124,8 @@ type Source struct {
 	gwServed  map[string]bool
 	meshProb  error
 	watchProb map[string]error // by informer name
+	// namespaces are the labels of the namespaces published (schema.Namespace), by name.
+	namespaces map[string]map[string]string
 
 	// restored holds, until the initial sync, the last valid versions saved by the previous
 	// run, by type URL then bus name; restoredCount counts those the initial sync used.
@@ -181,8 +183,9 @@ func New(restCfg *rest.Config, cfg Config, pub bus.Publisher, log *slog.Logger) 
 	s := &Source{
 		cfg: cfg, log: log, pub: pub,
 		ready: make(chan struct{}), probeNow: make(chan struct{}, 1), crdChanged: make(chan struct{}, 1),
-		watchProb: map[string]error{},
-		events:    kube.ConfigEvents(cfg.MeterProvider),
+		watchProb:  map[string]error{},
+		namespaces: map[string]map[string]string{},
+		events:     kube.ConfigEvents(cfg.MeterProvider),
 	}
 	s.outages = kube.NewOutages(restCfg.Host, log)
 	restCfg = rest.CopyConfig(restCfg)
@@ -328,7 +331,9 @@ func (s *Source) Run(ctx context.Context) error {
 
 	s.mu.Lock()
 	s.resyncLocked(func(string) bool { return true })
+	s.resyncNamespacesLocked()
 	s.pub.Replace(schema.MeshConfig.TypeURL, []*bus.Resource{meshResource(s.mesh)})
+	s.pub.Replace(schema.Namespace.TypeURL, s.namespaceResourcesLocked())
 	total := 0
 	for _, ks := range s.kinds {
 		rs := make([]*bus.Resource, 0, len(ks.published))
@@ -485,6 +490,7 @@ func (s *Source) resync(ctx, until context.Context, served map[string]bool) erro
 		s.onConfigMapLocked()
 	}
 	s.resyncLocked(func(string) bool { return true })
+	s.resyncNamespacesLocked()
 	s.mu.Unlock()
 	// old's events are ignored from now on: stop it in the background (client-go takes seconds
 	// to close its watches); Run waits for it.
@@ -691,7 +697,11 @@ func (s *Source) selectedLocked(ns string) bool {
 func (s *Source) onNamespace(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.synced || s.selectors == nil {
+	if !s.synced {
+		return
+	}
+	s.syncNamespaceLocked(key)
+	if s.selectors == nil {
 		return
 	}
 	s.resyncLocked(func(ns string) bool { return ns == key })
@@ -753,6 +763,7 @@ func (s *Source) setMeshLocked(m *meshv1alpha1.MeshConfig) error {
 		old.GetRootNamespace() != m.GetRootNamespace() {
 		s.log.Info("discovery selectors changed", "selectors", len(m.GetDiscoverySelectors()))
 		s.resyncLocked(func(string) bool { return true })
+		s.resyncNamespacesLocked()
 		if s.cfg.OnSelection != nil {
 			s.cfg.OnSelection()
 		}

@@ -20,7 +20,8 @@ import (
 // Gateways, VirtualServices and DestinationRules appended to each full snapshot, which
 // envoygen and grpcgen serve like the user's own. Objects are decoded once, when they arrive;
 // translation runs only when a Gateway API object or a registry service changed, so endpoint
-// pushes never pay for it, and a change pushes only what its generated config touches.
+// pushes never pay for it, and a change pushes only what its generated config touches. A
+// namespace's labels count too: listeners' allowedRoutes selectors match them.
 
 // gatewayAPIState is the Store's share of Gateway API work; guarded by Store.mu.
 type gatewayAPIState struct {
@@ -114,8 +115,23 @@ func (s *Store) gatewayAPIOutput(snap *Snapshot) gatewayapi.Output {
 		BackendTLSPolicies: objectsOf[gwv1.BackendTLSPolicy](s, schema.BackendTLSPolicy),
 		Services:           registry{snap: snap, entries: s.state[schema.ServiceEntry.TypeURL]},
 		DomainSuffix:       DomainSuffix,
+		NamespaceLabels:    namespaceLabels(s.state[schema.Namespace.TypeURL]),
 	})
 	return s.gw.out
+}
+
+// namespaceLabels are the namespaces' labels config-ingest publishes from Kubernetes, for the
+// listeners' allowedRoutes selectors to match as its status writer does. Nil without any (config
+// from files): translation then knows only the routes' namespaces, by name.
+func namespaceLabels(nss map[string]*bus.Resource) map[string]map[string]string {
+	if len(nss) == 0 {
+		return nil
+	}
+	out := make(map[string]map[string]string, len(nss))
+	for name, r := range nss {
+		out[name] = r.Body.(*discoveryv1.Namespace).GetLabels()
+	}
+	return out
 }
 
 // withGatewayAPI appends the translated config to a snapshot being built, keeping each list

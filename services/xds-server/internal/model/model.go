@@ -29,7 +29,7 @@ const DomainSuffix = "cluster.local"
 // ConfigKinds are the Istio config kinds the xds-server subscribes to.
 var ConfigKinds = append([]schema.Kind{schema.VirtualService, schema.DestinationRule, schema.Gateway, schema.Sidecar,
 	schema.MeshConfig, schema.AuthorizationPolicy, schema.RequestAuthentication, schema.PeerAuthentication,
-	schema.ServiceEntry}, schema.GatewayAPI...)
+	schema.ServiceEntry, schema.Namespace}, schema.GatewayAPI...)
 
 // RegistryKinds are the registry kinds the xds-server subscribes to.
 var RegistryKinds = []schema.Kind{schema.Service, schema.Endpoints}
@@ -216,8 +216,9 @@ func (s *Store) apply(c bus.Change) error {
 		return nil
 	}
 	// ServiceEntries are read here only for GAMMA parentRefs (their services come from the
-	// registry): like Gateway API objects, they are not changes of their own.
-	gwAPI := isGatewayAPI(kind) || kind.TypeURL == schema.ServiceEntry.TypeURL
+	// registry), namespaces only for listeners' allowedRoutes selectors: like Gateway API
+	// objects, they are not changes of their own.
+	gwAPI := isGatewayAPI(kind) || kind.TypeURL == schema.ServiceEntry.TypeURL || kind.TypeURL == schema.Namespace.TypeURL
 	var decoded map[string]metav1.Object
 	if isGatewayAPI(kind) {
 		var err error
@@ -232,7 +233,8 @@ func (s *Store) apply(c bus.Change) error {
 		s.state[kind.TypeURL] = m
 	}
 	switch {
-	case kind.TypeURL == schema.ServiceEntry.TypeURL:
+	case kind.TypeURL == schema.ServiceEntry.TypeURL, kind.TypeURL == schema.Namespace.TypeURL:
+		// A namespace's labels decide which routes its listeners admit.
 		s.gw.dirty = true
 		if len(s.gw.objects) > 0 {
 			s.pending.Full = true
