@@ -2,10 +2,12 @@ package configingest_test
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,8 +19,11 @@ import (
 	configingest "sailplane.dev/services/config-ingest"
 	"sailplane.dev/services/config-ingest/internal/upstream"
 	"sailplane.dev/shared/bus"
+	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/shared/spiffe"
 	"sailplane.dev/shared/testlog"
+	"sailplane.dev/shared/workloadcert"
 )
 
 // ingest is a config-ingest of its own folder, serving its bus over gRPC on loopback, as a
@@ -31,6 +36,9 @@ type ingest struct {
 	store *bus.Store
 	msgs  *testlog.Messages
 	stop  func()
+	// sec protects its bus (plaintext when zero); identity is its workload certificate.
+	sec      bus.Security
+	identity workloadcert.Source
 }
 
 func newIngest(t *testing.T, mesh string) *ingest {
@@ -69,13 +77,14 @@ func (in *ingest) start(waitReady bool) {
 	svc, err := configingest.New(configingest.Config{
 		MeshFile: in.meshFile(), StateDir: filepath.Join(in.root, "var/lib/sailplane"), Debounce: 20 * time.Millisecond,
 		UpstreamSyncTimeout: 30 * time.Second,
-	}, configingest.Deps{Logger: log, Publisher: in.store, UpstreamDialOptions: []bus.DialOption{bus.WithBackoff(20*time.Millisecond, 200*time.Millisecond)}})
+	}, configingest.Deps{Logger: log, Publisher: in.store, Identity: in.identity,
+		UpstreamDialOptions: []bus.DialOption{bus.WithBackoff(20*time.Millisecond, 200*time.Millisecond)}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	in.svc = svc
 	in.store.SyncAfter(svc.Ready(), configingest.PublishedTypes()...)
-	srv, err := bus.ServeGRPC(in.store, in.addr, log, bus.Security{})
+	srv, err := bus.ServeGRPC(in.store, in.addr, log, in.sec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,6 +278,74 @@ func TestUpstreamOrder(t *testing.T) {
 	eventually(t, "the removed upstream's resources withdrawn", func() bool {
 		return down.vs("default/only-first") == "" && down.vs("default/dup") == "second" && len(conflicts(down.svc)) == 0
 	})
+}
+
+type staticIdentity struct{ c *workloadcert.Credential }
+
+func (s staticIdentity) Current() *workloadcert.Credential { return s.c }
+
+// signIdentity issues a workload certificate for id from auth.
+func signIdentity(t *testing.T, auth *pki.Authority, id spiffe.ID) staticIdentity {
+	t.Helper()
+	key, err := pki.GenerateKey(pki.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{URIs: []*url.URL{id.URL()}, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return staticIdentity{&workloadcert.Credential{ID: id, Key: key, Chain: append([]*x509.Certificate{leaf}, auth.Chain()...), Roots: auth.Roots, Received: time.Now()}}
+}
+
+// An upstream without tlsSettings is read over mutual TLS with the service's workload
+// certificate (ISTIO_MUTUAL): the upstream's bus authenticates the downstream's identity, and
+// the downstream accepts the upstream's certificate only if it chains to the mesh's roots and
+// names the expected identity (here a SPIFFE ID of the control plane's namespace, or
+// tlsSettings.subjectAltNames). A server that is not accepted is never read.
+func TestUpstreamMutualTLS(t *testing.T) {
+	auth, err := pki.NewSelfSigned(pki.ECDSAP256, "test", 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := func(ns, sa string) spiffe.ID { return spiffe.ID{TrustDomain: "cluster.local", Namespace: ns, ServiceAccount: sa} }
+	downID := id("istio-system", "config-ingest-downstream")
+
+	up := newIngest(t, "rootNamespace: istio-system\n")
+	up.identity = signIdentity(t, auth, id("istio-system", "config-ingest"))
+	up.sec = bus.Security{Identity: up.identity, Peers: []spiffe.ID{downID}}
+	write(t, filepath.Join(up.conf(), "vs.yaml"), virtualService("remote", "over-mtls"))
+	up.start(true)
+
+	down := newIngest(t, "configSources:\n- address: "+up.source()+"\n")
+	down.identity = signIdentity(t, auth, downID)
+	down.start(true)
+	if got := down.vs("default/remote"); got != "over-mtls" {
+		t.Fatalf("upstream over mTLS: served %q", got)
+	}
+
+	// The same upstream, asked to name another identity: refused at the handshake, so nothing
+	// it sends is taken; the refusal is logged with the reason.
+	other := newIngest(t, "configSources:\n- address: "+up.source()+"\n  tlsSettings:\n    mode: ISTIO_MUTUAL\n    subjectAltNames: [spiffe://cluster.local/ns/istio-system/sa/istiod]\n")
+	other.identity = signIdentity(t, auth, downID)
+	other.start(false)
+	eventually(t, "the unexpected server identity refused", func() bool { return other.msgs.Count("peer unreachable or stream failed") > 1 })
+	if got := other.vs("default/remote"); got != "" {
+		t.Fatalf("a server whose identity is not the expected one was read: %q", got)
+	}
+
+	// A downstream of another mesh (another root) does not accept the upstream either.
+	foreign, err := pki.NewSelfSigned(pki.ECDSAP256, "other", 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger := newIngest(t, "configSources:\n- address: "+up.source()+"\n")
+	stranger.identity = signIdentity(t, foreign, downID)
+	stranger.start(false)
+	eventually(t, "the server of another root refused", func() bool { return stranger.msgs.Count("peer unreachable or stream failed") > 1 })
+	if got := stranger.vs("default/remote"); got != "" {
+		t.Fatalf("a server chaining to another root was read: %q", got)
+	}
 }
 
 // An upstream is read over TLS unless plaintext is asked for: without a workload certificate,

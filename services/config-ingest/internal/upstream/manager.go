@@ -320,19 +320,21 @@ func (m *Manager) waitReady(ctx context.Context, wait []*running) {
 	}
 }
 
-// credentials are the transport credentials tlsSettings asks for.
+// credentials are the transport credentials tlsSettings asks for: mutual TLS with the workload
+// certificate (ISTIO_MUTUAL, also without tlsSettings), plaintext only for mode DISABLE.
 func (m *Manager) credentials(src mesh.XDSSource) (credentials.TransportCredentials, error) {
-	switch mode := src.TLS.GetMode(); mode {
-	case networking.ClientTLSSettings_DISABLE:
-		if src.TLS == nil {
-			break
-		}
+	switch mode := src.TLS.GetMode(); {
+	case src.TLS != nil && mode == networking.ClientTLSSettings_DISABLE:
 		return insecure.NewCredentials(), nil
+	case src.TLS == nil || mode == networking.ClientTLSSettings_ISTIO_MUTUAL:
+		if m.cfg.Identity == nil {
+			return nil, fmt.Errorf("%w: ISTIO_MUTUAL (the default) needs the service's workload certificate (--ca-address), "+
+				"or tlsSettings.mode DISABLE for plaintext", ErrTLS)
+		}
+		return mutualTLS(m.cfg.Identity, src, m.cfg.Namespace), nil
 	default:
 		return nil, fmt.Errorf("%w: tlsSettings.mode %s is not supported (ISTIO_MUTUAL, or DISABLE for plaintext)", ErrTLS, mode)
 	}
-	// No tlsSettings: mutual TLS with the workload certificate, never plaintext unasked.
-	return nil, fmt.Errorf("%w: no tlsSettings means ISTIO_MUTUAL, which is not supported yet; set tlsSettings.mode DISABLE for plaintext", ErrTLS)
 }
 
 func tlsMode(t *networking.ClientTLSSettings) string {
