@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"sailplane.dev/e2e/framework"
+	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/schema"
+	"sailplane.dev/tools/demo/echo"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -45,11 +47,16 @@ spec:
   ports: [{name: http, port: 80, targetPort: 8080}]
 `
 
-// waitBackend waits until every call of a few reaches backend.
+// waitBackend waits until every call of a few reaches backend. Calls may fail while the route
+// switches: gRPC's client picks the new route's cluster before it fetched that cluster.
 func waitBackend(ctx context.Context, t *testing.T, client framework.EchoClient, backend string) {
 	t.Helper()
 	framework.Eventually(t, 60*time.Second, func() error {
-		if c := countBackends(ctx, t, client, 20); c[backend] != 20 {
+		c, err := echo.Count(ctx, client, 20)
+		if err != nil {
+			return err
+		}
+		if c[backend] != 20 {
 			return fmt.Errorf("calls reached %v, want all on %s", c, backend)
 		}
 		return nil
@@ -94,6 +101,52 @@ func TestUpstreamIstiod(t *testing.T) {
 	framework.Eventually(t, 30*time.Second, func() error { return rec.HasAll(schema.VirtualService.TypeURL, "demo/echo") })
 	if got := rec.Names(schema.ServiceEntry.TypeURL); !slices.Equal(got, []string{"demo/echo"}) {
 		t.Fatalf("ServiceEntries on hyper's bus: %v, want only the local demo/echo (no synthetic ones)", got)
+	}
+}
+
+// TestUpstreamIstiodMutualTLS: hyper reads istiod on its TLS port (15012) over mutual TLS with
+// hyper's own workload certificate (tlsSettings.mode ISTIO_MUTUAL), both signed by one plugged-in
+// root: istiod's api generator answers only an authenticated control-plane identity of its root
+// namespace, so the VirtualService reaching hyper's gRPC client proves istiod verified hyper's
+// certificate, and hyper checked istiod's (chain and the name istiod.istio-system.svc).
+func TestUpstreamIstiodMutualTLS(t *testing.T) {
+	auth, err := pki.NewSelfSigned(pki.ECDSAP256, "upstream-e2e", 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layout, err := pki.IstioLayout(auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cacerts := t.TempDir()
+	for name, data := range layout {
+		framework.WriteFile(t, cacerts, name, string(data))
+	}
+	k := testenv.KubeForTest(t)
+	kube := framework.NewKube(t, k.RestConfig())
+	kube.Apply(t, upstreamVS("v1"))
+	istiod := testenv.IstiodForTestWith(t, k, "rootNamespace: istio-system\n",
+		[]string{"ENABLE_CA_SERVER=true", "ROOT_CA_DIR=" + cacerts}, testenv.WithIstiodTLS())
+
+	v1 := framework.StartEcho(t, "v1", "127.0.0.1:0")
+	v2 := framework.StartEcho(t, "v2", "127.0.0.1:0")
+	dir := t.TempDir()
+	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", "configSources:\n  - address: fs://conf\n"+
+		"  - address: xds://"+istiod.SecureXDSAddr()+"\n    tlsSettings: {mode: ISTIO_MUTUAL, sni: istiod.istio-system.svc}\n")
+	framework.WriteFile(t, dir, "etc/sailplane/conf/echo.yaml", serviceYAML(v1, v2)+"---\n"+upstreamDR)
+	xds := framework.FreeAddr(t)
+	hyper := framework.Start(t, dir, framework.Binary(t, "hyper"), "--config-source", "files", "--cacerts-dir", cacerts,
+		"--namespace", "istio-system", "--xds-listen", xds, "--bus-listen", framework.FreeAddr(t), "--xds-tls-listen", framework.FreeAddr(t))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	client := framework.XDSClient(t, xds, echoTarget)
+	framework.WaitServing(ctx, t, client)
+	waitBackend(ctx, t, client, "v1")
+	kube.Apply(t, upstreamVS("v2"))
+	waitBackend(ctx, t, client, "v2")
+	if strings.Contains(hyper.Log(), "api generator requires") {
+		t.Errorf("istiod refused hyper's identity at some point:\n%s", hyper.Log())
 	}
 }
 
