@@ -129,10 +129,12 @@ func (in *ingest) vs(name string) string {
 	return ""
 }
 
-func virtualService(name, host string) string {
+func virtualService(name, host string) string { return virtualServiceIn("default", name, host) }
+
+func virtualServiceIn(ns, name, host string) string {
 	return `apiVersion: networking.istio.io/v1
 kind: VirtualService
-metadata: {name: ` + name + `, namespace: default}
+metadata: {name: ` + name + `, namespace: ` + ns + `}
 spec:
   hosts: [echo]
   http:
@@ -442,4 +444,34 @@ func serveStore(t *testing.T, s *bus.Store, log *slog.Logger) string {
 		}
 	})
 	return <-addrc
+}
+
+// Kubernetes mode: the istio ConfigMap's configSources name the upstream; a resource of the API
+// server wins over the upstream's copy, the upstream's others are served, and a change of the
+// mesh config that drops the upstream withdraws them.
+func TestKubeUpstream(t *testing.T) {
+	e := newKenv(t, sharedKube(t))
+	ns := e.ns("app", nil)
+	up := newIngest(t, "rootNamespace: istio-system\n")
+	write(t, filepath.Join(up.conf(), "vs.yaml"), virtualServiceIn(ns, "remote", "from-upstream")+"---\n"+virtualServiceIn(ns, "both", "upstream-copy"))
+	up.start(true)
+	e.createVS(ns, "both", vsSpec("local-copy", 0))
+	e.setMesh("configSources:\n" + up.plaintext())
+	in := e.start("pod-0", nil)
+	host := func(name string) string {
+		if vs, ok := in.rec.body(schema.VirtualService, ns+"/"+name).(*networking.VirtualService); ok {
+			return vs.GetHttp()[0].GetRoute()[0].GetDestination().GetHost()
+		}
+		return ""
+	}
+	if host("remote") != "from-upstream" || host("both") != "local-copy" {
+		t.Fatalf("first state: remote %q, both %q; want the upstream's and the API server's", host("remote"), host("both"))
+	}
+	if cs := conflicts(in.svc); len(cs) != 1 || cs[0].Name != ns+"/both" || cs[0].Source != up.source() {
+		t.Fatalf("conflicts = %v", cs)
+	}
+	e.setMesh("trustDomain: cluster.local\n")
+	waitFor(t, "the upstream withdrawn with its configSources entry", func() bool {
+		return host("remote") == "" && host("both") == "local-copy" && len(conflicts(in.svc)) == 0
+	})
 }
