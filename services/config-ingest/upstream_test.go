@@ -310,7 +310,9 @@ func TestUpstreamMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := func(ns, sa string) spiffe.ID { return spiffe.ID{TrustDomain: "cluster.local", Namespace: ns, ServiceAccount: sa} }
+	id := func(ns, sa string) spiffe.ID {
+		return spiffe.ID{TrustDomain: "cluster.local", Namespace: ns, ServiceAccount: sa}
+	}
 	downID := id("istio-system", "config-ingest-downstream")
 
 	up := newIngest(t, "rootNamespace: istio-system\n")

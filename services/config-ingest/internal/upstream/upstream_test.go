@@ -70,7 +70,9 @@ func TestAcceptServer(t *testing.T) {
 	}
 }
 
-type recorder struct{ state map[string]map[string]*bus.Resource }
+type recorder struct {
+	state map[string]map[string]*bus.Resource
+}
 
 func (r *recorder) typ(t string) map[string]*bus.Resource {
 	if r.state[t] == nil {
