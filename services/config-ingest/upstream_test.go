@@ -178,8 +178,10 @@ func TestUpstreamSailplane(t *testing.T) {
 	}
 
 	// An edit upstream (and a new resource) arrives; the conflict is not reported again.
+	edited := time.Now()
 	write(t, filepath.Join(up.conf(), "vs.yaml"), virtualService("remote", "edited")+"---\n"+virtualService("both", "upstream-copy-2")+"---\n"+virtualService("new", "new"))
 	eventually(t, "the upstream's edit served", func() bool { return down.vs("default/remote") == "edited" && down.vs("default/new") == "new" })
+	t.Logf("an edit of the upstream's file reached the downstream's bus in %s (the upstream's 20 ms debounce included)", time.Since(edited).Round(time.Millisecond))
 	if got := down.vs("default/both"); got != "local-copy" {
 		t.Fatalf("conflict served %q after the upstream's edit, want the local copy", got)
 	}
