@@ -10,10 +10,12 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/structpb"
 	networking "istio.io/api/networking/v1alpha3"
 
 	configingest "sailplane.dev/services/config-ingest"
@@ -395,6 +397,19 @@ func TestUpstreamSyntheticAndInvalid(t *testing.T) {
 	if err := store.Upsert(schema.VirtualService.TypeURL, vs("good")); err != nil {
 		t.Fatal(err)
 	}
+	// Gateway API kinds are held to their CRD's schema, as a file's are.
+	route := func(name string, spec map[string]any) *bus.Resource {
+		body, err := structpb.NewStruct(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &bus.Resource{Name: name, Body: body}
+	}
+	if err := store.Upsert(schema.HTTPRoute.TypeURL,
+		route("default/ok", map[string]any{"parentRefs": []any{map[string]any{"name": "gw"}}}),
+		route("default/bogus", map[string]any{"parentRefs": []any{map[string]any{"name": "gw"}}, "notAField": 1})); err != nil {
+		t.Fatal(err)
+	}
 	addr := serveStore(t, store, log)
 
 	down := newIngest(t, fmt.Sprintf("configSources:\n- address: xds://%s\n  tlsSettings: {mode: DISABLE}\n", addr))
@@ -411,6 +426,18 @@ func TestUpstreamSyntheticAndInvalid(t *testing.T) {
 	}
 	if down.vs("default/checked") != "good" {
 		t.Fatal("upstream VirtualService not served")
+	}
+	var routes []string
+	for _, e := range down.store.List(schema.HTTPRoute.TypeURL) {
+		routes = append(routes, e.Name)
+	}
+	if len(routes) != 1 || routes[0] != "default/ok" {
+		t.Fatalf("HTTPRoutes served: %v, want only default/ok", routes)
+	}
+	if !slices.ContainsFunc(down.svc.Problems(), func(err error) bool {
+		return strings.Contains(err.Error(), "default/bogus") && strings.Contains(err.Error(), "notAField")
+	}) {
+		t.Fatalf("problems = %v, want the HTTPRoute's unknown field", down.svc.Problems())
 	}
 
 	// An invalid version (a destination without host) keeps the valid one, reported.

@@ -13,6 +13,7 @@ import (
 
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
+	gwvalidation "sailplane.dev/shared/gatewayapi/validation"
 	"sailplane.dev/shared/schema"
 )
 
@@ -70,18 +71,15 @@ func (s *source) Apply(c bus.Change) error {
 			s.drop(kind.TypeURL, r.Name)
 			continue
 		}
-		if err := s.validate(kind, r); err != nil {
+		own, err := s.validate(kind, r)
+		if err != nil {
 			if prev := s.held(kind.TypeURL, r.Name); prev != nil && first {
 				accepted = append(accepted, prev)
 			}
 			continue
 		}
 		s.drop(kind.TypeURL, r.Name)
-		// The version is left to the Store (from the content): two upstreams may use the same
-		// version strings, and a switch from one to the other must reach the consumers.
-		own := *r
-		own.Version = ""
-		accepted = append(accepted, &own)
+		accepted = append(accepted, own)
 	}
 	for _, n := range c.Removed {
 		s.drop(kind.TypeURL, n)
@@ -111,11 +109,20 @@ func (s *source) Synced() {
 	close(s.synced)
 }
 
-func (s *source) validate(kind schema.Kind, r *bus.Resource) error {
+// validate checks r as a file's resource is checked, and returns the version to publish: the
+// Gateway API kinds with their CRD's defaults set, as the API server stores them. The version is
+// left to the Store (from the content): two upstreams may use the same version strings, and a
+// switch from one to the other must reach the consumers.
+func (s *source) validate(kind schema.Kind, r *bus.Resource) (*bus.Resource, error) {
 	c := config.FromResource(kind, r)
 	_, err := config.Validate(c)
+	if err == nil && kind.Group == schema.GatewayAPIGroup {
+		c, err = gwvalidation.Validate(c)
+	}
 	if err == nil {
-		return nil
+		own := c.Resource()
+		own.Trace = r.Trace
+		return own, nil
 	}
 	// The source stands where a file would: each error names it, then the resource and field.
 	errs := config.Errors(err)
@@ -130,7 +137,7 @@ func (s *source) validate(kind schema.Kind, r *bus.Resource) error {
 		s.log.Warn("invalid upstream config: its last valid version, if any, stays served", "source", s.address,
 			"kind", kind.Kind, "name", r.Name, "error", err)
 	}
-	return err
+	return nil, err
 }
 
 func (s *source) drop(typ, name string) {
