@@ -83,6 +83,8 @@ func problemReason(err error) string {
 		return "conflict"
 	case errors.Is(err, upstream.ErrTLS):
 		return "upstream_tls"
+	case errors.Is(err, upstream.ErrNotSynced):
+		return "upstream_not_synced"
 	case errors.Is(err, config.ErrMalformed):
 		return "malformed"
 	case errors.Is(err, config.ErrUnknownKind):

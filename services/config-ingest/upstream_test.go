@@ -251,9 +251,18 @@ func TestUpstreamRestart(t *testing.T) {
 	if down.vs("default/stays") != "a" || down.vs("default/goes") != "b" {
 		t.Fatalf("after a restart with the upstream down: stays %q, goes %q; want the saved state", down.vs("default/stays"), down.vs("default/goes"))
 	}
+	notSynced := func() bool {
+		return slices.ContainsFunc(down.svc.Problems(), func(err error) bool {
+			se, ok := errors.AsType[*upstream.SourceError](err)
+			return ok && se.Address == up.source() && errors.Is(err, upstream.ErrNotSynced)
+		})
+	}
+	if !notSynced() {
+		t.Fatalf("problems = %v, want the upstream reported not synced", down.svc.Problems())
+	}
 	up.start(true)
 	eventually(t, "the upstream's first full state replaces the saved one", func() bool {
-		return down.vs("default/stays") == "a2" && down.vs("default/goes") == ""
+		return down.vs("default/stays") == "a2" && down.vs("default/goes") == "" && !notSynced()
 	})
 }
 

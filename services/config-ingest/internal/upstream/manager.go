@@ -35,6 +35,11 @@ const saveDelay = time.Second
 // sent stays served), never dialled in plaintext instead.
 var ErrTLS = errors.New("cannot connect as tlsSettings asks")
 
+// ErrNotSynced marks an upstream that has not sent its first full state since config-ingest
+// started (unreachable, or refusing: its log says why): what it sent before, saved in the state
+// folder, is served, and nothing of it is deleted until it answers.
+var ErrNotSynced = errors.New("no full state received yet (unreachable or refusing, see the log)")
+
 // SourceError is an upstream config source that is not read.
 type SourceError struct {
 	Address string
@@ -126,7 +131,7 @@ func (m *Manager) Local() bus.Publisher { return m.merger.Publisher(Local) }
 // state, or had a saved state, or SyncTimeout passed.
 func (m *Manager) Ready() <-chan struct{} { return m.ready }
 
-// Problems returns the upstreams not read (*SourceError), their invalid resources (*config.Error
+// Problems returns the upstreams not read or not synced yet (*SourceError), their invalid resources (*config.Error
 // naming the source as its file), and the resources shadowed by a source that comes first
 // (*ConflictError).
 func (m *Manager) Problems() []error {
@@ -138,6 +143,11 @@ func (m *Manager) Problems() []error {
 	}
 	m.mu.Unlock()
 	for _, s := range srcs {
+		select {
+		case <-s.synced:
+		default:
+			out = append(out, &SourceError{Address: s.address, Err: ErrNotSynced})
+		}
 		out = append(out, s.problems()...)
 	}
 	return append(out, m.merger.Conflicts()...)
