@@ -34,8 +34,11 @@ import (
 	"sailplane.dev/tools/xdssim/conformance"
 )
 
-// conformanceReport is where the suite's report is written, relative to the e2e module.
-const conformanceReport = "../docs/conformance/gateway-api-v1.6.3-hyper.yaml"
+// conformanceReport is where the suite's report for a topology (hyper, microservices) is
+// written, relative to the e2e module.
+func conformanceReport(mode string) string {
+	return "../docs/conformance/gateway-api-v1.6.3-" + mode + ".yaml"
+}
 
 // conformanceSkips are the suite's tests that cannot run here, with why (docs/gateway-api.md):
 // the simulator is the gateway's proxy, so what needs a real handshake with the gateway or a
@@ -52,22 +55,30 @@ var conformanceKnownFailures = map[string]string{
 }
 
 // TestGatewayAPIConformance runs the upstream Gateway API conformance suite (v1.6.3) against
-// hyper on the test environment's API server. conformanceKubelet runs the suite's echo
-// backends as real processes in test hosts and stands in for the controllers an API server
-// alone lacks; tools/xdssim/conformance is the gateway's Envoy, over the xDS hyper serves the
-// gateway's router node. It writes the suite's report to docs/conformance.
+// Sailplane on the test environment's API server, in both topologies (kubeTopologies), each
+// on its own API server. conformanceKubelet runs the suite's echo backends as real processes
+// in test hosts and stands in for the controllers an API server alone lacks;
+// tools/xdssim/conformance is the gateway's Envoy, over the xDS Sailplane serves the gateway's
+// router node. It writes the suite's report for each topology to docs/conformance.
 func TestGatewayAPIConformance(t *testing.T) {
+	echo := buildEchoBasic(t)
+	for _, top := range kubeTopologies {
+		t.Run(top.name, func(t *testing.T) { runGatewayAPIConformance(t, top.name, top.start, echo) })
+	}
+}
+
+func runGatewayAPIConformance(t *testing.T, mode string, startSailplane func(*testing.T, *testenv.Kube, *framework.Kube) sailplaneOnKube, echoBin string) {
 	start := time.Now()
 	k := testenv.KubeForTest(t, testenv.WithGatewayAPICRDs())
 	kube := framework.NewKube(t, k.RestConfig())
 	kube.EnsureNamespace(t, "istio-system")
-	sp := startHyperOnKube(t, k, kube)
+	sp := startSailplane(t, k, kube)
 	kube.Apply(t, `apiVersion: gateway.networking.k8s.io/v1
 kind: GatewayClass
 metadata: {name: istio}
 spec: {controllerName: istio.io/gateway-controller}
 `)
-	kl := startConformanceKubelet(t, kube, buildEchoBasic(t))
+	kl := startConformanceKubelet(t, kube, echoBin)
 
 	rt := &conformance.RoundTripper{Fetch: func(ctx context.Context, gatewayAddr string) (xdsdiff.Snapshot, error) {
 		ip, _, err := net.SplitHostPort(gatewayAddr)
@@ -109,7 +120,7 @@ spec: {controllerName: istio.io/gateway-controller}
 	if err != nil {
 		t.Fatal(err)
 	}
-	report, err := filepath.Abs(conformanceReport)
+	report, err := filepath.Abs(conformanceReport(mode))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,13 +151,13 @@ spec: {controllerName: istio.io/gateway-controller}
 				Organization: "sailplane", Project: "sailplane", URL: "https://sailplane.dev", Version: "main",
 				Contact: []string{"https://sailplane.dev"},
 			},
-			Mode: "hyper",
+			Mode: mode,
 		},
 		Client: c, Clientset: cs, RestConfig: k.RestConfig(),
 		RoundTripper: rt, GRPCClient: &conformance.GRPCClient{RT: rt},
 	}
 	t.Run("suite", func(t *testing.T) { gwconformance.RunConformanceWithOptions(t, opts) })
-	t.Logf("conformance suite took %s", time.Since(start).Round(time.Second))
+	t.Logf("conformance suite (%s) took %s", mode, time.Since(start).Round(time.Second))
 	data, err := os.ReadFile(tmpReport)
 	if err != nil {
 		t.Fatalf("suite report: %v", err)
