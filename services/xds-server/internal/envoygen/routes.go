@@ -417,8 +417,12 @@ func (b *builder) mirrors(hr *networking.HTTPRoute, ns, host string, port uint32
 }
 
 func redirect(r *networking.HTTPRedirect, port uint32, log interface{ Debug(string, ...any) }) *routev3.RedirectAction {
-	// As istiod, the path is always stated: empty (no uri) keeps the request's.
+	// As istiod, the path is always stated: the matched prefix replaced, else the uri (empty
+	// keeps the request's).
 	act := &routev3.RedirectAction{PathRewriteSpecifier: &routev3.RedirectAction_PathRedirect{PathRedirect: r.GetUri()}}
+	if p := r.GetPrefixRewrite(); p != "" {
+		act.PathRewriteSpecifier = &routev3.RedirectAction_PrefixRewrite{PrefixRewrite: p}
+	}
 	if a := r.GetAuthority(); a != "" {
 		act.HostRedirect = a
 	}
