@@ -218,11 +218,13 @@ func New(cfg Config, deps Deps) (*Service, error) {
 			leader = s.gwLease.Leader
 		}
 		var serviceReady func(ns, name string) (bool, bool)
+		var invalidParameters func(ns, name string) error
 		if s.deploy != nil {
-			serviceReady = s.deploy.ServiceReady
+			serviceReady, invalidParameters = s.deploy.ServiceReady, s.deploy.Problem
 		}
 		s.gwStatus, err = gatewaystatus.New(cfg.Kube, gatewaystatus.Config{
 			Translate: gatewayapi.Translate, Leader: leader, Revision: cfg.Revision, ServiceReady: serviceReady,
+			InvalidParameters: invalidParameters,
 			Logger: gwLog, MeterProvider: deps.MeterProvider,
 		})
 		if err != nil {

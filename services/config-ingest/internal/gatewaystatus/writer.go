@@ -84,6 +84,12 @@ type Config struct {
 	// ready replica): a Gateway is Programmed only once its Service is ready. A Service it
 	// does not know counts as ready. Call Changed when its answers may have changed.
 	ServiceReady func(namespace, name string) (ready, known bool)
+	// InvalidParameters, when set, says why a Gateway's infrastructure parameters cannot be
+	// used (the deployment controller's verdict: parametersRef of an unsupported kind or
+	// missing, a ConfigMap it cannot apply), nil when they can: such a Gateway is
+	// Accepted=False with reason InvalidParameters, as the spec asks. Call Changed when its
+	// answers may have changed.
+	InvalidParameters func(namespace, name string) error
 	// Now is the clock of lastTransitionTime; time.Now when nil.
 	Now func() time.Time
 	// Logger; discarded when nil.
@@ -389,6 +395,9 @@ func (w *Writer) compute() {
 		in.NamespaceLabels[n.Name] = n.Labels
 	}
 	out := w.cfg.Translate(in)
+	if w.cfg.InvalidParameters != nil {
+		markInvalidParameters(out.Status, w.cfg.InvalidParameters)
+	}
 	desired := make(map[key]any, len(out.Status))
 	for _, s := range out.Status {
 		desired[key{kind: s.Kind.Kind, ns: s.Namespace, name: s.Name}] = s.Value
@@ -408,6 +417,28 @@ func (w *Writer) compute() {
 	for k := range old {
 		if _, ok := desired[k]; !ok {
 			w.queue.Add(k) // a route no longer ours keeps no entry of ours
+		}
+	}
+}
+
+// markInvalidParameters sets Accepted=False, reason InvalidParameters, on the Gateways whose
+// parameters cannot be used; the rest of their status (listeners, addresses) stays as computed.
+func markInvalidParameters(sts []gatewayapi.Status, invalid func(namespace, name string) error) {
+	for _, s := range sts {
+		gs, ok := s.Value.(*gwv1.GatewayStatus)
+		if !ok || s.Kind.Kind != schema.KubernetesGateway.Kind {
+			continue
+		}
+		err := invalid(s.Namespace, s.Name)
+		if err == nil {
+			continue
+		}
+		c := metav1.Condition{Type: string(gwv1.GatewayConditionAccepted), Status: metav1.ConditionFalse,
+			Reason: string(gwv1.GatewayReasonInvalidParameters), Message: err.Error(), ObservedGeneration: s.Generation}
+		if i := slices.IndexFunc(gs.Conditions, func(c metav1.Condition) bool { return c.Type == string(gwv1.GatewayConditionAccepted) }); i >= 0 {
+			gs.Conditions[i] = c
+		} else {
+			gs.Conditions = append(gs.Conditions, c)
 		}
 	}
 }
