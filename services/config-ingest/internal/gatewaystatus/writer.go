@@ -285,11 +285,18 @@ func (w *Writer) waitForAPI(ctx context.Context) (served func(plural string) boo
 const apiPoll = 10 * time.Second
 
 // watch routes an informer's events: a change of what Translate reads (a spec, labels, a
-// Service) recomputes everything; an updated Gateway API object is also queued, to check it
-// still carries its status (a status-only change needs nothing else).
+// Service) recomputes everything; an added or updated Gateway API object is also queued, to
+// check it carries its status (a status-only change needs nothing else). An object deleted
+// and made again with the same spec has the status it had, which the recomputation finds
+// unchanged: only the queued check writes it to the new object.
 func (w *Writer) watch(inf cache.SharedIndexInformer, kindName string) {
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { w.markDirty() },
+		AddFunc: func(obj any) {
+			w.markDirty()
+			if m, err := meta.Accessor(obj); err == nil && kindName != "" {
+				w.enqueue(key{kind: kindName, ns: m.GetNamespace(), name: m.GetName()})
+			}
+		},
 		DeleteFunc: func(any) { w.markDirty() },
 		UpdateFunc: func(oldObj, newObj any) {
 			o, err1 := meta.Accessor(oldObj)
