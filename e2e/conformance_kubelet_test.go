@@ -39,6 +39,8 @@ import (
 //     once the process listens; Pods of any other image (coredns, …) are not made, so nothing
 //     that does not run is reported ready;
 //   - a Service with a selector gets an EndpointSlice of the ready Pods it selects;
+//   - an echo Pod's log (pods/log) is its process's output, served through the suite's rest
+//     config (withPodLogs);
 //   - a gateway Deployment Sailplane generated counts one ready replica, and its LoadBalancer
 //     Service gets an ingress address in 198.19.0.0/16 (as a load balancer controller would):
 //     its proxy is the simulator (tools/xdssim/conformance), which fetches the xDS Sailplane
