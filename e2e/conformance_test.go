@@ -148,8 +148,9 @@ spec: {controllerName: istio.io/gateway-controller}
 			SkipTests:            skips,
 			ReportOutputPath:     tmpReport,
 			RunTest:              os.Getenv("CONFORMANCE_RUN_TEST"),
-			// A Gateway's static address is a Hostname: the Service of that name is where it
-			// is served (as istiod's conformance run gives it).
+			// For GatewayStaticAddresses (not claimed yet, see sailplaneGatewayFeatures): a
+			// Gateway's static address is a Hostname, the Service of that name serving it, as
+			// istiod's conformance run gives them.
 			UsableNetworkAddresses:   []gwv1.GatewaySpecAddress{{Type: ptr(gwv1.HostnameAddressType), Value: "infra-backend-v1.gateway-conformance-infra.svc.cluster.local"}},
 			UnusableNetworkAddresses: []gwv1.GatewaySpecAddress{{Type: ptr(gwv1.HostnameAddressType), Value: "foo"}},
 			Implementation: confv1.Implementation{
