@@ -248,12 +248,14 @@ func New(cfg Config, deps Deps) (*Service, error) {
 			leader = s.gwLease.Leader
 		}
 		var serviceReady func(ns, name string) (bool, bool)
+		var invalidParameters func(ns, name string) error
 		if s.deploy != nil {
-			serviceReady = s.deploy.ServiceReady
+			serviceReady, invalidParameters = s.deploy.ServiceReady, s.deploy.Problem
 		}
 		s.gwStatus, err = gatewaystatus.New(cfg.Kube, gatewaystatus.Config{
 			Translate: gatewayapi.Translate, Leader: leader, Revision: cfg.Revision, ServiceReady: serviceReady,
-			Credentials: cfg.GatewaySecrets, Logger: gwLog, MeterProvider: deps.MeterProvider,
+			Credentials: cfg.GatewaySecrets, InvalidParameters: invalidParameters,
+			Logger: gwLog, MeterProvider: deps.MeterProvider,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("config-ingest: %w", err)

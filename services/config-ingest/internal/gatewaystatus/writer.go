@@ -91,6 +91,12 @@ type Config struct {
 	// never its data. It needs list and watch on Secrets and ConfigMaps in every namespace;
 	// without them (or unset) references are taken as valid.
 	Credentials bool
+	// InvalidParameters, when set, says why a Gateway's infrastructure parameters cannot be
+	// used (the deployment controller's verdict: parametersRef of an unsupported kind or
+	// missing, a ConfigMap it cannot apply), nil when they can: such a Gateway is
+	// Accepted=False with reason InvalidParameters, as the spec asks. Call Changed when its
+	// answers may have changed.
+	InvalidParameters func(namespace, name string) error
 	// Now is the clock of lastTransitionTime; time.Now when nil.
 	Now func() time.Time
 	// Logger; discarded when nil.
@@ -307,11 +313,18 @@ func (w *Writer) waitForAPI(ctx context.Context) (served func(plural string) boo
 const apiPoll = 10 * time.Second
 
 // watch routes an informer's events: a change of what Translate reads (a spec, labels, a
-// Service) recomputes everything; an updated Gateway API object is also queued, to check it
-// still carries its status (a status-only change needs nothing else).
+// Service) recomputes everything; an added or updated Gateway API object is also queued, to
+// check it carries its status (a status-only change needs nothing else). An object deleted
+// and made again with the same spec has the status it had, which the recomputation finds
+// unchanged: only the queued check writes it to the new object.
 func (w *Writer) watch(inf cache.SharedIndexInformer, kindName string) {
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { w.markDirty() },
+		AddFunc: func(obj any) {
+			w.markDirty()
+			if m, err := meta.Accessor(obj); err == nil && kindName != "" {
+				w.enqueue(key{kind: kindName, ns: m.GetNamespace(), name: m.GetName()})
+			}
+		},
 		DeleteFunc: func(any) { w.markDirty() },
 		UpdateFunc: func(oldObj, newObj any) {
 			o, err1 := meta.Accessor(oldObj)
@@ -433,6 +446,9 @@ func (w *Writer) compute() {
 		in.NamespaceLabels[n.Name] = n.Labels
 	}
 	out := w.cfg.Translate(in)
+	if w.cfg.InvalidParameters != nil {
+		markInvalidParameters(out.Status, w.cfg.InvalidParameters)
+	}
 	desired := make(map[key]any, len(out.Status))
 	for _, s := range out.Status {
 		desired[key{kind: s.Kind.Kind, ns: s.Namespace, name: s.Name}] = s.Value
@@ -452,6 +468,28 @@ func (w *Writer) compute() {
 	for k := range old {
 		if _, ok := desired[k]; !ok {
 			w.queue.Add(k) // a route no longer ours keeps no entry of ours
+		}
+	}
+}
+
+// markInvalidParameters sets Accepted=False, reason InvalidParameters, on the Gateways whose
+// parameters cannot be used; the rest of their status (listeners, addresses) stays as computed.
+func markInvalidParameters(sts []gatewayapi.Status, invalid func(namespace, name string) error) {
+	for _, s := range sts {
+		gs, ok := s.Value.(*gwv1.GatewayStatus)
+		if !ok || s.Kind.Kind != schema.KubernetesGateway.Kind {
+			continue
+		}
+		err := invalid(s.Namespace, s.Name)
+		if err == nil {
+			continue
+		}
+		c := metav1.Condition{Type: string(gwv1.GatewayConditionAccepted), Status: metav1.ConditionFalse,
+			Reason: string(gwv1.GatewayReasonInvalidParameters), Message: err.Error(), ObservedGeneration: s.Generation}
+		if i := slices.IndexFunc(gs.Conditions, func(c metav1.Condition) bool { return c.Type == string(gwv1.GatewayConditionAccepted) }); i >= 0 {
+			gs.Conditions[i] = c
+		} else {
+			gs.Conditions = append(gs.Conditions, c)
 		}
 	}
 }

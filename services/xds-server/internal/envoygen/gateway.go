@@ -489,7 +489,7 @@ func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *rout
 					}
 					added[key] = true
 					// Destinations without a port go to the service's only port, never the gateway's.
-					routes := b.httpRoutes(vs, "", port, gatewayFilter{s.gateway: true})
+					routes := b.httpRoutes(vs, "", port, gatewayFilter{s.gateway: true}, s.server.GetTls() != nil)
 					v := vhosts[host]
 					if v == nil {
 						// The route configuration ignores the port in Host headers, as istiod's.
