@@ -144,9 +144,8 @@ spec: {controllerName: istio.io/gateway-controller}
 			SkipTests:            skips,
 			ReportOutputPath:     tmpReport,
 			RunTest:              os.Getenv("CONFORMANCE_RUN_TEST"),
-			// For GatewayStaticAddresses (not claimed yet, see sailplaneGatewayFeatures): a
-			// Gateway's static address is a Hostname, the Service of that name serving it, as
-			// istiod's conformance run gives them.
+			// For GatewayStaticAddresses: a Gateway's static address is a Hostname, the Service
+			// of that name serving it, as istiod's conformance run gives them.
 			UsableNetworkAddresses:   []gwv1.GatewaySpecAddress{{Type: ptr(gwv1.HostnameAddressType), Value: "infra-backend-v1.gateway-conformance-infra.svc.cluster.local"}},
 			UnusableNetworkAddresses: []gwv1.GatewaySpecAddress{{Type: ptr(gwv1.HostnameAddressType), Value: "foo"}},
 			Implementation: confv1.Implementation{
@@ -181,18 +180,12 @@ spec: {controllerName: istio.io/gateway-controller}
 // sailplaneGatewayFeatures are the features Sailplane claims for the Gateway HTTP and gRPC
 // profiles: each one's tests pass here in both topologies. Standard channel only, as the test
 // environment installs the standard CRDs. Not claimed, and why (docs/gateway-api.md):
-//   - GatewayStaticAddresses: a Gateway's status address is its Service's cluster IP, where
-//     istiod gives the load balancer's address, else (class istio) the Service's hostname,
-//     which the test wants for a static Hostname address;
 //   - GatewayHTTPSListenerDetectMisdirectedRequests, GatewayFrontendClientCertificateValidation
 //     (and its InsecureFallback), GatewayBackendClientCertificate, BackendTLSPolicy: they need a
 //     TLS handshake with the gateway or from it to the backend, which the simulator does not make;
 //   - HTTPRouteBackendProtocolWebSocket: the suite dials the gateway address itself, with no
 //     round tripper to simulate it;
 //   - HTTPRouteCORS: the simulator runs no HTTP filter but the router;
-//   - ListenerSet: all its tests pass but ListenerSetAllowedRoutesNamespaces, whose route in
-//     another namespace than the Gateway's is Accepted but not served (as HTTPRouteCrossNamespace,
-//     a known failure);
 //   - HTTPRouteDestinationPortMatching, HTTPRouteRetry*: experimental channel.
 var sailplaneGatewayFeatures = sets.New(
 	features.SupportGateway,
@@ -204,6 +197,8 @@ var sailplaneGatewayFeatures = sets.New(
 	features.SupportGatewayHTTPListenerIsolation,
 	features.SupportGatewayInfrastructure,
 	features.SupportGatewayAddressEmpty,
+	features.SupportGatewayStaticAddresses,
+	features.SupportListenerSet,
 
 	features.SupportHTTPRouteQueryParamMatching,
 	features.SupportHTTPRouteMethodMatching,
