@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/spiffe"
+	"sailplane.dev/tools/demo/echo"
 	"sailplane.dev/tools/testenv"
 )
 
@@ -39,8 +42,11 @@ func TestIstiodReadsSailplane(t *testing.T) {
 	framework.WriteFile(t, dir, "etc/sailplane/conf/echo/service.yaml", serviceYAML(v1, v2))
 	framework.WriteFile(t, dir, "etc/sailplane/conf/echo/traffic.yaml", trafficYAML(80, 20))
 	busAddr := framework.FreeAddr(t)
-	framework.Start(t, dir, framework.Binary(t, "config-ingest"), "--config-source", "files",
-		"--mesh-config", dir+"/etc/sailplane/mesh.yaml", "--bus-listen", busAddr)
+	startIngest := func() *framework.Process {
+		return framework.Start(t, dir, framework.Binary(t, "config-ingest"), "--config-source", "files",
+			"--mesh-config", dir+"/etc/sailplane/mesh.yaml", "--bus-listen", busAddr)
+	}
+	ingest := startIngest()
 
 	k := testenv.KubeForTest(t)
 	istiod := testenv.IstiodForTest(t, k, istiodMesh(busAddr, ""))
@@ -51,6 +57,29 @@ func TestIstiodReadsSailplane(t *testing.T) {
 	framework.WaitServing(ctx, t, client)
 	checkCanaryRouting(ctx, t, client, func() {
 		framework.WriteFile(t, dir, "etc/sailplane/conf/echo/traffic.yaml", trafficYAML(0, 100))
+	})
+	t.Run("config-ingest restarted", func(t *testing.T) {
+		// Down, istiod keeps what it read; back, its full state replaces it, deletions included:
+		// without the VirtualService and DestinationRule the calls spread over both backends.
+		ingest.Stop()
+		if counts := countBackends(ctx, t, client, 100); counts["v2"] != 100 {
+			t.Fatalf("config-ingest down: want all 100 RPCs still on v2, got %v", counts)
+		}
+		if err := os.Remove(filepath.Join(dir, "etc/sailplane/conf/echo/traffic.yaml")); err != nil {
+			t.Fatal(err)
+		}
+		startIngest()
+		// Calls may fail while the route switches (gRPC drops the subset clusters first).
+		framework.Eventually(t, 30*time.Second, func() error {
+			c, err := echo.Count(ctx, client, 50)
+			if err != nil {
+				return err
+			}
+			if c["v1"] == 0 || c["v2"] == 0 {
+				return fmt.Errorf("calls reached %v, want both backends once the routing is deleted", c)
+			}
+			return nil
+		})
 	})
 }
 
