@@ -111,7 +111,7 @@ func TestIstiodReadsSailplaneMutualTLS(t *testing.T) {
 	framework.Start(t, dir, framework.Binary(t, "ca"), "--kubernetes=false", "--ca-listen", caAddr,
 		"--cacerts-dir", cacerts, "--service-cert-dir", "var/service-certs", "--bus-listen", framework.FreeAddr(t))
 	identity := waitServiceCerts(t, dir, caAddr)
-	framework.Start(t, dir, framework.Binary(t, "config-ingest"), append(identity("config-ingest"),
+	ingest := framework.Start(t, dir, framework.Binary(t, "config-ingest"), append(identity("config-ingest"),
 		"--config-source", "files", "--mesh-config", "etc/sailplane/mesh.yaml", "--bus-listen", busAddr)...)
 	// The bus is up and serves Sailplane's own consumers.
 	xdsServer := framework.IdentityFromDir(t, filepath.Join(dir, "var/service-certs/xds-server"))
@@ -128,11 +128,11 @@ func TestIstiodReadsSailplaneMutualTLS(t *testing.T) {
 	}
 
 	k := testenv.KubeForTest(t)
-	for _, tc := range []struct{ name, tlsSettings string }{
+	for _, tc := range []struct{ name, tlsSettings, refusal string }{
 		// Plaintext against the TLS listener.
-		{"ISTIO_MUTUAL", "{mode: ISTIO_MUTUAL}"},
+		{"ISTIO_MUTUAL", "{mode: ISTIO_MUTUAL}", "bus client refused: plaintext client"},
 		// TLS without a client certificate: the bus requires one ("tls: certificate required").
-		{"SIMPLE", "{mode: SIMPLE, insecureSkipVerify: true}"},
+		{"SIMPLE", "{mode: SIMPLE, insecureSkipVerify: true}", "bus client refused: no client certificate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The stream istiod opens at start is refused, and istiod exits (as it does whenever
@@ -145,6 +145,13 @@ func TestIstiodReadsSailplaneMutualTLS(t *testing.T) {
 			if strings.Contains(err.Error(), "type=networking.istio.io/v1/VirtualService") {
 				t.Errorf("istiod received VirtualServices from the mTLS bus it cannot authenticate to:\n%v", err)
 			}
+			// config-ingest names the refused client and why.
+			framework.Eventually(t, 10*time.Second, func() error {
+				if !strings.Contains(ingest.Log(), tc.refusal) {
+					return fmt.Errorf("config-ingest's log does not show %q", tc.refusal)
+				}
+				return nil
+			})
 		})
 	}
 }
