@@ -35,6 +35,8 @@ import (
 //   - for clusters and endpoints, when some DestinationRule or the mesh could turn locality
 //     load balancing on, the proxy's locality and its values of the labels failoverPriority
 //     names (DNS clusters carry their endpoints inline);
+//   - for clusters and endpoints, in a mesh with network gateways, the proxy's network and IP
+//     families (split-horizon EDS);
 //   - for clusters, whether the proxy has only IPv6 addresses (DNS clusters' lookup family);
 //   - for listeners and routes, whether the proxy uses auto-allocated addresses, and its IP
 //     families (which of a host's two it gets).
@@ -67,6 +69,10 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 	}
 	if ix.localityLB && (typeURL == resourcev3.ClusterType || typeURL == resourcev3.EndpointType) {
 		b.WriteString(translate.LocalityKey(snap, proxy, ix.failoverLabelKeys))
+	}
+	if typeURL == resourcev3.ClusterType || typeURL == resourcev3.EndpointType {
+		// Split-horizon EDS (DNS clusters carry their endpoints inline).
+		b.WriteString(translate.SplitHorizonFor(snap, proxy).Key())
 	}
 	if typeURL == resourcev3.ClusterType && ipv6Only(proxy.IPs) {
 		b.WriteString("/v6")
