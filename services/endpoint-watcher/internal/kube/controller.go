@@ -688,6 +688,8 @@ func (c *Controller) compute(clusters []*cluster, k svcKey) (*discoveryv1.Servic
 	hostname := Hostname(k.name, k.namespace, c.cfg.ClusterDomain)
 	svc := convertService(parts[0].svc, hostname, parts[0].cl.id)
 	for _, p := range parts[1:] {
+		// Each cluster's gateway Service is its own network's gateway.
+		svc.NetworkGateways = append(svc.NetworkGateways, networkGateways(p.svc, p.cl.id)...)
 		for _, port := range convertPorts(p.svc) {
 			if !slices.ContainsFunc(svc.Ports, func(q *discoveryv1.Port) bool { return q.Name == port.Name }) {
 				svc.Ports = append(svc.Ports, port)
