@@ -22,8 +22,14 @@ func (b *builder) endpoints() []*endpointv3.ClusterLoadAssignment {
 		if oc.cluster.GetType() != clusterv3.Cluster_EDS {
 			continue
 		}
-		out = append(out, translate.LoadAssignmentFor(oc.cluster.GetName(), oc.svc, oc.port, oc.subset, oc.lb,
-			b.endpointMTLS(oc.svc, oc.port, oc.subset.GetName()), b.splitHorizon))
+		cla := translate.LoadAssignmentFor(oc.cluster.GetName(), oc.svc, oc.port, oc.subset, oc.lb,
+			b.endpointMTLS(oc.svc, oc.port, oc.subset.GetName()), b.splitHorizon)
+		if oc.sniDNAT {
+			// The gateway cannot tell mTLS from other TLS it passes through: as istiod, it
+			// only balances over endpoints that take mTLS, so plaintext ones stay unreachable.
+			translate.KeepIstioMTLS(cla)
+		}
+		out = append(out, cla)
 	}
 	slices.SortStableFunc(out, func(a, b *endpointv3.ClusterLoadAssignment) int {
 		return strings.Compare(a.GetClusterName(), b.GetClusterName())
