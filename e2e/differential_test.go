@@ -570,6 +570,9 @@ func (n diffNode) xdsNode(pods map[string]*corev1.Pod) (framework.XDSNode, error
 		"INSTANCE_IPS":      ip,
 		"POD_PORTS":         string(podPorts),
 	}
+	if nw := p.Labels["topology.istio.io/network"]; nw != "" {
+		md["NETWORK"] = nw // as the injector sets ISTIO_META_NETWORK from the pod's label
+	}
 	if n.Kind == "proxyless" {
 		md["GENERATOR"] = "grpc"
 	}
