@@ -262,6 +262,8 @@ func transform(obj any) (any, error) {
 			}
 		}
 		return s, nil
+	case *corev1.Namespace:
+		return &corev1.Namespace{ObjectMeta: stripMeta(o.ObjectMeta, pick(o.Labels, LabelNetwork), nil)}, nil
 	case *corev1.Node:
 		return &corev1.Node{ObjectMeta: stripMeta(o.ObjectMeta, pick(o.Labels, LabelRegion, LabelZone, LabelSubZone), nil)}, nil
 	}

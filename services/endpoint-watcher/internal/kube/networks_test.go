@@ -1,10 +1,12 @@
 package kube
 
 import (
+	"slices"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -82,4 +84,52 @@ func TestNetworkGateways(t *testing.T) {
 		gw("net2", "cluster2", "198.18.2.100", 15443), gw("net2", "cluster2", "198.18.2.101", 15443))
 	gws("custom", gw("net1", "cluster1", "198.18.1.110", 8443), gw("net1", "cluster1", "198.18.1.111", 8443))
 	gws("portless")
+}
+
+// TestClusterNetwork: a cluster's endpoints whose Pod has no network label are in the network
+// its control-plane namespace is labelled with, as in istiod; relabelling the namespace moves
+// them, and the Pod's own label wins.
+func TestClusterNetwork(t *testing.T) {
+	k := sharedKube(t)
+	cs := clientFor(t, k.RestConfig())
+	ctlNS := newNamespace(t, cs, "cp")
+	ns := newNamespace(t, cs, "app")
+	createService(t, cs, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "api", Namespace: ns},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}})
+	createPod(t, cs, podSpec{ns: ns, name: "plain", ip: "198.18.4.1", ready: true})
+	createPod(t, cs, podSpec{ns: ns, name: "own", ip: "198.18.4.2", ready: true, labels: map[string]string{LabelNetwork: "own"}})
+	createSlice(t, cs, newSlice(ns, "api-1", "api", []discovery.EndpointPort{slicePort("http", 80)},
+		sliceEP("198.18.4.1", "plain", "", true, true, false), sliceEP("198.18.4.2", "own", "", true, true, false)))
+
+	_, rec := startController(t, Config{ClusterID: "cluster1", Namespace: ctlNS}, Deps{Kube: k.RestConfig()})
+	name := ns + "/api." + ns + ".svc.cluster.local"
+	networks := func(want ...string) {
+		t.Helper()
+		waitFor(t, rec, schema.Endpoints.TypeURL, name, func(e *discoveryv1.Endpoints) bool {
+			var got []string
+			for _, ep := range e.GetEndpoints() {
+				got = append(got, ep.GetNetwork())
+			}
+			return slices.Equal(got, want)
+		})
+	}
+	networks("", "own")
+	label := func(network string) {
+		t.Helper()
+		n, err := cs.CoreV1().Namespaces().Get(ctxFor(t), ctlNS, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		n.Labels[LabelNetwork] = network
+		if _, err := cs.CoreV1().Namespaces().Update(ctxFor(t), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	label("net1")
+	networks("net1", "own")
+	label("net2")
+	networks("net2", "own")
 }
