@@ -53,4 +53,3 @@ func TestNetworkGateways(t *testing.T) {
 		t.Errorf("without gateways: %v, scale %d; want nil, 1", g, g.Scale())
 	}
 }
-
