@@ -45,10 +45,7 @@ var conformanceSkips = map[string]string{}
 // conformanceKnownFailures fail against Sailplane today. They are skipped in make test, so
 // that any other test failing is noticed, and run when the report is refreshed
 // (UPDATE_GOLDEN=1), so that docs/conformance records them as failed.
-var conformanceKnownFailures = map[string]string{
-	"GatewayInvalidTLSConfiguration": "config-ingest does not read Secrets (gatewayapi.Secrets is not implemented by its registry): a missing or malformed certificate Secret leaves the listener ResolvedRefs True",
-	"GatewayWithAttachedRoutes":      "subtest 'AttachedRoutes set even when Gateway has unresolved refs': the listener's missing certificate Secret is not detected (same cause), so it is Programmed True where False is expected",
-}
+var conformanceKnownFailures = map[string]string{}
 
 // TestGatewayAPIConformance runs the upstream Gateway API conformance suite (v1.6.3) against
 // hyper on the test environment's API server. conformanceKubelet runs the suite's echo

@@ -297,8 +297,9 @@ func serviceNeeds(caNamespace string) map[string][]access {
 	ingest = append(ingest, each([]string{"get", "update"}, access{group: "coordination.k8s.io", resource: "leases", namespace: "istio-system", name: "sailplane-config-ingest-status"})...)
 	ingest = append(ingest, access{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "istio-system"})
 	// The Gateway API kinds, and their status writer: every kind read (get after a conflict),
-	// Services for the backendRefs, the status PUT (ReferenceGrant has none); the CRDs are
-	// watched to notice the Gateway API's being installed.
+	// Services for the backendRefs and their EndpointSlices (a Gateway's Service has instances:
+	// Programmed), the status PUT (ReferenceGrant has none); the CRDs are watched to notice the
+	// Gateway API's being installed.
 	for _, k := range sailplaneschema.GatewayAPI {
 		ingest = append(ingest, each(read, access{group: k.Group, resource: k.Plural})...)
 		ingest = append(ingest, access{verb: "get", group: k.Group, resource: k.Plural, namespace: "default", name: "any"})
@@ -307,6 +308,7 @@ func serviceNeeds(caNamespace string) map[string][]access {
 		}
 	}
 	ingest = append(ingest, each(read, access{resource: "services"})...)
+	ingest = append(ingest, each(read, access{group: "discovery.k8s.io", resource: "endpointslices"})...)
 	// The gateway deployment controller: Gateways, classes and ListenerSets watched; the generated objects
 	// watched (label-selected), read by name, applied (create and patch) and deleted; ConfigMaps
 	// watched (metadata) and read (parametersRef).
@@ -322,6 +324,12 @@ func serviceNeeds(caNamespace string) map[string][]access {
 		ingest = append(ingest, access{verb: "create", group: r.group, resource: r.resource, namespace: r.namespace})
 	}
 	ingest = append(ingest, each([]string{"get", "list", "watch"}, access{resource: "configmaps"})...)
+	// The certificates Gateways and BackendTLSPolicies reference (--gateway-secrets): Secrets
+	// watched everywhere (ConfigMaps as above). With the ca segregated, not: that would reach
+	// the signing key's namespace.
+	if caNamespace == "istio-system" {
+		ingest = append(ingest, each(read, access{resource: "secrets"})...)
+	}
 
 	var watcher []access
 	for _, r := range []string{"services", "pods", "nodes"} {
@@ -369,7 +377,8 @@ func serviceNeeds(caNamespace string) map[string][]access {
 }
 
 // neverAllowed is refused to every Sailplane account. Listing Secrets everywhere is xds-server's
-// need alone (credentialName, as istiod), checked with the others' needs.
+// need (credentialName, as istiod) and config-ingest's (the Gateway API status), checked with
+// the others' needs.
 var neverAllowed = []access{
 	{verb: "get", resource: "secrets", namespace: "default", name: "any"},
 	{verb: "update", resource: "secrets", namespace: "default", name: "any"},

@@ -265,16 +265,18 @@ func startRemoteCluster(t *testing.T, primary *framework.Kube, manifest string, 
 	return pods
 }
 
-func startDifferentialHyper(t *testing.T, k *testenv.Kube, mesh string) string {
+// startDifferentialHyper starts hyper on k with mesh as its mesh config and extra flags, and
+// returns its xDS address once it is ready.
+func startDifferentialHyper(t *testing.T, k *testenv.Kube, mesh string, extra ...string) string {
 	t.Helper()
 	dir := t.TempDir()
 	framework.WriteFile(t, dir, "mesh.yaml", mesh)
 	addrs := distinctFreeAddrs(t, 5)
 	xds, monitoring := addrs[0], addrs[4]
-	framework.Start(t, dir, framework.Binary(t, "hyper"),
-		"--kubeconfig", k.KubeconfigPath(), "--config-source", "kubernetes", "--mesh-config", filepath.Join(dir, "mesh.yaml"),
+	args := []string{"--kubeconfig", k.KubeconfigPath(), "--config-source", "kubernetes", "--mesh-config", filepath.Join(dir, "mesh.yaml"),
 		"--xds-listen", xds, "--bus-listen", addrs[1], "--xds-tls-listen", addrs[2], "--webhook-listen", addrs[3],
-		"--monitoring-listen", monitoring, "--pod-name", "sailplane-differential")
+		"--monitoring-listen", monitoring, "--pod-name", "sailplane-differential"}
+	framework.Start(t, dir, framework.Binary(t, "hyper"), append(args, extra...)...)
 	framework.WaitReadyAt(t, monitoring)
 	return xds
 }

@@ -23,6 +23,9 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		"control plane revision (istio.io/rev): the Gateway API status of objects labelled (or in a namespace labelled) for another revision is left to it")
 	fs.BoolVar(&c.GatewayDeployment, "gateway-deployment", true,
 		"with Kubernetes, deploy the Envoy gateway (ServiceAccount, Deployment, Service, optional HPA/PDB) of each Gateway of class istio (controller istio.io/gateway-controller or sailplane.dev/gateway-controller) without addresses, as istiod does")
+	fs.BoolVar(&c.GatewaySecrets, "gateway-secrets", true,
+		"with Kubernetes, read Secrets and ConfigMaps (list/watch, every namespace) to check the certificates that Gateway listeners and BackendTLSPolicies reference, as istiod does: "+
+			"a missing or malformed one makes the listener or policy invalid in the status; only whether each is valid is kept, never its data. false: references are taken as valid")
 	cli.NamespaceVar(fs, &c.Namespace)
 	cli.PodNameVar(fs, &c.PodName, "this replica's name: its identity in the status Lease and, in xds-server, in proxy status (default: $POD_NAME, else the host name)")
 }

@@ -2,8 +2,20 @@ package configingest_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -142,4 +154,199 @@ func TestKubeGatewayStatusLeader(t *testing.T) {
 	route("second")
 	waitFor(t, "the new leader writes", func() bool { return accepted("second") })
 	waitFor(t, "the new leader counts its write", func() bool { return written(ins[follower]) > 0 })
+}
+
+// selfSigned returns a PEM certificate for example.com and its PEM private key.
+func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "example.com"},
+		DNSNames: []string{"example.com"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})
+}
+
+// tlsFixture is a Gateway whose HTTPS listeners reference the Secrets "valid" (a certificate and
+// its key), "malformed" (the conformance suite's: "Hello world" for both) and "missing" (none),
+// and an HTTPRoute on it to a Service whose BackendTLSPolicy names the CA ConfigMap "ca" (none).
+type tlsFixture struct {
+	*gwFixture
+	cert, key []byte
+}
+
+func newTLSFixture(t *testing.T, e *kenv, prefix string) *tlsFixture {
+	t.Helper()
+	f := &tlsFixture{gwFixture: newGWFixture(t, e, prefix)}
+	f.cert, f.key = selfSigned(t)
+	secret := func(name string, crt, key []byte) {
+		if _, err := e.kube.CoreV1().Secrets(f.ns).Create(e.ctx(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Type: corev1.SecretTypeTLS, Data: map[string][]byte{"tls.crt": crt, "tls.key": key}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	secret("valid", f.cert, f.key)
+	secret("malformed", []byte("Hello world\n"), []byte("Hello world\n"))
+	var listeners []gwv1.Listener
+	for i, name := range []string{"valid", "malformed", "missing"} {
+		listeners = append(listeners, gwv1.Listener{Name: gwv1.SectionName(name), Port: gwv1.PortNumber(8443 + i), Protocol: gwv1.HTTPSProtocolType,
+			TLS: &gwv1.ListenerTLSConfig{CertificateRefs: []gwv1.SecretObjectReference{{Name: gwv1.ObjectName(name)}}}})
+	}
+	if _, err := f.gw.GatewayV1().Gateways(f.ns).Create(e.ctx(), &gwv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "tls"},
+		Spec:       gwv1.GatewaySpec{GatewayClassName: gwv1.ObjectName(prefix + "-" + e.id), Listeners: listeners},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.kube.CoreV1().Services(f.ns).Create(e.ctx(), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "backend"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "https", Port: 443}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	port, section := gwv1.PortNumber(443), gwv1.SectionName("valid")
+	if _, err := f.gw.GatewayV1().HTTPRoutes(f.ns).Create(e.ctx(), &gwv1.HTTPRoute{
+		ObjectMeta: metav1.ObjectMeta{Name: "to-backend"},
+		Spec: gwv1.HTTPRouteSpec{
+			CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{{Name: "tls", SectionName: &section}}},
+			Rules: []gwv1.HTTPRouteRule{{BackendRefs: []gwv1.HTTPBackendRef{{BackendRef: gwv1.BackendRef{
+				BackendObjectReference: gwv1.BackendObjectReference{Name: "backend", Port: &port}}}}}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.gw.GatewayV1().BackendTLSPolicies(f.ns).Create(e.ctx(), &gwv1.BackendTLSPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "backend"},
+		Spec: gwv1.BackendTLSPolicySpec{
+			TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{{LocalPolicyTargetReference: gwv1.LocalPolicyTargetReference{
+				Kind: "Service", Name: "backend"}}},
+			Validation: gwv1.BackendTLSPolicyValidation{Hostname: "backend.example.com",
+				CACertificateRefs: []gwv1.LocalObjectReference{{Kind: "ConfigMap", Name: "ca"}}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// listener returns the status and reason of the listener's condition, "" when there is none.
+func (f *tlsFixture) listener(name, condition string) (status, reason string) {
+	g, err := f.gw.GatewayV1().Gateways(f.ns).Get(f.e.ctx(), "tls", metav1.GetOptions{})
+	if err != nil {
+		return "", ""
+	}
+	for _, l := range g.Status.Listeners {
+		if string(l.Name) != name {
+			continue
+		}
+		if c := meta.FindStatusCondition(l.Conditions, condition); c != nil {
+			return string(c.Status), c.Reason
+		}
+	}
+	return "", ""
+}
+
+// policy returns the status and reason of the BackendTLSPolicy's condition for its ancestor.
+func (f *tlsFixture) policy(condition string) (status, reason string) {
+	p, err := f.gw.GatewayV1().BackendTLSPolicies(f.ns).Get(f.e.ctx(), "backend", metav1.GetOptions{})
+	if err != nil || len(p.Status.Ancestors) == 0 {
+		return "", ""
+	}
+	if c := meta.FindStatusCondition(p.Status.Ancestors[0].Conditions, condition); c != nil {
+		return string(c.Status), c.Reason
+	}
+	return "", ""
+}
+
+// The listeners' certificateRefs are checked against their Secrets as istiod checks them: a
+// missing or malformed one makes the listener ResolvedRefs False InvalidCertificateRef and
+// Programmed False, a valid one True; fixing the Secrets later (one updated, one created) flips
+// them. The BackendTLSPolicy's CA ConfigMap likewise.
+func TestKubeGatewayStatusCertificateRefs(t *testing.T) {
+	e := newKenv(t, sharedKube(t))
+	f := newTLSFixture(t, e, "gwc")
+	e.start("pod", func(c *configingest.Config) { c.GatewaySecrets = true })
+	want := func(listener, condition, status, reason string) {
+		t.Helper()
+		waitFor(t, fmt.Sprintf("listener %s %s %s %s", listener, condition, status, reason), func() bool {
+			s, r := f.listener(listener, condition)
+			return s == status && r == reason
+		})
+	}
+	want("valid", "ResolvedRefs", "True", "ResolvedRefs")
+	want("valid", "Programmed", "True", "Programmed")
+	for _, l := range []string{"malformed", "missing"} {
+		want(l, "ResolvedRefs", "False", "InvalidCertificateRef")
+		want(l, "Programmed", "False", "Invalid")
+	}
+	waitFor(t, "the BackendTLSPolicy's missing CA refused", func() bool {
+		s, r := f.policy("ResolvedRefs")
+		a, ar := f.policy("Accepted")
+		return s == "False" && r == "InvalidCACertificateRef" && a == "False" && ar == "NoValidCACertificate"
+	})
+	g, err := f.gw.GatewayV1().Gateways(f.ns).Get(e.ctx(), "tls", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range g.Status.Listeners {
+		c := meta.FindStatusCondition(l.Conditions, "ResolvedRefs")
+		switch l.Name {
+		case "malformed":
+			if !strings.Contains(c.Message, "the certificate is malformed") {
+				t.Errorf("listener malformed: message %q", c.Message)
+			}
+		case "missing":
+			if !strings.Contains(c.Message, "secret "+f.ns+"/missing not found") {
+				t.Errorf("listener missing: message %q", c.Message)
+			}
+		}
+	}
+
+	fixed, err := e.kube.CoreV1().Secrets(f.ns).Get(e.ctx(), "malformed", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed.Data = map[string][]byte{"tls.crt": f.cert, "tls.key": f.key}
+	// One at a time: each change alone must recompute the status.
+	if _, err := e.kube.CoreV1().Secrets(f.ns).Update(e.ctx(), fixed, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want("malformed", "ResolvedRefs", "True", "ResolvedRefs")
+	want("malformed", "Programmed", "True", "Programmed")
+	if _, err := e.kube.CoreV1().Secrets(f.ns).Create(e.ctx(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "missing"},
+		Type: corev1.SecretTypeTLS, Data: map[string][]byte{"tls.crt": f.cert, "tls.key": f.key}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want("missing", "ResolvedRefs", "True", "ResolvedRefs")
+	want("missing", "Programmed", "True", "Programmed")
+	if _, err := e.kube.CoreV1().ConfigMaps(f.ns).Create(e.ctx(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "ca"},
+		Data: map[string]string{"ca.crt": string(f.cert)}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the BackendTLSPolicy accepted once its CA exists", func() bool {
+		s, _ := f.policy("ResolvedRefs")
+		a, _ := f.policy("Accepted")
+		return s == "True" && a == "True"
+	})
+}
+
+// With --gateway-secrets=false nothing is read and references are taken as valid.
+func TestKubeGatewayStatusCertificateRefsOff(t *testing.T) {
+	e := newKenv(t, sharedKube(t))
+	f := newTLSFixture(t, e, "gwo")
+	e.start("pod", func(c *configingest.Config) { c.GatewaySecrets = false })
+	for _, l := range []string{"valid", "malformed", "missing"} {
+		waitFor(t, "listener "+l+" ResolvedRefs True", func() bool {
+			s, _ := f.listener(l, "ResolvedRefs")
+			return s == "True"
+		})
+	}
 }

@@ -31,6 +31,10 @@ type listener struct {
 	kinds []gwv1.RouteGroupKind
 	// attached counts the routes bound to it.
 	attached int32
+	// unserved: the listener is not programmed (bad TLS, unsupported protocol). As in istiod,
+	// routes still bind to it and count in attachedRoutes, but it gets no Istio Gateway and
+	// its routes no VirtualService.
+	unserved bool
 }
 
 var (
@@ -186,6 +190,7 @@ func (t *translator) buildListeners(o owner, ls []gwv1.Listener, conflicts map[g
 			set(string(gwv1.ListenerConditionResolvedRefs), false, string(gwv1.ListenerReasonInvalidRouteKinds), "Invalid route kinds")
 		}
 		var server *networking.Server
+		unserved := false
 		if reason, ok := conflicts[l.Name]; ok {
 			msg := "Listener has a conflict with another listener attached to the same Gateway"
 			set(string(gwv1.ListenerConditionAccepted), false, string(reason), msg)
@@ -200,6 +205,7 @@ func (t *translator) buildListeners(o owner, ls []gwv1.Listener, conflicts map[g
 			if ok {
 				valid++
 			}
+			unserved = !ok
 			// The Programmed message names every port istiod makes a server for, valid or not.
 			if l.TLS != nil || (l.Protocol != gwv1.HTTPSProtocolType && l.Protocol != gwv1.TLSProtocolType) {
 				ports = append(ports, uint32(l.Port))
@@ -209,11 +215,13 @@ func (t *translator) buildListeners(o owner, ls []gwv1.Listener, conflicts map[g
 		if server != nil {
 			name := o.obj.GetName() + "~" + internalGatewaySuffix + "~" + string(l.Name)
 			ns := o.obj.GetNamespace()
-			t.out.Gateways = append(t.out.Gateways, Config[*networking.Gateway]{Namespace: ns, Name: name,
-				CreateTime: o.obj.GetCreationTimestamp().Time,
-				Spec:       &networking.Gateway{Servers: []*networking.Server{server}, Selector: sel}})
+			if !unserved {
+				t.out.Gateways = append(t.out.Gateways, Config[*networking.Gateway]{Namespace: ns, Name: name,
+					CreateTime: o.obj.GetCreationTimestamp().Time,
+					Spec:       &networking.Gateway{Servers: []*networking.Server{server}, Selector: sel}})
+			}
 			b.bound = &listener{istioGateway: ns + "/" + name, section: l.Name, port: l.Port, protocol: l.Protocol,
-				hostname: string(deref(l.Hostname, "")), hosts: server.Hosts, kinds: kinds}
+				hostname: string(deref(l.Hostname, "")), hosts: server.Hosts, kinds: kinds, unserved: unserved}
 			k := o.kind + "/" + key(ns, o.obj.GetName())
 			t.listeners[k] = append(t.listeners[k], b.bound)
 		}
@@ -371,7 +379,7 @@ func (t *translator) programmed(gw *gwv1.Gateway, hosts []string, ports []uint32
 	ports = slices.Clone(ports)
 	slices.Sort(ports)
 	ports = slices.Compact(ports)
-	var internal, ips, warnings []string
+	var internal, internalIPs, external, pending, warnings []string
 	usable := true
 	for _, h := range hosts {
 		var svc Service
@@ -386,40 +394,26 @@ func (t *translator) programmed(gw *gwv1.Gateway, hosts []string, ports []uint32
 		}
 		for _, p := range ports {
 			switch {
+			case !svc.Ready:
+				// istiod looks for instances first: none at all says so, whatever the port.
+				warnings = append(warnings, fmt.Sprintf("no instances found for hostname %q", h))
 			case !slices.ContainsFunc(svc.Ports, func(sp ServicePort) bool { return sp.Number == p }):
 				warnings = append(warnings, fmt.Sprintf("port %d not found for hostname %q", p, h))
 				usable = false
-			case !svc.Ready:
-				warnings = append(warnings, fmt.Sprintf("no instances found for hostname %q", h))
 			default:
 				internal = append(internal, h+":"+strconv.Itoa(int(p)))
-				for _, a := range svc.Addresses {
-					if !slices.Contains(ips, a) {
-						ips = append(ips, a)
-					}
+				internalIPs = append(internalIPs, svc.Addresses...)
+				external = append(external, svc.ExternalAddresses...)
+				if svc.LoadBalancer && len(svc.ExternalAddresses) == 0 && !slices.Contains(pending, h) {
+					warnings = append(warnings, fmt.Sprintf("address pending for hostname %q", h))
+					pending = append(pending, h)
 				}
 			}
 		}
 	}
-	slices.Sort(internal)
-	slices.Sort(ips)
+	internal, internalIPs, external = sortedSet(internal), sortedSet(internalIPs), sortedSet(external)
 	slices.Sort(warnings)
-	addrs := ips
-	if len(addrs) == 0 {
-		for _, h := range hosts {
-			if slices.ContainsFunc(internal, func(i string) bool { return strings.HasPrefix(i, h+":") }) {
-				addrs = append(addrs, h)
-			}
-		}
-	}
-	var out []gwv1.GatewayStatusAddress
-	for _, a := range addrs {
-		typ := gwv1.HostnameAddressType
-		if _, err := netip.ParseAddr(a); err == nil {
-			typ = gwv1.IPAddressType
-		}
-		out = append(out, gwv1.GatewayStatusAddress{Type: &typ, Value: a})
-	}
+	out := statusAddresses(gw, internal, internalIPs, external, pending)
 	if len(warnings) > 0 {
 		msg := "Failed to assign to any requested addresses: " + strings.Join(warnings, "; ")
 		if len(internal) > 0 {
@@ -437,6 +431,51 @@ func (t *translator) programmed(gw *gwv1.Gateway, hosts []string, ports []uint32
 		msg = "Resource programmed, assigned to service(s) " + humanJoin(internal)
 	}
 	return cond(typ, true, string(gwv1.GatewayReasonProgrammed), msg, gen), out
+}
+
+// addressTypeAnnotation makes a Gateway report the cluster IPs of its Service (IPAddress), its
+// host name (Hostname, the default of class istio) or both (any other value), when the Service
+// has no external address: istiod's override.
+const addressTypeAnnotation = "networking.istio.io/address-type"
+
+// statusAddresses are a Gateway's status.addresses, as istiod reports them: the external
+// addresses of its Services (sorted) if any, else their host names (those whose LoadBalancer
+// address is not pending), or with the annotation their cluster IPs first. None before the
+// Service is usable.
+func statusAddresses(gw *gwv1.Gateway, internal, internalIPs, external, pending []string) []gwv1.GatewayStatusAddress {
+	addrs := external
+	if len(addrs) == 0 {
+		want := gwv1.HostnameAddressType
+		if v, ok := gw.Annotations[addressTypeAnnotation]; ok {
+			want = gwv1.AddressType(v)
+		}
+		if want != gwv1.HostnameAddressType {
+			addrs = slices.Clone(internalIPs)
+		}
+		if want != gwv1.IPAddressType {
+			for _, hp := range internal {
+				h := hp[:strings.LastIndexByte(hp, ':')]
+				if !slices.Contains(pending, h) && !slices.Contains(addrs, h) {
+					addrs = append(addrs, h)
+				}
+			}
+		}
+	}
+	var out []gwv1.GatewayStatusAddress
+	for _, a := range addrs {
+		typ := gwv1.HostnameAddressType
+		if _, err := netip.ParseAddr(a); err == nil {
+			typ = gwv1.IPAddressType
+		}
+		out = append(out, gwv1.GatewayStatusAddress{Type: &typ, Value: a})
+	}
+	return out
+}
+
+func sortedSet(ss []string) []string {
+	ss = slices.Clone(ss)
+	slices.Sort(ss)
+	return slices.Compact(ss)
 }
 
 func humanJoin(ss []string) string {
@@ -551,9 +590,10 @@ func (t *translator) server(o owner, l *gwv1.Listener, set func(typ string, ok b
 		if up := strings.ToUpper(string(l.Protocol)); up != string(l.Protocol) && slices.Contains([]string{"HTTP", "HTTPS", "TLS", "TCP"}, up) {
 			msg = fmt.Sprintf("protocol %q is unsupported. hint: %q (uppercase) may be supported", l.Protocol, up)
 		}
-		// istiod leaves Programmed as it is: the listener is not accepted.
+		// istiod leaves Programmed as it is: the listener is not accepted. Routes still bind
+		// to it (and are counted), as in istiod; it is never served.
 		set(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonUnsupportedProtocol), msg)
-		return nil, false
+		return &networking.Server{Hosts: t.serverHosts(o.obj.GetNamespace(), l)}, false
 	}
 	tls, err := t.tls(o, l)
 	if err != nil {
@@ -563,7 +603,9 @@ func (t *translator) server(o owner, l *gwv1.Listener, set func(typ string, ok b
 		case gwv1.ListenerReasonRefNotPermitted, gwv1.ListenerReasonInvalidCACertificateRef, gwv1.ListenerReasonInvalidCACertificateKind:
 			set(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonNoValidCACertificate), err.Message)
 		}
-		return nil, false
+		// No TLS settings at all: the server only lets routes bind (and be counted), as in
+		// istiod; it is never served, so never served weaker.
+		return &networking.Server{Hosts: t.serverHosts(o.obj.GetNamespace(), l)}, false
 	}
 	if tls == nil && (l.Protocol == gwv1.HTTPSProtocolType || l.Protocol == gwv1.TLSProtocolType) {
 		if o.kind == "ListenerSet" {

@@ -136,7 +136,7 @@ func (t *translator) httpVirtualServices(r route, bs []binding, meshRes, gwRes *
 			}
 			continue
 		}
-		if gwRes.empty() {
+		if gwRes.empty() || b.l.unserved {
 			continue
 		}
 		for _, h := range hostStrings(r.hostnames) {
@@ -181,7 +181,7 @@ func (t *translator) l4VirtualServices(r route, bs []binding, meshRes, gwRes *co
 			}
 			continue
 		}
-		if gwRes == nil {
+		if gwRes == nil || b.l.unserved {
 			continue
 		}
 		hosts := []string{"*"}

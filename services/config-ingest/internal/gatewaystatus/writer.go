@@ -82,8 +82,15 @@ type Config struct {
 	// ServiceReady, when set, says whether the workloads behind a Service are ready, for the
 	// Services it knows (the generated Services of deployed gateways: their Deployment has a
 	// ready replica): a Gateway is Programmed only once its Service is ready. A Service it
-	// does not know counts as ready. Call Changed when its answers may have changed.
+	// does not know is ready once it has endpoints (EndpointSlices), as in istiod. Call Changed
+	// when its answers may have changed.
 	ServiceReady func(namespace, name string) (ready, known bool)
+	// Credentials checks the Secrets and ConfigMaps that listeners' certificateRefs, Gateways'
+	// caCertificateRefs and BackendTLSPolicies name (gatewayapi.Secrets), as istiod: a missing or
+	// malformed one makes its listener or policy invalid. Only each object's verdict is kept,
+	// never its data. It needs list and watch on Secrets and ConfigMaps in every namespace;
+	// without them (or unset) references are taken as valid.
+	Credentials bool
 	// Now is the clock of lastTransitionTime; time.Now when nil.
 	Now func() time.Time
 	// Logger; discarded when nil.
@@ -104,6 +111,7 @@ type Writer struct {
 
 	kinds     map[string]*kind
 	services  cache.SharedIndexInformer
+	endpoints *endpoints // which Services have endpoints (EndpointSlices)
 	entries   cache.SharedIndexInformer
 	grants    cache.SharedIndexInformer // ReferenceGrants: read by Translate, no status
 	ns        cache.SharedIndexInformer
@@ -111,6 +119,8 @@ type Writer struct {
 		Start(<-chan struct{})
 		Shutdown()
 	}
+	// secrets and configMaps hold credentials (Config.Credentials); nil when not read.
+	secrets, configMaps cache.SharedIndexInformer
 
 	dirty chan struct{} // something Translate reads changed
 	queue workqueue.TypedRateLimitingInterface[key]
@@ -199,6 +209,11 @@ func (w *Writer) Run(ctx context.Context) error {
 	w.services = coreF.Core().V1().Services().Informer()
 	w.ns = coreF.Core().V1().Namespaces().Informer()
 	w.entries = istioF.Networking().V1().ServiceEntries().Informer()
+	slices := coreF.Discovery().V1().EndpointSlices().Informer()
+	var err error
+	if w.endpoints, err = newEndpoints(slices, w.markDirty); err != nil {
+		return fmt.Errorf("gatewaystatus: %w", err)
+	}
 	informers := []cache.SharedIndexInformer{w.services, w.ns, w.entries}
 	if served("referencegrants") {
 		w.grants = gwF.Gateway().V1().ReferenceGrants().Informer()
@@ -206,6 +221,18 @@ func (w *Writer) Run(ctx context.Context) error {
 	}
 	for _, inf := range informers {
 		w.watch(inf, "")
+	}
+	if w.cfg.Credentials {
+		if ok, why := mayReadCredentials(ctx, w.kube); !ok {
+			w.log.Warn("the certificates Gateways and BackendTLSPolicies reference are not checked: grant the ClusterRole "+
+				"sailplane-gateway-credentials, or set --gateway-secrets=false", "reason", why)
+		} else {
+			var err error
+			if w.secrets, w.configMaps, err = w.watchCredentials(); err != nil {
+				return err
+			}
+			informers = append(informers, w.secrets, w.configMaps)
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -227,6 +254,7 @@ func (w *Writer) Run(ctx context.Context) error {
 	for _, inf := range informers {
 		synced = append(synced, inf.HasSynced)
 	}
+	synced = append(synced, slices.HasSynced)
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return nil
 	}
@@ -312,6 +340,18 @@ func equalMaps(a, b map[string]string) bool {
 	return true
 }
 
+// serviceReady says whether the workloads behind a Service are ready: Config.ServiceReady for
+// the Services it knows (a deployed gateway's: its Deployment has a ready replica), else whether
+// the Service has endpoints, as istiod.
+func (w *Writer) serviceReady(ns, name string) (ready, known bool) {
+	if w.cfg.ServiceReady != nil {
+		if r, known := w.cfg.ServiceReady(ns, name); known {
+			return r, true
+		}
+	}
+	return w.endpoints.Has(ns, name), true
+}
+
 // Changed asks for the status to be computed again: an input outside the writer's informers
 // (Config.ServiceReady) may have changed.
 func (w *Writer) Changed() { w.markDirty() }
@@ -382,7 +422,11 @@ func (w *Writer) compute() {
 	for _, se := range listOf[*networkingv1.ServiceEntry](w.entries.GetStore().List()) {
 		entries = append(entries, serviceEntry{ns: se.Namespace, spec: &se.Spec})
 	}
-	in.Services = newRegistry(listOf[*corev1.Service](w.services.GetStore().List()), entries, w.cfg.DomainSuffix, w.cfg.ServiceReady)
+	reg := newRegistry(listOf[*corev1.Service](w.services.GetStore().List()), entries, w.cfg.DomainSuffix, w.serviceReady)
+	in.Services = reg
+	if w.secrets != nil {
+		in.Services = credentialRegistry{registry: reg, secrets: w.secrets.GetStore(), configMaps: w.configMaps.GetStore()}
+	}
 	// Listeners' allowedRoutes namespace selectors match these.
 	in.NamespaceLabels = map[string]map[string]string{}
 	for _, n := range listOf[*corev1.Namespace](w.ns.GetStore().List()) {
