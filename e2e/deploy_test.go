@@ -337,6 +337,8 @@ func serviceNeeds(caNamespace string) map[string][]access {
 	}
 	watcher = append(watcher, each(read, access{group: "discovery.k8s.io", resource: "endpointslices"})...)
 	watcher = append(watcher, each(read, access{resource: "secrets", namespace: "istio-system"})...) // remote clusters
+	// The control-plane namespace alone (its network label), field-selected by name.
+	watcher = append(watcher, each([]string{"list", "watch"}, access{resource: "namespaces", name: "istio-system"})...)
 
 	ca := []access{
 		{verb: "get", resource: "secrets", namespace: caNamespace, name: "cacerts"},
