@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +25,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/rest"
 
 	"sailplane.dev/e2e/framework"
 )
@@ -34,6 +39,8 @@ import (
 //     once the process listens; Pods of any other image (coredns, …) are not made, so nothing
 //     that does not run is reported ready;
 //   - a Service with a selector gets an EndpointSlice of the ready Pods it selects;
+//   - an echo Pod's log (pods/log) is its process's output, served through the suite's rest
+//     config (withPodLogs);
 //   - a gateway Deployment Sailplane generated counts one ready replica, and its LoadBalancer
 //     Service gets an ingress address in 198.19.0.0/16 (as a load balancer controller would):
 //     its proxy is the simulator (tools/xdssim/conformance), which fetches the xDS Sailplane
@@ -45,7 +52,8 @@ type conformanceKubelet struct {
 	errf    func(format string, args ...any)
 
 	mu       sync.Mutex
-	pods     map[string]*echoPod // namespace/name
+	logs     map[string]*containerLog // namespace/pod name, for podLogs; guarded by mu
+	pods     map[string]*echoPod      // namespace/name
 	slices   map[string]*discoveryv1.EndpointSlice
 	lbByIP   map[string]string // gateway address -> namespace/deployment
 	nextLB   int
@@ -57,13 +65,14 @@ type echoPod struct {
 	cmd  *exec.Cmd
 	done chan struct{}
 	ip   string
+	log  *containerLog
 }
 
 const kubeletManager = "sailplane-e2e-kubelet"
 
 func startConformanceKubelet(t *testing.T, kube *framework.Kube, echoBin string) *conformanceKubelet {
 	k := &conformanceKubelet{kube: kube, echoBin: echoBin, dir: t.TempDir(), errf: t.Logf,
-		pods: map[string]*echoPod{}, slices: map[string]*discoveryv1.EndpointSlice{}, lbByIP: map[string]string{}, lastErrs: map[string]string{}}
+		pods: map[string]*echoPod{}, logs: map[string]*containerLog{}, slices: map[string]*discoveryv1.EndpointSlice{}, lbByIP: map[string]string{}, lastErrs: map[string]string{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
 	go func() {
@@ -154,6 +163,9 @@ func (k *conformanceKubelet) sync(ctx context.Context) {
 					continue
 				}
 				k.pods[pkey] = p
+				k.mu.Lock()
+				k.logs[pkey] = p.log
+				k.mu.Unlock()
 			}
 			ready++
 		}
@@ -172,6 +184,9 @@ func (k *conformanceKubelet) sync(ctx context.Context) {
 		err := cs.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})
 		k.report(pkey+" delete", errors.Join(ignoreNotFound(err), p.stop()))
 		delete(k.pods, pkey)
+		k.mu.Lock()
+		delete(k.logs, pkey)
+		k.mu.Unlock()
 	}
 	k.report("endpointslices", k.syncSlices(ctx))
 }
@@ -240,7 +255,7 @@ func (k *conformanceKubelet) startPod(ctx context.Context, d *appsv1.Deployment,
 	if err != nil {
 		return nil, err
 	}
-	p := &echoPod{host: h, ip: h.IP(), done: make(chan struct{})}
+	p := &echoPod{host: h, ip: h.IP(), done: make(chan struct{}), log: &containerLog{}}
 	fail := func(err error) (*echoPod, error) { return nil, errors.Join(err, p.stop()) }
 	c := d.Spec.Template.Spec.Containers[0]
 	env, err := k.containerEnv(ctx, d, c, name, p.ip)
@@ -254,7 +269,8 @@ func (k *conformanceKubelet) startPod(ctx context.Context, d *appsv1.Deployment,
 	bin, args := h.Command(k.echoBin)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = env
-	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	p.log.file = logf
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		logf.Close()
@@ -453,4 +469,98 @@ func (k *conformanceKubelet) syncSlices(ctx context.Context) error {
 		k.slices[key] = es
 	}
 	return errors.Join(errs...)
+}
+
+// containerLog is a container's output as the kubelet keeps it: lines with the time they were
+// written (for sinceTime), copied to a file for the test's own debugging.
+type containerLog struct {
+	mu      sync.Mutex
+	file    io.Writer
+	partial []byte
+	lines   []logLine
+}
+
+type logLine struct {
+	at   time.Time
+	text string
+}
+
+func (l *containerLog) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.file != nil {
+		if _, err := l.file.Write(b); err != nil {
+			return 0, err
+		}
+	}
+	l.partial = append(l.partial, b...)
+	now := time.Now()
+	for {
+		i := bytes.IndexByte(l.partial, '\n')
+		if i < 0 {
+			break
+		}
+		l.lines = append(l.lines, logLine{now, string(l.partial[:i+1])})
+		l.partial = l.partial[i+1:]
+	}
+	return len(b), nil
+}
+
+// since returns the lines written at or after t.
+func (l *containerLog) since(t time.Time) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var b strings.Builder
+	for _, ln := range l.lines {
+		if !ln.at.Before(t) {
+			b.WriteString(ln.text)
+		}
+	}
+	return b.String()
+}
+
+// withPodLogs returns cfg whose requests for pods/log are answered from the stand-in kubelet's
+// container logs, as the API server would by asking the pod's kubelet; every other request
+// goes to the API server. The suite reads a mirror backend's log to see that it got the
+// mirrored request, and the API server cannot reach this kubelet itself (it only proxies to a
+// Node's address, over TLS it verifies). The suite builds its clients from this config.
+func (k *conformanceKubelet) withPodLogs(cfg *rest.Config) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	cfg.Wrap(func(next http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			// /api/v1/namespaces/<ns>/pods/<name>/log
+			parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+			if r.Method != http.MethodGet || len(parts) != 7 || parts[0] != "api" || parts[2] != "namespaces" || parts[4] != "pods" || parts[6] != "log" {
+				return next.RoundTrip(r)
+			}
+			rec := httptest.NewRecorder()
+			k.servePodLog(rec, r, parts[3], parts[5])
+			return rec.Result(), nil
+		})
+	})
+	return cfg
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func (k *conformanceKubelet) servePodLog(w http.ResponseWriter, r *http.Request, ns, pod string) {
+	k.mu.Lock()
+	l, ok := k.logs[ns+"/"+pod]
+	k.mu.Unlock()
+	if !ok {
+		http.Error(w, fmt.Sprintf("pod %s/%s has no container running here", ns, pod), http.StatusNotFound)
+		return
+	}
+	var since time.Time
+	if s := r.URL.Query().Get("sinceTime"); s != "" {
+		var err error
+		if since, err = time.Parse(time.RFC3339, s); err != nil {
+			http.Error(w, "sinceTime: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain")
+	_, _ = io.WriteString(w, l.since(since))
 }

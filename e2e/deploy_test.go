@@ -297,8 +297,9 @@ func serviceNeeds(caNamespace string) map[string][]access {
 	ingest = append(ingest, each([]string{"get", "update"}, access{group: "coordination.k8s.io", resource: "leases", namespace: "istio-system", name: "sailplane-config-ingest-status"})...)
 	ingest = append(ingest, access{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "istio-system"})
 	// The Gateway API kinds, and their status writer: every kind read (get after a conflict),
-	// Services for the backendRefs, the status PUT (ReferenceGrant has none); the CRDs are
-	// watched to notice the Gateway API's being installed.
+	// Services for the backendRefs and their EndpointSlices (a Gateway's Service has instances:
+	// Programmed), the status PUT (ReferenceGrant has none); the CRDs are watched to notice the
+	// Gateway API's being installed.
 	for _, k := range sailplaneschema.GatewayAPI {
 		ingest = append(ingest, each(read, access{group: k.Group, resource: k.Plural})...)
 		ingest = append(ingest, access{verb: "get", group: k.Group, resource: k.Plural, namespace: "default", name: "any"})
@@ -307,6 +308,7 @@ func serviceNeeds(caNamespace string) map[string][]access {
 		}
 	}
 	ingest = append(ingest, each(read, access{resource: "services"})...)
+	ingest = append(ingest, each(read, access{group: "discovery.k8s.io", resource: "endpointslices"})...)
 	// Revision tags: the webhook configurations labelled istio.io/tag (shared/revision.Tags).
 	ingest = append(ingest, each(read, access{group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations"})...)
 	// The gateway deployment controller: Gateways, classes and ListenerSets watched; the generated objects
@@ -337,6 +339,8 @@ func serviceNeeds(caNamespace string) map[string][]access {
 	}
 	watcher = append(watcher, each(read, access{group: "discovery.k8s.io", resource: "endpointslices"})...)
 	watcher = append(watcher, each(read, access{resource: "secrets", namespace: "istio-system"})...) // remote clusters
+	// The control-plane namespace alone (its network label), field-selected by name.
+	watcher = append(watcher, each([]string{"list", "watch"}, access{resource: "namespaces", name: "istio-system"})...)
 
 	ca := []access{
 		{verb: "get", resource: "secrets", namespace: caNamespace, name: "cacerts"},

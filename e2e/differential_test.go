@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -123,6 +124,12 @@ type diffNode struct {
 	// DNSCapture: the agent captures the pod's DNS (ISTIO_META_DNS_CAPTURE), so the proxy uses
 	// the auto-allocated addresses of ServiceEntry hosts without any.
 	DNSCapture bool `json:"dnsCapture,omitempty"`
+	// Cluster "remote" is a Pod of the case's remote.yaml (CLUSTER_ID remote); empty, of
+	// kube.yaml (CLUSTER_ID Kubernetes).
+	Cluster string `json:"cluster,omitempty"`
+	// Network is the node's NETWORK, as the installation sets it; without it, the Pod's
+	// topology.istio.io/network label, as the injector sets it.
+	Network string `json:"network,omitempty"`
 }
 
 func (n diffNode) name() string { return n.Kind + "/" + n.Namespace + "/" + n.Pod }
@@ -173,6 +180,13 @@ func runDifferentialCase(t *testing.T, name string) ([]xdsdiff.Difference, xdsdi
 
 	// The objects are in place before either starts, so each one's readiness (caches synced,
 	// first state built) means it serves all of them.
+	if remote, err := os.ReadFile(filepath.Join(dir, "remote.yaml")); err == nil {
+		rpods := startRemoteCluster(t, kube, string(remote), opts)
+		for key, p := range rpods {
+			pods[remoteCluster+"/"+key] = p
+		}
+	}
+
 	hyperAddr := startDifferentialHyper(t, k, mesh)
 	istiod := testenv.IstiodForTest(t, k, mesh, istiodEnv...)
 
@@ -212,16 +226,57 @@ func runDifferentialCase(t *testing.T, name string) ([]xdsdiff.Difference, xdsdi
 	return all, stats
 }
 
-func startDifferentialHyper(t *testing.T, k *testenv.Kube, mesh string) string {
+// remoteCluster is the cluster ID of a case's remote.yaml.
+const remoteCluster = "remote"
+
+// startRemoteCluster starts a second API server holding manifest and registers it in the
+// primary as cluster "remote" with a kubeconfig Secret (istio/multiCluster=true in
+// istio-system), which istiod and hyper both read; it returns the remote's Pods.
+func startRemoteCluster(t *testing.T, primary *framework.Kube, manifest string, opts []testenv.Option) map[string]*corev1.Pod {
+	t.Helper()
+	objs, err := framework.Decode(manifest)
+	if err != nil {
+		t.Fatalf("remote.yaml: %v", err)
+	}
+	pods, err := casePods(objs)
+	if err != nil {
+		t.Fatalf("remote.yaml: %v", err)
+	}
+	rk := testenv.KubeForTest(t, opts...)
+	kube := framework.NewKube(t, rk.RestConfig())
+	kube.EnsureNamespace(t, "istio-system")
+	kube.Apply(t, manifest)
+	setPodsRunning(t, kube, pods)
+	writeEndpointSlices(t, kube, objs, pods)
+	kubeconfig, err := os.ReadFile(rk.KubeconfigPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "istio-remote-secret-" + remoteCluster, Namespace: "istio-system",
+			Labels: map[string]string{"istio/multiCluster": "true"}},
+		Data: map[string][]byte{remoteCluster: kubeconfig},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := primary.Clientset.CoreV1().Secrets("istio-system").Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("remote cluster secret: %v", err)
+	}
+	return pods
+}
+
+// startDifferentialHyper starts hyper on k with mesh as its mesh config and extra flags, and
+// returns its xDS address once it is ready.
+func startDifferentialHyper(t *testing.T, k *testenv.Kube, mesh string, extra ...string) string {
 	t.Helper()
 	dir := t.TempDir()
 	framework.WriteFile(t, dir, "mesh.yaml", mesh)
 	addrs := distinctFreeAddrs(t, 5)
 	xds, monitoring := addrs[0], addrs[4]
-	framework.Start(t, dir, framework.Binary(t, "hyper"),
-		"--kubeconfig", k.KubeconfigPath(), "--config-source", "kubernetes", "--mesh-config", filepath.Join(dir, "mesh.yaml"),
+	args := []string{"--kubeconfig", k.KubeconfigPath(), "--config-source", "kubernetes", "--mesh-config", filepath.Join(dir, "mesh.yaml"),
 		"--xds-listen", xds, "--bus-listen", addrs[1], "--xds-tls-listen", addrs[2], "--webhook-listen", addrs[3],
-		"--monitoring-listen", monitoring, "--pod-name", "sailplane-differential")
+		"--monitoring-listen", monitoring, "--pod-name", "sailplane-differential"}
+	framework.Start(t, dir, framework.Binary(t, "hyper"), append(args, extra...)...)
 	framework.WaitReadyAt(t, monitoring)
 	return xds
 }
@@ -517,9 +572,17 @@ func (n diffNode) xdsNode(pods map[string]*corev1.Pod) (framework.XDSNode, error
 	if ns == "" {
 		ns = "default"
 	}
-	p := pods[ns+"/"+n.Pod]
+	key, clusterID := ns+"/"+n.Pod, "Kubernetes"
+	switch n.Cluster {
+	case "":
+	case remoteCluster:
+		key, clusterID = remoteCluster+"/"+key, remoteCluster
+	default:
+		return framework.XDSNode{}, fmt.Errorf("node %s: cluster %q: want empty or %q", n.name(), n.Cluster, remoteCluster)
+	}
+	p := pods[key]
 	if p == nil {
-		return framework.XDSNode{}, fmt.Errorf("node %s: no such Pod in kube.yaml", n.name())
+		return framework.XDSNode{}, fmt.Errorf("node %s: no such Pod in kube.yaml (remote.yaml for cluster remote)", n.name())
 	}
 	kind := n.Kind
 	switch kind {
@@ -561,7 +624,7 @@ func (n diffNode) xdsNode(pods map[string]*corev1.Pod) (framework.XDSNode, error
 		"NAME":              p.Name,
 		"LABELS":            podLabels,
 		"SERVICE_ACCOUNT":   sa,
-		"CLUSTER_ID":        "Kubernetes",
+		"CLUSTER_ID":        clusterID,
 		"MESH_ID":           "cluster.local",
 		"ISTIO_VERSION":     istioVersion,
 		"INTERCEPTION_MODE": "REDIRECT",
@@ -569,6 +632,9 @@ func (n diffNode) xdsNode(pods map[string]*corev1.Pod) (framework.XDSNode, error
 		"OWNER":             "kubernetes://apis/apps/v1/namespaces/" + ns + "/deployments/" + workload,
 		"INSTANCE_IPS":      ip,
 		"POD_PORTS":         string(podPorts),
+	}
+	if nw := cmp.Or(n.Network, p.Labels["topology.istio.io/network"]); nw != "" {
+		md["NETWORK"] = nw // ISTIO_META_NETWORK, which the injector takes from the pod's label
 	}
 	if n.Kind == "proxyless" {
 		md["GENERATOR"] = "grpc"

@@ -45,7 +45,7 @@ func TestTwoConfigurationsInOneFolder(t *testing.T) {
 		t.Fatalf("the first configuration saved no state: %v", err)
 	}
 
-	framework.WriteFile(t, dir, "etc/sailplane/other.yaml", "configSources: [{address: xds://127.0.0.1:1}]\n")
+	framework.WriteFile(t, dir, "etc/sailplane/other.yaml", "configSources: [{address: fs://not-there-yet}]\n")
 	second, busAddr := startHyperFiles(t, dir, "--mesh-config", "etc/sailplane/other.yaml")
 	framework.WaitReady(t, second)
 	bus = framework.RecordBus(t, busAddr, vs, dr, schema.MeshConfig.TypeURL)
@@ -54,7 +54,7 @@ func TestTwoConfigurationsInOneFolder(t *testing.T) {
 	if got := append(bus.Names(vs), bus.Names(dr)...); len(got) != 0 {
 		t.Fatalf("the second configuration serves the first's VirtualService and DestinationRule: %v", got)
 	}
-	if log := second.Log(); !strings.Contains(log, "xds://127.0.0.1:1") || !strings.Contains(log, "no longer configured") {
+	if log := second.Log(); !strings.Contains(log, "not-there-yet") || !strings.Contains(log, "no longer configured") {
 		t.Fatalf("the log does not report the unreadable source and the state ignored:\n%s", log)
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"sailplane.dev/services/config-ingest/internal/gatewaystatus"
 	"sailplane.dev/services/config-ingest/internal/kubesource"
 	"sailplane.dev/services/config-ingest/internal/tree"
+	"sailplane.dev/services/config-ingest/internal/upstream"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/gatewayapi"
@@ -33,6 +34,7 @@ import (
 	"sailplane.dev/shared/revision"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/telemetry"
+	"sailplane.dev/shared/workloadcert"
 )
 
 // ErrDuplicate marks a problem where two documents define the same kind/namespace/name; the
@@ -100,6 +102,12 @@ type Config struct {
 	// revision other than the default elects its status writer with its own Lease,
 	// StatusLease-<revision>.
 	Revision string
+	// ClusterID is this cluster's name, presented to upstream config sources (node metadata
+	// CLUSTER_ID); "Kubernetes" when empty.
+	ClusterID string
+	// UpstreamSyncTimeout bounds how long the first state waits for the xds:// config sources
+	// that neither answered nor have a saved state; upstream.DefaultSyncTimeout when zero.
+	UpstreamSyncTimeout time.Duration
 	// GatewayDeployment (Kubernetes mode) deploys the Envoy gateway of each Kubernetes Gateway of
 	// Sailplane's classes, as istiod's gateway deployment controller (gatewaydeploy): written by
 	// the replica holding the StatusLease. The flags default it to true.
@@ -116,6 +124,11 @@ type Config struct {
 type Deps struct {
 	Logger    *slog.Logger
 	Publisher bus.Publisher
+	// Identity is the service's workload certificate, presented to xds:// config sources over
+	// mutual TLS (tlsSettings.mode ISTIO_MUTUAL, the default); nil: such sources are refused.
+	Identity workloadcert.Source
+	// UpstreamDialOptions are added to every xds:// config source's consumer (tests).
+	UpstreamDialOptions []bus.DialOption
 	// MeterProvider receives sailplane_config_problems and, in Kubernetes mode,
 	// pilot_k8s_cfg_events and sailplane_kube_watch_errors_total; the global provider when nil.
 	MeterProvider metric.MeterProvider
@@ -125,9 +138,13 @@ type Deps struct {
 type Service struct {
 	cfg   Config
 	log   *slog.Logger
-	pub   bus.Publisher
-	ready chan struct{}
-	kube  *kubesource.Source // Kubernetes mode; nil for files
+	pub   bus.Publisher // the local sources' layer of upstreams
+	ready chan struct{} // files mode's first state published
+	// upstreams reads the xds:// config sources and merges them with the local config.
+	upstreams *upstream.Manager
+	// allReady is closed once the local sources and the upstreams are ready.
+	allReady chan struct{}
+	kube     *kubesource.Source // Kubernetes mode; nil for files
 	// gwStatus writes the Gateway API status (Kubernetes mode); gwLease elects its writer for a
 	// revision other than the default (nil: the status Lease does).
 	gwStatus *gatewaystatus.Writer
@@ -164,10 +181,17 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if cfg.Settle <= 0 {
 		cfg.Settle = tree.DefaultSettle
 	}
+	ups := upstream.New(upstream.Config{
+		Namespace: cmp.Or(cfg.Namespace, kubesource.DefaultNamespace), PodName: cfg.PodName, ClusterID: cfg.ClusterID,
+		Identity: deps.Identity, StateDir: cfg.StateDir, SyncTimeout: cfg.UpstreamSyncTimeout,
+		Logger: deps.Logger.With("component", "upstream"), DialOptions: deps.UpstreamDialOptions,
+	}, deps.Publisher)
 	s := &Service{
-		cfg: cfg, log: deps.Logger, pub: deps.Publisher, ready: make(chan struct{}), busProblems: map[tree.Key]error{},
-		meter: telemetry.Meter(deps.MeterProvider, "sailplane.dev/config-ingest"),
+		cfg: cfg, log: deps.Logger, pub: ups.Local(), ready: make(chan struct{}), busProblems: map[tree.Key]error{},
+		meter:     telemetry.Meter(deps.MeterProvider, "sailplane.dev/config-ingest"),
+		upstreams: ups, allReady: make(chan struct{}),
 	}
+	deps.Publisher = s.pub
 	if cfg.Kube != nil {
 		// A new leader re-checks every Gateway API object and Gateway: what changed meanwhile
 		// was neither written nor deployed; a change of the namespaces in the mesh re-checks the
@@ -246,12 +270,14 @@ func New(cfg Config, deps Deps) (*Service, error) {
 			leader = s.gwLease.Leader
 		}
 		var serviceReady func(ns, name string) (bool, bool)
+		var invalidParameters func(ns, name string) error
 		if s.deploy != nil {
-			serviceReady = s.deploy.ServiceReady
+			serviceReady, invalidParameters = s.deploy.ServiceReady, s.deploy.Problem
 		}
 		s.gwStatus, err = gatewaystatus.New(cfg.Kube, gatewaystatus.Config{
 			Translate: gatewayapi.Translate, Leader: leader, Revision: cfg.Revision, ServiceReady: serviceReady, Selected: src.Selected, Owner: s.tags,
-			Credentials: cfg.GatewaySecrets, Logger: gwLog, MeterProvider: deps.MeterProvider,
+			Credentials: cfg.GatewaySecrets, InvalidParameters: invalidParameters,
+			Logger: gwLog, MeterProvider: deps.MeterProvider,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("config-ingest: %w", err)
@@ -274,8 +300,11 @@ func PublishedTypes() []string {
 	return types
 }
 
-// Ready is closed once the first full state of every kind (and the mesh config) was published.
-func (s *Service) Ready() <-chan struct{} {
+// Ready is closed once the first full state of every kind (and the mesh config) was published,
+// with what each xds:// config source sent (or saved), or UpstreamSyncTimeout passed.
+func (s *Service) Ready() <-chan struct{} { return s.allReady }
+
+func (s *Service) localReady() <-chan struct{} {
 	if s.kube != nil {
 		return s.kube.Ready()
 	}
@@ -288,7 +317,16 @@ func (s *Service) Ready() <-chan struct{} {
 // file that failed to reload, unsupported config sources, resources the bus refused (*config.Error
 // wrapping *bus.TooLargeError). In Kubernetes mode: invalid resources (*config.Error), an unusable
 // mesh ConfigMap (ErrMeshConfigMap), the API server unreachable or a kind not listable (ErrKubernetes).
+//
+// With xds:// config sources, also: a source not read (*upstream.SourceError, e.g. wrapping
+// upstream.ErrTLS), an invalid resource it sent (*config.Error whose File is the source's
+// address), a resource shadowed by a source that comes first (*upstream.ConflictError, wrapping
+// upstream.ErrConflict).
 func (s *Service) Problems() []error {
+	return append(s.localProblems(), s.upstreams.Problems()...)
+}
+
+func (s *Service) localProblems() []error {
 	if s.kube != nil {
 		return s.kube.Problems()
 	}
@@ -314,10 +352,25 @@ func (s *Service) Problems() []error {
 func (s *Service) Run(ctx context.Context) error {
 	stop := s.countProblems()
 	defer stop()
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() {
+		if err := s.upstreams.Run(ctx); err != nil {
+			s.log.Error("upstream config sources stopped", "error", err)
+		}
+	})
+	wg.Go(func() {
+		for _, ch := range []<-chan struct{}{s.localReady(), s.upstreams.Ready()} {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return
+			}
+		}
+		close(s.allReady)
+	})
 	if s.kube != nil {
-		ctx, cancel := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		defer func() { cancel(); wg.Wait() }()
 		wg.Go(func() {
 			// The status is computed over the namespaces the source selects, known once it
 			// has synced (Selected admits every namespace before).

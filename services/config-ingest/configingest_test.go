@@ -421,7 +421,7 @@ func TestMeshConfigReload(t *testing.T) {
 	// A source that cannot be read (k8s:// is not supported in files mode) is unknown: what
 	// the previous folder published stays until every source can be read.
 	write(t, e.mesh, "rootNamespace: sailplane\nconfigSources:\n- address: fs://other\n- address: k8s://\n")
-	eventually(t, "unsupported source reported", func() bool { return e.problem("k8s://", "not supported yet") != nil })
+	eventually(t, "unsupported source reported", func() bool { return e.problem("k8s://", "not supported") != nil })
 	eventually(t, "new folder read", func() bool { return e.vs("default/other") != nil })
 	if e.vs("default/reviews") == nil {
 		t.Fatal("the previous folder's resources were dropped while a source cannot be read")

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
@@ -124,7 +125,7 @@ func installGatewayCRDs(t *testing.T, e *kenv) {
 }
 
 // TestKubeGatewayProgrammed: a deployed Gateway is Programmed only once its generated
-// Deployment has a ready replica, and then carries its Service's address, as istiod writes it:
+// Deployment has a ready replica, and then carries its Service's host name, as istiod writes it:
 // the status writer follows the deployment controller's objects.
 func TestKubeGatewayProgrammed(t *testing.T) {
 	e := newKenv(t, sharedKube(t))
@@ -165,12 +166,66 @@ func TestKubeGatewayProgrammed(t *testing.T) {
 	if _, err := e.kube.AppsV1().Deployments(ns).UpdateStatus(e.ctx(), dep, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	svc, err := e.kube.CoreV1().Services(ns).Get(e.ctx(), "edge-istio", metav1.GetOptions{})
+	// A ClusterIP Service has no external address: istiod reports its host name (class istio's
+	// address type), not its cluster IP (e2e TestGatewayStatusMatchesIstiod).
+	host := "edge-istio." + ns + ".svc.cluster.local"
+	waitFor(t, "Programmed True with the Service's host name once a replica is ready", func() bool {
+		c, addrs := programmed()
+		return c.Status == metav1.ConditionTrue && len(addrs) == 1 && addrs[0].Value == host
+	})
+}
+
+// TestKubeGatewayInvalidParameters: a Gateway whose parametersRef names a ConfigMap that does
+// not exist, or a kind other than ConfigMap, is Accepted=False with reason InvalidParameters
+// (the deployment controller's verdict in the status); once the ConfigMap exists, Accepted.
+func TestKubeGatewayInvalidParameters(t *testing.T) {
+	e := newKenv(t, sharedKube(t))
+	installGatewayCRDs(t, e)
+	ns := e.ns("gwparams", nil)
+	ing := e.start("pod-0", func(c *configingest.Config) { c.GatewayDeployment = true })
+	waitFor(t, "the leader", ing.svc.StatusLeader)
+	gc := gwclient.NewForConfigOrDie(e.k.RestConfig())
+	gw := &gwv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: ns},
+		Spec: gwv1.GatewaySpec{GatewayClassName: "istio", Listeners: []gwv1.Listener{{Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType}},
+			Infrastructure: &gwv1.GatewayInfrastructure{ParametersRef: &gwv1.LocalParametersReference{Group: "invalid.io", Kind: "InvalidParameters", Name: "params"}}},
+	}
+	if _, err := gc.GatewayV1().Gateways(ns).Create(e.ctx(), gw, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	accepted := func() metav1.Condition {
+		cur, err := gc.GatewayV1().Gateways(ns).Get(e.ctx(), "edge", metav1.GetOptions{})
+		if err != nil {
+			return metav1.Condition{}
+		}
+		for _, c := range cur.Status.Conditions {
+			if c.Type == string(gwv1.GatewayConditionAccepted) {
+				return c
+			}
+		}
+		return metav1.Condition{}
+	}
+	invalid := func(what string) func() bool {
+		return func() bool {
+			c := accepted()
+			return c.Status == metav1.ConditionFalse && c.Reason == string(gwv1.GatewayReasonInvalidParameters) && strings.Contains(c.Message, what)
+		}
+	}
+	waitFor(t, "Accepted False for a parametersRef of another kind", invalid(`kind "InvalidParameters" of group "invalid.io" is not supported`))
+
+	cur, err := gc.GatewayV1().Gateways(ns).Get(e.ctx(), "edge", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "Programmed True with the Service's address once a replica is ready", func() bool {
-		c, addrs := programmed()
-		return c.Status == metav1.ConditionTrue && len(addrs) == 1 && addrs[0].Value == svc.Spec.ClusterIP
-	})
+	cur.Spec.Infrastructure.ParametersRef = &gwv1.LocalParametersReference{Kind: "ConfigMap", Name: "params"}
+	if _, err := gc.GatewayV1().Gateways(ns).Update(e.ctx(), cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "Accepted False for a missing ConfigMap", invalid("ConfigMap "+ns+"/params not found"))
+
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "params", Namespace: ns}}
+	if _, err := e.kube.CoreV1().ConfigMaps(ns).Create(e.ctx(), cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "Accepted True once the ConfigMap exists", func() bool { return accepted().Status == metav1.ConditionTrue })
 }

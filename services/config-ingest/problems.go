@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"sailplane.dev/services/config-ingest/internal/upstream"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/telemetry"
@@ -53,6 +54,10 @@ func problemKind(err error) string {
 	if errors.As(err, &ce) {
 		return ce.Kind
 	}
+	var conflict *upstream.ConflictError
+	if errors.As(err, &conflict) {
+		return conflict.Kind
+	}
 	return ""
 }
 
@@ -74,6 +79,12 @@ func problemReason(err error) string {
 		return "kubernetes"
 	case errors.Is(err, ErrMeshConfigMap):
 		return "mesh_configmap"
+	case errors.Is(err, upstream.ErrConflict):
+		return "conflict"
+	case errors.Is(err, upstream.ErrTLS):
+		return "upstream_tls"
+	case errors.Is(err, upstream.ErrNotSynced):
+		return "upstream_not_synced"
 	case errors.Is(err, config.ErrMalformed):
 		return "malformed"
 	case errors.Is(err, config.ErrUnknownKind):

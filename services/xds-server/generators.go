@@ -141,7 +141,7 @@ func (g *proxylessGenerator) CacheScope(snap *model.Snapshot, p *model.Proxy, ty
 	if typeURL != resourcev3.EndpointType {
 		return scope
 	}
-	return scope + g.localityKey(snap, p)
+	return scope + g.localityKey(snap, p) + translate.SplitHorizonFor(snap, p).Key()
 }
 
 // inputs returns what of the proxy snap's output may depend on, computed once per snapshot.
@@ -196,11 +196,16 @@ func (g *proxylessGenerator) localityKey(snap *model.Snapshot, p *model.Proxy) s
 // client is what grpcgen reads of p: nothing when locality load balancing cannot apply.
 func (g *proxylessGenerator) client(snap *model.Snapshot, p *model.Proxy) (*grpcgen.Client, string) {
 	key := g.localityKey(snap, p)
-	if key == "" {
+	sh := translate.SplitHorizonFor(snap, p)
+	if key == "" && sh == nil {
 		return nil, ""
 	}
-	loc := p.Locality(snap.ProxyEndpoint(p))
-	return &grpcgen.Client{Locality: loc, Labels: translate.TopologyLabels(p.Labels, loc, p.ClusterID, p.Network)}, key
+	c := &grpcgen.Client{SplitHorizon: sh}
+	if key != "" {
+		c.Locality = p.Locality(snap.ProxyEndpoint(p))
+		c.Labels = translate.TopologyLabels(p.Labels, c.Locality, p.ClusterID, p.Network)
+	}
+	return c, key + sh.Key()
 }
 
 func (g *proxylessGenerator) Generate(snap *model.Snapshot, p *model.Proxy, typeURL string, names []string) ([]types.Resource, error) {

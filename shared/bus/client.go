@@ -54,6 +54,7 @@ type DialOption func(*dialConfig)
 type dialConfig struct {
 	log                        *slog.Logger
 	nodeID                     string
+	nodeMeta                   map[string]string
 	creds                      credentials.TransportCredentials
 	backoffInitial, backoffMax time.Duration
 	grpcOpts                   []grpc.DialOption
@@ -75,6 +76,12 @@ func WithDialLogger(l *slog.Logger) DialOption {
 
 // WithNodeID sets the node.id the consumer presents; producers name it in their Rejections.
 func WithNodeID(id string) DialOption { return func(c *dialConfig) { c.nodeID = id } }
+
+// WithNodeMetadata adds string fields to the node metadata the consumer presents (GENERATOR
+// is always "api"): an Istio producer reads NAMESPACE, CLUSTER_ID and ISTIO_VERSION.
+func WithNodeMetadata(meta map[string]string) DialOption {
+	return func(c *dialConfig) { c.nodeMeta = maps.Clone(meta) }
+}
 
 // WithTransportCredentials sets the connection's credentials (default: insecure).
 func WithTransportCredentials(tc credentials.TransportCredentials) DialOption {
@@ -122,12 +129,13 @@ func newDialConfig(opts []DialOption) *dialConfig {
 }
 
 func (c *dialConfig) node() *corev3.Node {
-	return &corev3.Node{
-		Id: c.nodeID,
-		Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
-			"GENERATOR": structpb.NewStringValue("api"),
-		}},
+	fields := map[string]*structpb.Value{}
+	for k, v := range c.nodeMeta {
+		fields[k] = structpb.NewStringValue(v)
 	}
+	// istiod answers config (MCP) requests only from its "api" generator.
+	fields["GENERATOR"] = structpb.NewStringValue("api")
+	return &corev3.Node{Id: c.nodeID, Metadata: &structpb.Struct{Fields: fields}}
 }
 
 // run keeps sessions going until ctx is done: each session is one stream; when it fails the

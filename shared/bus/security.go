@@ -2,13 +2,17 @@ package bus
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -71,7 +75,7 @@ func (sec Security) serverOptions(addr string, log *slog.Logger) ([]grpc.ServerO
 		return nil, nil
 	}
 	return []grpc.ServerOption{
-		grpc.Creds(credentials.NewTLS(workloadcert.ServerTLS(sec.Identity))),
+		grpc.Creds(logHandshakes(credentials.NewTLS(workloadcert.ServerTLS(sec.Identity)), log)),
 		grpcserver.WithAuth(peerAuthorizer(sec.Peers, log)),
 	}, nil
 }
@@ -106,6 +110,70 @@ func peerAuthorizer(peers []spiffe.ID, log *slog.Logger) func(context.Context) (
 			log.Warn("bus peer refused: identity not allowed", "peer", id.String(), "allowed", idList(peers))
 		}
 		return nil, status.Errorf(codes.PermissionDenied, "bus: %s may not use this bus", id)
+	}
+}
+
+// handshakeLog remembers the refused handshakes logged, shared by a listener's credentials and
+// their clones.
+type handshakeLog struct {
+	log    *slog.Logger
+	mu     sync.Mutex
+	logged map[string]bool // remote host + reason
+}
+
+// loggedHandshakes are a bus listener's TLS credentials that log a failed handshake once per
+// remote host and reason: a client that cannot do mTLS at all — plaintext, or TLS without a
+// certificate, as istiod's xds:// config source dials (it has no client certificate) — is
+// otherwise refused with no trace on the bus's side.
+type loggedHandshakes struct {
+	credentials.TransportCredentials
+	hl *handshakeLog
+}
+
+func logHandshakes(c credentials.TransportCredentials, log *slog.Logger) credentials.TransportCredentials {
+	return &loggedHandshakes{TransportCredentials: c, hl: &handshakeLog{log: log, logged: map[string]bool{}}}
+}
+
+func (c *loggedHandshakes) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	out, info, err := c.TransportCredentials.ServerHandshake(conn)
+	if err != nil {
+		c.hl.refused(conn.RemoteAddr(), err)
+	}
+	return out, info, err
+}
+
+func (c *loggedHandshakes) Clone() credentials.TransportCredentials {
+	return &loggedHandshakes{TransportCredentials: c.TransportCredentials.Clone(), hl: c.hl}
+}
+
+func (hl *handshakeLog) refused(remote net.Addr, err error) {
+	// A connection closed before or during the handshake (a TCP probe, a client giving up) is
+	// no refusal.
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return
+	}
+	reason := "TLS handshake failed"
+	var rh tls.RecordHeaderError
+	switch {
+	case errors.As(err, &rh):
+		reason = "plaintext client (this bus is mutual TLS)"
+	case strings.Contains(err.Error(), "didn't provide a certificate"):
+		reason = "no client certificate (this bus is mutual TLS)"
+	}
+	host := remote.String()
+	if h, _, splitErr := net.SplitHostPort(host); splitErr == nil {
+		host = h
+	}
+	hl.mu.Lock()
+	key := host + " " + reason
+	first := !hl.logged[key] && len(hl.logged) < maxLoggedRefusals
+	if first {
+		hl.logged[key] = true
+	}
+	hl.mu.Unlock()
+	if first {
+		hl.log.Warn("bus client refused: "+reason, "remote", host, "err", err)
 	}
 }
 

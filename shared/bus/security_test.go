@@ -127,17 +127,26 @@ func TestBusMTLS(t *testing.T) {
 		if status.Code(err) != codes.Unavailable {
 			t.Fatalf("certificate from another root: %v, want a failed handshake (Unavailable)", err)
 		}
+		waitLogged(t, logged, "bus client refused: TLS handshake failed")
 	})
 	t.Run("NoClientCertificateRefused", func(t *testing.T) {
-		err := rawDelta(t, addr, credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}))
-		if status.Code(err) != codes.Unavailable {
-			t.Fatalf("no client certificate: %v, want a failed handshake (Unavailable)", err)
+		// As istiod's xds:// config source dials with tlsSettings mode SIMPLE.
+		for range 2 {
+			err := rawDelta(t, addr, credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}))
+			if status.Code(err) != codes.Unavailable {
+				t.Fatalf("no client certificate: %v, want a failed handshake (Unavailable)", err)
+			}
 		}
+		waitLogged(t, logged, "bus client refused: no client certificate")
 	})
 	t.Run("PlaintextRefused", func(t *testing.T) {
-		if err := rawDelta(t, addr, insecure.NewCredentials()); status.Code(err) != codes.Unavailable {
-			t.Fatalf("plaintext: %v, want Unavailable", err)
+		// As istiod's xds:// config source dials with any other mode, ISTIO_MUTUAL included.
+		for range 2 {
+			if err := rawDelta(t, addr, insecure.NewCredentials()); status.Code(err) != codes.Unavailable {
+				t.Fatalf("plaintext: %v, want Unavailable", err)
+			}
 		}
+		waitLogged(t, logged, "bus client refused: plaintext client")
 	})
 	t.Run("ConsumerRefusesForeignProducer", func(t *testing.T) {
 		// The consumer accepts only the xds-server identity as producer: the server is config-ingest.
@@ -223,5 +232,21 @@ func TestBusMTLSRotation(t *testing.T) {
 	}
 	if clientID.Current().Leaf().SerialNumber.Cmp(oldClient) == 0 {
 		t.Error("the client certificate was not renewed")
+	}
+}
+
+// waitLogged waits until msg was logged once (the server logs a refused handshake after the
+// client saw it fail), then checks it was not logged again for the same client and reason.
+func waitLogged(t *testing.T, logged *testlog.Messages, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for logged.Count(msg) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%q not logged", msg)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := logged.Count(msg); n != 1 {
+		t.Errorf("%q logged %d times, want once per client host and reason", msg, n)
 	}
 }

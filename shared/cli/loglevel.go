@@ -21,7 +21,7 @@ var Components = []string{
 	"agent", "ca", "config-ingest", "endpoint-watcher", "webhook", "xds-server",
 	"bus", "bus-server", "ca-bus", "config-bus", "registry-bus", "certificate", "monitoring",
 	// Parts of a service.
-	"admission", "ads", "capture", "cni-install", "cni-repair", "credentials", "dns-proxy", "envoygen", "gateway-deploy", "gateway-status", "grpcgen", "inject", "jwks", "rebalance", "revision-tags",
+	"admission", "ads", "capture", "cni-install", "cni-repair", "credentials", "dns-proxy", "envoygen", "gateway-deploy", "gateway-status", "grpcgen", "inject", "jwks", "rebalance", "revision-tags", "upstream",
 	// Libraries' own logs: grpc-go's (Warn and above unless named), client-go's (klog).
 	"grpc", "klog",
 }

@@ -58,8 +58,15 @@ type Services interface {
 type Service struct {
 	Hostname string
 	Ports    []ServicePort
-	// Addresses are its VIPs; a Gateway whose addresses name a Service uses them (manual mode).
+	// Addresses are its VIPs (a Kubernetes Service's cluster IPs).
 	Addresses []string
+	// ExternalAddresses are where it is reached from outside the cluster: a LoadBalancer's
+	// ingress IPs or host names and a Service's externalIPs (istiod's ClusterExternalAddresses).
+	// A Gateway's status.addresses are these when there are any, else its Service's host name.
+	ExternalAddresses []string
+	// LoadBalancer: a Kubernetes Service of type LoadBalancer. Without ExternalAddresses its
+	// address is pending, and a Gateway behind it is not Programmed yet.
+	LoadBalancer bool
 	// Selector is the pod selector of a Kubernetes Service, where known: the Istio Gateway of
 	// a manually deployed Gateway (addresses naming the Service) selects those pods.
 	Selector map[string]string

@@ -31,8 +31,9 @@ type listener struct {
 	kinds []gwv1.RouteGroupKind
 	// attached counts the routes bound to it.
 	attached int32
-	// unserved: its TLS cannot be set up, so it has no Istio Gateway (it is never served
-	// weaker), yet routes bind to it and count in attachedRoutes, as in istiod.
+	// unserved: the listener is not programmed (bad TLS, unsupported protocol). As in istiod,
+	// routes still bind to it and count in attachedRoutes, but it gets no Istio Gateway and
+	// its routes no VirtualService.
 	unserved bool
 }
 
@@ -189,7 +190,7 @@ func (t *translator) buildListeners(o owner, ls []gwv1.Listener, conflicts map[g
 			set(string(gwv1.ListenerConditionResolvedRefs), false, string(gwv1.ListenerReasonInvalidRouteKinds), "Invalid route kinds")
 		}
 		var server *networking.Server
-		var unserved bool
+		unserved := false
 		if reason, ok := conflicts[l.Name]; ok {
 			msg := "Listener has a conflict with another listener attached to the same Gateway"
 			set(string(gwv1.ListenerConditionAccepted), false, string(reason), msg)
@@ -200,30 +201,27 @@ func (t *translator) buildListeners(o owner, ls []gwv1.Listener, conflicts map[g
 			}
 		} else {
 			var ok bool
-			server, ok, unserved = t.server(o, l, set)
+			server, ok = t.server(o, l, set)
 			if ok {
 				valid++
 			}
+			unserved = !ok
 			// The Programmed message names every port istiod makes a server for, valid or not.
 			if l.TLS != nil || (l.Protocol != gwv1.HTTPSProtocolType && l.Protocol != gwv1.TLSProtocolType) {
 				ports = append(ports, uint32(l.Port))
 			}
 		}
 		b := builtListener{name: l.Name, kinds: kinds, conditions: sortedConditions(conds)}
-		if server != nil || unserved {
+		if server != nil {
 			name := o.obj.GetName() + "~" + internalGatewaySuffix + "~" + string(l.Name)
 			ns := o.obj.GetNamespace()
-			var hosts []string
-			if server != nil {
+			if !unserved {
 				t.out.Gateways = append(t.out.Gateways, Config[*networking.Gateway]{Namespace: ns, Name: name,
 					CreateTime: o.obj.GetCreationTimestamp().Time,
 					Spec:       &networking.Gateway{Servers: []*networking.Server{server}, Selector: sel}})
-				hosts = server.Hosts
-			} else {
-				hosts = t.serverHosts(ns, l)
 			}
 			b.bound = &listener{istioGateway: ns + "/" + name, section: l.Name, port: l.Port, protocol: l.Protocol,
-				hostname: string(deref(l.Hostname, "")), hosts: hosts, kinds: kinds, unserved: server == nil}
+				hostname: string(deref(l.Hostname, "")), hosts: server.Hosts, kinds: kinds, unserved: unserved}
 			k := o.kind + "/" + key(ns, o.obj.GetName())
 			t.listeners[k] = append(t.listeners[k], b.bound)
 		}
@@ -381,7 +379,7 @@ func (t *translator) programmed(gw *gwv1.Gateway, hosts []string, ports []uint32
 	ports = slices.Clone(ports)
 	slices.Sort(ports)
 	ports = slices.Compact(ports)
-	var internal, ips, warnings []string
+	var internal, internalIPs, external, pending, warnings []string
 	usable := true
 	for _, h := range hosts {
 		var svc Service
@@ -396,40 +394,26 @@ func (t *translator) programmed(gw *gwv1.Gateway, hosts []string, ports []uint32
 		}
 		for _, p := range ports {
 			switch {
+			case !svc.Ready:
+				// istiod looks for instances first: none at all says so, whatever the port.
+				warnings = append(warnings, fmt.Sprintf("no instances found for hostname %q", h))
 			case !slices.ContainsFunc(svc.Ports, func(sp ServicePort) bool { return sp.Number == p }):
 				warnings = append(warnings, fmt.Sprintf("port %d not found for hostname %q", p, h))
 				usable = false
-			case !svc.Ready:
-				warnings = append(warnings, fmt.Sprintf("no instances found for hostname %q", h))
 			default:
 				internal = append(internal, h+":"+strconv.Itoa(int(p)))
-				for _, a := range svc.Addresses {
-					if !slices.Contains(ips, a) {
-						ips = append(ips, a)
-					}
+				internalIPs = append(internalIPs, svc.Addresses...)
+				external = append(external, svc.ExternalAddresses...)
+				if svc.LoadBalancer && len(svc.ExternalAddresses) == 0 && !slices.Contains(pending, h) {
+					warnings = append(warnings, fmt.Sprintf("address pending for hostname %q", h))
+					pending = append(pending, h)
 				}
 			}
 		}
 	}
-	slices.Sort(internal)
-	slices.Sort(ips)
+	internal, internalIPs, external = sortedSet(internal), sortedSet(internalIPs), sortedSet(external)
 	slices.Sort(warnings)
-	addrs := ips
-	if len(addrs) == 0 {
-		for _, h := range hosts {
-			if slices.ContainsFunc(internal, func(i string) bool { return strings.HasPrefix(i, h+":") }) {
-				addrs = append(addrs, h)
-			}
-		}
-	}
-	var out []gwv1.GatewayStatusAddress
-	for _, a := range addrs {
-		typ := gwv1.HostnameAddressType
-		if _, err := netip.ParseAddr(a); err == nil {
-			typ = gwv1.IPAddressType
-		}
-		out = append(out, gwv1.GatewayStatusAddress{Type: &typ, Value: a})
-	}
+	out := statusAddresses(gw, internal, internalIPs, external, pending)
 	if len(warnings) > 0 {
 		msg := "Failed to assign to any requested addresses: " + strings.Join(warnings, "; ")
 		if len(internal) > 0 {
@@ -447,6 +431,51 @@ func (t *translator) programmed(gw *gwv1.Gateway, hosts []string, ports []uint32
 		msg = "Resource programmed, assigned to service(s) " + humanJoin(internal)
 	}
 	return cond(typ, true, string(gwv1.GatewayReasonProgrammed), msg, gen), out
+}
+
+// addressTypeAnnotation makes a Gateway report the cluster IPs of its Service (IPAddress), its
+// host name (Hostname, the default of class istio) or both (any other value), when the Service
+// has no external address: istiod's override.
+const addressTypeAnnotation = "networking.istio.io/address-type"
+
+// statusAddresses are a Gateway's status.addresses, as istiod reports them: the external
+// addresses of its Services (sorted) if any, else their host names (those whose LoadBalancer
+// address is not pending), or with the annotation their cluster IPs first. None before the
+// Service is usable.
+func statusAddresses(gw *gwv1.Gateway, internal, internalIPs, external, pending []string) []gwv1.GatewayStatusAddress {
+	addrs := external
+	if len(addrs) == 0 {
+		want := gwv1.HostnameAddressType
+		if v, ok := gw.Annotations[addressTypeAnnotation]; ok {
+			want = gwv1.AddressType(v)
+		}
+		if want != gwv1.HostnameAddressType {
+			addrs = slices.Clone(internalIPs)
+		}
+		if want != gwv1.IPAddressType {
+			for _, hp := range internal {
+				h := hp[:strings.LastIndexByte(hp, ':')]
+				if !slices.Contains(pending, h) && !slices.Contains(addrs, h) {
+					addrs = append(addrs, h)
+				}
+			}
+		}
+	}
+	var out []gwv1.GatewayStatusAddress
+	for _, a := range addrs {
+		typ := gwv1.HostnameAddressType
+		if _, err := netip.ParseAddr(a); err == nil {
+			typ = gwv1.IPAddressType
+		}
+		out = append(out, gwv1.GatewayStatusAddress{Type: &typ, Value: a})
+	}
+	return out
+}
+
+func sortedSet(ss []string) []string {
+	ss = slices.Clone(ss)
+	slices.Sort(ss)
+	return slices.Compact(ss)
 }
 
 func humanJoin(ss []string) string {
@@ -550,9 +579,8 @@ func supportedKinds(l *gwv1.Listener) ([]gwv1.RouteGroupKind, bool) {
 }
 
 // server is the Istio server of a listener; ok false when the listener is not programmed. A
-// listener whose TLS cannot be set up gets no server at all (it is never served weaker), but
-// routes still bind to it (unserved), as istiod counts them.
-func (t *translator) server(o owner, l *gwv1.Listener, set func(typ string, ok bool, reason, msg string)) (srv *networking.Server, ok, unserved bool) {
+// listener whose TLS cannot be set up gets no server at all: it is never served weaker.
+func (t *translator) server(o owner, l *gwv1.Listener, set func(typ string, ok bool, reason, msg string)) (*networking.Server, bool) {
 	var proto string
 	switch l.Protocol {
 	case gwv1.HTTPProtocolType, gwv1.HTTPSProtocolType, gwv1.TLSProtocolType, gwv1.TCPProtocolType:
@@ -562,9 +590,10 @@ func (t *translator) server(o owner, l *gwv1.Listener, set func(typ string, ok b
 		if up := strings.ToUpper(string(l.Protocol)); up != string(l.Protocol) && slices.Contains([]string{"HTTP", "HTTPS", "TLS", "TCP"}, up) {
 			msg = fmt.Sprintf("protocol %q is unsupported. hint: %q (uppercase) may be supported", l.Protocol, up)
 		}
-		// istiod leaves Programmed as it is: the listener is not accepted.
+		// istiod leaves Programmed as it is: the listener is not accepted. Routes still bind
+		// to it (and are counted), as in istiod; it is never served.
 		set(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonUnsupportedProtocol), msg)
-		return nil, false, false
+		return &networking.Server{Hosts: t.serverHosts(o.obj.GetNamespace(), l)}, false
 	}
 	tls, err := t.tls(o, l)
 	if err != nil {
@@ -574,22 +603,24 @@ func (t *translator) server(o owner, l *gwv1.Listener, set func(typ string, ok b
 		case gwv1.ListenerReasonRefNotPermitted, gwv1.ListenerReasonInvalidCACertificateRef, gwv1.ListenerReasonInvalidCACertificateKind:
 			set(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonNoValidCACertificate), err.Message)
 		}
-		return nil, false, true
+		// No TLS settings at all: the server only lets routes bind (and be counted), as in
+		// istiod; it is never served, so never served weaker.
+		return &networking.Server{Hosts: t.serverHosts(o.obj.GetNamespace(), l)}, false
 	}
 	if tls == nil && (l.Protocol == gwv1.HTTPSProtocolType || l.Protocol == gwv1.TLSProtocolType) {
 		if o.kind == "ListenerSet" {
 			msg := fmt.Sprintf("protocol is %s but no TLS section is defined", l.Protocol)
 			set(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonUnsupportedProtocol), msg)
 			set(string(gwv1.ListenerConditionProgrammed), false, string(gwv1.ListenerReasonInvalid), "Bad TLS configuration")
-			return nil, false, false
+			return nil, false
 		}
-		return nil, true, false // a Gateway's placeholder for ListenerSets' TLS listeners, as istiod: no server
+		return nil, true // a Gateway's placeholder for ListenerSets' TLS listeners, as istiod: no server
 	}
 	return &networking.Server{
 		Port:  &networking.Port{Name: "default", Number: uint32(l.Port), Protocol: proto},
 		Hosts: t.serverHosts(o.obj.GetNamespace(), l),
 		Tls:   tls,
-	}, true, false
+	}, true
 }
 
 // serverHosts are the listener's hostname for each namespace its routes may come from.

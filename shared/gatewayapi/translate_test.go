@@ -2,6 +2,7 @@ package gatewayapi
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -108,6 +109,13 @@ func readInput(t testing.TB, path string) Input {
 			if v.Spec.ClusterIP != "" {
 				s.Addresses = []string{v.Spec.ClusterIP}
 			}
+			if v.Spec.Type == corev1.ServiceTypeLoadBalancer {
+				s.LoadBalancer = true
+				for _, in := range v.Status.LoadBalancer.Ingress {
+					s.ExternalAddresses = append(s.ExternalAddresses, cmp.Or(in.IP, in.Hostname))
+				}
+			}
+			s.ExternalAddresses = append(s.ExternalAddresses, v.Spec.ExternalIPs...)
 			for _, p := range v.Spec.Ports {
 				s.Ports = append(s.Ports, ServicePort{Name: p.Name, Number: uint32(p.Port), Protocol: "HTTP"})
 			}

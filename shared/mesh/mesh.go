@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -134,13 +135,52 @@ func merge(base, overlay map[string]any) map[string]any {
 	return base
 }
 
-// UnsupportedSourcesError lists config sources that are not local folders.
+// UnsupportedSourcesError lists config sources that config-ingest cannot read: schemes other
+// than fs:// and xds:// (k8s:// is Kubernetes mode's, chosen by --config-source), and xds://
+// addresses that are not HOST:PORT.
 type UnsupportedSourcesError struct {
 	Addresses []string
 }
 
 func (e *UnsupportedSourcesError) Error() string {
-	return fmt.Sprintf("config sources %s: only fs:// is supported yet (k8s:// and xds:// are not supported yet)", strings.Join(e.Addresses, ", "))
+	return fmt.Sprintf("config sources %s: not supported (fs://FOLDER and xds://HOST:PORT are; k8s:// is read with --config-source=kubernetes)", strings.Join(e.Addresses, ", "))
+}
+
+// XDSScheme is the scheme of an upstream config source: another control plane's MCP-over-xDS
+// server (istiod, or another Sailplane's config-ingest).
+const XDSScheme = "xds://"
+
+// XDSSource is an xds:// entry of configSources.
+type XDSSource struct {
+	// Address is the entry as written ("xds://istiod.istio-system:15012"): the source's name in
+	// logs, problems and the saved state.
+	Address string
+	// Target is HOST:PORT, what is dialled.
+	Target string
+	// TLS is the entry's tlsSettings (nil when it has none).
+	TLS *networking.ClientTLSSettings
+}
+
+// XDSSources returns m's xds:// config sources in their order; entries that are not
+// xds://HOST:PORT are listed in an *UnsupportedSourcesError, returned with the good ones.
+func XDSSources(m *meshv1alpha1.MeshConfig) ([]XDSSource, error) {
+	var out []XDSSource
+	var bad []string
+	for _, s := range m.GetConfigSources() {
+		target, ok := strings.CutPrefix(s.GetAddress(), XDSScheme)
+		if !ok {
+			continue
+		}
+		if host, port, err := net.SplitHostPort(target); err != nil || host == "" || port == "" || strings.Contains(target, "/") {
+			bad = append(bad, s.GetAddress())
+			continue
+		}
+		out = append(out, XDSSource{Address: s.GetAddress(), Target: target, TLS: s.GetTlsSettings()})
+	}
+	if len(bad) > 0 {
+		return out, &UnsupportedSourcesError{Addresses: bad}
+	}
+	return out, nil
 }
 
 // ConfigDir is the folder, under a root, holding the mesh file (etc/sailplane/mesh.yaml); the
@@ -176,9 +216,9 @@ const DefaultConfigDir = "conf"
 
 // ConfigSourceDirs returns the local folders named by m.configSources with the fs:// scheme:
 // "fs:///abs/dir" is absolute, "fs://rel/dir" is relative to baseDir (the mesh file's folder).
-// With no configSources at all, it is baseDir's DefaultConfigDir. Sources with other schemes
-// (k8s://, xds://) are listed in an *UnsupportedSourcesError, returned together with the
-// folders, which are still usable.
+// With no configSources at all, it is baseDir's DefaultConfigDir. xds:// sources are left to
+// XDSSources; other schemes (k8s://) are listed in an *UnsupportedSourcesError, returned
+// together with the folders, which are still usable.
 func ConfigSourceDirs(m *meshv1alpha1.MeshConfig, baseDir string) ([]string, error) {
 	if len(m.GetConfigSources()) == 0 {
 		return []string{filepath.Join(baseDir, DefaultConfigDir)}, nil
@@ -186,6 +226,9 @@ func ConfigSourceDirs(m *meshv1alpha1.MeshConfig, baseDir string) ([]string, err
 	var dirs, unsupported []string
 	for _, s := range m.GetConfigSources() {
 		rest, ok := strings.CutPrefix(s.GetAddress(), "fs://")
+		if strings.HasPrefix(s.GetAddress(), XDSScheme) {
+			continue
+		}
 		if !ok {
 			unsupported = append(unsupported, s.GetAddress())
 			continue

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+	networking "istio.io/api/networking/v1alpha3"
 
 	"sailplane.dev/shared/config"
 	"sailplane.dev/shared/testlog"
@@ -122,7 +124,7 @@ func TestConfigSourceDirs(t *testing.T) {
 		t.Fatalf("dirs = %v", dirs)
 	}
 	var ue *UnsupportedSourcesError
-	if !errors.As(err, &ue) || len(ue.Addresses) != 2 || !strings.Contains(err.Error(), "not supported yet") {
+	if !errors.As(err, &ue) || len(ue.Addresses) != 1 || ue.Addresses[0] != "k8s://" || !strings.Contains(err.Error(), "not supported") {
 		t.Fatalf("err = %v", err)
 	}
 	// No configSources: the conf folder beside the mesh file, as `hyper` with no flags expects.
@@ -133,6 +135,25 @@ func TestConfigSourceDirs(t *testing.T) {
 	m = &meshv1alpha1.MeshConfig{ConfigSources: []*meshv1alpha1.ConfigSource{{Address: "k8s://"}}}
 	if dirs, err := ConfigSourceDirs(m, "/base"); !errors.As(err, &ue) || len(dirs) != 0 {
 		t.Fatalf("unsupported only: %v %v", dirs, err)
+	}
+}
+
+func TestXDSSources(t *testing.T) {
+	m := &meshv1alpha1.MeshConfig{ConfigSources: []*meshv1alpha1.ConfigSource{
+		{Address: "fs://conf"},
+		{Address: "xds://istiod.istio-system:15012", TlsSettings: &networking.ClientTLSSettings{Mode: networking.ClientTLSSettings_ISTIO_MUTUAL}},
+		{Address: "xds://[::1]:15010"},
+		{Address: "xds://no-port"},
+		{Address: "xds://host:1/path"},
+	}}
+	got, err := XDSSources(m)
+	if len(got) != 2 || got[0].Target != "istiod.istio-system:15012" || got[0].TLS.GetMode() != networking.ClientTLSSettings_ISTIO_MUTUAL ||
+		got[1].Target != "[::1]:15010" || got[1].Address != "xds://[::1]:15010" || got[1].TLS != nil {
+		t.Fatalf("sources = %+v", got)
+	}
+	var ue *UnsupportedSourcesError
+	if !errors.As(err, &ue) || !slices.Equal(ue.Addresses, []string{"xds://no-port", "xds://host:1/path"}) {
+		t.Fatalf("err = %v", err)
 	}
 }
 

@@ -21,6 +21,7 @@ type Istiod struct {
 	logPath  string
 	xdsAddr  string
 	httpAddr string
+	tlsAddr  string // WithIstiodTLS
 
 	mu sync.Mutex
 	p  *proc
@@ -94,12 +95,17 @@ func StartIstiod(ctx context.Context, kubeconfig, meshConfig string, env []strin
 }
 
 func (i *Istiod) start(ctx context.Context, o options, bin, kubeconfig, meshFile string, env []string) error {
-	ports, err := freePorts(5)
+	ports, err := freePorts(6)
 	if err != nil {
 		return err
 	}
 	addr := func(n int) string { return "127.0.0.1:" + strconv.Itoa(ports[n]) }
 	i.xdsAddr, i.httpAddr = addr(0), addr(1)
+	secure := "--secureGRPCAddr="
+	if o.istiodTLS {
+		i.tlsAddr = addr(5)
+		secure += i.tlsAddr
+	}
 	p, err := startProcEnv("istiod", i.logPath, append(append(slicesClone(istiodEnv), env...), "KUBECONFIG="+kubeconfig), bin,
 		"discovery",
 		"--kubeconfig="+kubeconfig,
@@ -112,7 +118,7 @@ func (i *Istiod) start(ctx context.Context, o options, bin, kubeconfig, meshFile
 		"--monitoringAddr="+addr(3),
 		"--ctrlz_port="+strconv.Itoa(ports[4]),
 		"--ctrlz_address=127.0.0.1",
-		"--secureGRPCAddr=",
+		secure,
 		"--log_output_level=default:info",
 	)
 	if err != nil {
@@ -142,6 +148,9 @@ func slicesClone(s []string) []string { return append([]string(nil), s...) }
 // XDSAddr is istiod's plaintext xDS address (its 15010), 127.0.0.1:<port>.
 func (i *Istiod) XDSAddr() string { return i.xdsAddr }
 
+// SecureXDSAddr is istiod's TLS xDS address (its 15012) with WithIstiodTLS, else "".
+func (i *Istiod) SecureXDSAddr() string { return i.tlsAddr }
+
 // DebugAddr is istiod's HTTP address (its 8080: /ready, /debug/...).
 func (i *Istiod) DebugAddr() string { return i.httpAddr }
 
@@ -167,9 +176,15 @@ func (i *Istiod) Stop() {
 // fails, logs istiod's output if t failed, and stops it at cleanup.
 func IstiodForTest(t testing.TB, k *Kube, meshConfig string, env ...string) *Istiod {
 	t.Helper()
+	return IstiodForTestWith(t, k, meshConfig, env)
+}
+
+// IstiodForTestWith is IstiodForTest with options (WithIstiodTLS).
+func IstiodForTestWith(t testing.TB, k *Kube, meshConfig string, env []string, opts ...Option) *Istiod {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	i, err := StartIstiod(ctx, k.KubeconfigPath(), meshConfig, env, WithLogger(tLogger(t)))
+	i, err := StartIstiod(ctx, k.KubeconfigPath(), meshConfig, env, append([]Option{WithLogger(tLogger(t))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

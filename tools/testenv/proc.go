@@ -27,6 +27,7 @@ type options struct {
 	gatewayCRDs  bool
 	startTimeout time.Duration
 	consulOnDisk bool
+	istiodTLS    bool
 }
 
 func buildOptions(opts []Option) options {
@@ -64,6 +65,11 @@ func WithGatewayAPICRDs() Option { return func(o *options) { o.gatewayCRDs = tru
 // disk instead of -dev's memory, as a real one does: what was registered
 // survives Consul.StopAgent and StartAgent.
 func WithConsulOnDisk() Option { return func(o *options) { o.consulOnDisk = true } }
+
+// WithIstiodTLS makes istiod also serve xDS over TLS (its 15012, --secureGRPCAddr) on a free
+// loopback port, Istiod.SecureXDSAddr. Its certificate comes from its CA: pass
+// ENABLE_CA_SERVER=true, and ROOT_CA_DIR naming a plugged-in CA folder to choose the root.
+func WithIstiodTLS() Option { return func(o *options) { o.istiodTLS = true } }
 
 // WithStartTimeout bounds how long a component may take to become ready
 // (default 2 minutes). The build of a missing binary is not included.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"time"
@@ -21,6 +22,9 @@ type Forwarder struct {
 	// Dial, when set, maps an endpoint address to the address to connect to (a test whose
 	// backends run elsewhere than the config says).
 	Dial func(endpoint string) string
+	// Sample decides whether a request is mirrored by a policy with a share below 100%
+	// (percent in (0, 100)); nil draws at random, as Envoy does for each request.
+	Sample func(percent float64) bool
 }
 
 // ErrUpstreamTLS: the cluster encrypts to its endpoint and the forwarder has no credentials
@@ -114,11 +118,11 @@ func (f *Forwarder) Send(ctx context.Context, res *Result, body io.Reader) (*htt
 	return resp, nil
 }
 
-// mirror sends the copies of the request the route mirrors at 100%, and waits for them: a
-// copy's response is dropped, as Envoy drops it.
+// mirror sends the copies of the request the route mirrors (each policy at its share of
+// requests), and waits for them: a copy's response is dropped, as Envoy drops it.
 func (f *Forwarder) mirror(ctx context.Context, res *Result, payload []byte) {
 	for _, m := range res.Mirrors {
-		if m.Percent < 100 || m.Endpoint == "" {
+		if m.Endpoint == "" || !f.sample(m.Percent) {
 			continue
 		}
 		shadow := *res
@@ -135,6 +139,18 @@ func (f *Forwarder) mirror(ctx context.Context, res *Result, payload []byte) {
 			resp.Body.Close()
 		}
 	}
+}
+
+func (f *Forwarder) sample(percent float64) bool {
+	switch {
+	case percent >= 100:
+		return true
+	case percent <= 0:
+		return false
+	case f.Sample != nil:
+		return f.Sample(percent)
+	}
+	return rand.Float64()*100 < percent
 }
 
 func bufferBody(resp *http.Response) error {

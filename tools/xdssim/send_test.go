@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -225,5 +227,58 @@ func TestTimeoutAndMirror(t *testing.T) {
 		}
 	default:
 		t.Error("the mirror got no copy before the response")
+	}
+}
+
+// TestMirrorShare: a mirror policy's runtime fraction is the share of requests copied, drawn
+// per request (Forwarder.Sample); a policy without one copies every request.
+func TestMirrorShare(t *testing.T) {
+	var copies atomic.Int32
+	shadow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { copies.Add(1) }))
+	defer shadow.Close()
+	_, ip, port := backend(t, false)
+	h, p, _ := net.SplitHostPort(shadow.Listener.Addr().String())
+	n, _ := strconv.Atoi(p)
+	shadowCluster := staticCluster("shadow", h)
+	shadowCluster.LoadAssignment.Endpoints[0].LbEndpoints[0].GetEndpoint().Address = sockAddr(h, uint32(n))
+	be := staticCluster("be", ip)
+	be.LoadAssignment.Endpoints[0].LbEndpoints[0].GetEndpoint().Address = sockAddr(ip, port)
+	route := prefixRoute("mirror", "/", "be")
+	route.GetRoute().RequestMirrorPolicies = []*routev3.RouteAction_RequestMirrorPolicy{{Cluster: "shadow",
+		RuntimeFraction: &corev3.RuntimeFractionalPercent{DefaultValue: &typev3.FractionalPercent{Numerator: 25, Denominator: typev3.FractionalPercent_HUNDRED}}}}
+	rc := &routev3.RouteConfiguration{VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"}, Routes: []*routev3.Route{route}}}}
+	sim := simOf(t, httpListener(t, rc), shadowCluster, be)
+	res, err := sim.Simulate(Request{Port: 80, Host: "h", Path: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, draw := range []bool{true, false, false, true} {
+		var asked float64
+		f := &Forwarder{Sample: func(pct float64) bool { asked = pct; return draw }}
+		before := copies.Load()
+		resp, err := f.Send(context.Background(), res, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if asked != 25 {
+			t.Errorf("sampled at %v%%, want 25%%", asked)
+		}
+		if got := copies.Load() - before; got != map[bool]int32{true: 1, false: 0}[draw] {
+			t.Errorf("draw %v: %d copies", draw, got)
+		}
+	}
+	// Drawn at random by default: about a quarter of 400 requests (a binomial's 6 sigma apart).
+	copies.Store(0)
+	f := &Forwarder{}
+	for range 400 {
+		resp, err := f.Send(context.Background(), res, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if got := copies.Load(); got < 100-52 || got > 100+52 {
+		t.Errorf("%d of 400 requests mirrored at 25%%", got)
 	}
 }

@@ -146,6 +146,10 @@ type Service struct {
 	// Identities the service's workloads may present besides their endpoints' service accounts,
 	// as written (a ServiceEntry's subjectAltNames): clients verify them on mTLS.
 	SubjectAltNames []string `protobuf:"bytes,11,rep,name=subject_alt_names,json=subjectAltNames,proto3" json:"subject_alt_names,omitempty"`
+	// The east-west gateways this Service is, in each cluster that labels it with a network
+	// (topology.istio.io/network): proxies of other networks reach that network's endpoints
+	// through them (split-horizon EDS).
+	NetworkGateways []*NetworkGateway `protobuf:"bytes,12,rep,name=network_gateways,json=networkGateways,proto3" json:"network_gateways,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -257,6 +261,84 @@ func (x *Service) GetSubjectAltNames() []string {
 	return nil
 }
 
+func (x *Service) GetNetworkGateways() []*NetworkGateway {
+	if x != nil {
+		return x.NetworkGateways
+	}
+	return nil
+}
+
+// NetworkGateway is an address, reachable from other networks, at which a network's gateway
+// accepts mTLS connections and routes them on by SNI (AUTO_PASSTHROUGH).
+type NetworkGateway struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Network   string                 `protobuf:"bytes,1,opt,name=network,proto3" json:"network,omitempty"`
+	ClusterId string                 `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// An IP address; a DNS name is kept but not served (istiod resolves it, we do not yet).
+	Address       string `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	Port          uint32 `protobuf:"varint,4,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkGateway) Reset() {
+	*x = NetworkGateway{}
+	mi := &file_discovery_v1_discovery_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkGateway) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkGateway) ProtoMessage() {}
+
+func (x *NetworkGateway) ProtoReflect() protoreflect.Message {
+	mi := &file_discovery_v1_discovery_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkGateway.ProtoReflect.Descriptor instead.
+func (*NetworkGateway) Descriptor() ([]byte, []int) {
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *NetworkGateway) GetNetwork() string {
+	if x != nil {
+		return x.Network
+	}
+	return ""
+}
+
+func (x *NetworkGateway) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *NetworkGateway) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *NetworkGateway) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
 type Port struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Name   string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -272,7 +354,7 @@ type Port struct {
 
 func (x *Port) Reset() {
 	*x = Port{}
-	mi := &file_discovery_v1_discovery_proto_msgTypes[1]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -284,7 +366,7 @@ func (x *Port) String() string {
 func (*Port) ProtoMessage() {}
 
 func (x *Port) ProtoReflect() protoreflect.Message {
-	mi := &file_discovery_v1_discovery_proto_msgTypes[1]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -297,7 +379,7 @@ func (x *Port) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Port.ProtoReflect.Descriptor instead.
 func (*Port) Descriptor() ([]byte, []int) {
-	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{1}
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Port) GetName() string {
@@ -339,7 +421,7 @@ type Endpoints struct {
 
 func (x *Endpoints) Reset() {
 	*x = Endpoints{}
-	mi := &file_discovery_v1_discovery_proto_msgTypes[2]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -351,7 +433,7 @@ func (x *Endpoints) String() string {
 func (*Endpoints) ProtoMessage() {}
 
 func (x *Endpoints) ProtoReflect() protoreflect.Message {
-	mi := &file_discovery_v1_discovery_proto_msgTypes[2]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -364,7 +446,7 @@ func (x *Endpoints) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoints.ProtoReflect.Descriptor instead.
 func (*Endpoints) Descriptor() ([]byte, []int) {
-	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{2}
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Endpoints) GetHostname() string {
@@ -413,7 +495,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_discovery_v1_discovery_proto_msgTypes[3]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -425,7 +507,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_discovery_v1_discovery_proto_msgTypes[3]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -438,7 +520,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{3}
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Endpoint) GetAddress() string {
@@ -529,7 +611,7 @@ type Locality struct {
 
 func (x *Locality) Reset() {
 	*x = Locality{}
-	mi := &file_discovery_v1_discovery_proto_msgTypes[4]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -541,7 +623,7 @@ func (x *Locality) String() string {
 func (*Locality) ProtoMessage() {}
 
 func (x *Locality) ProtoReflect() protoreflect.Message {
-	mi := &file_discovery_v1_discovery_proto_msgTypes[4]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -554,7 +636,7 @@ func (x *Locality) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Locality.ProtoReflect.Descriptor instead.
 func (*Locality) Descriptor() ([]byte, []int) {
-	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{4}
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Locality) GetRegion() string {
@@ -591,7 +673,7 @@ type Namespace struct {
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_discovery_v1_discovery_proto_msgTypes[5]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -603,7 +685,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_discovery_v1_discovery_proto_msgTypes[5]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -616,7 +698,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{5}
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Namespace) GetName() string {
@@ -637,7 +719,7 @@ var File_discovery_v1_discovery_proto protoreflect.FileDescriptor
 
 const file_discovery_v1_discovery_proto_rawDesc = "" +
 	"\n" +
-	"\x1cdiscovery/v1/discovery.proto\x12\x16sailplane.discovery.v1\"\x82\x04\n" +
+	"\x1cdiscovery/v1/discovery.proto\x12\x16sailplane.discovery.v1\"\xd5\x04\n" +
 	"\aService\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x122\n" +
@@ -653,10 +735,17 @@ const file_discovery_v1_discovery_proto_rawDesc = "" +
 	"\n" +
 	"cluster_id\x18\n" +
 	" \x01(\tR\tclusterId\x12*\n" +
-	"\x11subject_alt_names\x18\v \x03(\tR\x0fsubjectAltNames\x1a9\n" +
+	"\x11subject_alt_names\x18\v \x03(\tR\x0fsubjectAltNames\x12Q\n" +
+	"\x10network_gateways\x18\f \x03(\v2&.sailplane.discovery.v1.NetworkGatewayR\x0fnetworkGateways\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"w\n" +
+	"\x0eNetworkGateway\x12\x18\n" +
+	"\anetwork\x18\x01 \x01(\tR\anetwork\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\x12\x18\n" +
+	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x12\n" +
+	"\x04port\x18\x04 \x01(\rR\x04port\"o\n" +
 	"\x04Port\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06number\x18\x02 \x01(\rR\x06number\x12\x1a\n" +
@@ -724,36 +813,38 @@ func file_discovery_v1_discovery_proto_rawDescGZIP() []byte {
 }
 
 var file_discovery_v1_discovery_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_discovery_v1_discovery_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_discovery_v1_discovery_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_discovery_v1_discovery_proto_goTypes = []any{
-	(Resolution)(0),   // 0: sailplane.discovery.v1.Resolution
-	(Health)(0),       // 1: sailplane.discovery.v1.Health
-	(*Service)(nil),   // 2: sailplane.discovery.v1.Service
-	(*Port)(nil),      // 3: sailplane.discovery.v1.Port
-	(*Endpoints)(nil), // 4: sailplane.discovery.v1.Endpoints
-	(*Endpoint)(nil),  // 5: sailplane.discovery.v1.Endpoint
-	(*Locality)(nil),  // 6: sailplane.discovery.v1.Locality
-	(*Namespace)(nil), // 7: sailplane.discovery.v1.Namespace
-	nil,               // 8: sailplane.discovery.v1.Service.LabelsEntry
-	nil,               // 9: sailplane.discovery.v1.Endpoint.PortsEntry
-	nil,               // 10: sailplane.discovery.v1.Endpoint.LabelsEntry
-	nil,               // 11: sailplane.discovery.v1.Namespace.LabelsEntry
+	(Resolution)(0),        // 0: sailplane.discovery.v1.Resolution
+	(Health)(0),            // 1: sailplane.discovery.v1.Health
+	(*Service)(nil),        // 2: sailplane.discovery.v1.Service
+	(*NetworkGateway)(nil), // 3: sailplane.discovery.v1.NetworkGateway
+	(*Port)(nil),           // 4: sailplane.discovery.v1.Port
+	(*Endpoints)(nil),      // 5: sailplane.discovery.v1.Endpoints
+	(*Endpoint)(nil),       // 6: sailplane.discovery.v1.Endpoint
+	(*Locality)(nil),       // 7: sailplane.discovery.v1.Locality
+	(*Namespace)(nil),      // 8: sailplane.discovery.v1.Namespace
+	nil,                    // 9: sailplane.discovery.v1.Service.LabelsEntry
+	nil,                    // 10: sailplane.discovery.v1.Endpoint.PortsEntry
+	nil,                    // 11: sailplane.discovery.v1.Endpoint.LabelsEntry
+	nil,                    // 12: sailplane.discovery.v1.Namespace.LabelsEntry
 }
 var file_discovery_v1_discovery_proto_depIdxs = []int32{
-	3,  // 0: sailplane.discovery.v1.Service.ports:type_name -> sailplane.discovery.v1.Port
+	4,  // 0: sailplane.discovery.v1.Service.ports:type_name -> sailplane.discovery.v1.Port
 	0,  // 1: sailplane.discovery.v1.Service.resolution:type_name -> sailplane.discovery.v1.Resolution
-	8,  // 2: sailplane.discovery.v1.Service.labels:type_name -> sailplane.discovery.v1.Service.LabelsEntry
-	5,  // 3: sailplane.discovery.v1.Endpoints.endpoints:type_name -> sailplane.discovery.v1.Endpoint
-	9,  // 4: sailplane.discovery.v1.Endpoint.ports:type_name -> sailplane.discovery.v1.Endpoint.PortsEntry
-	10, // 5: sailplane.discovery.v1.Endpoint.labels:type_name -> sailplane.discovery.v1.Endpoint.LabelsEntry
-	6,  // 6: sailplane.discovery.v1.Endpoint.locality:type_name -> sailplane.discovery.v1.Locality
-	1,  // 7: sailplane.discovery.v1.Endpoint.health:type_name -> sailplane.discovery.v1.Health
-	11, // 8: sailplane.discovery.v1.Namespace.labels:type_name -> sailplane.discovery.v1.Namespace.LabelsEntry
-	9,  // [9:9] is the sub-list for method output_type
-	9,  // [9:9] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	9,  // 2: sailplane.discovery.v1.Service.labels:type_name -> sailplane.discovery.v1.Service.LabelsEntry
+	3,  // 3: sailplane.discovery.v1.Service.network_gateways:type_name -> sailplane.discovery.v1.NetworkGateway
+	6,  // 4: sailplane.discovery.v1.Endpoints.endpoints:type_name -> sailplane.discovery.v1.Endpoint
+	10, // 5: sailplane.discovery.v1.Endpoint.ports:type_name -> sailplane.discovery.v1.Endpoint.PortsEntry
+	11, // 6: sailplane.discovery.v1.Endpoint.labels:type_name -> sailplane.discovery.v1.Endpoint.LabelsEntry
+	7,  // 7: sailplane.discovery.v1.Endpoint.locality:type_name -> sailplane.discovery.v1.Locality
+	1,  // 8: sailplane.discovery.v1.Endpoint.health:type_name -> sailplane.discovery.v1.Health
+	12, // 9: sailplane.discovery.v1.Namespace.labels:type_name -> sailplane.discovery.v1.Namespace.LabelsEntry
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_discovery_v1_discovery_proto_init() }
@@ -767,7 +858,7 @@ func file_discovery_v1_discovery_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_discovery_v1_discovery_proto_rawDesc), len(file_discovery_v1_discovery_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -44,9 +44,13 @@ func main() {
 				return err
 			}
 			cfg.UseSource(kubeCfg, cmd.Flags())
+			cfg.ClusterID = identity.CA.ClusterID
 			store := bus.NewStore(bus.WithLogger(log.With("component", "bus")))
-			ingest, err := configingest.New(cfg,
-				configingest.Deps{Logger: log.With("component", "config-ingest"), Publisher: store})
+			deps := configingest.Deps{Logger: log.With("component", "config-ingest"), Publisher: store}
+			if certs != nil {
+				deps.Identity = certs // xds:// config sources are read over mTLS with it
+			}
+			ingest, err := configingest.New(cfg, deps)
 			if err != nil {
 				return err
 			}

@@ -103,8 +103,12 @@ func newCommand() *cobra.Command {
 					return err
 				}
 			}
-			ingest, err := configingest.New(ingestCfg,
-				configingest.Deps{Logger: log.With("component", "config-ingest"), Publisher: store})
+			// xds:// config sources are read over mTLS with hyper's own certificate, as its bus.
+			ingestCfg.ClusterID = watcherCfg.ClusterID
+			ingest, err := configingest.New(ingestCfg, configingest.Deps{
+				Logger: log.With("component", "config-ingest"), Publisher: store,
+				Identity: authority.Own(spiffe.ID{TrustDomain: caCfg.TrustDomain, Namespace: caCfg.Namespace, ServiceAccount: ServiceAccount}),
+			})
 			if err != nil {
 				return err
 			}

@@ -74,7 +74,8 @@ type Config struct {
 	// (config-ingest's first sync, the mesh config read).
 	Ready <-chan struct{}
 	// OnOwnedChange, when set, is called (without blocking) whenever a generated object
-	// changes: the Gateway status follows its Service's address and its Deployment's readiness.
+	// changes, or why a Gateway is not deployed (Problem): the Gateway status follows its
+	// Service's address, its Deployment's readiness and its parameters' validity.
 	OnOwnedChange func()
 	Logger        *slog.Logger
 }
@@ -373,13 +374,20 @@ func (c *Controller) Problem(namespace, name string) error {
 	return c.problems[types.NamespacedName{Namespace: namespace, Name: name}]
 }
 
+// setProblem records why a Gateway was not deployed (nil: it was); a change is announced
+// (OnOwnedChange), as the Gateway's status reports it.
 func (c *Controller) setProblem(key types.NamespacedName, err error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	prev, had := c.problems[key]
 	if err == nil {
 		delete(c.problems, key)
 	} else {
 		c.problems[key] = err
+	}
+	c.mu.Unlock()
+	changed := had != (err != nil) || (had && prev.Error() != err.Error())
+	if changed && c.cfg.OnOwnedChange != nil {
+		c.cfg.OnOwnedChange()
 	}
 }
 

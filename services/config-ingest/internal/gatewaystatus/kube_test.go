@@ -617,3 +617,21 @@ func TestWriterRevision(t *testing.T) {
 		t.Errorf("the default revision wrote a route of the canary's namespace")
 	}
 }
+
+// TestWriterRecreated: a route deleted and made again with the same spec, within one
+// recomputation, gets its status (the wanted status did not change; the object did).
+func TestWriterRecreated(t *testing.T) {
+	e := newEnv(t)
+	e.start(Config{Translate: fakeTranslate(""), Debounce: 2 * time.Second, MaxDelay: time.Minute}, true, nil)
+	e.gateway("gw")
+	e.route("web", nil, routeSpec("gw", "backend", "/"))
+	e.waitRoute("web", "accepted", func(p gwv1.RouteParentStatus) bool { return condOf(p, "Accepted").Status == "True" })
+	if err := e.gw.GatewayV1().HTTPRoutes(e.ns).Delete(t.Context(), "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	again := e.route("web", nil, routeSpec("gw", "backend", "/"))
+	e.waitRoute("web", "the new object accepted", func(p gwv1.RouteParentStatus) bool { return condOf(p, "Accepted").Status == "True" })
+	if r := e.getRoute("web"); r.UID != again.UID {
+		t.Fatalf("route replaced again (uid %s, want %s)", r.UID, again.UID)
+	}
+}

@@ -55,8 +55,14 @@ func MergeGatewayClass(cur, want gwv1.GatewayClassStatus, now metav1.Time) gwv1.
 }
 
 // MergeGateway is the Gateway status to write: want, with the transition times of the
-// Gateway's and each listener's (by name) conditions kept.
+// Gateway's and each listener's (by name) conditions kept, and cur's addresses when want has
+// none: as istiod, an address is not reported before the Gateway's Service is usable, but once
+// reported it is never removed (a LoadBalancer address pending again, pods gone for a while),
+// so what clients resolve keeps working.
 func MergeGateway(cur, want gwv1.GatewayStatus, now metav1.Time) gwv1.GatewayStatus {
+	if len(want.Addresses) == 0 {
+		want.Addresses = cur.Addresses
+	}
 	want.Conditions = MergeConditions(cur.Conditions, want.Conditions, now)
 	listeners := make([]gwv1.ListenerStatus, len(want.Listeners))
 	for i, l := range want.Listeners {

@@ -181,6 +181,12 @@ func TestMergeGateway(t *testing.T) {
 	if again := MergeGateway(got, want, metav1.NewTime(now.Add(time.Hour))); !Equal(again, got) {
 		t.Errorf("a second merge changed the status: %+v", again)
 	}
+	// No address to report (the Service's pods gone): the reported one stays, as in istiod.
+	none := *want.DeepCopy()
+	none.Addresses = nil
+	if kept := MergeGateway(got, none, now); !Equal(kept.Addresses, out.Addresses) {
+		t.Errorf("addresses %+v, want the reported ones kept: %+v", kept.Addresses, out.Addresses)
+	}
 }
 
 func TestEqualIsSemantic(t *testing.T) {

@@ -52,9 +52,17 @@ func newRegistry(services []*corev1.Service, entries []serviceEntry, domain stri
 				svc.Addresses = append(svc.Addresses, ip)
 			}
 		}
-		for _, in := range s.Status.LoadBalancer.Ingress {
-			svc.Addresses = append(svc.Addresses, cmp.Or(in.IP, in.Hostname))
+		// What istiod takes for a Service's external addresses: a LoadBalancer's ingress (IP,
+		// else host name) and the externalIPs.
+		if s.Spec.Type == corev1.ServiceTypeLoadBalancer {
+			svc.LoadBalancer = true
+			for _, in := range s.Status.LoadBalancer.Ingress {
+				if a := cmp.Or(in.IP, in.Hostname); a != "" {
+					svc.ExternalAddresses = append(svc.ExternalAddresses, a)
+				}
+			}
 		}
+		svc.ExternalAddresses = append(svc.ExternalAddresses, s.Spec.ExternalIPs...)
 		r.byHost[host] = append(r.byHost[host], visible{svc: svc, ns: s.Namespace})
 	}
 	for _, se := range entries {

@@ -90,7 +90,8 @@ type Config struct {
 	// ServiceReady, when set, says whether the workloads behind a Service are ready, for the
 	// Services it knows (the generated Services of deployed gateways: their Deployment has a
 	// ready replica): a Gateway is Programmed only once its Service is ready. A Service it
-	// does not know counts as ready. Call Changed when its answers may have changed.
+	// does not know is ready once it has endpoints (EndpointSlices), as in istiod. Call Changed
+	// when its answers may have changed.
 	ServiceReady func(namespace, name string) (ready, known bool)
 	// Credentials checks the Secrets and ConfigMaps that listeners' certificateRefs, Gateways'
 	// caCertificateRefs and BackendTLSPolicies name (gatewayapi.Secrets), as istiod: a missing or
@@ -98,6 +99,12 @@ type Config struct {
 	// never its data. It needs list and watch on Secrets and ConfigMaps in every namespace;
 	// without them (or unset) references are taken as valid.
 	Credentials bool
+	// InvalidParameters, when set, says why a Gateway's infrastructure parameters cannot be
+	// used (the deployment controller's verdict: parametersRef of an unsupported kind or
+	// missing, a ConfigMap it cannot apply), nil when they can: such a Gateway is
+	// Accepted=False with reason InvalidParameters, as the spec asks. Call Changed when its
+	// answers may have changed.
+	InvalidParameters func(namespace, name string) error
 	// Now is the clock of lastTransitionTime; time.Now when nil.
 	Now func() time.Time
 	// Logger; discarded when nil.
@@ -118,6 +125,7 @@ type Writer struct {
 
 	kinds     map[string]*kind
 	services  cache.SharedIndexInformer
+	endpoints *endpoints // which Services have endpoints (EndpointSlices)
 	entries   cache.SharedIndexInformer
 	grants    cache.SharedIndexInformer // ReferenceGrants: read by Translate, no status
 	ns        cache.SharedIndexInformer
@@ -215,6 +223,11 @@ func (w *Writer) Run(ctx context.Context) error {
 	w.services = coreF.Core().V1().Services().Informer()
 	w.ns = coreF.Core().V1().Namespaces().Informer()
 	w.entries = istioF.Networking().V1().ServiceEntries().Informer()
+	slices := coreF.Discovery().V1().EndpointSlices().Informer()
+	var err error
+	if w.endpoints, err = newEndpoints(slices, w.markDirty); err != nil {
+		return fmt.Errorf("gatewaystatus: %w", err)
+	}
 	informers := []cache.SharedIndexInformer{w.services, w.ns, w.entries}
 	if served("referencegrants") {
 		w.grants = gwF.Gateway().V1().ReferenceGrants().Informer()
@@ -255,6 +268,7 @@ func (w *Writer) Run(ctx context.Context) error {
 	for _, inf := range informers {
 		synced = append(synced, inf.HasSynced)
 	}
+	synced = append(synced, slices.HasSynced)
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return nil
 	}
@@ -307,11 +321,18 @@ func (w *Writer) waitForAPI(ctx context.Context) (served func(plural string) boo
 const apiPoll = 10 * time.Second
 
 // watch routes an informer's events: a change of what Translate reads (a spec, labels, a
-// Service) recomputes everything; an updated Gateway API object is also queued, to check it
-// still carries its status (a status-only change needs nothing else).
+// Service) recomputes everything; an added or updated Gateway API object is also queued, to
+// check it carries its status (a status-only change needs nothing else). An object deleted
+// and made again with the same spec has the status it had, which the recomputation finds
+// unchanged: only the queued check writes it to the new object.
 func (w *Writer) watch(inf cache.SharedIndexInformer, kindName string) {
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { w.markDirty() },
+		AddFunc: func(obj any) {
+			w.markDirty()
+			if m, err := meta.Accessor(obj); err == nil && kindName != "" {
+				w.enqueue(key{kind: kindName, ns: m.GetNamespace(), name: m.GetName()})
+			}
+		},
 		DeleteFunc: func(any) { w.markDirty() },
 		UpdateFunc: func(oldObj, newObj any) {
 			o, err1 := meta.Accessor(oldObj)
@@ -338,6 +359,18 @@ func equalMaps(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// serviceReady says whether the workloads behind a Service are ready: Config.ServiceReady for
+// the Services it knows (a deployed gateway's: its Deployment has a ready replica), else whether
+// the Service has endpoints, as istiod.
+func (w *Writer) serviceReady(ns, name string) (ready, known bool) {
+	if w.cfg.ServiceReady != nil {
+		if r, known := w.cfg.ServiceReady(ns, name); known {
+			return r, true
+		}
+	}
+	return w.endpoints.Has(ns, name), true
 }
 
 // Changed asks for the status to be computed again: an input outside the writer's informers
@@ -410,7 +443,7 @@ func (w *Writer) compute() {
 	for _, se := range listOf[*networkingv1.ServiceEntry](w.configs(w.entries.GetStore().List())) {
 		entries = append(entries, serviceEntry{ns: se.Namespace, spec: &se.Spec})
 	}
-	reg := newRegistry(listOf[*corev1.Service](w.selected(w.services.GetStore().List())), entries, w.cfg.DomainSuffix, w.cfg.ServiceReady)
+	reg := newRegistry(listOf[*corev1.Service](w.selected(w.services.GetStore().List())), entries, w.cfg.DomainSuffix, w.serviceReady)
 	in.Services = reg
 	if w.secrets != nil {
 		in.Services = credentialRegistry{registry: reg, secrets: w.secrets.GetStore(), configMaps: w.configMaps.GetStore()}
@@ -421,6 +454,9 @@ func (w *Writer) compute() {
 		in.NamespaceLabels[n.Name] = n.Labels
 	}
 	out := w.cfg.Translate(in)
+	if w.cfg.InvalidParameters != nil {
+		markInvalidParameters(out.Status, w.cfg.InvalidParameters)
+	}
 	desired := make(map[key]any, len(out.Status))
 	for _, s := range out.Status {
 		desired[key{kind: s.Kind.Kind, ns: s.Namespace, name: s.Name}] = s.Value
@@ -440,6 +476,28 @@ func (w *Writer) compute() {
 	for k := range old {
 		if _, ok := desired[k]; !ok {
 			w.queue.Add(k) // a route no longer ours keeps no entry of ours
+		}
+	}
+}
+
+// markInvalidParameters sets Accepted=False, reason InvalidParameters, on the Gateways whose
+// parameters cannot be used; the rest of their status (listeners, addresses) stays as computed.
+func markInvalidParameters(sts []gatewayapi.Status, invalid func(namespace, name string) error) {
+	for _, s := range sts {
+		gs, ok := s.Value.(*gwv1.GatewayStatus)
+		if !ok || s.Kind.Kind != schema.KubernetesGateway.Kind {
+			continue
+		}
+		err := invalid(s.Namespace, s.Name)
+		if err == nil {
+			continue
+		}
+		c := metav1.Condition{Type: string(gwv1.GatewayConditionAccepted), Status: metav1.ConditionFalse,
+			Reason: string(gwv1.GatewayReasonInvalidParameters), Message: err.Error(), ObservedGeneration: s.Generation}
+		if i := slices.IndexFunc(gs.Conditions, func(c metav1.Condition) bool { return c.Type == string(gwv1.GatewayConditionAccepted) }); i >= 0 {
+			gs.Conditions[i] = c
+		} else {
+			gs.Conditions = append(gs.Conditions, c)
 		}
 	}
 }

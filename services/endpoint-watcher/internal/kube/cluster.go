@@ -62,9 +62,13 @@ type caches struct {
 	// secrets are the remote-cluster Secrets, on the primary only (nil on remote clusters).
 	secrets  cache.Indexer
 	secretsF informers.SharedInformerFactory
-	hasSync  []cache.InformerSynced
-	cancel   context.CancelFunc
-	retired  bool // replaced: sends no more Pods; guarded by cluster.podMu
+	// sysNS holds the control plane's namespace of this cluster, whose network label names
+	// the network of the cluster's endpoints that have none of their own.
+	sysNS   cache.Indexer
+	sysNSF  informers.SharedInformerFactory
+	hasSync []cache.InformerSynced
+	cancel  context.CancelFunc
+	retired bool // replaced: sends no more Pods; guarded by cluster.podMu
 }
 
 // newCluster builds the clients and informers of one cluster; nothing runs before start.
@@ -118,6 +122,10 @@ func (c *Controller) newCaches(cl *cluster) (*caches, error) {
 		}
 	}
 
+	if err := c.watchSystemNamespace(cl, g); err != nil {
+		return nil, err
+	}
+
 	// Each informer's events count in istiod's pilot_k8s_reg_events, under istiod's type names.
 	reg := []struct {
 		inf cache.SharedIndexInformer
@@ -164,6 +172,39 @@ func (c *Controller) newCaches(cl *cluster) (*caches, error) {
 	return g, nil
 }
 
+// watchSystemNamespace adds to the caches the cluster's control-plane namespace (only it: the
+// RBAC rule names it), for its topology.istio.io/network label: the network, as in istiod, of
+// the cluster's endpoints whose Pod has no such label.
+func (c *Controller) watchSystemNamespace(cl *cluster, g *caches) error {
+	g.sysNSF = informers.NewSharedInformerFactoryWithOptions(cl.client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + c.cfg.Namespace }))
+	inf := g.sysNSF.Core().V1().Namespaces().Informer()
+	g.sysNS = inf.GetIndexer()
+	h, err := inf.AddEventHandler(c.events.Counted("Namespaces", cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { c.onSystemNamespace(cl, g, nil, o) },
+		UpdateFunc: func(o, n any) { c.onSystemNamespace(cl, g, o, n) },
+		DeleteFunc: func(o any) { c.onSystemNamespace(cl, g, untomb(o), nil) },
+	}))
+	if err != nil {
+		return fmt.Errorf("cluster %s: %w", cl.id, err)
+	}
+	g.hasSync = append(g.hasSync, h.HasSynced)
+	return nil
+}
+
+// network is the cluster's default network: its control-plane namespace's network label.
+func (g *caches) network() string {
+	if g.sysNS == nil {
+		return ""
+	}
+	for _, o := range g.sysNS.List() {
+		if ns, ok := o.(*corev1.Namespace); ok {
+			return ns.Labels[LabelNetwork]
+		}
+	}
+	return ""
+}
+
 // watchSecrets adds to the primary's caches the Secrets registering remote clusters.
 func (c *Controller) watchSecrets(cl *cluster, g *caches) error {
 	g.secretsF = informers.NewSharedInformerFactoryWithOptions(cl.client, 0,
@@ -191,6 +232,7 @@ func (c *Controller) watchSecrets(cl *cluster, g *caches) error {
 func (g *caches) start(ctx context.Context) {
 	ctx, g.cancel = context.WithCancel(ctx)
 	g.factory.Start(ctx.Done())
+	g.sysNSF.Start(ctx.Done())
 	if g.secretsF != nil {
 		g.secretsF.Start(ctx.Done())
 	}
@@ -200,6 +242,7 @@ func (g *caches) start(ctx context.Context) {
 func (g *caches) stop() {
 	g.cancel()
 	g.factory.Shutdown()
+	g.sysNSF.Shutdown()
 	if g.secretsF != nil {
 		g.secretsF.Shutdown()
 	}

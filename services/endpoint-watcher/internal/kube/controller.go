@@ -370,7 +370,7 @@ func (c *Controller) sendPodLocked(ctx context.Context, cl *cluster, g *caches, 
 	cl.sent[key] = struct{}{}
 	w := serviceentry.Workload{
 		ClusterID: cl.id, Namespace: p.Namespace, Name: p.Name, Address: p.Status.PodIP,
-		Labels: p.Labels, ServiceAccount: p.Spec.ServiceAccountName, Network: p.Labels[LabelNetwork],
+		Labels: p.Labels, ServiceAccount: p.Spec.ServiceAccountName, Network: cmp.Or(p.Labels[LabelNetwork], g.network()),
 		Health: discoveryv1.Health_UNHEALTHY,
 	}
 	if podReady(p) {
@@ -400,6 +400,32 @@ func (c *Controller) onNode(cl *cluster, g *caches, old, cur any) {
 			c.sendPod(ctx, cl, g, p, false)
 			keys = append(keys, g.slicesServices(byPod, p.Namespace+"/"+p.Name)...)
 		}
+	}
+	c.markAndFlush(ctx, cl, g, keys...)
+}
+
+// onSystemNamespace recomputes every Service of cl when its default network changes.
+func (c *Controller) onSystemNamespace(cl *cluster, g *caches, old, cur any) {
+	var was, is string
+	if o, ok := old.(*corev1.Namespace); ok {
+		was = o.Labels[LabelNetwork]
+	}
+	if n, ok := cur.(*corev1.Namespace); ok {
+		is = n.Labels[LabelNetwork]
+	}
+	if was == is {
+		return
+	}
+	ctx, end := c.event(cl, "Namespaces", old, cur)
+	defer end()
+	var keys []svcKey
+	svcs, _ := g.services.List(labels.Everything())
+	for _, s := range svcs {
+		keys = append(keys, svcKey{s.Namespace, s.Name})
+	}
+	pods, _ := g.pods.List(labels.Everything())
+	for _, p := range pods {
+		c.sendPod(ctx, cl, g, p, false)
 	}
 	c.markAndFlush(ctx, cl, g, keys...)
 }
@@ -688,6 +714,8 @@ func (c *Controller) compute(clusters []*cluster, k svcKey) (*discoveryv1.Servic
 	hostname := Hostname(k.name, k.namespace, c.cfg.ClusterDomain)
 	svc := convertService(parts[0].svc, hostname, parts[0].cl.id)
 	for _, p := range parts[1:] {
+		// Each cluster's gateway Service is its own network's gateway.
+		svc.NetworkGateways = append(svc.NetworkGateways, networkGateways(p.svc, p.cl.id)...)
 		for _, port := range convertPorts(p.svc) {
 			if !slices.ContainsFunc(svc.Ports, func(q *discoveryv1.Port) bool { return q.Name == port.Name }) {
 				svc.Ports = append(svc.Ports, port)
@@ -799,7 +827,7 @@ func sliceEndpoint(cl *cluster, s *discovery.EndpointSlice, e *discovery.Endpoin
 		// immutable too.
 		ep.Labels = pod.Labels
 		ep.ServiceAccount = pod.Spec.ServiceAccountName
-		ep.Network = pod.Labels[LabelNetwork]
+		ep.Network = cmp.Or(pod.Labels[LabelNetwork], cl.cur.network())
 		nodeName = cmp.Or(nodeName, pod.Spec.NodeName)
 		ep.Workload = r.Name
 		if pod.Spec.Subdomain != "" {

@@ -6,7 +6,9 @@
 package kube
 
 import (
+	"cmp"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -23,11 +25,15 @@ const Registry = "kubernetes"
 
 // Labels and annotations read from Kubernetes objects, as Istio names them.
 const (
-	AnnotationExportTo  = "networking.istio.io/exportTo"
-	LabelRegion         = "topology.kubernetes.io/region"
-	LabelZone           = "topology.kubernetes.io/zone"
-	LabelSubZone        = "topology.istio.io/subzone"
-	LabelNetwork        = "topology.istio.io/network"
+	AnnotationExportTo = "networking.istio.io/exportTo"
+	LabelRegion        = "topology.kubernetes.io/region"
+	LabelZone          = "topology.kubernetes.io/zone"
+	LabelSubZone       = "topology.istio.io/subzone"
+	LabelNetwork       = "topology.istio.io/network"
+	// LabelGatewayPort names the port of a network gateway Service that takes mTLS from other
+	// networks (DefaultGatewayPort without it).
+	LabelGatewayPort    = "networking.istio.io/gatewayPort"
+	DefaultGatewayPort  = 15443
 	LabelMultiCluster   = "istio/multiCluster"
 	DefaultClusterLocal = "cluster.local"
 )
@@ -135,6 +141,7 @@ func convertService(svc *corev1.Service, hostname, clusterID string) *discoveryv
 		ExportTo:  exportTo(svc.Namespace, svc.Annotations[AnnotationExportTo]),
 		ClusterId: clusterID,
 	}
+	out.NetworkGateways = networkGateways(svc, clusterID)
 	switch {
 	case svc.Spec.Type == corev1.ServiceTypeExternalName:
 		out.Resolution = discoveryv1.Resolution_DNS
@@ -235,6 +242,11 @@ func transform(obj any) (any, error) {
 				ClusterIPs: o.Spec.ClusterIPs, Type: o.Spec.Type, ExternalName: o.Spec.ExternalName,
 			},
 		}
+		if o.Labels[LabelNetwork] != "" {
+			// An east-west gateway: its outside addresses are where other networks reach it.
+			s.Spec.ExternalIPs = o.Spec.ExternalIPs
+			s.Status.LoadBalancer = o.Status.LoadBalancer
+		}
 		return s, nil
 	case *discovery.EndpointSlice:
 		s := &discovery.EndpointSlice{
@@ -250,6 +262,8 @@ func transform(obj any) (any, error) {
 			}
 		}
 		return s, nil
+	case *corev1.Namespace:
+		return &corev1.Namespace{ObjectMeta: stripMeta(o.ObjectMeta, pick(o.Labels, LabelNetwork), nil)}, nil
 	case *corev1.Node:
 		return &corev1.Node{ObjectMeta: stripMeta(o.ObjectMeta, pick(o.Labels, LabelRegion, LabelZone, LabelSubZone), nil)}, nil
 	}
@@ -264,4 +278,40 @@ func untomb(obj any) any {
 		return t.Obj
 	}
 	return obj
+}
+
+// networkGateways are the east-west gateways a Service is, as istiod reads them: a Service
+// labelled with a network is that network's gateway at each of its load balancer addresses
+// (IP or host name) and external IPs, on the port the gatewayPort label names (15443 by
+// default), which the Service must have.
+func networkGateways(svc *corev1.Service, clusterID string) []*discoveryv1.NetworkGateway {
+	nw := svc.Labels[LabelNetwork]
+	if nw == "" {
+		return nil
+	}
+	port := uint32(DefaultGatewayPort)
+	if v := svc.Labels[LabelGatewayPort]; v != "" {
+		p, err := strconv.ParseUint(v, 10, 16)
+		if err != nil || p == 0 {
+			return nil
+		}
+		port = uint32(p)
+	}
+	if !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return uint32(p.Port) == port }) {
+		return nil
+	}
+	var addrs []string
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			if a := cmp.Or(in.IP, in.Hostname); a != "" {
+				addrs = append(addrs, a)
+			}
+		}
+	}
+	addrs = append(addrs, svc.Spec.ExternalIPs...)
+	var out []*discoveryv1.NetworkGateway
+	for _, a := range addrs {
+		out = append(out, &discoveryv1.NetworkGateway{Network: nw, ClusterId: clusterID, Address: a, Port: port})
+	}
+	return out
 }

@@ -35,6 +35,10 @@ import (
 //   - for clusters and endpoints, when some DestinationRule or the mesh could turn locality
 //     load balancing on, the proxy's locality and its values of the labels failoverPriority
 //     names (DNS clusters carry their endpoints inline);
+//   - for clusters and endpoints, in a mesh with network gateways, the proxy's network and IP
+//     families (split-horizon EDS);
+//   - for a gateway's clusters and endpoints, whether a Gateway selecting it has an
+//     AUTO_PASSTHROUGH server (SNI-DNAT clusters);
 //   - for clusters, whether the proxy has only IPv6 addresses (DNS clusters' lookup family);
 //   - for listeners and routes, whether the proxy uses auto-allocated addresses, and its IP
 //     families (which of a host's two it gets).
@@ -67,6 +71,13 @@ func (g *Generator) CacheScope(snap *model.Snapshot, proxy *model.Proxy, typeURL
 	}
 	if ix.localityLB && (typeURL == resourcev3.ClusterType || typeURL == resourcev3.EndpointType) {
 		b.WriteString(translate.LocalityKey(snap, proxy, ix.failoverLabelKeys))
+	}
+	if typeURL == resourcev3.ClusterType || typeURL == resourcev3.EndpointType {
+		// Split-horizon EDS (DNS clusters carry their endpoints inline).
+		b.WriteString(translate.SplitHorizonFor(snap, proxy).Key())
+		if proxy.IsRouter() && hasAutoPassthrough(snap, proxy) {
+			b.WriteString("/sni-dnat")
+		}
 	}
 	if typeURL == resourcev3.ClusterType && ipv6Only(proxy.IPs) {
 		b.WriteString("/v6")
@@ -283,4 +294,20 @@ func newSnapIndex(snap *model.Snapshot) *snapIndex {
 type indexCache struct {
 	mu      sync.Mutex
 	indexes []*snapIndex
+}
+
+// hasAutoPassthrough reports whether a Gateway selecting proxy has an AUTO_PASSTHROUGH server.
+func hasAutoPassthrough(snap *model.Snapshot, proxy *model.Proxy) bool {
+	for i := range snap.Gateways {
+		gw := &snap.Gateways[i]
+		if !model.LabelsMatch(gw.Spec.GetSelector(), proxy.Labels) {
+			continue
+		}
+		for _, s := range gw.Spec.GetServers() {
+			if (gatewayServer{server: s, proto: parseProtocol(s.GetPort().GetProtocol())}).autoPassthrough() && s.GetPort().GetNumber() != 0 {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -57,12 +57,24 @@ type outboundCluster struct {
 	port    *discoveryv1.Port
 	subset  *networking.Subset    // nil for the whole service
 	lb      *translate.LocalityLB // nil without locality load balancing
+	// sniDNAT marks the cluster an AUTO_PASSTHROUGH gateway forwards an mTLS connection to by
+	// its SNI (SNIDNATClusterName): it adds no TLS, and balances over mTLS endpoints only.
+	sniDNAT bool
+}
+
+// SNIDNATClusterName is istiod's name of the cluster, and the SNI, by which an
+// AUTO_PASSTHROUGH gateway routes to a service port (subset): "outbound_.<port>_.<subset>_.<host>".
+func SNIDNATClusterName(port uint32, subset, host string) string {
+	return "outbound_." + itoa(port) + "_." + subset + "_." + host
 }
 
 // outboundClusters builds the proxy's outbound clusters; without withTLS, leaving out their
 // TLS settings, which load assignments do not read.
 func (b *builder) outboundClusters(withTLS bool) []outboundCluster {
 	var out []outboundCluster
+	// As istiod: a gateway with an AUTO_PASSTHROUGH server gets an SNI-DNAT cluster for every
+	// port of every mesh service it sees.
+	sniDNAT := b.proxy.IsRouter() && hasAutoPassthrough(b.snap, b.proxy)
 	for _, svc := range b.services {
 		host := svc.Spec.GetHostname()
 		dr := b.binds.DestinationRule(host)
@@ -82,6 +94,11 @@ func (b *builder) outboundClusters(withTLS bool) []outboundCluster {
 				lb := translate.NewLocalityLB(pol, b.snap.Mesh, b.locality, b.topologyLabels)
 				out = append(out, outboundCluster{svc: svc, port: port, subset: ss, lb: lb,
 					cluster: b.outboundCluster(svc, port, ss, pol, lb, withTLS)})
+				if sniDNAT && !svc.Spec.GetMeshExternal() && !strings.EqualFold(port.GetProtocol(), "UDP") {
+					c := b.outboundCluster(svc, port, ss, pol, lb, false)
+					renameCluster(c, SNIDNATClusterName(port.GetNumber(), ss.GetName(), host))
+					out = append(out, outboundCluster{svc: svc, port: port, subset: ss, lb: lb, cluster: c, sniDNAT: true})
+				}
 			}
 		}
 	}
@@ -698,4 +715,15 @@ func ipv6Only(ips []string) bool {
 		}
 	}
 	return len(ips) > 0
+}
+
+// renameCluster gives a generated cluster (and its load assignment) another name.
+func renameCluster(c *clusterv3.Cluster, name string) {
+	c.Name = name
+	if c.EdsClusterConfig != nil {
+		c.EdsClusterConfig.ServiceName = name
+	}
+	if c.LoadAssignment != nil {
+		c.LoadAssignment.ClusterName = name
+	}
 }

@@ -11,7 +11,6 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
-	"sailplane.dev/services/xds-server/internal/authn"
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/translate"
 )
@@ -23,8 +22,14 @@ func (b *builder) endpoints() []*endpointv3.ClusterLoadAssignment {
 		if oc.cluster.GetType() != clusterv3.Cluster_EDS {
 			continue
 		}
-		out = append(out, translate.LoadAssignmentMTLS(oc.cluster.GetName(), oc.svc, oc.port, oc.subset, oc.lb,
-			b.endpointMTLS(oc.svc, oc.port, oc.subset.GetName())))
+		cla := translate.LoadAssignmentFor(oc.cluster.GetName(), oc.svc, oc.port, oc.subset, oc.lb,
+			b.endpointMTLS(oc.svc, oc.port, oc.subset.GetName()), b.splitHorizon)
+		if oc.sniDNAT {
+			// The gateway cannot tell mTLS from other TLS it passes through: as istiod, it
+			// only balances over endpoints that take mTLS, so plaintext ones stay unreachable.
+			translate.KeepIstioMTLS(cla)
+		}
+		out = append(out, cla)
 	}
 	slices.SortStableFunc(out, func(a, b *endpointv3.ClusterLoadAssignment) int {
 		return strings.Compare(a.GetClusterName(), b.GetClusterName())
@@ -37,7 +42,7 @@ func (b *builder) endpoints() []*endpointv3.ClusterLoadAssignment {
 // LOGICAL_DNS clusters take exactly one endpoint.
 func (b *builder) dnsLoadAssignment(name string, svc *model.Service, port *discoveryv1.Port,
 	subset *networking.Subset, lb *translate.LocalityLB, istioMTLS func(*discoveryv1.Endpoint) bool) *endpointv3.ClusterLoadAssignment {
-	cla := translate.LoadAssignmentMTLS(name, svc, port, subset, lb, istioMTLS)
+	cla := translate.LoadAssignmentFor(name, svc, port, subset, lb, istioMTLS, b.splitHorizon)
 	if len(svc.Endpoints) == 0 {
 		target := port.GetTargetPort()
 		if target == 0 {
@@ -71,61 +76,8 @@ func (b *builder) dnsLoadAssignment(name string, svc *model.Service, port *disco
 	return cla
 }
 
-// endpointMTLS tells which endpoints of a cluster EDS marks as taking Istio mTLS, as istiod
-// does: of those whose workload has a sidecar, all when the DestinationRule's TLS mode for the
-// cluster is ISTIO_MUTUAL, none under another mode; without one, those whose PeerAuthentication
-// does not DISABLE mTLS on the port they serve. (Under an explicit mode the cluster's transport
-// socket does not depend on the mark.)
+// endpointMTLS tells which endpoints of a cluster EDS marks as taking Istio mTLS
+// (translate.EndpointMTLS).
 func (b *builder) endpointMTLS(svc *model.Service, port *discoveryv1.Port, subset string) func(*discoveryv1.Endpoint) bool {
-	dr := b.binds.DestinationRule(svc.Spec.GetHostname())
-	if mode, ok := destinationRuleTLSMode(specOf(dr), port.GetNumber(), subset); ok {
-		if mode != networking.ClientTLSSettings_ISTIO_MUTUAL {
-			return nil
-		}
-		return func(ep *discoveryv1.Endpoint) bool {
-			return ep.GetLabels()[model.TLSModeLabel] == translate.TLSModeIstio
-		}
-	}
-	ns := svc.Spec.GetNamespace()
-	return func(ep *discoveryv1.Endpoint) bool {
-		if ep.GetLabels()[model.TLSModeLabel] != translate.TLSModeIstio {
-			return false
-		}
-		if !b.ix.peerDisables {
-			return true
-		}
-		return authn.ForWorkload(b.snap, ns, ep.GetLabels()).ModeFor(translate.EndpointPort(ep, port)) != authn.Disable
-	}
-}
-
-// destinationRuleTLSMode is the TLS mode a DestinationRule sets for a cluster as istiod's EDS
-// reads it (its mtls_checker, which differs from the cluster's policy merge): for a subset,
-// the subset's policy, else the rule's; in a policy, the port's level setting, else its own;
-// ok is false when none sets TLS (or the subset does not exist).
-func destinationRuleTLSMode(dr *networking.DestinationRule, port uint32, subset string) (networking.ClientTLSSettings_TLSmode, bool) {
-	if dr == nil {
-		return 0, false
-	}
-	if subset != "" {
-		ss := translate.Subset(dr, subset)
-		if ss == nil {
-			return 0, false
-		}
-		if mode, ok := policyTLSMode(ss.GetTrafficPolicy(), port); ok {
-			return mode, true
-		}
-	}
-	return policyTLSMode(dr.GetTrafficPolicy(), port)
-}
-
-func policyTLSMode(tp *networking.TrafficPolicy, port uint32) (networking.ClientTLSSettings_TLSmode, bool) {
-	for _, pls := range tp.GetPortLevelSettings() {
-		if pls.GetPort().GetNumber() == port && pls.GetTls() != nil {
-			return pls.GetTls().GetMode(), true
-		}
-	}
-	if t := tp.GetTls(); t != nil {
-		return t.GetMode(), true
-	}
-	return 0, false
+	return translate.EndpointMTLS(b.snap, specOf(b.binds.DestinationRule(svc.Spec.GetHostname())), svc, port, subset, b.ix.peerDisables)
 }

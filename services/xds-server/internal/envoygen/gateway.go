@@ -53,6 +53,12 @@ func (s gatewayServer) passthrough() bool {
 		s.server.GetTls().GetMode() == networking.ServerTLSSettings_PASSTHROUGH
 }
 
+// autoPassthrough reports whether the server routes mTLS by its SNI to the SNI-DNAT clusters
+// (an east-west gateway).
+func (s gatewayServer) autoPassthrough() bool {
+	return s.proto == protoTLS && s.server.GetTls().GetMode() == networking.ServerTLSSettings_AUTO_PASSTHROUGH
+}
+
 // httpRouteName is the RDS name of an HTTP-speaking server: one per listening port for
 // plaintext, one per server for TLS-terminating ones, named, as istiod names them, by the
 // server's own port.
@@ -221,6 +227,10 @@ func (b *builder) gatewayListeners() []*listenerv3.Listener {
 				httpDone = true
 				addChain(&listenerv3.FilterChain{Filters: []*listenerv3.Filter{
 					hcmFilterOf(b.hcm("outbound_"+name, s.httpRouteName(), nil, hcmGateway))}})
+			case s.autoPassthrough():
+				for _, fc := range b.autoPassthroughChains(s) {
+					addChain(fc)
+				}
 			case s.passthrough():
 				for _, fc := range b.passthroughChains(s, serverPort) {
 					addChain(fc)
@@ -307,6 +317,41 @@ func (b *builder) passthroughChains(s gatewayServer, port uint32) []*listenerv3.
 				out = append(out, &listenerv3.FilterChain{
 					FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: slices.Compact(sni)},
 					Filters:          append(b.inboundAuthz().TCP(), tcpProxyFilterOf(tp)),
+				})
+			}
+		}
+	}
+	return out
+}
+
+// istioMTLSALPNs are the ALPNs Istio's mTLS clients offer; an AUTO_PASSTHROUGH chain matches
+// only connections offering one of them.
+var istioMTLSALPNs = []string{"istio", "istio-peer-exchange", "istio-http/1.0", "istio-http/1.1", "istio-h2"}
+
+// autoPassthroughChains route mTLS connections by SNI, as istiod does for an AUTO_PASSTHROUGH
+// server: one chain per port (and DestinationRule subset) of each mesh service the server's
+// hosts match, matching the SNI naming its SNI-DNAT cluster, to which it forwards the
+// connection untouched. No authorization applies here: the workload behind checks the mTLS.
+func (b *builder) autoPassthroughChains(s gatewayServer) []*listenerv3.FilterChain {
+	hosts := serverHosts(s, "")
+	var out []*listenerv3.FilterChain
+	for _, svc := range b.services {
+		host := svc.Spec.GetHostname()
+		if svc.Spec.GetMeshExternal() || !slices.ContainsFunc(hosts, func(h string) bool { return model.HostMatches(h, host) }) {
+			continue
+		}
+		dr := specOf(b.binds.DestinationRule(host))
+		for _, port := range svc.Spec.GetPorts() {
+			if strings.EqualFold(port.GetProtocol(), "UDP") {
+				continue
+			}
+			for _, ss := range append([]*networking.Subset{nil}, translate.Subsets(dr)...) {
+				name := SNIDNATClusterName(port.GetNumber(), ss.GetName(), host)
+				tp := b.withDestinationRule(&tcpv3.TcpProxy{StatPrefix: name,
+					ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: name}}, host, ss.GetName(), true)
+				out = append(out, &listenerv3.FilterChain{
+					FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: []string{name}, ApplicationProtocols: istioMTLSALPNs},
+					Filters:          []*listenerv3.Filter{tcpProxyFilterOf(tp)},
 				})
 			}
 		}
@@ -489,7 +534,7 @@ func (b *builder) gatewayRouteConfig(name string, servers []gatewayServer) *rout
 					}
 					added[key] = true
 					// Destinations without a port go to the service's only port, never the gateway's.
-					routes := b.httpRoutes(vs, "", port, gatewayFilter{s.gateway: true})
+					routes := b.httpRoutes(vs, "", port, gatewayFilter{s.gateway: true}, s.server.GetTls() != nil)
 					v := vhosts[host]
 					if v == nil {
 						// The route configuration ignores the port in Host headers, as istiod's.

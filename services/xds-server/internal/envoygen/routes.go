@@ -116,7 +116,7 @@ func (b *builder) unregisteredHostVirtualHosts(port uint32, taken map[string]boo
 			if b.sidecar != nil && !model.SidecarImportsPort(b.sidecar.Spec, b.sidecar.Namespace, vs.Namespace, host, port) {
 				continue
 			}
-			routes := b.httpRoutes(vs, host, port, nil)
+			routes := b.httpRoutes(vs, host, port, nil, false)
 			if len(routes) == 0 {
 				continue
 			}
@@ -146,7 +146,7 @@ func (b *builder) sniffedRouteConfig(name, host string, port uint32) *routev3.Ro
 func (b *builder) serviceVirtualHost(host string, port uint32, domains []string) *routev3.VirtualHost {
 	var routes []*routev3.Route
 	if vs := b.binds.VirtualService(host); vs != nil {
-		routes = b.httpRoutes(vs, host, port, nil)
+		routes = b.httpRoutes(vs, host, port, nil, false)
 	}
 	if len(routes) == 0 {
 		routes = []*routev3.Route{b.defaultRoute(host, port)}
@@ -202,8 +202,9 @@ func qualifyGateway(ref, ns string) string {
 
 // httpRoutes translates a VirtualService's http routes for one host and port. Routes are
 // matched in order, so nothing after one that matches every request is kept, as in istiod.
+// tls: the routes serve a gateway server with a tls block (redirects default to https).
 func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host string, port uint32,
-	gws gatewayFilter) []*routev3.Route {
+	gws gatewayFilter, tls bool) []*routev3.Route {
 	vs = translate.WithDelegates(b.snap, vs, b.log)
 	out, skipped := translate.HTTPRoutes(vs.Spec.GetHttp(), func(i int, hr *networking.HTTPRoute,
 		m *networking.HTTPMatchRequest) (*routev3.Route, bool) {
@@ -223,7 +224,7 @@ func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host 
 		if r == nil {
 			return nil, false
 		}
-		if !b.routeAction(r, hr, vs.Namespace, host, port, m, vs.GatewayAPI, log) {
+		if !b.routeAction(r, hr, vs.Namespace, host, port, tls, m, vs.GatewayAPI, log) {
 			return nil, true
 		}
 		if vs.GatewayAPI {
@@ -239,11 +240,11 @@ func (b *builder) httpRoutes(vs *model.Config[*networking.VirtualService], host 
 }
 
 // routeAction fills r's action and per-route settings; false when the route has nothing usable.
-func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, host string, port uint32,
+func (b *builder) routeAction(r *routev3.Route, hr *networking.HTTPRoute, ns, host string, port uint32, tls bool,
 	m *networking.HTTPMatchRequest, gatewayAPI bool, log interface{ Debug(string, ...any) }) bool {
 	switch {
 	case hr.GetRedirect() != nil:
-		r.Action = &routev3.Route_Redirect{Redirect: redirect(hr.GetRedirect(), port, log)}
+		r.Action = &routev3.Route_Redirect{Redirect: redirect(hr.GetRedirect(), port, tls, log)}
 	case hr.GetDirectResponse() != nil:
 		dr := hr.GetDirectResponse()
 		act := &routev3.DirectResponseAction{Status: dr.GetStatus()}
@@ -416,9 +417,13 @@ func (b *builder) mirrors(hr *networking.HTTPRoute, ns, host string, port uint32
 	return out
 }
 
-func redirect(r *networking.HTTPRedirect, port uint32, log interface{ Debug(string, ...any) }) *routev3.RedirectAction {
-	// As istiod, the path is always stated: empty (no uri) keeps the request's.
+func redirect(r *networking.HTTPRedirect, port uint32, tls bool, log interface{ Debug(string, ...any) }) *routev3.RedirectAction {
+	// As istiod, the path is always stated: the matched prefix replaced, else the uri (empty
+	// keeps the request's).
 	act := &routev3.RedirectAction{PathRewriteSpecifier: &routev3.RedirectAction_PathRedirect{PathRedirect: r.GetUri()}}
+	if p := r.GetPrefixRewrite(); p != "" {
+		act.PathRewriteSpecifier = &routev3.RedirectAction_PrefixRewrite{PrefixRewrite: p}
+	}
 	if a := r.GetAuthority(); a != "" {
 		act.HostRedirect = a
 	}
@@ -435,6 +440,17 @@ func redirect(r *networking.HTTPRedirect, port uint32, log interface{ Debug(stri
 	}
 	if s := r.GetScheme(); s != "" {
 		act.SchemeRewriteSpecifier = &routev3.RedirectAction_SchemeRedirect{SchemeRedirect: s}
+	}
+	// As istiod, a scheme's default port is not written: the Location carries no :80 for http
+	// (:443 for https, the default of a TLS server's redirects).
+	if r.GetRedirectPort() != nil {
+		scheme := r.GetScheme()
+		if scheme == "" {
+			scheme = map[bool]string{true: "https", false: "http"}[tls]
+		}
+		if (act.PortRedirect == 80 && scheme == "http") || (act.PortRedirect == 443 && scheme == "https") {
+			act.PortRedirect = 0
+		}
 	}
 	switch r.GetRedirectCode() {
 	case 0, 301:

@@ -42,6 +42,9 @@ type builder struct {
 	// added: what locality load balancing reads of it.
 	locality       *discoveryv1.Locality
 	topologyLabels map[string]string
+	// splitHorizon replaces endpoints of other networks by their gateways; nil in a mesh of
+	// one network.
+	splitHorizon *translate.SplitHorizon
 	// nsModes caches the PeerAuthentication mode of destination namespaces (see autoMTLS).
 	nsModes map[string]authn.Mode
 	// mtlsSockets are the inbound mTLS transport sockets for TCP and HTTP chains, built once.
@@ -54,6 +57,7 @@ func newBuilder(snap *model.Snapshot, proxy *model.Proxy, ix *snapIndex, log *sl
 	b := &builder{snap: snap, proxy: proxy, ix: ix, log: log, allowAny: true}
 	b.locality = proxy.Locality(snap.ProxyEndpoint(proxy))
 	b.topologyLabels = translate.TopologyLabels(proxy.Labels, b.locality, proxy.ClusterID, proxy.Network)
+	b.splitHorizon = translate.SplitHorizonFor(snap, proxy)
 	if p := snap.Mesh.GetOutboundTrafficPolicy(); p != nil {
 		b.allowAny = p.GetMode() == meshv1alpha1.MeshConfig_OutboundTrafficPolicy_ALLOW_ANY
 	}

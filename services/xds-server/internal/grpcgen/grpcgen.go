@@ -54,6 +54,9 @@ type Client struct {
 	Locality *discoveryv1.Locality
 	// Labels include the topology labels (translate.TopologyLabels).
 	Labels map[string]string
+	// SplitHorizon, in a multi-network mesh, replaces endpoints of other networks by their
+	// networks' gateways, as istiod's EDS does for proxyless clients too.
+	SplitHorizon *translate.SplitHorizon
 }
 
 // Generate translates a snapshot for a client in DNS domain dnsDomain (its node ID's last
@@ -95,7 +98,7 @@ func Generate(snap *model.Snapshot, dnsDomain string, viewer *model.Viewer, clie
 			for _, c := range g.clusters(svc, port, dr) {
 				out.Clusters = append(out.Clusters, c.cluster)
 				var lb *translate.LocalityLB
-				if client != nil {
+				if client != nil && (client.Locality != nil || client.Labels != nil) {
 					var spec *networking.DestinationRule
 					if dr != nil {
 						spec = dr.Spec
@@ -103,7 +106,18 @@ func Generate(snap *model.Snapshot, dnsDomain string, viewer *model.Viewer, clie
 					pol := translate.TrafficPolicy(spec, port.GetNumber(), c.subset.GetName())
 					lb = translate.NewLocalityLB(pol, snap.Mesh, client.Locality, client.Labels)
 				}
-				out.Endpoints = append(out.Endpoints, translate.LoadAssignment(c.cluster.GetName(), svc, port, c.subset, lb))
+				var sh *translate.SplitHorizon
+				var istioMTLS func(*discoveryv1.Endpoint) bool
+				if client != nil && client.SplitHorizon != nil {
+					// Only endpoints taking Istio mTLS are reachable through a gateway.
+					sh = client.SplitHorizon
+					var spec *networking.DestinationRule
+					if dr != nil {
+						spec = dr.Spec
+					}
+					istioMTLS = translate.EndpointMTLS(snap, spec, svc, port, c.subset.GetName(), true)
+				}
+				out.Endpoints = append(out.Endpoints, translate.LoadAssignmentFor(c.cluster.GetName(), svc, port, c.subset, lb, istioMTLS, sh))
 			}
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"sailplane.dev/services/xds-server/internal/model"
 	"sailplane.dev/services/xds-server/internal/testinput"
+	"sailplane.dev/services/xds-server/internal/translate"
 	"sailplane.dev/shared/golden"
 	"sailplane.dev/shared/testlog"
 )
@@ -45,6 +46,8 @@ func generate(t *testing.T, dir string) *Resources {
 		InMesh    bool              `json:"inMesh"`
 		Namespace string            `json:"namespace"`
 		Labels    map[string]string `json:"labels"`
+		// Network, when set, is the client's network: split-horizon EDS applies.
+		Network string `json:"network"`
 	}{InMesh: true, Namespace: "demo"}
 	if b, err := os.ReadFile(filepath.Join(dir, "client.yaml")); err == nil {
 		if err := yaml.UnmarshalStrict(b, &c); err != nil {
@@ -52,7 +55,11 @@ func generate(t *testing.T, dir string) *Resources {
 		}
 	}
 	viewer := &model.Viewer{Namespace: c.Namespace, Labels: c.Labels}
-	res := Generate(snap, c.Namespace+".svc.cluster.local", viewer, nil, c.InMesh, testLogger(t))
+	var client *Client
+	if c.Network != "" {
+		client = &Client{SplitHorizon: translate.SplitHorizonFor(snap, &model.Proxy{Network: c.Network})}
+	}
+	res := Generate(snap, c.Namespace+".svc.cluster.local", viewer, client, c.InMesh, testLogger(t))
 	// server.yaml, if present, names a proxyless server whose server-side listeners join.
 	if b, err := os.ReadFile(filepath.Join(dir, "server.yaml")); err == nil {
 		var srv struct {

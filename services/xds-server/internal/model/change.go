@@ -242,6 +242,8 @@ func resourceHosts(ns string, r *bus.Resource) (HostSet, bool) {
 	switch body := r.Body.(type) {
 	case *discoveryv1.Service:
 		hs.Hosts = append(hs.Hosts, HostRef{Namespace: body.GetNamespace(), Hostname: body.GetHostname()})
+		// An east-west gateway stands in for other services' endpoints: whoever sees those.
+		hs.Unknown = len(body.GetNetworkGateways()) > 0
 	case *networking.VirtualService:
 		if len(body.GetHosts()) == 0 {
 			// A delegate: it takes the hosts of the VirtualServices that delegate to it.
@@ -378,6 +380,10 @@ func visibility(kind schema.Kind, ns string, r *bus.Resource) Visibility {
 	type exporter interface{ GetExportTo() []string }
 	switch body := r.Body.(type) {
 	case *discoveryv1.Service:
+		if len(body.GetNetworkGateways()) > 0 {
+			// Network gateways apply mesh-wide, whatever the Service's exportTo.
+			return Visibility{All: true}
+		}
 		// Registry services are keyed by hostname so endpoint and config changes line up.
 		return ExportVisibility(body.GetNamespace(), body.GetExportTo())
 	case exporter:

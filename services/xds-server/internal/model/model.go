@@ -91,6 +91,8 @@ type Snapshot struct {
 	workloads *workloadIndex
 	// drs indexes DestinationRules on first use (see Bindings); nil in snapshots built by hand.
 	drs *drIndexOnce
+	// networks indexes the east-west gateways on first use (see NetworkGateways).
+	networks *networkGatewaysOnce
 	// shadowed holds, by hostname, the services of other namespaces that Services' entry hides,
 	// in bus name order.
 	shadowed map[string][]*Service
@@ -437,7 +439,7 @@ func (s *Store) Snapshot() *Snapshot {
 }
 
 func (s *Store) build() *Snapshot {
-	snap := &Snapshot{Services: map[string]*Service{}, Mesh: &meshv1alpha1.MeshConfig{}, workloads: &workloadIndex{}, drs: &drIndexOnce{}}
+	snap := &Snapshot{Services: map[string]*Service{}, Mesh: &meshv1alpha1.MeshConfig{}, workloads: &workloadIndex{}, drs: &drIndexOnce{}, networks: &networkGatewaysOnce{}}
 
 	// Several registries may publish one hostname in different namespaces; the first bus name
 	// in order wins so the result does not depend on map iteration.

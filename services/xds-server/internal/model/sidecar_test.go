@@ -120,6 +120,11 @@ func TestChangeHosts(t *testing.T) {
 		key    ConfigKey
 		want   HostSet
 	}{
+		{name: "network gateway service is unknown", change: bus.Change{TypeURL: schema.Service.TypeURL, Updated: []*bus.Resource{{
+			Name: "istio-system/gw.istio-system.svc.cluster.local", Body: &discoveryv1.Service{Hostname: "gw.istio-system.svc.cluster.local",
+				Namespace: "istio-system", NetworkGateways: []*discoveryv1.NetworkGateway{{Network: "n2", Address: "198.18.2.1", Port: 15443}}}}}},
+			key:  ConfigKey{Kind: "Service", Namespace: "istio-system", Name: "gw.istio-system.svc.cluster.local"},
+			want: HostSet{Unknown: true, Hosts: []HostRef{ref("istio-system", "gw.istio-system.svc.cluster.local")}}},
 		{name: "deleted service", pre: []bus.Change{svc("b", "s.b.svc.cluster.local")},
 			change: bus.Change{TypeURL: schema.Service.TypeURL, Removed: []string{"b/s.b.svc.cluster.local"}},
 			key:    ConfigKey{Kind: "Service", Namespace: "b", Name: "s.b.svc.cluster.local"},

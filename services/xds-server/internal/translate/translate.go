@@ -30,6 +30,13 @@ func LoadAssignment(name string, svc *model.Service, port *discoveryv1.Port,
 // nil marks none.
 func LoadAssignmentMTLS(name string, svc *model.Service, port *discoveryv1.Port, subset *networking.Subset,
 	lb *LocalityLB, istioMTLS func(*discoveryv1.Endpoint) bool) *endpointv3.ClusterLoadAssignment {
+	return LoadAssignmentFor(name, svc, port, subset, lb, istioMTLS, nil)
+}
+
+// LoadAssignmentFor is LoadAssignmentMTLS for a proxy in a multi-network mesh: with sh not
+// nil, endpoints of other networks are replaced by their networks' gateways (SplitHorizon).
+func LoadAssignmentFor(name string, svc *model.Service, port *discoveryv1.Port, subset *networking.Subset,
+	lb *LocalityLB, istioMTLS func(*discoveryv1.Endpoint) bool, sh *SplitHorizon) *endpointv3.ClusterLoadAssignment {
 	var groups []localityGroup
 	find := func(l *discoveryv1.Locality) *localityGroup {
 		for i := range groups {
@@ -70,6 +77,9 @@ func LoadAssignmentMTLS(name string, svc *model.Service, port *discoveryv1.Port,
 			g.lle.LbEndpoints = append(g.lle.LbEndpoints, lbe)
 		}
 		g.lle.LoadBalancingWeight = wrapperspb.UInt32(uint32(min(weights, math.MaxUint32)))
+		if sh != nil {
+			sh.apply(g, istioMTLS)
+		}
 	}
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
 	if lb != nil {

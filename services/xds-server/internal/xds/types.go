@@ -264,6 +264,13 @@ func sidecarFilter(p *model.Proxy, req *PushRequest, snap *model.Snapshot) func(
 // hostOfCluster reads the hostname out of istiod's cluster names, "outbound|port|subset|host";
 // "" when the name has no hostname (inbound clusters, or foreign names).
 func hostOfCluster(name string) string {
+	if rest, ok := strings.CutPrefix(name, "outbound_."); ok {
+		// An SNI-DNAT cluster: "outbound_.<port>_.<subset>_.<host>".
+		if parts := strings.SplitN(rest, "_.", 3); len(parts) == 3 {
+			return parts[2]
+		}
+		return ""
+	}
 	if !strings.HasPrefix(name, "outbound|") {
 		return ""
 	}
