@@ -109,7 +109,7 @@ func (r *recorder) upserted(k schema.Kind) int {
 	return r.upserts[k.TypeURL]
 }
 
-func write(t *testing.T, path, content string) {
+func write(t testing.TB, path, content string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)

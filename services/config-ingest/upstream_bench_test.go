@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -18,11 +16,9 @@ import (
 	"google.golang.org/grpc/stats"
 	networking "istio.io/api/networking/v1alpha3"
 
-	configingest "sailplane.dev/services/config-ingest"
 	"sailplane.dev/services/config-ingest/internal/upstream"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
-	"sailplane.dev/shared/testlog"
 	"sailplane.dev/shared/testwait"
 )
 
@@ -44,7 +40,7 @@ func BenchmarkUpstreamEdit(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		host := fmt.Sprintf("edit-%d", i)
 		start := time.Now()
-		writeTB(b, filepath.Join(f.up.conf(), "vs-0007.yaml"), benchVirtualService(7, host))
+		write(b, filepath.Join(f.up.conf(), "vs-0007.yaml"), benchVirtualService(7, host))
 		lat = append(lat, f.consumer.wait(b, "default/vs-0007", host).Sub(start))
 	}
 	b.StopTimer()
@@ -68,7 +64,7 @@ func BenchmarkUpstreamRestart(b *testing.B) {
 		f.wire.reset()
 		f.pub.reset()
 		start := time.Now()
-		f.up.start()
+		f.up.start(true)
 		readyAt, cpu0 := time.Now(), cpuTime()
 		var done time.Time
 		testwait.Until(b, 30*time.Second, "the downstream resynced", func() bool {
@@ -120,7 +116,7 @@ func cpuTime() time.Duration {
 }
 
 type upstreamFixture struct {
-	up, down *benchIngest
+	up, down *ingest
 	wire     *wireStats
 	pub      *countingPublisher
 	consumer *vsWatch
@@ -130,12 +126,12 @@ type upstreamFixture struct {
 // it, and a consumer of the downstream's bus, and waits until that consumer has them all.
 func newUpstreamFixture(b *testing.B) *upstreamFixture {
 	f := &upstreamFixture{wire: &wireStats{}}
-	f.up = newBenchIngest(b, "rootNamespace: istio-system\n")
+	f.up, _ = newBenchIngest(b, "rootNamespace: istio-system\n")
 	for i := range benchVS {
-		writeTB(b, filepath.Join(f.up.conf(), fmt.Sprintf("vs-%04d.yaml", i)), benchVirtualService(i, fmt.Sprintf("svc-%d", i)))
+		write(b, filepath.Join(f.up.conf(), fmt.Sprintf("vs-%04d.yaml", i)), benchVirtualService(i, fmt.Sprintf("svc-%d", i)))
 	}
 	for i := range benchDR {
-		writeTB(b, filepath.Join(f.up.conf(), fmt.Sprintf("dr-%04d.yaml", i)), fmt.Sprintf(`apiVersion: networking.istio.io/v1
+		write(b, filepath.Join(f.up.conf(), fmt.Sprintf("dr-%04d.yaml", i)), fmt.Sprintf(`apiVersion: networking.istio.io/v1
 kind: DestinationRule
 metadata: {name: dr-%04d, namespace: default}
 spec:
@@ -145,12 +141,11 @@ spec:
   - {name: v1, labels: {version: v1}}
 `, i, i))
 	}
-	f.up.start()
+	f.up.start(true)
 
-	f.down = newBenchIngest(b, "configSources:\n- address: xds://"+f.up.addr+"\n  tlsSettings: {mode: DISABLE}\n")
+	f.down, f.pub = newBenchIngest(b, "configSources:\n- address: xds://"+f.up.addr+"\n  tlsSettings: {mode: DISABLE}\n")
 	f.down.dial = []bus.DialOption{bus.WithGRPCDialOptions(grpc.WithStatsHandler(f.wire))}
-	f.down.start() // ready once the upstream's first full state is applied
-	f.pub = f.down.pub
+	f.down.start(true) // ready once the upstream's first full state is applied
 
 	f.consumer = &vsWatch{seen: map[string]vsSeen{}, changed: make(chan struct{}), synced: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -190,89 +185,14 @@ spec:
 `, i, i, host)
 }
 
-func writeTB(tb testing.TB, path, content string) {
-	tb.Helper()
-	tmp := filepath.Join(filepath.Dir(path), ".tmp-"+filepath.Base(path))
-	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
-		tb.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		tb.Fatal(err)
-	}
-}
-
-// benchIngest is a config-ingest of its own folder serving its bus on loopback, with its
-// production defaults; its bus's Publisher counts what it is given.
-type benchIngest struct {
-	tb    testing.TB
-	root  string
-	addr  string // kept across restarts
-	dial  []bus.DialOption
-	store *bus.Store
-	pub   *countingPublisher
-	stop  func()
-}
-
-func newBenchIngest(tb testing.TB, mesh string) *benchIngest {
-	in := &benchIngest{tb: tb, root: tb.TempDir()}
-	if err := os.MkdirAll(in.conf(), 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	writeTB(tb, filepath.Join(in.root, "mesh.yaml"), mesh)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	in.addr = lis.Addr().String()
-	lis.Close()
-	return in
-}
-
-func (in *benchIngest) conf() string { return filepath.Join(in.root, "conf") }
-
-// start runs the service and its bus server until stop, and waits for its first state.
-func (in *benchIngest) start() {
-	tb := in.tb
-	tb.Helper()
-	log := testlog.New(tb, slog.LevelWarn)
-	in.store = bus.NewStore(bus.WithLogger(log))
-	in.pub = &countingPublisher{Publisher: in.store}
-	svc, err := configingest.New(configingest.Config{
-		MeshFile: filepath.Join(in.root, "mesh.yaml"), StateDir: filepath.Join(in.root, "state"),
-		UpstreamSyncTimeout: 30 * time.Second,
-	}, configingest.Deps{Logger: log, Publisher: in.pub, UpstreamDialOptions: in.dial})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	in.store.SyncAfter(svc.Ready(), configingest.PublishedTypes()...)
-	srv, err := bus.ServeGRPC(in.store, in.addr, log, bus.Security{})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	svcDone, srvDone := make(chan error, 1), make(chan error, 1)
-	go func() { svcDone <- svc.Run(ctx) }()
-	go func() { srvDone <- srv.Run(ctx) }()
-	stopped := false
-	in.stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-svcDone; err != nil {
-			tb.Errorf("Run: %v", err)
-		}
-		if err := <-srvDone; err != nil {
-			tb.Errorf("bus server: %v", err)
-		}
-	}
-	tb.Cleanup(func() { in.stop() })
-	select {
-	case <-svc.Ready():
-	case <-time.After(30 * time.Second):
-		tb.Fatal("not ready")
-	}
+// newBenchIngest is an ingest with config-ingest's production defaults (debounce, reconnect
+// backoff), a quiet log, and a bus Publisher that counts what it is given.
+func newBenchIngest(tb testing.TB, mesh string) (*ingest, *countingPublisher) {
+	in := newIngest(tb, mesh)
+	in.debounce, in.dial, in.logLevel = 0, nil, slog.LevelWarn
+	counter := &countingPublisher{}
+	in.publish = func(p bus.Publisher) bus.Publisher { counter.Publisher = p; return counter }
+	return in, counter
 }
 
 // countingPublisher counts the resources published (upserted, replaced or deleted).

@@ -31,7 +31,7 @@ import (
 // ingest is a config-ingest of its own folder, serving its bus over gRPC on loopback, as a
 // config-ingest binary does.
 type ingest struct {
-	t     *testing.T
+	t     testing.TB
 	root  string // etc/sailplane/mesh.yaml, etc/sailplane/conf/, var/lib/sailplane under it
 	addr  string // the bus address, kept across restarts
 	svc   *configingest.Service
@@ -41,11 +41,19 @@ type ingest struct {
 	// sec protects its bus (plaintext when zero); identity is its workload certificate.
 	sec      bus.Security
 	identity workloadcert.Source
+	// Tests run it with a short debounce and reconnect backoff and a debug log; benchmarks
+	// set debounce 0 and dial nil for the production defaults, and a quieter log.
+	debounce time.Duration
+	dial     []bus.DialOption
+	logLevel slog.Level
+	// publish, when set, wraps the bus store as the service's Publisher.
+	publish func(bus.Publisher) bus.Publisher
 }
 
-func newIngest(t *testing.T, mesh string) *ingest {
+func newIngest(t testing.TB, mesh string) *ingest {
 	t.Helper()
-	in := &ingest{t: t, root: t.TempDir()}
+	in := &ingest{t: t, root: t.TempDir(), debounce: 20 * time.Millisecond, logLevel: slog.LevelDebug,
+		dial: []bus.DialOption{bus.WithBackoff(20*time.Millisecond, 200*time.Millisecond)}}
 	write(t, in.meshFile(), mesh)
 	if err := os.MkdirAll(in.conf(), 0o755); err != nil {
 		t.Fatal(err)
@@ -73,14 +81,17 @@ func (in *ingest) plaintext() string {
 func (in *ingest) start(waitReady bool) {
 	t := in.t
 	t.Helper()
-	log, msgs := testlog.NewRecording(t, slog.LevelDebug)
+	log, msgs := testlog.NewRecording(t, in.logLevel)
 	in.msgs = msgs
 	in.store = bus.NewStore(bus.WithLogger(log.With("component", "bus")))
+	var pub bus.Publisher = in.store
+	if in.publish != nil {
+		pub = in.publish(in.store)
+	}
 	svc, err := configingest.New(configingest.Config{
-		MeshFile: in.meshFile(), StateDir: filepath.Join(in.root, "var/lib/sailplane"), Debounce: 20 * time.Millisecond,
+		MeshFile: in.meshFile(), StateDir: filepath.Join(in.root, "var/lib/sailplane"), Debounce: in.debounce,
 		UpstreamSyncTimeout: 30 * time.Second,
-	}, configingest.Deps{Logger: log, Publisher: in.store, Identity: in.identity,
-		UpstreamDialOptions: []bus.DialOption{bus.WithBackoff(20*time.Millisecond, 200*time.Millisecond)}})
+	}, configingest.Deps{Logger: log, Publisher: pub, Identity: in.identity, UpstreamDialOptions: in.dial})
 	if err != nil {
 		t.Fatal(err)
 	}
