@@ -15,7 +15,6 @@ import (
 	"sailplane.dev/e2e/framework"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/bus/bustest"
-	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/spiffe"
 	"sailplane.dev/tools/demo/echo"
@@ -91,18 +90,7 @@ func TestIstiodReadsSailplane(t *testing.T) {
 // configured — though Sailplane's ca and istiod share one plugged-in root and istiod holds its
 // own certificate from it. A consumer with istiod's SPIFFE identity is not a default peer either.
 func TestIstiodReadsSailplaneMutualTLS(t *testing.T) {
-	auth, err := pki.NewSelfSigned(pki.ECDSAP256, "istiod-reads-e2e", 24*time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	layout, err := pki.IstioLayout(auth)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cacerts := t.TempDir()
-	for name, data := range layout {
-		framework.WriteFile(t, cacerts, name, string(data))
-	}
+	auth, cacerts := framework.PluggedInRoot(t, "istiod-reads-e2e")
 
 	dir := t.TempDir()
 	framework.WriteFile(t, dir, "etc/sailplane/mesh.yaml", meshYAML)
@@ -122,7 +110,7 @@ func TestIstiodReadsSailplaneMutualTLS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	istiodID := spiffe.ID{TrustDomain: "cluster.local", Namespace: "istio-system", ServiceAccount: "istiod"}
-	err = bustest.SubscribeOnce(ctx, busAddr, framework.AnyServer(framework.SignIdentity(t, auth, istiodID)), schema.VirtualService.TypeURL)
+	err := bustest.SubscribeOnce(ctx, busAddr, framework.AnyServer(framework.SignIdentity(t, auth, istiodID)), schema.VirtualService.TypeURL)
 	if status.Code(err) != codes.PermissionDenied {
 		t.Errorf("a consumer with identity %s: %v, want PermissionDenied (not a default bus peer)", istiodID, err)
 	}

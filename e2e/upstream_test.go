@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"sailplane.dev/e2e/framework"
-	"sailplane.dev/shared/pki"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/tools/demo/echo"
 	"sailplane.dev/tools/testenv"
@@ -110,18 +109,7 @@ func TestUpstreamIstiod(t *testing.T) {
 // namespace, so the VirtualService reaching hyper's gRPC client proves istiod verified hyper's
 // certificate, and hyper checked istiod's (chain and the name istiod.istio-system.svc).
 func TestUpstreamIstiodMutualTLS(t *testing.T) {
-	auth, err := pki.NewSelfSigned(pki.ECDSAP256, "upstream-e2e", 24*time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	layout, err := pki.IstioLayout(auth)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cacerts := t.TempDir()
-	for name, data := range layout {
-		framework.WriteFile(t, cacerts, name, string(data))
-	}
+	_, cacerts := framework.PluggedInRoot(t, "upstream-e2e")
 	k := testenv.KubeForTest(t)
 	kube := framework.NewKube(t, k.RestConfig())
 	kube.Apply(t, upstreamVS("v1"))

@@ -253,3 +253,23 @@ func CallIdentities(ctx context.Context, c EchoClient) (Identities, error) {
 	}
 	return id, nil
 }
+
+// PluggedInRoot makes a self-signed root and writes it in Istio's cacerts layout (ca-cert.pem,
+// ca-key.pem, root-cert.pem, cert-chain.pem) to a folder of its own, which Sailplane's ca
+// (--cacerts-dir) and istiod (ROOT_CA_DIR) both sign from.
+func PluggedInRoot(t testing.TB, name string) (*pki.Authority, string) {
+	t.Helper()
+	auth, err := pki.NewSelfSigned(pki.ECDSAP256, name, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layout, err := pki.IstioLayout(auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for file, data := range layout {
+		WriteFile(t, dir, file, string(data))
+	}
+	return auth, dir
+}
