@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 )
 
@@ -51,5 +53,57 @@ func TestNetworkGateways(t *testing.T) {
 	}
 	if g := (&Snapshot{Services: map[string]*Service{"none": {Spec: &discoveryv1.Service{Hostname: "none"}}}}).NetworkGateways(); g != nil || g.Scale() != 1 {
 		t.Errorf("without gateways: %v, scale %d; want nil, 1", g, g.Scale())
+	}
+}
+
+// TestMeshNetworks: meshNetworks' gateways by address join a Service's (with no cluster); an
+// endpoint without a network takes the network naming its cluster in fromRegistry, else the
+// widest fromCidr holding its address.
+func TestMeshNetworks(t *testing.T) {
+	snap := &Snapshot{
+		MeshNetworks: &meshv1alpha1.MeshNetworks{Networks: map[string]*meshv1alpha1.Network{
+			"net2": {
+				Endpoints: []*meshv1alpha1.Network_NetworkEndpoints{{Ne: &meshv1alpha1.Network_NetworkEndpoints_FromRegistry{FromRegistry: "c2"}}},
+				Gateways: []*meshv1alpha1.Network_IstioNetworkGateway{
+					{Gw: &meshv1alpha1.Network_IstioNetworkGateway_Address{Address: "198.18.2.1"}, Port: 15443},
+					{Gw: &meshv1alpha1.Network_IstioNetworkGateway_RegistryServiceName{RegistryServiceName: "gw.istio-system.svc.cluster.local"}, Port: 15443},
+				},
+			},
+			"net3": {Endpoints: []*meshv1alpha1.Network_NetworkEndpoints{
+				{Ne: &meshv1alpha1.Network_NetworkEndpoints_FromCidr{FromCidr: "10.3.0.0/16"}},
+				{Ne: &meshv1alpha1.Network_NetworkEndpoints_FromCidr{FromCidr: "fd00:3::/32"}},
+			}},
+			"net4": {Endpoints: []*meshv1alpha1.Network_NetworkEndpoints{
+				{Ne: &meshv1alpha1.Network_NetworkEndpoints_FromCidr{FromCidr: "10.3.5.1/24"}}, // masked to 10.3.5.0/24
+				{Ne: &meshv1alpha1.Network_NetworkEndpoints_FromCidr{FromCidr: "10.4.0.0/16"}},
+				{Ne: &meshv1alpha1.Network_NetworkEndpoints_FromCidr{FromCidr: "not-a-cidr"}},
+			}},
+		}},
+		Services: map[string]*Service{},
+	}
+	g := snap.NetworkGateways()
+	if gws := g.ForEndpoint("net2", "c2"); len(gws) != 1 || gws[0].GetAddress() != "198.18.2.1" || gws[0].GetClusterId() != "" {
+		t.Errorf("ForEndpoint(net2, c2) = %v, want the meshNetworks gateway 198.18.2.1 of no cluster", gws)
+	}
+	for _, tc := range []struct {
+		ep   *discoveryv1.Endpoint
+		want string
+	}{
+		{&discoveryv1.Endpoint{Address: "10.3.1.1", Network: "net1", ClusterId: "c2"}, "net1"},
+		{&discoveryv1.Endpoint{Address: "10.3.1.1", ClusterId: "c2"}, "net2"},
+		{&discoveryv1.Endpoint{Address: "10.3.1.1", ClusterId: "c9"}, "net3"},
+		{&discoveryv1.Endpoint{Address: "10.3.5.1", ClusterId: "c9"}, "net3"},
+		{&discoveryv1.Endpoint{Address: "10.4.0.7", ClusterId: "c9"}, "net4"},
+		{&discoveryv1.Endpoint{Address: "::ffff:10.4.0.7", ClusterId: "c9"}, "net4"},
+		{&discoveryv1.Endpoint{Address: "fd00:3::9", ClusterId: "c9"}, "net3"},
+		{&discoveryv1.Endpoint{Address: "10.9.0.1", ClusterId: "c9"}, ""},
+		{&discoveryv1.Endpoint{Address: "db.example.com", ClusterId: "c9"}, ""},
+	} {
+		if got := g.EndpointNetwork(tc.ep); got != tc.want {
+			t.Errorf("EndpointNetwork(%s in %s, network %q) = %q, want %q", tc.ep.GetAddress(), tc.ep.GetClusterId(), tc.ep.GetNetwork(), got, tc.want)
+		}
+	}
+	if got := (*NetworkGateways)(nil).EndpointNetwork(&discoveryv1.Endpoint{Network: "net1"}); got != "net1" {
+		t.Errorf("nil EndpointNetwork = %q, want the endpoint's own", got)
 	}
 }
