@@ -777,6 +777,36 @@ func TestKubeMeshFile(t *testing.T) {
 	waitFor(t, "mesh file change", func() bool { return trust() == "file2.example" })
 }
 
+// TestKubeMeshNetworksFile: with a mesh file, meshNetworks come from the "meshNetworks" file
+// beside it (as the istio ConfigMap mounts), published at start and on every change.
+func TestKubeMeshNetworksFile(t *testing.T) {
+	e := newKenv(t, sharedKube(t))
+	dir := t.TempDir()
+	path := filepath.Join(dir, "mesh")
+	write(t, path, "{}\n")
+	nets := filepath.Join(dir, "meshNetworks")
+	write(t, nets, "networks: {net2: {endpoints: [{fromRegistry: cluster2}]}}\n")
+	in := e.start("pod-0", func(c *configingest.Config) { c.MeshFile = path; c.Debounce = 20 * time.Millisecond })
+	registry := func() string {
+		m, _ := in.rec.body(schema.MeshNetworks, "mesh-networks").(*meshv1alpha1.MeshNetworks)
+		return m.GetNetworks()["net2"].GetEndpoints()[0].GetFromRegistry()
+	}
+	if got := registry(); got != "cluster2" {
+		t.Fatalf("fromRegistry %q at start, want cluster2", got)
+	}
+	write(t, nets, "networks: {net2: {endpoints: [{fromRegistry: cluster3}]}}\n")
+	waitFor(t, "meshNetworks file change", func() bool { return registry() == "cluster3" })
+	write(t, nets, "networks: {net2: {gateways: [{address: 198.18.0.1}]}}\n")
+	waitFor(t, "meshNetworks file problem", func() bool {
+		return slices.ContainsFunc(in.svc.Problems(), func(err error) bool {
+			return strings.Contains(err.Error(), nets) && strings.Contains(err.Error(), "networks.net2.gateways[0].port")
+		})
+	})
+	if got := registry(); got != "cluster3" {
+		t.Errorf("broken meshNetworks file replaced the last good one: %q", got)
+	}
+}
+
 func TestResolveSource(t *testing.T) {
 	k := sharedKube(t)
 	// No cluster around: no in-cluster environment, $KUBECONFIG or ~/.kube/config.

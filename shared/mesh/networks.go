@@ -2,17 +2,26 @@ package mesh
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"log/slog"
 	"maps"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
+	"time"
 
+	"github.com/fsnotify/fsnotify"
+	"google.golang.org/protobuf/proto"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"sailplane.dev/shared/config"
+	"sailplane.dev/shared/fswatch"
 )
 
 // ErrMeshNetworks marks meshNetworks that cannot be used.
@@ -80,4 +89,63 @@ func ValidateNetworks(m *meshv1alpha1.MeshNetworks) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// NetworksFile is the meshNetworks file beside a mesh file: "meshNetworks" in its folder, as
+// the istio ConfigMap mounts its keys (istiod's --meshConfig and --networksConfig defaults,
+// /etc/istio/config/mesh and /etc/istio/config/meshNetworks).
+func NetworksFile(meshFile string) string {
+	return filepath.Join(filepath.Dir(meshFile), "meshNetworks")
+}
+
+// LoadNetworks reads a meshNetworks file; a missing or empty file means none (nil).
+func LoadNetworks(path string) (*meshv1alpha1.MeshNetworks, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("meshNetworks: %w", err)
+	}
+	m, err := ParseNetworks(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return m, nil
+}
+
+// WatchNetworks loads the meshNetworks file, calls onChange with it, then again with every
+// change until ctx is done. onError gets each load's error (nil when it succeeds); after a
+// failed load the last good meshNetworks stay.
+func WatchNetworks(ctx context.Context, path string, debounce time.Duration, log *slog.Logger,
+	onChange func(*meshv1alpha1.MeshNetworks), onError func(error)) error {
+	fw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("meshNetworks watcher: %w", err)
+	}
+	defer fw.Close()
+	// The folder, as for the mesh file: renames and ConfigMap symlink swaps end a file watch.
+	if err := fw.Add(filepath.Dir(path)); err != nil {
+		return fmt.Errorf("meshNetworks %s: cannot watch its folder: %w", path, err)
+	}
+	cur, err := LoadNetworks(path)
+	onError(err)
+	if err != nil {
+		log.Error("meshNetworks cannot be loaded; using none", "file", path, "error", err)
+	}
+	onChange(cur)
+	fswatch.Settle(ctx, fw, debounce, func(fsnotify.Event) bool { return true }, func() {
+		m, err := LoadNetworks(path)
+		onError(err)
+		if err != nil {
+			log.Error("meshNetworks not reloaded, keeping the previous ones", "file", path, "error", err)
+			return
+		}
+		if !proto.Equal(m, cur) {
+			log.Info("meshNetworks reloaded", "file", path)
+			cur = m
+			onChange(m)
+		}
+	}, func(err error) { log.Warn("meshNetworks watch error", "error", err) })
+	return nil
 }

@@ -335,6 +335,28 @@ func (s *Source) Run(ctx context.Context) error {
 			s.meshProb = err
 		}))
 		wg.Go(func() { watchErr <- w.Run(ctx) })
+		// meshNetworks from the file beside the mesh file, as the ConfigMap's key would be.
+		netsFile := mesh.NetworksFile(s.cfg.MeshFile)
+		// Loaded now too, so that the first published state has them.
+		if nets, err := mesh.LoadNetworks(netsFile); err == nil {
+			s.mu.Lock()
+			s.setNetworksLocked(nets)
+			s.mu.Unlock()
+		}
+		wg.Go(func() {
+			err := mesh.WatchNetworks(ctx, netsFile, s.cfg.Debounce, s.log, func(nets *meshv1alpha1.MeshNetworks) {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				s.setNetworksLocked(nets)
+			}, func(err error) {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				s.netsProb = err
+			})
+			if err != nil {
+				s.log.Error("meshNetworks not watched", "file", netsFile, "error", err)
+			}
+		})
 	}
 	g.start(ctx)
 
