@@ -127,6 +127,28 @@ func newNetworkGateways(s *Snapshot) *NetworkGateways {
 			add(gw)
 		}
 	}
+	// registryServiceName: the named Service's outside addresses in the network's fromRegistry
+	// clusters (those endpoint-watcher lists with no network: a Service labelled with a
+	// network is that network's gateway only, as in istiod), on meshNetworks' port.
+	for _, name := range slices.Sorted(maps.Keys(nets)) {
+		var clusters []string
+		for _, ep := range nets[name].GetEndpoints() {
+			if c := ep.GetFromRegistry(); c != "" {
+				clusters = append(clusters, c)
+			}
+		}
+		for _, gw := range nets[name].GetGateways() {
+			svc := s.Services[gw.GetRegistryServiceName()]
+			if gw.GetRegistryServiceName() == "" || svc == nil {
+				continue
+			}
+			for _, a := range svc.Spec.GetNetworkGateways() {
+				if a.GetNetwork() == "" && slices.Contains(clusters, a.GetClusterId()) {
+					add(&discoveryv1.NetworkGateway{Network: name, ClusterId: a.GetClusterId(), Address: a.GetAddress(), Port: gw.GetPort()})
+				}
+			}
+		}
+	}
 	if len(all) == 0 {
 		return nil
 	}

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -79,11 +80,30 @@ func TestMeshNetworks(t *testing.T) {
 				{Ne: &meshv1alpha1.Network_NetworkEndpoints_FromCidr{FromCidr: "not-a-cidr"}},
 			}},
 		}},
-		Services: map[string]*Service{},
+		Services: map[string]*Service{
+			// Its outside addresses as endpoint-watcher lists them (no network, no port): in c2
+			// (net2's fromRegistry) it is net2's gateway; in c9 it is none.
+			"gw.istio-system.svc.cluster.local": {Spec: &discoveryv1.Service{Hostname: "gw.istio-system.svc.cluster.local",
+				NetworkGateways: []*discoveryv1.NetworkGateway{{ClusterId: "c2", Address: "198.18.2.50"}, {ClusterId: "c9", Address: "198.18.9.50"}}}},
+			// Without meshNetworks naming it, a Service's outside addresses are no gateway.
+			"lb.shop.svc.cluster.local": {Spec: &discoveryv1.Service{Hostname: "lb.shop.svc.cluster.local",
+				NetworkGateways: []*discoveryv1.NetworkGateway{{ClusterId: "c2", Address: "198.18.2.60"}}}},
+		},
 	}
 	g := snap.NetworkGateways()
-	if gws := g.ForEndpoint("net2", "c2"); len(gws) != 1 || gws[0].GetAddress() != "198.18.2.1" || gws[0].GetClusterId() != "" {
-		t.Errorf("ForEndpoint(net2, c2) = %v, want the meshNetworks gateway 198.18.2.1 of no cluster", gws)
+	var got []string
+	for _, gw := range g.ForEndpoint("net2", "c2") {
+		got = append(got, fmt.Sprintf("%s:%d/%s", gw.GetAddress(), gw.GetPort(), gw.GetClusterId()))
+	}
+	if want := []string{"198.18.2.50:15443/c2"}; !slices.Equal(got, want) {
+		t.Errorf("ForEndpoint(net2, c2) = %v, want %v (the registryServiceName gateway of c2)", got, want)
+	}
+	got = nil
+	for _, gw := range g.ForEndpoint("net2", "c7") {
+		got = append(got, fmt.Sprintf("%s:%d/%s", gw.GetAddress(), gw.GetPort(), gw.GetClusterId()))
+	}
+	if want := []string{"198.18.2.1:15443/", "198.18.2.50:15443/c2"}; !slices.Equal(got, want) {
+		t.Errorf("ForEndpoint(net2, c7) = %v, want %v (every net2 gateway)", got, want)
 	}
 	for _, tc := range []struct {
 		ep   *discoveryv1.Endpoint
