@@ -368,7 +368,7 @@ func TestParseNetworks(t *testing.T) {
 	m, err := ParseNetworks([]byte(`
 networks:
   net1:
-    endpoints: [{fromRegistry: cluster1}, {fromCidr: 10.1.0.0/16}]
+    endpoints: [{fromRegistry: cluster1}, {fromCidr: 10.1.0.0/16}, {fromRegistry: Kubernetes}]
     gateways: [{address: 198.18.1.1, port: 15443}, {registryServiceName: istio-eastwestgateway.istio-system.svc.cluster.local, port: 15443}]
 `))
 	if err != nil {

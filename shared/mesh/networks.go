@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -66,7 +67,8 @@ func ValidateNetworks(m *meshv1alpha1.MeshNetworks) error {
 					bad(f+".fromCidr", "%q is not a CIDR (10.1.0.0/16)", e.FromCidr)
 				}
 			case *meshv1alpha1.Network_NetworkEndpoints_FromRegistry:
-				if msgs := validation.IsDNS1123Label(e.FromRegistry); len(msgs) > 0 {
+				// Istio's DNS labels allow upper case: the default cluster ID is "Kubernetes".
+				if msgs := validation.IsDNS1123Label(strings.ToLower(e.FromRegistry)); len(msgs) > 0 {
 					bad(f+".fromRegistry", "%q is not a cluster ID (a DNS label)", e.FromRegistry)
 				}
 			}
@@ -79,7 +81,7 @@ func ValidateNetworks(m *meshv1alpha1.MeshNetworks) error {
 					bad(f+".address", "%q is not an IP address (host names are not resolved)", g.Address)
 				}
 			case *meshv1alpha1.Network_IstioNetworkGateway_RegistryServiceName:
-				if msgs := validation.IsDNS1123Subdomain(g.RegistryServiceName); len(msgs) > 0 {
+				if msgs := validation.IsDNS1123Subdomain(strings.ToLower(g.RegistryServiceName)); len(msgs) > 0 {
 					bad(f+".registryServiceName", "%q is not a host name", g.RegistryServiceName)
 				}
 			}
