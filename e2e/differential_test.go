@@ -187,8 +187,15 @@ func runDifferentialCase(t *testing.T, name string) ([]xdsdiff.Difference, xdsdi
 		}
 	}
 
-	hyperAddr := startDifferentialHyper(t, k, mesh)
-	istiod := testenv.IstiodForTest(t, k, mesh, istiodEnv...)
+	// meshNetworks.yaml, when the case has one: both read it as a file (istiod's
+	// --networksConfig, hyper's meshNetworks beside its mesh file).
+	var istiodOpts []testenv.Option
+	nets, err := os.ReadFile(filepath.Join(dir, "meshNetworks.yaml"))
+	if err == nil {
+		istiodOpts = append(istiodOpts, testenv.WithMeshNetworks(string(nets)))
+	}
+	hyperAddr := startDifferentialHyperNets(t, k, mesh, string(nets))
+	istiod := testenv.IstiodForTestWith(t, k, mesh, istiodEnv, istiodOpts...)
 
 	var all []xdsdiff.Difference
 	var stats xdsdiff.Stats
@@ -269,8 +276,17 @@ func startRemoteCluster(t *testing.T, primary *framework.Kube, manifest string, 
 // returns its xDS address once it is ready.
 func startDifferentialHyper(t *testing.T, k *testenv.Kube, mesh string, extra ...string) string {
 	t.Helper()
+	return startDifferentialHyperNets(t, k, mesh, "", extra...)
+}
+
+// startDifferentialHyperNets is startDifferentialHyper with meshNetworks (none when empty).
+func startDifferentialHyperNets(t *testing.T, k *testenv.Kube, mesh, nets string, extra ...string) string {
+	t.Helper()
 	dir := t.TempDir()
 	framework.WriteFile(t, dir, "mesh.yaml", mesh)
+	if nets != "" {
+		framework.WriteFile(t, dir, "meshNetworks", nets)
+	}
 	addrs := distinctFreeAddrs(t, 5)
 	xds, monitoring := addrs[0], addrs[4]
 	args := []string{"--kubeconfig", k.KubeconfigPath(), "--config-source", "kubernetes", "--mesh-config", filepath.Join(dir, "mesh.yaml"),

@@ -158,6 +158,7 @@ type Service struct {
 	mu           sync.Mutex
 	treeProblems []error
 	meshProblems []error
+	netsProblem  error // files mode's meshNetworks file, when it cannot be used
 	// busProblems are the resources the bus refused (too large), until published or removed.
 	busProblems map[tree.Key]error
 	// gwFiles is files mode's Gateway API status (gatewayStatus).
@@ -332,7 +333,11 @@ func (s *Service) localProblems() []error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := append(slices.Clone(s.meshProblems), s.treeProblems...)
+	out := slices.Clone(s.meshProblems)
+	if s.netsProblem != nil {
+		out = append(out, s.netsProblem)
+	}
+	out = append(out, s.treeProblems...)
 	for _, k := range slices.SortedFunc(maps.Keys(s.busProblems), func(a, b tree.Key) int {
 		return cmp.Or(strings.Compare(a.TypeURL, b.TypeURL), strings.Compare(a.Name, b.Name))
 	}) {

@@ -436,6 +436,37 @@ func TestMeshConfigReload(t *testing.T) {
 	}
 }
 
+// TestMeshNetworksFile: files mode publishes the meshNetworks file beside the mesh file and
+// follows its changes; a broken one is a problem naming the file and field, the last good
+// one staying; removing the file removes them.
+func TestMeshNetworksFile(t *testing.T) {
+	e := start(t, nil)
+	path := filepath.Join(filepath.Dir(e.mesh), "meshNetworks")
+	registry := func() string {
+		r := e.rec.get(schema.MeshNetworks, "mesh-networks")
+		if r == nil {
+			return ""
+		}
+		return r.Body.(*meshv1alpha1.MeshNetworks).GetNetworks()["net2"].GetEndpoints()[0].GetFromRegistry()
+	}
+	if r := e.rec.get(schema.MeshNetworks, "mesh-networks"); r != nil {
+		t.Fatalf("meshNetworks without a file: %v", r)
+	}
+	write(t, path, "networks: {net2: {endpoints: [{fromRegistry: cluster2}]}}\n")
+	eventually(t, "meshNetworks file", func() bool { return registry() == "cluster2" })
+	write(t, path, "networks: {net2: {endpoints: [{fromCidr: 10.0.0.0/99}]}}\n")
+	eventually(t, "meshNetworks problem", func() bool { return e.problem("meshNetworks", "networks.net2.endpoints[0].fromCidr") != nil })
+	if registry() != "cluster2" {
+		t.Fatal("broken meshNetworks file replaced the last good one")
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "meshNetworks removed", func() bool {
+		return e.rec.get(schema.MeshNetworks, "mesh-networks") == nil && e.problem("networks.net2") == nil
+	})
+}
+
 func TestDuplicates(t *testing.T) {
 	e := start(t, func(e *env) {
 		e.write("a.yaml", vsDoc("reviews", "from-a", 100))

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 
 	"sailplane.dev/services/config-ingest/internal/statefile"
@@ -61,6 +62,42 @@ const maxDelay = time.Second
 // saveDelay is how long the saved state may trail the published config: a crash in between
 // restarts from the state before the last changes, as a crash just before them would.
 const saveDelay = time.Second
+
+// runNetworksFile publishes the meshNetworks file beside the mesh file (mesh.NetworksFile) now
+// and on every change, until ctx is done.
+func (s *Service) runNetworksFile(ctx context.Context, wg *sync.WaitGroup) {
+	path := mesh.NetworksFile(s.cfg.MeshFile)
+	publish := func(nets *meshv1alpha1.MeshNetworks) {
+		var rs []*bus.Resource
+		if nets != nil {
+			rs = []*bus.Resource{{Name: "mesh-networks", Body: nets}}
+		}
+		s.published(nil, schema.MeshNetworks.TypeURL, rs, s.pub.Replace(schema.MeshNetworks.TypeURL, rs))
+	}
+	setErr := func(err error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.netsProblem = err
+	}
+	// Loaded now, so that the first published state has them; the watch publishes changes.
+	nets, err := mesh.LoadNetworks(path)
+	setErr(err)
+	publish(nets)
+	wg.Go(func() {
+		first := true
+		err := mesh.WatchNetworks(ctx, path, s.cfg.Debounce, s.log, func(m *meshv1alpha1.MeshNetworks) {
+			if first && proto.Equal(m, nets) {
+				first = false
+				return
+			}
+			first = false
+			publish(m)
+		}, setErr)
+		if err != nil {
+			s.log.Error("meshNetworks not watched", "file", path, "error", err)
+		}
+	})
+}
 
 // runFiles is Run in files mode.
 func (s *Service) runFiles(ctx context.Context) error {
@@ -108,6 +145,9 @@ func (s *Service) runFiles(ctx context.Context) error {
 		}
 	} else {
 		current = mesh.Default()
+	}
+	if s.cfg.MeshFile != "" {
+		s.runNetworksFile(ctx, &wg)
 	}
 	meshState := []*bus.Resource{meshResource(current)}
 	s.published(nil, schema.MeshConfig.TypeURL, meshState, s.pub.Replace(schema.MeshConfig.TypeURL, meshState))

@@ -457,12 +457,18 @@ func TestKubeStateDirKeepsLastValid(t *testing.T) {
 
 func (e *kenv) setMesh(mesh string) {
 	e.t.Helper()
+	e.setMeshData(map[string]string{"mesh": mesh})
+}
+
+// setMeshData sets the istio ConfigMap's data.
+func (e *kenv) setMeshData(data map[string]string) {
+	e.t.Helper()
 	cms := e.kube.CoreV1().ConfigMaps(e.cp)
 	cm, err := cms.Get(e.ctx(), "istio", metav1.GetOptions{})
 	if err != nil {
-		_, err = cms.Create(e.ctx(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "istio"}, Data: map[string]string{"mesh": mesh}}, metav1.CreateOptions{})
+		_, err = cms.Create(e.ctx(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "istio"}, Data: data}, metav1.CreateOptions{})
 	} else {
-		cm.Data = map[string]string{"mesh": mesh}
+		cm.Data = data
 		_, err = cms.Update(e.ctx(), cm, metav1.UpdateOptions{})
 	}
 	if err != nil {
@@ -611,6 +617,45 @@ func TestKubeMeshConfigMap(t *testing.T) {
 	})
 }
 
+// TestKubeMeshNetworks: the istio ConfigMap's meshNetworks key is published as MeshNetworks; a
+// broken one is reported, naming the key and field, and the last good one kept; removing the
+// key removes it.
+func TestKubeMeshNetworks(t *testing.T) {
+	e := newKenv(t, sharedKube(t))
+	e.setMeshData(map[string]string{"mesh": "", "meshNetworks": "networks:\n  net2:\n    endpoints: [{fromRegistry: cluster2}]\n    gateways: [{address: 198.18.2.1, port: 15443}]\n"})
+	in := e.start("pod-0", nil)
+	rec := in.rec
+	registry := func() string {
+		if m, ok := rec.body(schema.MeshNetworks, "mesh-networks").(*meshv1alpha1.MeshNetworks); ok {
+			return m.GetNetworks()["net2"].GetEndpoints()[0].GetFromRegistry()
+		}
+		return ""
+	}
+	if got := registry(); got != "cluster2" {
+		t.Fatalf("meshNetworks fromRegistry %q, want cluster2", got)
+	}
+
+	e.setMeshData(map[string]string{"meshNetworks": "networks:\n  net2:\n    endpoints: [{fromCidr: 10.2.0.0}]\n"})
+	waitFor(t, "meshNetworks problem", func() bool {
+		for _, p := range in.svc.Problems() {
+			if errors.Is(p, configingest.ErrMeshConfigMap) && strings.Contains(p.Error(), `"meshNetworks"`) &&
+				strings.Contains(p.Error(), "networks.net2.endpoints[0].fromCidr") {
+				return true
+			}
+		}
+		return false
+	})
+	if got := registry(); got != "cluster2" {
+		t.Errorf("broken meshNetworks replaced the last good one: fromRegistry %q", got)
+	}
+
+	e.setMeshData(map[string]string{"mesh": ""})
+	waitFor(t, "meshNetworks removed", func() bool {
+		return rec.get(schema.MeshNetworks, "mesh-networks") == nil &&
+			!slices.ContainsFunc(in.svc.Problems(), func(err error) bool { return errors.Is(err, configingest.ErrMeshConfigMap) })
+	})
+}
+
 func TestKubeStatusLeaderElection(t *testing.T) {
 	e := newKenv(t, sharedKube(t))
 	ns := e.ns("le", nil)
@@ -730,6 +775,36 @@ func TestKubeMeshFile(t *testing.T) {
 	}
 	write(t, path, "trustDomain: file2.example\n")
 	waitFor(t, "mesh file change", func() bool { return trust() == "file2.example" })
+}
+
+// TestKubeMeshNetworksFile: with a mesh file, meshNetworks come from the "meshNetworks" file
+// beside it (as the istio ConfigMap mounts), published at start and on every change.
+func TestKubeMeshNetworksFile(t *testing.T) {
+	e := newKenv(t, sharedKube(t))
+	dir := t.TempDir()
+	path := filepath.Join(dir, "mesh")
+	write(t, path, "{}\n")
+	nets := filepath.Join(dir, "meshNetworks")
+	write(t, nets, "networks: {net2: {endpoints: [{fromRegistry: cluster2}]}}\n")
+	in := e.start("pod-0", func(c *configingest.Config) { c.MeshFile = path; c.Debounce = 20 * time.Millisecond })
+	registry := func() string {
+		m, _ := in.rec.body(schema.MeshNetworks, "mesh-networks").(*meshv1alpha1.MeshNetworks)
+		return m.GetNetworks()["net2"].GetEndpoints()[0].GetFromRegistry()
+	}
+	if got := registry(); got != "cluster2" {
+		t.Fatalf("fromRegistry %q at start, want cluster2", got)
+	}
+	write(t, nets, "networks: {net2: {endpoints: [{fromRegistry: cluster3}]}}\n")
+	waitFor(t, "meshNetworks file change", func() bool { return registry() == "cluster3" })
+	write(t, nets, "networks: {net2: {gateways: [{address: 198.18.0.1}]}}\n")
+	waitFor(t, "meshNetworks file problem", func() bool {
+		return slices.ContainsFunc(in.svc.Problems(), func(err error) bool {
+			return strings.Contains(err.Error(), nets) && strings.Contains(err.Error(), "networks.net2.gateways[0].port")
+		})
+	})
+	if got := registry(); got != "cluster3" {
+		t.Errorf("broken meshNetworks file replaced the last good one: %q", got)
+	}
 }
 
 func TestResolveSource(t *testing.T) {

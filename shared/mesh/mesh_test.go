@@ -363,3 +363,35 @@ func TestRoot(t *testing.T) {
 		}
 	}
 }
+
+func TestParseNetworks(t *testing.T) {
+	m, err := ParseNetworks([]byte(`
+networks:
+  net1:
+    endpoints: [{fromRegistry: cluster1}, {fromCidr: 10.1.0.0/16}, {fromRegistry: Kubernetes}]
+    gateways: [{address: 198.18.1.1, port: 15443}, {registryServiceName: istio-eastwestgateway.istio-system.svc.cluster.local, port: 15443}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nw := m.GetNetworks()["net1"]
+	if nw.GetEndpoints()[0].GetFromRegistry() != "cluster1" || nw.GetEndpoints()[1].GetFromCidr() != "10.1.0.0/16" ||
+		nw.GetGateways()[0].GetAddress() != "198.18.1.1" || nw.GetGateways()[1].GetPort() != 15443 {
+		t.Errorf("ParseNetworks = %v", m)
+	}
+	if m, err := ParseNetworks([]byte("  \n")); m != nil || err != nil {
+		t.Errorf("empty: %v, %v; want nil, nil", m, err)
+	}
+	for _, tc := range []struct{ in, want string }{
+		{`networks: {net9: {endpoints: [{fromCidr: 10.1.0.0}]}}`, "networks.net9.endpoints[0].fromCidr"},
+		{`networks: {net9: {endpoints: [{fromRegistry: Not_A_Label}]}}`, "networks.net9.endpoints[0].fromRegistry"},
+		{`networks: {net9: {gateways: [{address: gw.example.com, port: 15443}]}}`, "networks.net9.gateways[0].address"},
+		{`networks: {net9: {gateways: [{address: 198.18.1.1}]}}`, "networks.net9.gateways[0].port"},
+		{`networks: {net9: {gateways: [{registryServiceName: "a b", port: 1}]}}`, "networks.net9.gateways[0].registryServiceName"},
+		{`networks: {net9: {endpoint: []}}`, "endpoint"},
+	} {
+		if _, err := ParseNetworks([]byte(tc.in)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseNetworks(%s) = %v, want an error naming %s", tc.in, err, tc.want)
+		}
+	}
+}

@@ -122,6 +122,15 @@ var MeshConfig = Kind{
 	ClusterScoped: true,
 }
 
+// MeshNetworks is Istio's meshNetworks (the "meshNetworks" key of the istio ConfigMap): which
+// network the endpoints of a cluster or address range are in, and each network's gateways.
+// One resource, named "mesh-networks", or none.
+var MeshNetworks = Kind{
+	Version: "v1alpha1", Kind: "MeshNetworks", TypeURL: "core/v1alpha1/MeshNetworks",
+	New:           func() proto.Message { return &meshv1alpha1.MeshNetworks{} },
+	ClusterScoped: true,
+}
+
 // Sailplane's registry kinds, published by endpoint-watcher.
 var (
 	Service = Kind{
@@ -162,7 +171,7 @@ var IstioConfig = []Kind{
 var ConfigKinds = append(append([]Kind{}, IstioConfig...), GatewayAPI...)
 
 // All lists every kind known to Sailplane.
-var All = append(append([]Kind{}, ConfigKinds...), MeshConfig, Namespace, Service, Endpoints, TrustBundle)
+var All = append(append([]Kind{}, ConfigKinds...), MeshConfig, MeshNetworks, Namespace, Service, Endpoints, TrustBundle)
 
 // TypeURLs lists the bus type URLs of kinds.
 func TypeURLs(kinds []Kind) []string {

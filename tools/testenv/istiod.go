@@ -78,6 +78,11 @@ func StartIstiod(ctx context.Context, kubeconfig, meshConfig string, env []strin
 	if err := os.WriteFile(meshFile, []byte(meshConfig), 0o600); err != nil {
 		return nil, fmt.Errorf("testenv: %w", err)
 	}
+	if o.meshNetworks != "" {
+		if err := os.WriteFile(filepath.Join(dir, "meshNetworks"), []byte(o.meshNetworks), 0o600); err != nil {
+			return nil, fmt.Errorf("testenv: %w", err)
+		}
+	}
 	// The ports are free when picked, not when istiod binds them: another process may take
 	// one first, and istiod then exits; it starts again on other ports.
 	const attempts = 3

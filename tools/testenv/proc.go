@@ -28,6 +28,7 @@ type options struct {
 	startTimeout time.Duration
 	consulOnDisk bool
 	istiodTLS    bool
+	meshNetworks string
 }
 
 func buildOptions(opts []Option) options {
@@ -70,6 +71,10 @@ func WithConsulOnDisk() Option { return func(o *options) { o.consulOnDisk = true
 // loopback port, Istiod.SecureXDSAddr. Its certificate comes from its CA: pass
 // ENABLE_CA_SERVER=true, and ROOT_CA_DIR naming a plugged-in CA folder to choose the root.
 func WithIstiodTLS() Option { return func(o *options) { o.istiodTLS = true } }
+
+// WithMeshNetworks gives istiod meshNetworks (YAML, as the istio ConfigMap's meshNetworks key)
+// through its --networksConfig file.
+func WithMeshNetworks(yaml string) Option { return func(o *options) { o.meshNetworks = yaml } }
 
 // WithStartTimeout bounds how long a component may take to become ready
 // (default 2 minutes). The build of a missing binary is not included.

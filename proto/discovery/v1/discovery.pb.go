@@ -148,7 +148,8 @@ type Service struct {
 	SubjectAltNames []string `protobuf:"bytes,11,rep,name=subject_alt_names,json=subjectAltNames,proto3" json:"subject_alt_names,omitempty"`
 	// The east-west gateways this Service is, in each cluster that labels it with a network
 	// (topology.istio.io/network): proxies of other networks reach that network's endpoints
-	// through them (split-horizon EDS).
+	// through them (split-horizon EDS). In a cluster where it has no network label, its outside
+	// addresses, with no network and no port: meshNetworks' registryServiceName may name it.
 	NetworkGateways []*NetworkGateway `protobuf:"bytes,12,rep,name=network_gateways,json=networkGateways,proto3" json:"network_gateways,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache

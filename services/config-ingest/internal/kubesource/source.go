@@ -50,6 +50,8 @@ const (
 	// MeshConfigMap is the ConfigMap holding the mesh config under the key MeshKey, as in Istio.
 	MeshConfigMap = "istio"
 	MeshKey       = "mesh"
+	// MeshNetworksKey holds Istio's meshNetworks in the same ConfigMap.
+	MeshNetworksKey = "meshNetworks"
 	// LeaseName is the Lease electing the replica that writes status.
 	LeaseName = "sailplane-config-ingest-status"
 )
@@ -139,8 +141,11 @@ type Source struct {
 	caches    *caches // the informers in use
 	// gwServed holds the plurals of the Gateway API kinds the API server serves as v1, those
 	// whose CRD is installed: the others are not watched (and publish nothing).
-	gwServed  map[string]bool
-	meshProb  error
+	gwServed map[string]bool
+	meshProb error
+	// nets is the last good meshNetworks (nil: none); netsProb why the ConfigMap's was refused.
+	nets      *meshv1alpha1.MeshNetworks
+	netsProb  error
 	watchProb map[string]error // by informer name
 	// namespaces are the labels of the namespaces published (schema.Namespace), by name.
 	namespaces map[string]map[string]string
@@ -245,6 +250,9 @@ func (s *Source) Problems() []error {
 	if s.meshProb != nil {
 		out = append(out, s.meshProb)
 	}
+	if s.netsProb != nil {
+		out = append(out, s.netsProb)
+	}
 	if err := s.outages.Err(); err != nil {
 		out = append(out, fmt.Errorf("%w: %w", ErrKubernetes, err))
 	}
@@ -327,6 +335,28 @@ func (s *Source) Run(ctx context.Context) error {
 			s.meshProb = err
 		}))
 		wg.Go(func() { watchErr <- w.Run(ctx) })
+		// meshNetworks from the file beside the mesh file, as the ConfigMap's key would be.
+		netsFile := mesh.NetworksFile(s.cfg.MeshFile)
+		// Loaded now too, so that the first published state has them.
+		if nets, err := mesh.LoadNetworks(netsFile); err == nil {
+			s.mu.Lock()
+			s.setNetworksLocked(nets)
+			s.mu.Unlock()
+		}
+		wg.Go(func() {
+			err := mesh.WatchNetworks(ctx, netsFile, s.cfg.Debounce, s.log, func(nets *meshv1alpha1.MeshNetworks) {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				s.setNetworksLocked(nets)
+			}, func(err error) {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				s.netsProb = err
+			})
+			if err != nil {
+				s.log.Error("meshNetworks not watched", "file", netsFile, "error", err)
+			}
+		})
 	}
 	g.start(ctx)
 
@@ -357,6 +387,7 @@ func (s *Source) Run(ctx context.Context) error {
 	s.resyncLocked(func(string) bool { return true })
 	s.resyncNamespacesLocked()
 	s.pub.Replace(schema.MeshConfig.TypeURL, []*bus.Resource{meshResource(s.mesh)})
+	s.pub.Replace(schema.MeshNetworks.TypeURL, meshNetworksResources(s.nets))
 	s.pub.Replace(schema.Namespace.TypeURL, s.namespaceResourcesLocked())
 	total := 0
 	for _, ks := range s.kinds {
@@ -759,11 +790,18 @@ func (s *Source) onConfigMap() {
 
 func (s *Source) onConfigMapLocked() {
 	where := s.cfg.Namespace + "/" + s.cfg.MeshConfigMap
-	data := ""
+	data, netsData := "", ""
 	if obj, err := s.caches.cmLister.ByNamespace(s.cfg.Namespace).Get(s.cfg.MeshConfigMap); err == nil {
 		if cm, ok := obj.(*corev1.ConfigMap); ok {
-			data = cm.Data[MeshKey]
+			data, netsData = cm.Data[MeshKey], cm.Data[MeshNetworksKey]
 		}
+	}
+	if nets, err := mesh.ParseNetworks([]byte(netsData)); err != nil {
+		s.netsProb = fmt.Errorf("%w %s key %q: %w", ErrMeshConfigMap, where, MeshNetworksKey, err)
+		s.log.Error("meshNetworks unusable; keeping the last good ones", "error", s.netsProb)
+	} else {
+		s.netsProb = nil
+		s.setNetworksLocked(nets)
 	}
 	m, err := mesh.Parse([]byte(data))
 	if err == nil {
@@ -779,6 +817,26 @@ func (s *Source) onConfigMapLocked() {
 		return
 	}
 	s.log.Error("mesh config ConfigMap unusable; keeping the last good mesh config", "error", s.meshProb)
+}
+
+// setNetworksLocked makes nets the meshNetworks, published once the initial state was.
+func (s *Source) setNetworksLocked(nets *meshv1alpha1.MeshNetworks) {
+	if proto.Equal(s.nets, nets) {
+		return
+	}
+	s.nets = nets
+	if s.synced {
+		s.log.Info("meshNetworks changed")
+		s.pub.Replace(schema.MeshNetworks.TypeURL, meshNetworksResources(nets))
+	}
+}
+
+// meshNetworksResources is the bus state of meshNetworks: one resource, or none.
+func meshNetworksResources(nets *meshv1alpha1.MeshNetworks) []*bus.Resource {
+	if nets == nil {
+		return nil
+	}
+	return []*bus.Resource{{Name: "mesh-networks", Body: nets}}
 }
 
 // setMeshLocked makes m the mesh config: publishes it and, when the discoverySelectors changed,

@@ -242,11 +242,10 @@ func transform(obj any) (any, error) {
 				ClusterIPs: o.Spec.ClusterIPs, Type: o.Spec.Type, ExternalName: o.Spec.ExternalName,
 			},
 		}
-		if o.Labels[LabelNetwork] != "" {
-			// An east-west gateway: its outside addresses are where other networks reach it.
-			s.Spec.ExternalIPs = o.Spec.ExternalIPs
-			s.Status.LoadBalancer = o.Status.LoadBalancer
-		}
+		// Its outside addresses are where other networks reach it when it is an east-west
+		// gateway, by its network label or meshNetworks' registryServiceName.
+		s.Spec.ExternalIPs = o.Spec.ExternalIPs
+		s.Status.LoadBalancer = o.Status.LoadBalancer
 		return s, nil
 	case *discovery.EndpointSlice:
 		s := &discovery.EndpointSlice{
@@ -284,10 +283,18 @@ func untomb(obj any) any {
 // labelled with a network is that network's gateway at each of its load balancer addresses
 // (IP or host name) and external IPs, on the port the gatewayPort label names (15443 by
 // default), which the Service must have.
+//
+// A Service without the label has its outside addresses listed with no network and no port:
+// meshNetworks may name it a network's gateway (registryServiceName), which the xds-server
+// applies, as istiod does, with the port meshNetworks gives.
 func networkGateways(svc *corev1.Service, clusterID string) []*discoveryv1.NetworkGateway {
 	nw := svc.Labels[LabelNetwork]
 	if nw == "" {
-		return nil
+		var out []*discoveryv1.NetworkGateway
+		for _, a := range externalAddresses(svc) {
+			out = append(out, &discoveryv1.NetworkGateway{ClusterId: clusterID, Address: a})
+		}
+		return out
 	}
 	port := uint32(DefaultGatewayPort)
 	if v := svc.Labels[LabelGatewayPort]; v != "" {
@@ -300,6 +307,15 @@ func networkGateways(svc *corev1.Service, clusterID string) []*discoveryv1.Netwo
 	if !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return uint32(p.Port) == port }) {
 		return nil
 	}
+	var out []*discoveryv1.NetworkGateway
+	for _, a := range externalAddresses(svc) {
+		out = append(out, &discoveryv1.NetworkGateway{Network: nw, ClusterId: clusterID, Address: a, Port: port})
+	}
+	return out
+}
+
+// externalAddresses are a Service's load balancer addresses (IP or host name) and external IPs.
+func externalAddresses(svc *corev1.Service) []string {
 	var addrs []string
 	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
 		for _, in := range svc.Status.LoadBalancer.Ingress {
@@ -308,10 +324,5 @@ func networkGateways(svc *corev1.Service, clusterID string) []*discoveryv1.Netwo
 			}
 		}
 	}
-	addrs = append(addrs, svc.Spec.ExternalIPs...)
-	var out []*discoveryv1.NetworkGateway
-	for _, a := range addrs {
-		out = append(out, &discoveryv1.NetworkGateway{Network: nw, ClusterId: clusterID, Address: a, Port: port})
-	}
-	return out
+	return append(addrs, svc.Spec.ExternalIPs...)
 }

@@ -18,7 +18,8 @@ import (
 
 // TestNetworkGateways: a Service labelled with a network is that network's east-west gateway
 // at its load balancer and external addresses, in each cluster that has it, as istiod reads
-// it; without the gateway port it is none.
+// it; without the gateway port it is none. A Service without the label lists its outside
+// addresses with no network and port, for meshNetworks' registryServiceName.
 func TestNetworkGateways(t *testing.T) {
 	primary := sharedKube(t)
 	pcs := clientFor(t, primary.RestConfig())
@@ -47,6 +48,7 @@ func TestNetworkGateways(t *testing.T) {
 	gateway(rcs, "eastwest", "net2", nil, 15443, "198.18.2.100", "198.18.2.101")
 	gateway(pcs, "custom", "net1", map[string]string{LabelGatewayPort: "8443"}, 8443, "198.18.1.110", "198.18.1.111")
 	gateway(pcs, "portless", "net1", map[string]string{LabelGatewayPort: "8443"}, 15443, "198.18.1.120", "198.18.1.121")
+	gateway(pcs, "plain", "", nil, 80, "198.18.1.130", "198.18.1.131") // for meshNetworks' registryServiceName
 
 	_, rec := startController(t, Config{ClusterID: "cluster1", Namespace: ctlNS}, Deps{Kube: primary.RestConfig()})
 	secret := &corev1.Secret{
@@ -84,6 +86,7 @@ func TestNetworkGateways(t *testing.T) {
 		gw("net2", "cluster2", "198.18.2.100", 15443), gw("net2", "cluster2", "198.18.2.101", 15443))
 	gws("custom", gw("net1", "cluster1", "198.18.1.110", 8443), gw("net1", "cluster1", "198.18.1.111", 8443))
 	gws("portless")
+	gws("plain", gw("", "cluster1", "198.18.1.130", 0), gw("", "cluster1", "198.18.1.131", 0))
 }
 
 // TestClusterNetwork: a cluster's endpoints whose Pod has no network label are in the network

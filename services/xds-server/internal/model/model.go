@@ -28,7 +28,7 @@ const DomainSuffix = "cluster.local"
 
 // ConfigKinds are the Istio config kinds the xds-server subscribes to.
 var ConfigKinds = append([]schema.Kind{schema.VirtualService, schema.DestinationRule, schema.Gateway, schema.Sidecar,
-	schema.MeshConfig, schema.AuthorizationPolicy, schema.RequestAuthentication, schema.PeerAuthentication,
+	schema.MeshConfig, schema.MeshNetworks, schema.AuthorizationPolicy, schema.RequestAuthentication, schema.PeerAuthentication,
 	schema.ServiceEntry, schema.Namespace}, schema.GatewayAPI...)
 
 // RegistryKinds are the registry kinds the xds-server subscribes to.
@@ -79,6 +79,9 @@ type Snapshot struct {
 	// JWKS holds the keys fetched from RequestAuthentication jwksUris (see Store.SetJWKS),
 	// by URI; a URI not fetched yet has no entry.
 	JWKS map[string]string
+
+	// MeshNetworks is Istio's meshNetworks; nil when not configured.
+	MeshNetworks *meshv1alpha1.MeshNetworks
 
 	// Version increases with every snapshot Store.Next builds (0 from Store.Snapshot);
 	// successive snapshots share unchanged parts.
@@ -480,6 +483,9 @@ func (s *Store) build() *Snapshot {
 	snap.JWKS = maps.Clone(s.jwks)
 	for _, r := range s.state[schema.MeshConfig.TypeURL] {
 		snap.Mesh = r.Body.(*meshv1alpha1.MeshConfig)
+	}
+	for _, r := range s.state[schema.MeshNetworks.TypeURL] {
+		snap.MeshNetworks = r.Body.(*meshv1alpha1.MeshNetworks)
 	}
 	withGatewayAPI(snap, s.gatewayAPIOutput(snap))
 	return snap

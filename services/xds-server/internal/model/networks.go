@@ -2,9 +2,12 @@ package model
 
 import (
 	"cmp"
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
+
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 )
@@ -16,6 +19,9 @@ import (
 type NetworkGateways struct {
 	byNetwork        map[string][]*discoveryv1.NetworkGateway
 	byNetworkCluster map[[2]string][]*discoveryv1.NetworkGateway
+	// byCluster and cidrs are meshNetworks' fromRegistry and fromCidr (see EndpointNetwork).
+	byCluster map[string]string
+	cidrs     []networkCIDR
 	// scale is the least common multiple of the gateway counts per network and per network
 	// and cluster: every endpoint weight is multiplied by it, so that an endpoint's weight
 	// divides evenly among the gateways in front of it.
@@ -32,6 +38,40 @@ func (g *NetworkGateways) ForEndpoint(network, cluster string) []*discoveryv1.Ne
 		return gws
 	}
 	return g.byNetwork[network]
+}
+
+// networkCIDR is one fromCidr of meshNetworks.
+type networkCIDR struct {
+	prefix  netip.Prefix
+	network string
+}
+
+// EndpointNetwork is the network of an endpoint, as istiod assigns it: the network
+// endpoint-watcher gave it (its Pod's or WorkloadEntry's, else its cluster's istio-system
+// label), else the meshNetworks network whose fromRegistry names its cluster, else the one
+// whose fromCidr contains its address (the widest such range, as istiod's CIDR trie returns it
+// first), else none.
+func (g *NetworkGateways) EndpointNetwork(ep *discoveryv1.Endpoint) string {
+	if nw := ep.GetNetwork(); nw != "" || g == nil {
+		return nw
+	}
+	if nw := g.byCluster[ep.GetClusterId()]; nw != "" {
+		return nw
+	}
+	if len(g.cidrs) == 0 {
+		return ""
+	}
+	addr, err := netip.ParseAddr(ep.GetAddress())
+	if err != nil {
+		return ""
+	}
+	addr = addr.Unmap()
+	for _, c := range g.cidrs {
+		if c.prefix.Contains(addr) {
+			return c.network
+		}
+	}
+	return ""
 }
 
 // Scale is the factor endpoint weights are multiplied by (1 without gateways).
@@ -65,14 +105,48 @@ func newNetworkGateways(s *Snapshot) *NetworkGateways {
 	}
 	seen := map[key]bool{}
 	var all []*discoveryv1.NetworkGateway
+	add := func(gw *discoveryv1.NetworkGateway) {
+		k := key{gw.GetNetwork(), gw.GetClusterId(), gw.GetAddress(), gw.GetPort()}
+		if _, err := netip.ParseAddr(k.addr); err != nil || k.network == "" || k.port == 0 || seen[k] {
+			return
+		}
+		seen[k] = true
+		all = append(all, gw)
+	}
+	// meshNetworks' gateways by address belong to no cluster (istiod's API has none).
+	nets := s.MeshNetworks.GetNetworks()
+	for _, name := range slices.Sorted(maps.Keys(nets)) {
+		for _, gw := range nets[name].GetGateways() {
+			if a := gw.GetAddress(); a != "" {
+				add(&discoveryv1.NetworkGateway{Network: name, Address: a, Port: gw.GetPort()})
+			}
+		}
+	}
 	for _, h := range s.Hostnames() {
 		for _, gw := range s.Services[h].Spec.GetNetworkGateways() {
-			k := key{gw.GetNetwork(), gw.GetClusterId(), gw.GetAddress(), gw.GetPort()}
-			if _, err := netip.ParseAddr(k.addr); err != nil || k.network == "" || k.port == 0 || seen[k] {
+			add(gw)
+		}
+	}
+	// registryServiceName: the named Service's outside addresses in the network's fromRegistry
+	// clusters (those endpoint-watcher lists with no network: a Service labelled with a
+	// network is that network's gateway only, as in istiod), on meshNetworks' port.
+	for _, name := range slices.Sorted(maps.Keys(nets)) {
+		var clusters []string
+		for _, ep := range nets[name].GetEndpoints() {
+			if c := ep.GetFromRegistry(); c != "" {
+				clusters = append(clusters, c)
+			}
+		}
+		for _, gw := range nets[name].GetGateways() {
+			svc := s.Services[gw.GetRegistryServiceName()]
+			if gw.GetRegistryServiceName() == "" || svc == nil {
 				continue
 			}
-			seen[k] = true
-			all = append(all, gw)
+			for _, a := range svc.Spec.GetNetworkGateways() {
+				if a.GetNetwork() == "" && slices.Contains(clusters, a.GetClusterId()) {
+					add(&discoveryv1.NetworkGateway{Network: name, ClusterId: a.GetClusterId(), Address: a.GetAddress(), Port: gw.GetPort()})
+				}
+			}
 		}
 	}
 	if len(all) == 0 {
@@ -84,6 +158,7 @@ func newNetworkGateways(s *Snapshot) *NetworkGateways {
 	})
 	g := &NetworkGateways{byNetwork: map[string][]*discoveryv1.NetworkGateway{},
 		byNetworkCluster: map[[2]string][]*discoveryv1.NetworkGateway{}, scale: 1}
+	g.byCluster, g.cidrs = meshNetworkEndpoints(nets)
 	for _, gw := range all {
 		g.byNetwork[gw.GetNetwork()] = append(g.byNetwork[gw.GetNetwork()], gw)
 		nc := [2]string{gw.GetNetwork(), gw.GetClusterId()}
@@ -96,6 +171,30 @@ func newNetworkGateways(s *Snapshot) *NetworkGateways {
 		g.scale = lcm(g.scale, uint32(len(gws)))
 	}
 	return g
+}
+
+// meshNetworkEndpoints indexes meshNetworks' endpoints: the network of each fromRegistry cluster
+// (the first network by name when several claim one, where istiod's pick is random) and the
+// fromCidr ranges, widest first. Bad CIDRs were refused by config-ingest; any left are skipped.
+func meshNetworkEndpoints(nets map[string]*meshv1alpha1.Network) (map[string]string, []networkCIDR) {
+	byCluster := map[string]string{}
+	var cidrs []networkCIDR
+	for _, name := range slices.Sorted(maps.Keys(nets)) {
+		for _, ep := range nets[name].GetEndpoints() {
+			if c := ep.GetFromRegistry(); c != "" {
+				if _, ok := byCluster[c]; !ok {
+					byCluster[c] = name
+				}
+			}
+			if c := ep.GetFromCidr(); c != "" {
+				if p, err := netip.ParsePrefix(c); err == nil {
+					cidrs = append(cidrs, networkCIDR{prefix: p.Masked(), network: name})
+				}
+			}
+		}
+	}
+	slices.SortStableFunc(cidrs, func(a, b networkCIDR) int { return cmp.Compare(a.prefix.Bits(), b.prefix.Bits()) })
+	return byCluster, cidrs
 }
 
 func lcm(a, b uint32) uint32 {

@@ -85,10 +85,11 @@ func (sh *SplitHorizon) apply(g *localityGroup, istioMTLS func(*discoveryv1.Endp
 			lbe = &endpointv3.LbEndpoint{HostIdentifier: lbe.GetHostIdentifier(), HealthStatus: lbe.GetHealthStatus(),
 				Metadata: lbe.GetMetadata(), LoadBalancingWeight: wrapperspb.UInt32(w)}
 		}
-		gws := sh.Gateways.ForEndpoint(ep.GetNetwork(), ep.GetClusterId())
+		nw := sh.Gateways.EndpointNetwork(ep)
+		gws := sh.Gateways.ForEndpoint(nw, ep.GetClusterId())
 		// A proxy without a network still goes through the gateways of an endpoint's network.
-		force := sh.Network == "" && ep.GetNetwork() != "" && len(gws) > 0
-		if !force && (sh.inNetwork(ep.GetNetwork()) || len(gws) == 0) {
+		force := sh.Network == "" && nw != "" && len(gws) > 0
+		if !force && (sh.inNetwork(nw) || len(gws) == 0) {
 			eps, lbes = append(eps, ep), append(lbes, lbe)
 			continue
 		}
