@@ -102,7 +102,8 @@ func (c *Consul) configure(dir string) error {
 }
 
 // StartAgent starts the agent (again, on the same ports and data) and waits
-// until it has a leader. It is a no-op if it is running.
+// until its leader serves consistent reads (its catalog restored). It is a no-op if it is
+// running.
 func (c *Consul) StartAgent(ctx context.Context) error {
 	c.mu.Lock()
 	if c.p != nil {
@@ -132,7 +133,11 @@ func (c *Consul) StartAgent(ctx context.Context) error {
 		if strings.Trim(strings.TrimSpace(string(body)), `"`) == "" {
 			return errors.New("no leader yet")
 		}
-		return nil
+		// A new leader applies the raft log written since the last snapshot only after its
+		// barrier: until then a default read can answer an empty catalog. A consistent read
+		// is refused until the barrier is done.
+		_, err = httpGet(ctx, hc, "http://"+c.Addr()+"/v1/catalog/services?consistent", nil)
+		return err
 	})
 	if err != nil {
 		return &StartError{Component: "consul", Logs: c.Logs(), Err: err}
