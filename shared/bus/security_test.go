@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
@@ -12,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"sailplane.dev/shared/testwait"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -239,13 +242,7 @@ func TestBusMTLSRotation(t *testing.T) {
 // client saw it fail), then checks it was not logged again for the same client and reason.
 func waitLogged(t *testing.T, logged *testlog.Messages, msg string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for logged.Count(msg) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%q not logged", msg)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.Until(t, 10*time.Second, fmt.Sprintf("%q logged", msg), func() bool { return logged.Count(msg) > 0 })
 	if n := logged.Count(msg); n != 1 {
 		t.Errorf("%q logged %d times, want once per client host and reason", msg, n)
 	}
