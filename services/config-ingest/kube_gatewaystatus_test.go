@@ -2,17 +2,12 @@ package configingest_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"strings"
 	"testing"
 	"time"
+
+	"sailplane.dev/shared/pki"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -156,25 +151,18 @@ func TestKubeGatewayStatusLeader(t *testing.T) {
 	waitFor(t, "the new leader counts its write", func() bool { return written(ins[follower]) > 0 })
 }
 
-// selfSigned returns a PEM certificate for example.com and its PEM private key.
+// selfSigned returns a PEM certificate and its PEM private key (a self-signed root).
 func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	auth, err := pki.NewSelfSigned(pki.ECDSAP256, "example.com", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "example.com"},
-		DNSNames: []string{"example.com"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	layout, err := pki.IstioLayout(auth)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})
+	return layout[pki.CACertFile], layout[pki.CAKeyFile]
 }
 
 // tlsFixture is a Gateway whose HTTPS listeners reference the Secrets "valid" (a certificate and
