@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"sailplane.dev/shared/bus/bustest"
+
 	"google.golang.org/protobuf/types/known/structpb"
 	networking "istio.io/api/networking/v1alpha3"
 
@@ -430,7 +432,7 @@ func TestUpstreamSyntheticAndInvalid(t *testing.T) {
 		route("default/bogus", map[string]any{"parentRefs": []any{map[string]any{"name": "gw"}}, "notAField": 1})); err != nil {
 		t.Fatal(err)
 	}
-	addr := serveStore(t, store, log)
+	addr := bustest.Serve(t, store, log, bus.Security{})
 
 	down := newIngest(t, fmt.Sprintf("configSources:\n- address: xds://%s\n  tlsSettings: {mode: DISABLE}\n", addr))
 	down.start(true)
@@ -475,26 +477,6 @@ func TestUpstreamSyntheticAndInvalid(t *testing.T) {
 	if down.vs("default/checked") != "good" {
 		t.Fatal("the last valid version of an invalid upstream resource is not served")
 	}
-}
-
-func serveStore(t *testing.T, s *bus.Store, log *slog.Logger) string {
-	t.Helper()
-	srv, err := bus.ServeGRPC(s, "127.0.0.1:0", log, bus.Security{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrc := make(chan string, 1)
-	srv.Listening = func(a net.Addr) { addrc <- a.String() }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("bus server: %v", err)
-		}
-	})
-	return <-addrc
 }
 
 // Kubernetes mode: the istio ConfigMap's configSources name the upstream; a resource of the API

@@ -2,10 +2,10 @@ package bus_test
 
 import (
 	"context"
-	"log/slog"
-	"net"
 	"testing"
 	"time"
+
+	"sailplane.dev/shared/bus/bustest"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -22,7 +22,7 @@ func TestBusServerHealth(t *testing.T) {
 	first, second := make(chan struct{}), make(chan struct{})
 	s.SyncAfter(first, vsType)
 	s.SyncAfter(second, vsType)
-	conn, err := grpc.NewClient(serveBus(t, s, testLogger(t), bus.Security{}), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(bustest.Serve(t, s, testLogger(t), bus.Security{}), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,34 +47,6 @@ func TestBusServerHealth(t *testing.T) {
 	testwait.Until(t, 30*time.Second, "the bus server's health is SERVING", func() bool {
 		return check() == healthpb.HealthCheckResponse_SERVING
 	})
-}
-
-// serveBus serves s over gRPC (bus.ServeGRPC) on 127.0.0.1 until the test ends and returns its
-// address.
-func serveBus(t *testing.T, s *bus.Store, log *slog.Logger, sec bus.Security) string {
-	t.Helper()
-	srv, err := bus.ServeGRPC(s, "127.0.0.1:0", log, sec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrc := make(chan string, 1)
-	srv.Listening = func(a net.Addr) { addrc <- a.String() }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	select {
-	case addr := <-addrc:
-		return addr
-	case err := <-done:
-		t.Fatalf("bus server: %v", err)
-		return ""
-	}
 }
 
 // TestWaitSynced: Store.WaitSynced returns at once with no holds, ends with its context while a

@@ -181,7 +181,7 @@ func TestBusServerLimits(t *testing.T) {
 	if err := s.Upsert(vsType, bustest.VirtualService("ns/vs", "", "a")); err != nil {
 		t.Fatal(err)
 	}
-	addr := serveBus(t, s, testLogger(t), bus.Security{})
+	addr := bustest.Serve(t, s, testLogger(t), bus.Security{})
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

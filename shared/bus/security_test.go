@@ -85,7 +85,7 @@ var (
 func serveSecure(t *testing.T, s *bus.Store, auth *pki.Authority, log *slog.Logger) (addr string, id *identity) {
 	t.Helper()
 	id = newIdentity(t, auth, ingestID)
-	addr = serveBus(t, s, log, bus.Security{Identity: id, Peers: peers})
+	addr = bustest.Serve(t, s, log, bus.Security{Identity: id, Peers: peers})
 	return addr, id
 }
 
