@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -24,6 +25,11 @@ const byService = "service"
 
 func newEndpoints(inf cache.SharedIndexInformer, onChange func()) (*endpoints, error) {
 	e := &endpoints{inf: inf, onChange: onChange, has: map[string]bool{}}
+	// Only whether a slice has an address matters: the cache keeps no more of the cluster's
+	// EndpointSlices than that.
+	if err := inf.SetTransform(trimSlice); err != nil {
+		return nil, err
+	}
 	if err := inf.AddIndexers(cache.Indexers{byService: func(obj any) ([]string, error) {
 		if k := serviceOf(obj); k != "" {
 			return []string{k}, nil
@@ -46,6 +52,27 @@ func newEndpoints(inf cache.SharedIndexInformer, onChange func()) (*endpoints, e
 		UpdateFunc: func(_, n any) { update(n) },
 	})
 	return e, err
+}
+
+// trimSlice keeps of an EndpointSlice its name, namespace, Service label and one address, if
+// it has any.
+func trimSlice(obj any) (any, error) {
+	s, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return obj, nil
+	}
+	out := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace,
+		ResourceVersion: s.ResourceVersion}}
+	if svc := s.Labels[discoveryv1.LabelServiceName]; svc != "" {
+		out.Labels = map[string]string{discoveryv1.LabelServiceName: svc}
+	}
+	for _, ep := range s.Endpoints {
+		if len(ep.Addresses) > 0 {
+			out.Endpoints = []discoveryv1.Endpoint{{Addresses: ep.Addresses[:1]}}
+			break
+		}
+	}
+	return out, nil
 }
 
 // serviceOf is namespace/name of the Service a slice belongs to, "" if none.
