@@ -62,7 +62,8 @@ MutatingWebhookConfiguration istio-revision-tag-<tag>, in istioctl's layout.`,
 		Use:   "set <tag> --revision <revision>",
 		Short: "Point a tag at a revision (created, or moved with --overwrite)",
 		Example: `  sailplanectl tag set prod --revision canary --overwrite
-  sailplanectl tag set prod --revision default --overwrite   # roll back`,
+  sailplanectl tag set prod --revision default --overwrite   # roll back
+  sailplanectl tag set default --revision canary             # canary injects unlabelled namespaces`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			kc, ctx, cancel, err := client(cmd)
@@ -136,7 +137,8 @@ func tagWebhook(ctx context.Context, kc kubernetes.Interface, tag, rev string) (
 	if err != nil {
 		return nil, fmt.Errorf("list MutatingWebhookConfigurations: %w", err)
 	}
-	if len(whs.Items) > 0 {
+	// The default tag may share the default revision's name: it takes over from it.
+	if len(whs.Items) > 0 && tag != revision.Default {
 		return nil, fmt.Errorf("cannot create revision tag %q: a control plane revision has that name (MutatingWebhookConfiguration %s)", tag, whs.Items[0].Name)
 	}
 	whs, err = kc.AdmissionregistrationV1().MutatingWebhookConfigurations().List(ctx, metav1.ListOptions{
@@ -175,7 +177,7 @@ func setTag(ctx context.Context, kc kubernetes.Interface, tag, rev string, overw
 			return fmt.Errorf("create %s: %w", wh.Name, err)
 		}
 		fmt.Fprintf(out, "tag %s now names revision %s\n", tag, rev)
-		return nil
+		return deactivateDefault(ctx, kc, tag, out)
 	case err != nil:
 		return fmt.Errorf("read %s: %w", wh.Name, err)
 	case !overwrite && old.Labels[revision.Label] != rev:
@@ -186,7 +188,67 @@ func setTag(ctx context.Context, kc kubernetes.Interface, tag, rev string, overw
 		return fmt.Errorf("update %s: %w", wh.Name, err)
 	}
 	fmt.Fprintf(out, "tag %s now names revision %s (was %s); restart the pods of its namespaces to inject the new revision's proxies\n", tag, rev, old.Labels[revision.Label])
+	return deactivateDefault(ctx, kc, tag, out)
+}
+
+// defaultInjectors are the default revision's own injector configurations (not a tag's).
+func defaultInjectors(ctx context.Context, kc kubernetes.Interface) ([]admissionregistrationv1.MutatingWebhookConfiguration, error) {
+	whs, err := kc.AdmissionregistrationV1().MutatingWebhookConfigurations().List(ctx, metav1.ListOptions{
+		LabelSelector: revision.Label + "=" + revision.Default + ",!" + revision.TagLabel})
+	if err != nil {
+		return nil, fmt.Errorf("list MutatingWebhookConfigurations: %w", err)
+	}
+	return whs.Items, nil
+}
+
+// deactivateDefault turns the default revision's injector off once the default tag exists, as
+// istioctl does: otherwise it would inject the pods the tag's revision injects too.
+func deactivateDefault(ctx context.Context, kc kubernetes.Interface, tag string, out io.Writer) error {
+	if tag != revision.Default {
+		return nil
+	}
+	injectors, err := defaultInjectors(ctx, kc)
+	if err != nil {
+		return err
+	}
+	for i := range injectors {
+		wh := &injectors[i]
+		changed, err := revision.Deactivate(wh)
+		if err != nil || !changed {
+			return err
+		}
+		if _, err := kc.AdmissionregistrationV1().MutatingWebhookConfigurations().Update(ctx, wh, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("deactivate %s: %w", wh.Name, err)
+		}
+		fmt.Fprintf(out, "%s deactivated (the default tag injects instead; removing the tag reactivates it)\n", wh.Name)
+	}
 	return nil
+}
+
+// reactivateDefault gives the default revision's injector its selectors back; false when none
+// was deactivated.
+func reactivateDefault(ctx context.Context, kc kubernetes.Interface, out io.Writer) (bool, error) {
+	injectors, err := defaultInjectors(ctx, kc)
+	if err != nil {
+		return false, err
+	}
+	done := false
+	for i := range injectors {
+		wh := &injectors[i]
+		changed, err := revision.Reactivate(wh)
+		if err != nil {
+			return done, err
+		}
+		if !changed {
+			continue
+		}
+		if _, err := kc.AdmissionregistrationV1().MutatingWebhookConfigurations().Update(ctx, wh, metav1.UpdateOptions{}); err != nil {
+			return done, fmt.Errorf("reactivate %s: %w", wh.Name, err)
+		}
+		fmt.Fprintf(out, "%s reactivated\n", wh.Name)
+		done = true
+	}
+	return done, nil
 }
 
 func listTags(ctx context.Context, kc kubernetes.Interface, out io.Writer) error {
@@ -232,9 +294,12 @@ func removeTag(ctx context.Context, kc kubernetes.Interface, tag string, force b
 	if err != nil {
 		return fmt.Errorf("read %s: %w", name, err)
 	}
-	ns, err := taggedNamespaces(ctx, kc, tag)
-	if err != nil {
-		return err
+	// Without the default tag, the default revision injects its namespaces again, if installed.
+	var ns []string
+	if tag != revision.Default || !hasDeactivatedDefault(ctx, kc) {
+		if ns, err = taggedNamespaces(ctx, kc, tag); err != nil {
+			return err
+		}
 	}
 	if len(ns) > 0 && !force {
 		return fmt.Errorf("revision tag %q is still used by namespaces %s: their new pods would no longer be injected; relabel them, or --force", tag, strings.Join(ns, ", "))
@@ -243,7 +308,22 @@ func removeTag(ctx context.Context, kc kubernetes.Interface, tag string, force b
 		return fmt.Errorf("delete %s: %w", name, err)
 	}
 	fmt.Fprintf(out, "tag %s removed\n", tag)
+	if tag == revision.Default {
+		_, err := reactivateDefault(ctx, kc, out)
+		return err
+	}
 	return nil
+}
+
+func hasDeactivatedDefault(ctx context.Context, kc kubernetes.Interface) bool {
+	injectors, err := defaultInjectors(ctx, kc)
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(injectors, func(wh admissionregistrationv1.MutatingWebhookConfiguration) bool {
+		_, ok := wh.Annotations[revision.SelectorsAnnotation]
+		return ok
+	})
 }
 
 func printYAML(w io.Writer, obj any) error {

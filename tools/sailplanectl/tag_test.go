@@ -99,7 +99,6 @@ func TestTag(t *testing.T) {
 		{"tag", "set", "prod", "--revision", "canary"},
 		{"tag", "set", "canary", "--revision", "default"},
 		{"tag", "set", "other", "--revision", "missing"},
-		{"tag", "set", "default", "--revision", "canary"},
 	} {
 		if out, err := run(t, append(args, kcfg)...); err == nil {
 			t.Errorf("%v succeeded: %s", args, out)
@@ -128,5 +127,82 @@ func TestTag(t *testing.T) {
 	}
 	if _, err := kc.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(context.Background(), "istio-revision-tag-prod", metav1.GetOptions{}); err == nil {
 		t.Error("the tag's webhook configuration is still there")
+	}
+}
+
+// The default tag, as istioctl's: it names the canary for unlabelled namespaces, those labelled
+// istio-injection=enabled or istio.io/rev=default and pods labelled sidecar.istio.io/inject=true,
+// and the default revision's injector is deactivated meanwhile; removing the tag restores it.
+func TestDefaultTag(t *testing.T) {
+	k := testenv.KubeForTest(t)
+	kc, err := kubernetes.NewForConfig(k.RestConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	installInjectors(t, kc)
+	kcfg := "--kubeconfig=" + k.KubeconfigPath()
+	get := func(name string) *admissionregistrationv1.MutatingWebhookConfiguration {
+		w, err := kc.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	before := get("sailplane-sidecar-injector")
+	if out, err := run(t, "tag", "set", "default", "--revision", "canary", kcfg); err != nil {
+		t.Fatalf("tag set default: %v\n%s", err, out)
+	}
+
+	tag := get("istio-revision-tag-default")
+	if tag.Labels[revision.TagLabel] != "default" || tag.Labels[revision.Label] != "canary" {
+		t.Errorf("default tag labels %v, want istio.io/tag=default, istio.io/rev=canary", tag.Labels)
+	}
+	selects := map[string]string{}
+	for _, wh := range tag.Webhooks {
+		if wh.ClientConfig.Service.Name != "sailplane-webhook-canary" {
+			t.Errorf("%s calls %s, want the canary's webhook", wh.Name, wh.ClientConfig.Service.Name)
+		}
+		ns, _ := metav1.LabelSelectorAsSelector(wh.NamespaceSelector)
+		obj, _ := metav1.LabelSelectorAsSelector(wh.ObjectSelector)
+		selects[wh.Name] = ns.String() + " / " + obj.String()
+	}
+	want := map[string]string{
+		"rev.namespace.sidecar-injector.sailplane.dev": "!istio-injection,istio.io/rev in (default),kubernetes.io/metadata.name notin (istio-system,kube-system) / sidecar.istio.io/inject notin (false)",
+		"namespace.sidecar-injector.sailplane.dev":     "istio-injection in (enabled),kubernetes.io/metadata.name notin (istio-system,kube-system) / sidecar.istio.io/inject notin (false)",
+		"rev.object.sidecar-injector.sailplane.dev":    "!istio-injection,!istio.io/rev,kubernetes.io/metadata.name notin (istio-system,kube-system) / istio.io/rev in (default),sidecar.istio.io/inject notin (false)",
+		"object.sidecar-injector.sailplane.dev":        "!istio-injection,!istio.io/rev,kubernetes.io/metadata.name notin (istio-system,kube-system) / !istio.io/rev,sidecar.istio.io/inject in (true)",
+	}
+	for name, w := range want {
+		if selects[name] != w {
+			t.Errorf("default tag webhook %s selects %q, want %q", name, selects[name], w)
+		}
+	}
+	if len(selects) != len(want) {
+		t.Errorf("default tag webhooks %v, want the 4 of %v", selects, want)
+	}
+
+	for _, wh := range get("sailplane-sidecar-injector").Webhooks {
+		// The API server defaults an absent objectSelector to {}: every object.
+		if wh.NamespaceSelector.MatchLabels[revision.DeactivatedLabel] != "never-match" || len(wh.NamespaceSelector.MatchLabels) != 1 || len(wh.NamespaceSelector.MatchExpressions) != 0 {
+			t.Errorf("default revision's %s still selects %v / %v, want deactivated", wh.Name, wh.NamespaceSelector, wh.ObjectSelector)
+		}
+	}
+
+	if out, err := run(t, "tag", "remove", "default", kcfg); err != nil {
+		t.Fatalf("tag remove default: %v\n%s", err, out)
+	}
+	after := get("sailplane-sidecar-injector")
+	if _, ok := after.Annotations[revision.SelectorsAnnotation]; ok {
+		t.Error("reactivated injector keeps the saved-selectors annotation")
+	}
+	for i, wh := range after.Webhooks {
+		b := before.Webhooks[i]
+		bns, _ := metav1.LabelSelectorAsSelector(b.NamespaceSelector)
+		ans, _ := metav1.LabelSelectorAsSelector(wh.NamespaceSelector)
+		bobj, _ := metav1.LabelSelectorAsSelector(b.ObjectSelector)
+		aobj, _ := metav1.LabelSelectorAsSelector(wh.ObjectSelector)
+		if bns.String() != ans.String() || bobj.String() != aobj.String() {
+			t.Errorf("reactivated %s selects %s / %s, want its own %s / %s", wh.Name, ans, aobj, bns, bobj)
+		}
 	}
 }
