@@ -181,11 +181,12 @@ func (t *Tags) Mine() []string {
 }
 
 // Owns is istiod's TagWatcher.IsMine for a label value: the revision's name or one of its
-// tags; "" (unlabelled) when the revision is the default one or the default tag names it, and
-// the default revision gives unlabelled objects up only to a default tag naming another.
+// tags; "" (unlabelled) and "default" when the revision is the default one or the default tag
+// names it, and the default revision gives them up only to a default tag naming another.
 func (t *Tags) Owns(value string) bool {
 	all := t.All()
-	if value != "" {
+	// "default", like no label, is the default tag's revision when there is one.
+	if value != "" && value != Default {
 		return value == t.revision || (all[value] == t.revision && all[value] != "")
 	}
 	if rev, ok := all[Default]; ok {

@@ -37,6 +37,8 @@ func TestOwns(t *testing.T) {
 		{"default tag moves unlabelled to canary", map[string]string{"default": "canary"}, "canary", "", true},
 		{"default tag takes unlabelled from default", map[string]string{"default": "canary"}, "default", "", false},
 		{"default tag naming default", map[string]string{"default": "default"}, "default", "", true},
+		{"default tag moves istio.io/rev=default to canary", map[string]string{"default": "canary"}, "canary", "default", true},
+		{"default tag takes istio.io/rev=default from default", map[string]string{"default": "canary"}, "default", "default", false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
