@@ -171,15 +171,20 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 		applied:     map[objKey]appliedAs{},
 		problems:    map[types.NamespacedName]error{},
 	}
-	// Namespaces' labels, for allowedListeners selecting ListenerSets' namespaces.
+	// Namespaces' labels, for allowedListeners selecting ListenerSets' namespaces, and for the
+	// revision that owns their Gateways.
 	c.nsFactory = informers.NewSharedInformerFactory(kc, 0)
 	nsInf := c.nsFactory.Core().V1().Namespaces()
 	c.namespaces = nsInf.Lister()
 	// A namespace's ListenerSets are followed by their own events; what changes here is whether
-	// a Gateway's selector admits them.
+	// a Gateway's selector admits them, and, with istio.io/rev, which revision deploys its own.
 	if _, err := nsInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{UpdateFunc: func(old, cur any) {
-		if !maps.Equal(old.(*corev1.Namespace).Labels, cur.(*corev1.Namespace).Labels) {
+		o, n := old.(*corev1.Namespace), cur.(*corev1.Namespace)
+		if !maps.Equal(o.Labels, n.Labels) {
 			c.enqueueSelecting()
+		}
+		if o.Labels[revision.Label] != n.Labels[revision.Label] {
+			c.enqueueNamespace(n.Name)
 		}
 	}}); err != nil {
 		return nil, err
@@ -681,6 +686,14 @@ func (c *Controller) enqueueSelecting() {
 		if a := gw.Spec.AllowedListeners; a != nil && a.Namespaces != nil && a.Namespaces.From != nil && *a.Namespaces.From == gwv1.NamespacesFromSelector {
 			c.queue.Add(types.NamespacedName{Namespace: gw.Namespace, Name: gw.Name})
 		}
+	}
+}
+
+// enqueueNamespace queues a namespace's Gateways.
+func (c *Controller) enqueueNamespace(ns string) {
+	gws, _ := c.gateways.Gateways(ns).List(labels.Everything())
+	for _, gw := range gws {
+		c.queue.Add(types.NamespacedName{Namespace: gw.Namespace, Name: gw.Name})
 	}
 }
 

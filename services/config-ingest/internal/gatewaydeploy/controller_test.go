@@ -632,4 +632,15 @@ func TestOtherRevision(t *testing.T) {
 	}
 	e.edit("plain", "web", func(gw *gwv1.Gateway) { delete(gw.Labels, "istio.io/rev") })
 	testwait.Until(t, wait, "deployed once unlabelled", func() bool { return len(e.versions("plain", "web-istio")) == 3 })
+
+	// Relabelling the namespace hands its Gateway over at once (informers do not resync).
+	ns, err := e.kube.CoreV1().Namespaces().Get(context.Background(), "canary-ns", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(ns.Labels, "istio.io/rev")
+	if _, err := e.kube.CoreV1().Namespaces().Update(context.Background(), ns, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, wait, "deployed once its namespace is unlabelled", func() bool { return len(e.versions("canary-ns", "web-istio")) == 3 })
 }
