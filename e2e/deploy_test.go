@@ -40,10 +40,10 @@ import (
 
 // deployOverlays are what a user applies (after deploy/crds), each built as `kubectl apply -k`
 // builds it.
-var deployOverlays = []string{"hyper", "hyper-canary", "microservices", "segregated-ca", "agent-example"}
+var deployOverlays = []string{"hyper", "hyper-canary", "microservices", "node-local", "segregated-ca", "agent-example"}
 
 // controlPlaneOverlays install Sailplane itself (agent-example is an application).
-var controlPlaneOverlays = []string{"hyper", "microservices", "segregated-ca"}
+var controlPlaneOverlays = []string{"hyper", "microservices", "node-local", "segregated-ca"}
 
 const (
 	partOf   = "app.kubernetes.io/part-of"
@@ -443,7 +443,7 @@ func checkRBAC(ctx context.Context, t *testing.T, kube *framework.Kube) {
 		return review.Status.Allowed
 	}
 	for _, topology := range []struct{ overlay, caNamespace string }{
-		{"microservices", "istio-system"}, {"segregated-ca", "sailplane-ca"},
+		{"microservices", "istio-system"}, {"node-local", "istio-system"}, {"segregated-ca", "sailplane-ca"},
 	} {
 		objs := apply(topology.overlay)
 		needs := serviceNeeds(topology.caNamespace)
@@ -621,7 +621,11 @@ func TestDeployTopology(t *testing.T) {
 				t.Errorf("deploy/%s: Service sailplane-webhook selects no pod serving 15017", overlay)
 			}
 
-			if overlay != "hyper" {
+			switch overlay {
+			case "hyper":
+			case "node-local":
+				checkXDSServerNodeLocal(t, overlay, objs)
+			default:
 				checkXDSServerScaling(t, overlay, objs, pods["istio-system/xds-server"])
 			}
 
@@ -719,6 +723,57 @@ func checkXDSServerScaling(t *testing.T, overlay string, objs []*unstructured.Un
 	}
 	if len(pod.Spec.TopologySpreadConstraints) == 0 {
 		t.Errorf("deploy/%s: xds-server's pods have no topologySpreadConstraints", overlay)
+	}
+}
+
+// checkXDSServerNodeLocal: deploy/node-local runs xds-server as a DaemonSet on every node
+// (tainted ones too), replaced on a node only once the new pod is ready, with no autoscaler,
+// disruption budget nor peer balancing (a Local Service sends a shed proxy back to the same
+// pod), and proxies reach their own node's through a Service with internalTrafficPolicy: Local.
+func checkXDSServerNodeLocal(t *testing.T, overlay string, objs []*unstructured.Unstructured) {
+	t.Helper()
+	var ds *appsv1.DaemonSet
+	var svc *corev1.Service
+	for _, obj := range objs {
+		switch {
+		case obj.GetName() != "xds-server" && obj.GetName() != "xds-server-peers":
+		case obj.GetKind() == "DaemonSet":
+			ds = new(convert[appsv1.DaemonSet](t, obj))
+		case obj.GetKind() == "Service" && obj.GetName() == "xds-server":
+			svc = new(convert[corev1.Service](t, obj))
+		case obj.GetKind() == "Deployment", obj.GetKind() == "HorizontalPodAutoscaler", obj.GetKind() == "PodDisruptionBudget",
+			obj.GetName() == "xds-server-peers":
+			t.Errorf("deploy/%s: %s: the node-local topology has no %s for xds-server", overlay, ref(obj), obj.GetKind())
+		}
+	}
+	if ds == nil {
+		t.Fatalf("deploy/%s: no DaemonSet xds-server", overlay)
+	}
+	if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru == nil || ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0 ||
+		ru.MaxSurge == nil || ru.MaxSurge.IntValue() < 1 {
+		t.Errorf("deploy/%s: DaemonSet xds-server update strategy %+v: want maxSurge 1, maxUnavailable 0 (a node never without a ready xds-server)", overlay, ds.Spec.UpdateStrategy)
+	}
+	if !slices.ContainsFunc(ds.Spec.Template.Spec.Tolerations, func(tol corev1.Toleration) bool {
+		return tol.Operator == corev1.TolerationOpExists && tol.Key == "" && tol.Effect == ""
+	}) {
+		t.Errorf("deploy/%s: DaemonSet xds-server does not tolerate every taint: proxies on tainted nodes would have no xds-server", overlay)
+	}
+	spec := ds.Spec.Template.Spec
+	if spec.HostNetwork {
+		t.Errorf("deploy/%s: DaemonSet xds-server uses the host network", overlay)
+	}
+	for _, c := range spec.Containers {
+		if slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--xds-peers") }) {
+			t.Errorf("deploy/%s: DaemonSet xds-server balances with peers (%v): a shed proxy comes back to the same pod", overlay, c.Args)
+		}
+	}
+	switch {
+	case svc == nil:
+		t.Errorf("deploy/%s: no Service xds-server", overlay)
+	case svc.Spec.InternalTrafficPolicy == nil || *svc.Spec.InternalTrafficPolicy != corev1.ServiceInternalTrafficPolicyLocal:
+		t.Errorf("deploy/%s: Service xds-server internalTrafficPolicy %v, want Local", overlay, svc.Spec.InternalTrafficPolicy)
+	case !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(ds.Spec.Template.Labels)):
+		t.Errorf("deploy/%s: Service xds-server does not select the DaemonSet's pods", overlay)
 	}
 }
 
