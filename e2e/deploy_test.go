@@ -771,7 +771,7 @@ func checkXDSServerNodeLocal(t *testing.T, overlay string, objs []*unstructured.
 	case svc == nil:
 		t.Errorf("deploy/%s: no Service xds-server", overlay)
 	case svc.Spec.InternalTrafficPolicy == nil || *svc.Spec.InternalTrafficPolicy != corev1.ServiceInternalTrafficPolicyLocal:
-		t.Errorf("deploy/%s: Service xds-server internalTrafficPolicy %v, want Local", overlay, svc.Spec.InternalTrafficPolicy)
+		t.Errorf("deploy/%s: Service xds-server internalTrafficPolicy %q, want Local", overlay, *cmp.Or(svc.Spec.InternalTrafficPolicy, new(corev1.ServiceInternalTrafficPolicy)))
 	case !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(ds.Spec.Template.Labels)):
 		t.Errorf("deploy/%s: Service xds-server does not select the DaemonSet's pods", overlay)
 	}
