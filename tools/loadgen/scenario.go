@@ -47,6 +47,11 @@ type Scenario struct {
 	Changes int
 	// PhaseTimeout bounds each phase; default 5 minutes.
 	PhaseTimeout time.Duration
+	// XDSServers is how many xds-server processes the microservices topology starts (default
+	// 1), all on the same buses; proxy i connects to server i mod XDSServers. Two stand for the
+	// Deployment topology (two replicas behind one Service, proxies balanced), one per node for
+	// the node-local one (deploy/node-local: each serves only its node's proxies).
+	XDSServers int
 	// ServerArgs are appended to the xds-server's (or hyper's) command line.
 	ServerArgs []string
 	// Pprof is the xds-server's --pprof-addr (pass it in ServerArgs too): when set, a CPU
@@ -107,7 +112,9 @@ type Result struct {
 	Usage map[string]Usage `json:"usage"`
 	// XDSProcess names the process serving xDS (hyper or xds-server).
 	XDSProcess string `json:"xds_process"`
-	BytesSent  int64  `json:"bytes_sent"`
+	// XDSServers is how many xds-server processes served the proxies (microservices).
+	XDSServers int   `json:"xds_servers,omitempty"`
+	BytesSent  int64 `json:"bytes_sent"`
 	// Retries counts streams the proxies opened again after one ended before its first
 	// response; Refused those the server refused as overloaded (admission control).
 	Retries int64 `json:"stream_retries"`
@@ -149,7 +156,10 @@ func (s Scenario) Run(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	defer cp.stop()
-	procs, addr := cp.procs, cp.addr
+	procs, addrs := cp.procs, cp.addrs
+	if s.Topology == TopologyMicro {
+		res.XDSServers = len(addrs)
+	}
 	if server := cp.server(); server != nil {
 		res.XDSProcess = server.Name
 	}
@@ -166,6 +176,7 @@ func (s Scenario) Run(ctx context.Context) (*Result, error) {
 	// Connect storm.
 	proxies := make([]*Proxy, s.Proxies)
 	for i := range proxies {
+		addr := addrs[i%len(addrs)]
 		proxies[i] = NewProxy(ProxyConfig{Addr: addr, Delta: s.Delta, Index: i, Namespace: s.Mesh.Namespace,
 			IP: s.Mesh.IPOf(i), Labels: s.Mesh.Labels(i), Shared: shared, Logger: log, SourceIP: SourceIP(addr, i)})
 	}
@@ -361,7 +372,8 @@ func watching(ps []*Proxy, typeURL, name string) []*Proxy {
 // waits of the scenario's phases, which fail as soon as one of the processes exits.
 type controlPlane struct {
 	procs   []*Process // none for an external control plane
-	addr    string     // where it serves xDS
+	addr    string     // where it serves xDS (the first xds-server's address)
+	addrs   []string   // every xds-server's
 	dir     string
 	timeout time.Duration
 	exited  chan struct{}
@@ -371,8 +383,8 @@ type controlPlane struct {
 // launch starts the control plane of the topology on the config of dir and waits until a
 // probe proxy sees the whole mesh.
 func (s Scenario) launch(ctx context.Context, dir string) (*controlPlane, error) {
-	procs, addr, err := s.start(ctx, dir)
-	cp := &controlPlane{procs: procs, addr: addr, dir: dir, timeout: s.PhaseTimeout, exited: make(chan struct{})}
+	procs, addrs, err := s.start(ctx, dir)
+	cp := &controlPlane{procs: procs, addrs: addrs, dir: dir, timeout: s.PhaseTimeout, exited: make(chan struct{})}
 	if err != nil {
 		cp.stop()
 		return nil, err
@@ -386,9 +398,14 @@ func (s Scenario) launch(ctx context.Context, dir string) (*controlPlane, error)
 			}
 		}()
 	}
-	if err := s.waitMesh(ctx, addr, func(phase string, done <-chan struct{}) error { return cp.wait(ctx, phase, done) }); err != nil {
-		cp.stop()
-		return nil, err
+	if len(addrs) > 0 {
+		cp.addr = addrs[0]
+	}
+	for _, addr := range addrs {
+		if err := s.waitMesh(ctx, addr, func(phase string, done <-chan struct{}) error { return cp.wait(ctx, phase, done) }); err != nil {
+			cp.stop()
+			return nil, err
+		}
 	}
 	return cp, nil
 }
@@ -465,20 +482,23 @@ func (s Scenario) waitMesh(ctx context.Context, addr string, wait func(string, <
 	return wait("control plane startup", ready)
 }
 
-func (s Scenario) start(ctx context.Context, dir string) ([]*Process, string, error) {
+func (s Scenario) start(ctx context.Context, dir string) ([]*Process, []string, error) {
 	// The processes run in dir, so a relative --bin must be resolved from here first.
 	binDir, err := filepath.Abs(s.Bin)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, err
+	}
+	if s.XDSServers > 1 && s.Topology != TopologyMicro {
+		return nil, nil, fmt.Errorf("%w: %d xds-servers need the microservices topology, not %q", ErrScenario, s.XDSServers, s.Topology)
 	}
 	bin := func(name string) string { return filepath.Join(binDir, name) }
 	mesh := filepath.Join(dir, MeshFile)
 	var procs []*Process
-	launch := func(name string, args ...string) error {
+	launchAs := func(name, binary string, args ...string) error {
 		// The process serving xDS keeps its metrics on, as in production, on a free port: the
 		// services share a host, and every one's default is 15014. The others go without.
 		monitoring := ""
-		if name == TopologyHyper || name == "xds-server" {
+		if binary == TopologyHyper || binary == "xds-server" {
 			addr, err := FreeAddr()
 			if err != nil {
 				return err
@@ -486,7 +506,7 @@ func (s Scenario) start(ctx context.Context, dir string) ([]*Process, string, er
 			monitoring = addr
 		}
 		args = append([]string{"--monitoring-listen=" + monitoring}, args...)
-		p, err := StartProcess(name, bin(name), dir, args...)
+		p, err := StartProcess(name, bin(binary), dir, args...)
 		if err != nil {
 			return err
 		}
@@ -494,49 +514,66 @@ func (s Scenario) start(ctx context.Context, dir string) ([]*Process, string, er
 		procs = append(procs, p)
 		return nil
 	}
+	launch := func(name string, args ...string) error { return launchAs(name, name, args...) }
 	switch s.Topology {
 	case TopologyExternal:
 		if s.XDS == "" {
-			return nil, "", fmt.Errorf("%w: the external topology needs an xDS address", ErrScenario)
+			return nil, nil, fmt.Errorf("%w: the external topology needs an xDS address", ErrScenario)
 		}
-		return nil, s.XDS, nil
+		return nil, []string{s.XDS}, nil
 	case TopologyHyper:
 		xds, err := FreeAddr()
 		if err != nil {
-			return nil, "", err
+			return nil, nil, err
 		}
 		args := append([]string{"--config-source", "files", "--mesh-config", mesh, "--xds-listen", xds,
 			"--bus-listen", "", "--log-level", "warn"}, s.ServerArgs...)
 		if err := launch("hyper", args...); err != nil {
-			return procs, "", err
+			return procs, nil, err
 		}
-		return procs, xds, WaitListening(ctx, xds, procs[0].Exited())
+		return procs, []string{xds}, WaitListening(ctx, xds, procs[0].Exited())
 	case TopologyMicro:
-		var addrs [3]string
-		for i := range addrs {
+		var buses [2]string
+		for i := range buses {
 			a, err := FreeAddr()
 			if err != nil {
-				return procs, "", err
+				return procs, nil, err
 			}
-			addrs[i] = a
+			buses[i] = a
 		}
-		configBus, registryBus, xds := addrs[0], addrs[1], addrs[2]
+		configBus, registryBus := buses[0], buses[1]
 		if err := launch("config-ingest", "--config-source", "files", "--mesh-config", mesh,
 			"--bus-listen", configBus, "--log-level", "warn"); err != nil {
-			return procs, "", err
+			return procs, nil, err
 		}
 		if err := launch("endpoint-watcher", "--kubernetes", "off", "--config-bus", configBus,
 			"--bus-listen", registryBus, "--log-level", "warn"); err != nil {
-			return procs, "", err
+			return procs, nil, err
 		}
-		args := append([]string{"--config-bus", configBus, "--registry-bus", registryBus, "--xds-listen", xds,
-			"--log-level", "warn"}, s.ServerArgs...)
-		if err := launch("xds-server", args...); err != nil {
-			return procs, "", err
+		n := max(s.XDSServers, 1)
+		var addrs []string
+		for i := range n {
+			xds, err := FreeAddr()
+			if err != nil {
+				return procs, nil, err
+			}
+			name := "xds-server"
+			if n > 1 {
+				name = fmt.Sprintf("xds-server-%d", i)
+			}
+			args := append([]string{"--config-bus", configBus, "--registry-bus", registryBus, "--xds-listen", xds,
+				"--log-level", "warn"}, s.ServerArgs...)
+			if err := launchAs(name, "xds-server", args...); err != nil {
+				return procs, nil, err
+			}
+			if err := WaitListening(ctx, xds, procs[len(procs)-1].Exited()); err != nil {
+				return procs, nil, err
+			}
+			addrs = append(addrs, xds)
 		}
-		return procs, xds, WaitListening(ctx, xds, procs[2].Exited())
+		return procs, addrs, nil
 	}
-	return nil, "", fmt.Errorf("%w: unknown topology %q", ErrScenario, s.Topology)
+	return nil, nil, fmt.Errorf("%w: unknown topology %q", ErrScenario, s.Topology)
 }
 
 // meter measures a phase: wall time, CPU seconds of each process, bytes the proxies received.

@@ -208,6 +208,7 @@ process's memory from its /metrics.`,
 	f.IntVar(&sc.Changes, "changes", 3, "VirtualService and endpoint changes measured")
 	f.DurationVar(&sc.PhaseTimeout, "phase-timeout", 5*time.Minute, "longest one phase may take")
 	f.DurationVar(&duration, "duration", 30*time.Minute, "longest the whole invocation may take")
+	f.IntVar(&sc.XDSServers, "xds-servers", 1, "microservices: xds-server processes on the same buses, proxy i on server i mod N (2: the Deployment topology; one per node: node-local)")
 	f.StringSliceVar(&sc.ServerArgs, "server-arg", nil, "extra argument for xds-server (microservices) or hyper, repeatable")
 	f.StringVar(&sc.Pprof, "pprof", "", "xds-server pprof address to profile (start it with --server-arg=--pprof-addr=ADDR)")
 	f.StringVar(&sc.ProfileDir, "profile-dir", ".", "where profiles are written")
