@@ -14,7 +14,6 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.ClusterID, "cluster-id", DefaultClusterID, "cluster ID stamped on discovered endpoints")
 	fs.StringVar(&c.ClusterDomain, "cluster-domain", DefaultClusterDomain, "Kubernetes cluster domain of Service hostnames")
 	cli.NamespaceVar(fs, &c.Namespace)
-	cli.WatchNamespaceVar(fs, &c.WatchNamespace)
 	consul := &ConsulConfig{}
 	fs.Var(&consulAddress{cfg: c, consul: consul}, "consul",
 		"Consul HTTP address to discover services from (empty: no Consul); token from CONSUL_HTTP_TOKEN")
