@@ -118,6 +118,11 @@ type Config struct {
 	// references are taken as valid (the proxies' SDS reports what it cannot serve). The flags
 	// default it to true.
 	GatewaySecrets bool
+	// WatchNamespace (Kubernetes mode), when set, is the one namespace read, so that Roles there
+	// suffice: its Istio and Gateway API config. Off, each said once in the log, as they need
+	// cluster-scoped reads: the namespace's labels, noticing Gateway API CRDs installed later,
+	// the Gateway API status (GatewayClasses) and the gateway deployment controller.
+	WatchNamespace string
 }
 
 // Deps are the service's collaborators.
@@ -151,6 +156,8 @@ type Service struct {
 	gwLease  *gatewaystatus.Lease
 	// tags are the revision's tags (Kubernetes mode).
 	tags *revision.Tags
+	// watchNamespace is Config.WatchNamespace: the Gateway API status writer does not run.
+	watchNamespace string
 	// deploy is the gateway deployment controller (Kubernetes mode, Config.GatewayDeployment).
 	deploy *gatewaydeploy.Controller
 	meter  metric.Meter
@@ -232,11 +239,18 @@ func New(cfg Config, deps Deps) (*Service, error) {
 			Namespace: cfg.Namespace, Identity: cfg.PodName, MeshFile: cfg.MeshFile, Debounce: cfg.Debounce,
 			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 			StateDir: cfg.StateDir, MeterProvider: deps.MeterProvider, OnElected: onElected, OnSelection: onSelection,
+			WatchNamespace: cfg.WatchNamespace,
 		}, deps.Publisher, deps.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("config-ingest: %w", err)
 		}
 		s.kube = src
+		if cfg.WatchNamespace != "" {
+			s.log.Info("watching one namespace: its namespace labels, GatewayClasses, Gateway API CRDs installed later (read after a restart), "+
+				"the Gateway API status and the gateway deployment controller are off, as they need cluster-scoped reads", "namespace", cfg.WatchNamespace)
+			cfg.GatewayDeployment = false
+		}
+		s.watchNamespace = cfg.WatchNamespace
 		if cfg.GatewayDeployment {
 			d, err := gatewaydeploy.New(kube.WithRateLimits(cfg.Kube), gatewaydeploy.Config{
 				Namespace: cmp.Or(cfg.Namespace, kubesource.DefaultNamespace), Leader: src.Leader,
@@ -383,6 +397,9 @@ func (s *Service) Run(ctx context.Context) error {
 			case <-s.kube.Ready():
 			case <-ctx.Done():
 				return
+			}
+			if s.watchNamespace != "" {
+				return // GatewayClasses and Namespaces are cluster-scoped (logged in New)
 			}
 			if err := s.gwStatus.Run(ctx); err != nil {
 				s.log.Error("Gateway API status writer stopped", "error", err)

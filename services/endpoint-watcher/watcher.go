@@ -40,6 +40,9 @@ type Config struct {
 	// Namespace is the control plane's namespace, where remote-cluster kubeconfig Secrets
 	// (label istio/multiCluster=true) live; DefaultNamespace when empty.
 	Namespace string
+	// WatchNamespace, when set, is the one namespace watched (Services, Pods, EndpointSlices);
+	// Nodes (locality) and the control-plane namespace's network label, cluster-scoped, are not.
+	WatchNamespace string
 	// ClusterDomain of Kubernetes Service hostnames; DefaultClusterDomain when empty.
 	ClusterDomain string
 	// Consul is a Consul catalog to discover; nil runs without Consul.
@@ -139,6 +142,7 @@ func New(cfg Config, deps Deps) (*Watcher, error) {
 	if cfg.Kube != nil {
 		k, err := kube.New(kube.Config{
 			ClusterID: cfg.ClusterID, ClusterDomain: cfg.ClusterDomain, Namespace: cfg.Namespace,
+			WatchNamespace: cfg.WatchNamespace,
 		}, kube.Deps{
 			Logger: log.With("registry", kube.Registry), Kube: cfg.Kube, Publisher: deps.Publisher,
 			// Cross-registry selection, as istiod does: Services select WorkloadEntries and

@@ -15,6 +15,14 @@ func NamespaceVar(fs *pflag.FlagSet, p *string) {
 		"control plane namespace (Kubernetes): the istio ConfigMap, the status Lease and remote-cluster Secrets live there; $POD_NAMESPACE when set")
 }
 
+// WatchNamespaceVar registers --watch-namespace: when set, the service watches that one namespace
+// instead of the cluster and turns off what needs cluster-scoped reads, each with a log line, so
+// that Roles in it suffice (deploy/single-namespace). Meant for every service: see SharedStringVar.
+func WatchNamespaceVar(fs *pflag.FlagSet, p *string) {
+	SharedStringVar(fs, p, "watch-namespace", "",
+		"watch only this namespace, so that Roles there suffice; what needs cluster-scoped reads is off, each logged (endpoint-watcher: node locality, the cluster's default network); empty: the whole cluster")
+}
+
 // PodNameVar registers --pod-name, this replica's name, defaulting to $POD_NAME (which the
 // manifests set from the Pod's name); usage says what the service uses it for. Several services
 // take it: see SharedStringVar.

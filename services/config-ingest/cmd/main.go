@@ -83,6 +83,8 @@ func main() {
 	tracing.AddFlags(cmd.Flags())
 	monitor.AddFlags(cmd.Flags(), "")
 	cfg.AddFlags(cmd.Flags())
+	// Not in hyper yet: its other services still watch the whole cluster (deploy/single-namespace).
+	cli.WatchNamespaceVar(cmd.Flags(), &cfg.WatchNamespace)
 	source.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15051", "address serving the config bus (MCP over xDS); mTLS with --ca-address, else plaintext (loopback only unless --bus-plaintext)")
 	identity.AddFlags(cmd.Flags())

@@ -94,6 +94,8 @@ func main() {
 	tracing.AddFlags(cmd.Flags())
 	monitor.AddFlags(cmd.Flags(), "")
 	cfg.AddFlags(cmd.Flags())
+	// Not in hyper yet: its other services still watch the whole cluster (deploy/single-namespace).
+	cli.WatchNamespaceVar(cmd.Flags(), &cfg.WatchNamespace)
 	cmd.Flags().StringVar(&configBus, "config-bus", "127.0.0.1:15051", "config-ingest's bus address")
 	cmd.Flags().StringVar(&busListen, "bus-listen", "127.0.0.1:15052", "address serving the registry bus (MCP over xDS); mTLS with --ca-address, else plaintext (loopback only unless --bus-plaintext)")
 	cmd.Flags().StringVar(&kubeMode, "kubernetes", "auto",

@@ -5,6 +5,10 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
 
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/shared/bus"
@@ -69,3 +73,30 @@ func (s *Source) namespaceResourcesLocked() []*bus.Resource {
 func namespaceResource(name string, labels map[string]string) *bus.Resource {
 	return &bus.Resource{Name: name, Body: &discoveryv1.Namespace{Name: name, Labels: labels}}
 }
+
+// oneNamespace is an informer holding only the namespace name, without labels, for a Source
+// watching one namespace: Namespaces are cluster-scoped, and a Role cannot grant reading even
+// its own. Its watch never sends.
+func oneNamespace(name string) cache.SharedIndexInformer {
+	lw := &cache.ListWatch{
+		ListFunc: func(metav1.ListOptions) (runtime.Object, error) {
+			return &corev1.NamespaceList{Items: []corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: name}}}}, nil
+		},
+		WatchFunc: func(metav1.ListOptions) (watch.Interface, error) { return watch.NewFake(), nil },
+	}
+	return cache.NewSharedIndexInformer(noWatchList{lw}, &corev1.Namespace{}, 0, cache.Indexers{})
+}
+
+// noWatchList tells the reflector to list, not stream the initial state from a watch (which the
+// fake watch would never end).
+type noWatchList struct{ *cache.ListWatch }
+
+func (noWatchList) IsWatchListSemanticsUnSupported() bool { return true }
+
+// informerRunner runs one informer as the caches' factories are run.
+type informerRunner struct{ inf cache.SharedIndexInformer }
+
+func (r informerRunner) Start(stop <-chan struct{}) { go r.inf.Run(stop) }
+
+// Shutdown returns at once: Run ends with the stop channel, which stop closes first.
+func (r informerRunner) Shutdown() {}

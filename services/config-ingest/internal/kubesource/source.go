@@ -6,6 +6,7 @@
 package kubesource
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -103,6 +104,11 @@ type Config struct {
 	// client does; unlabelled config is every revision's. nil: the default revision. Call
 	// RevisionChanged when its answers may have changed.
 	Revision revision.Owner
+	// WatchNamespace, when set, is the one namespace read (Roles there suffice): its Istio and
+	// Gateway API config. Namespaces, CRDs and GatewayClasses, cluster-scoped, are not watched: the namespace
+	// is published without its labels, and Gateway API CRDs installed later are read after a
+	// restart.
+	WatchNamespace string
 	// OnSelection, when set, is called when the namespaces Selected admits may have changed
 	// (discoverySelectors, or a namespace's labels under them). It must not block.
 	OnSelection func()
@@ -274,8 +280,10 @@ func (s *Source) Run(ctx context.Context) error {
 	defer cancel()
 	// Watched before the Gateway API kinds are looked up, so that no CRD installed meanwhile
 	// goes unnoticed.
-	stopCRDs := s.watchCRDs(ctx)
-	defer stopCRDs()
+	if s.cfg.WatchNamespace == "" {
+		stopCRDs := s.watchCRDs(ctx)
+		defer stopCRDs()
+	}
 	served, err := s.gatewayAPIServedRetrying(ctx)
 	if err != nil {
 		return nil // ctx is done
@@ -445,15 +453,20 @@ type caches struct {
 // newCaches builds a generation of informers, with the Source's handlers; nothing runs yet.
 // Of the Gateway API kinds, only those served (by plural) are watched.
 func (s *Source) newCaches(served map[string]bool) (*caches, error) {
-	istioF := istioinformers.NewSharedInformerFactoryWithOptions(s.clients.Istio, 0)
+	ns := cmp.Or(s.cfg.WatchNamespace, metav1.NamespaceAll)
+	istioF := istioinformers.NewSharedInformerFactoryWithOptions(s.clients.Istio, 0, istioinformers.WithNamespace(ns))
 	nsF := informers.NewSharedInformerFactoryWithOptions(s.clients.Kube, 0)
-	gwF := dynamicinformer.NewDynamicSharedInformerFactory(s.dynamic, 0)
+	gwF := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.dynamic, 0, ns, nil)
 	g := &caches{cancel: func() {}}
-	g.factories = append(g.factories, istioF, nsF, gwF)
+	g.factories = append(g.factories, istioF, gwF)
+	if s.cfg.WatchNamespace == "" {
+		g.factories = append(g.factories, nsF)
+	}
 	for i, k := range schema.ConfigKinds {
 		var inf cache.SharedIndexInformer
 		switch {
-		case isGatewayAPI(k) && !served[k.Plural]:
+		case isGatewayAPI(k) && (!served[k.Plural] || k.ClusterScoped && s.cfg.WatchNamespace != ""):
+			// GatewayClasses are cluster-scoped: not read when watching one namespace.
 			g.kinds = append(g.kinds, nil)
 			continue
 		case isGatewayAPI(k):
@@ -468,7 +481,12 @@ func (s *Source) newCaches(served map[string]bool) (*caches, error) {
 		g.kinds = append(g.kinds, inf)
 		s.handle(g, inf, informerName(k), func(key string) { s.onObject(i, key) })
 	}
-	g.ns = nsF.Core().V1().Namespaces().Informer()
+	if s.cfg.WatchNamespace == "" {
+		g.ns = nsF.Core().V1().Namespaces().Informer()
+	} else {
+		g.ns = oneNamespace(s.cfg.WatchNamespace)
+		g.factories = append(g.factories, informerRunner{g.ns})
+	}
 	g.nsLister = cache.NewGenericLister(g.ns.GetIndexer(), corev1.Resource("namespaces"))
 	s.handle(g, g.ns, "Namespace", s.onNamespace)
 	if s.cfg.MeshFile == "" {

@@ -100,7 +100,12 @@ func (c *Controller) newCluster(id, secret string, cfg *rest.Config) (*cluster, 
 
 // newCaches builds a generation of cl's informers with the Controller's handlers.
 func (c *Controller) newCaches(cl *cluster) (*caches, error) {
-	f := informers.NewSharedInformerFactoryWithOptions(cl.client, 0, informers.WithTransform(transform))
+	opts := []informers.SharedInformerOption{informers.WithTransform(transform)}
+	scoped := c.cfg.WatchNamespace != "" && cl.secret == ""
+	if scoped {
+		opts = append(opts, informers.WithNamespace(c.cfg.WatchNamespace))
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(cl.client, 0, opts...)
 	g := &caches{factory: f, cancel: func() {}}
 	svcInf := f.Core().V1().Services()
 	podInf := f.Core().V1().Pods()
@@ -114,7 +119,14 @@ func (c *Controller) newCaches(cl *cluster) (*caches, error) {
 	if err := podInf.Informer().AddIndexers(cache.Indexers{byNode: podNodeIndex}); err != nil {
 		return nil, fmt.Errorf("cluster %s: %w", cl.id, err)
 	}
-	g.services, g.pods, g.nodes = svcInf.Lister(), podInf.Lister(), nodeInf.Lister()
+	g.services, g.pods = svcInf.Lister(), podInf.Lister()
+	if scoped {
+		// Nodes are cluster-scoped: an empty cache in their place (the factory starts only the
+		// informers asked for), so no endpoint has a node's locality.
+		g.nodes = listerv1.NewNodeLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}))
+	} else {
+		g.nodes = nodeInf.Lister()
+	}
 	g.slices, g.podIdx = sliceInf.Informer().GetIndexer(), podInf.Informer().GetIndexer()
 	if cl.secret == "" {
 		if err := c.watchSecrets(cl, g); err != nil {
@@ -122,8 +134,10 @@ func (c *Controller) newCaches(cl *cluster) (*caches, error) {
 		}
 	}
 
-	if err := c.watchSystemNamespace(cl, g); err != nil {
-		return nil, err
+	if !scoped {
+		if err := c.watchSystemNamespace(cl, g); err != nil {
+			return nil, err
+		}
 	}
 
 	// Each informer's events count in istiod's pilot_k8s_reg_events, under istiod's type names.
@@ -146,11 +160,16 @@ func (c *Controller) newCaches(cl *cluster) (*caches, error) {
 			UpdateFunc: func(o, n any) { c.onPod(cl, g, o, n) },
 			DeleteFunc: func(o any) { c.onPod(cl, g, untomb(o), nil) },
 		})},
-		{nodeInf.Informer(), c.events.Counted("Nodes", cache.ResourceEventHandlerFuncs{
+	}
+	if !scoped {
+		reg = append(reg, struct {
+			inf cache.SharedIndexInformer
+			h   cache.ResourceEventHandlerFuncs
+		}{nodeInf.Informer(), c.events.Counted("Nodes", cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { c.onNode(cl, g, nil, o) },
 			UpdateFunc: func(o, n any) { c.onNode(cl, g, o, n) },
 			DeleteFunc: func(o any) { c.onNode(cl, g, untomb(o), nil) },
-		})},
+		})})
 	}
 	for _, r := range reg {
 		// Say in our log, where an operator looks, instead of only in klog's.
@@ -232,7 +251,9 @@ func (c *Controller) watchSecrets(cl *cluster, g *caches) error {
 func (g *caches) start(ctx context.Context) {
 	ctx, g.cancel = context.WithCancel(ctx)
 	g.factory.Start(ctx.Done())
-	g.sysNSF.Start(ctx.Done())
+	if g.sysNSF != nil {
+		g.sysNSF.Start(ctx.Done())
+	}
 	if g.secretsF != nil {
 		g.secretsF.Start(ctx.Done())
 	}
@@ -242,7 +263,9 @@ func (g *caches) start(ctx context.Context) {
 func (g *caches) stop() {
 	g.cancel()
 	g.factory.Shutdown()
-	g.sysNSF.Shutdown()
+	if g.sysNSF != nil {
+		g.sysNSF.Shutdown()
+	}
 	if g.secretsF != nil {
 		g.secretsF.Shutdown()
 	}

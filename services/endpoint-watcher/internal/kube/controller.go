@@ -46,6 +46,10 @@ type Config struct {
 	ClusterDomain string
 	// Namespace holding remote-cluster Secrets, DefaultNamespace when empty.
 	Namespace string
+	// WatchNamespace, when set, limits the primary's informers to that namespace (Roles there
+	// suffice): Nodes and the control-plane Namespace, cluster-scoped, are not watched, so
+	// endpoints have no node locality and the cluster's default network is unset.
+	WatchNamespace string
 	// RemoteSyncTimeout bounds how long Ready waits for the remote clusters known at start.
 	RemoteSyncTimeout time.Duration
 }
@@ -129,6 +133,10 @@ func New(cfg Config, deps Deps) (*Controller, error) {
 	log := deps.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.WatchNamespace != "" {
+		log.Info("watching one namespace: Nodes and the control-plane Namespace are cluster-scoped, so endpoints have no node locality and the cluster's default network is unset",
+			"namespace", cfg.WatchNamespace)
 	}
 	return &Controller{
 		cfg: cfg, log: log, rest: deps.Kube, pub: deps.Publisher,
