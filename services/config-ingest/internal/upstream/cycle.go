@@ -71,10 +71,10 @@ func instanceID(dir string) string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	id := hex.EncodeToString(b)
-	if dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err == nil {
-			_ = os.WriteFile(path, []byte(id+"\n"), 0o644) // unsaved: a new ID after a restart, still unique
-		}
+	if fi, err := os.Stat(dir); dir != "" && err == nil && fi.IsDir() {
+		// Only into a state folder already there (a check-only run writes nothing); unsaved,
+		// the next run picks a new ID, still unique.
+		_ = os.WriteFile(path, []byte(id+"\n"), 0o644)
 	}
 	return id
 }
