@@ -4,6 +4,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
 
+	"sailplane.dev/services/config-ingest/internal/upstream"
 	"sailplane.dev/shared/cli"
 )
 
@@ -26,6 +27,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.GatewaySecrets, "gateway-secrets", true,
 		"with Kubernetes, read Secrets and ConfigMaps (list/watch, every namespace) to check the certificates that Gateway listeners and BackendTLSPolicies reference, as istiod does: "+
 			"a missing or malformed one makes the listener or policy invalid in the status; only whether each is valid is kept, never its data. false: references are taken as valid")
+	fs.DurationVar(&c.UpstreamSyncTimeout, "upstream-sync-timeout", upstream.DefaultSyncTimeout,
+		"how long the first config served waits for each xds:// config source that neither answered nor has a saved state: after it, the config is served without that source, whose resources follow when it answers")
 	cli.NamespaceVar(fs, &c.Namespace)
 	cli.PodNameVar(fs, &c.PodName, "this replica's name: its identity in the status Lease and, in xds-server, in proxy status (default: $POD_NAME, else the host name)")
 }

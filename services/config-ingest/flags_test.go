@@ -2,6 +2,7 @@ package configingest_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
@@ -44,5 +45,26 @@ func TestStateDirDefault(t *testing.T) {
 				t.Errorf("state dir %q, want %q", cfg.StateDir, tc.want)
 			}
 		})
+	}
+}
+
+// --upstream-sync-timeout sets how long the first state waits for an xds:// source; 10 s by default.
+func TestUpstreamSyncTimeoutFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want time.Duration
+	}{
+		{nil, 10 * time.Second},
+		{[]string{"--upstream-sync-timeout=2m"}, 2 * time.Minute},
+	} {
+		var cfg configingest.Config
+		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+		cfg.AddFlags(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		if cfg.UpstreamSyncTimeout != tc.want {
+			t.Errorf("%v: timeout %v, want %v", tc.args, cfg.UpstreamSyncTimeout, tc.want)
+		}
 	}
 }

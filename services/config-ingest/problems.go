@@ -58,6 +58,10 @@ func problemKind(err error) string {
 	if errors.As(err, &conflict) {
 		return conflict.Kind
 	}
+	var cycle *upstream.CycleError
+	if errors.As(err, &cycle) {
+		return cycle.Kind
+	}
 	return ""
 }
 
@@ -81,6 +85,8 @@ func problemReason(err error) string {
 		return "mesh_configmap"
 	case errors.Is(err, upstream.ErrConflict):
 		return "conflict"
+	case errors.Is(err, upstream.ErrCycle):
+		return "cycle"
 	case errors.Is(err, upstream.ErrTLS):
 		return "upstream_tls"
 	case errors.Is(err, upstream.ErrNotSynced):

@@ -1,6 +1,7 @@
 package configingest_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -50,6 +51,8 @@ type ingest struct {
 	logLevel slog.Level
 	// publish, when set, wraps the bus store as the service's Publisher.
 	publish func(bus.Publisher) bus.Publisher
+	// syncTimeout is UpstreamSyncTimeout, 30 s when zero.
+	syncTimeout time.Duration
 }
 
 func newIngest(t testing.TB, mesh string) *ingest {
@@ -92,7 +95,7 @@ func (in *ingest) start(waitReady bool) {
 	}
 	svc, err := configingest.New(configingest.Config{
 		MeshFile: in.meshFile(), StateDir: filepath.Join(in.root, "var/lib/sailplane"), Debounce: in.debounce,
-		UpstreamSyncTimeout: 30 * time.Second,
+		UpstreamSyncTimeout: cmp.Or(in.syncTimeout, 30*time.Second),
 	}, configingest.Deps{Logger: log, Publisher: pub, Identity: in.identity, UpstreamDialOptions: in.dial})
 	if err != nil {
 		t.Fatal(err)
@@ -507,4 +510,47 @@ func TestKubeUpstream(t *testing.T) {
 	waitFor(t, "the upstream withdrawn with its configSources entry", func() bool {
 		return host("remote") == "" && host("both") == "local-copy" && len(conflicts(in.svc)) == 0
 	})
+}
+
+// Two config-ingests reading each other: each serves the other's resources, each reports the
+// cycle (its own resources coming back) instead of serving them back, and a resource deleted at
+// its origin disappears from both.
+func TestUpstreamCycle(t *testing.T) {
+	a := newIngest(t, "")
+	b := newIngest(t, "")
+	write(t, a.meshFile(), "configSources:\n- address: fs://conf\n"+b.plaintext())
+	write(t, b.meshFile(), "configSources:\n- address: fs://conf\n"+a.plaintext())
+	write(t, filepath.Join(a.conf(), "vs.yaml"), virtualService("from-a", "a"))
+	write(t, filepath.Join(b.conf(), "vs.yaml"), virtualService("from-b", "b"))
+	// Each one's first state waits for the other's: in a cycle, only the sync timeout ends it.
+	a.syncTimeout, b.syncTimeout = 500*time.Millisecond, 500*time.Millisecond
+	a.start(false)
+	b.start(true)
+
+	cycles := func(in *ingest) []*upstream.CycleError {
+		var out []*upstream.CycleError
+		for _, p := range in.svc.Problems() {
+			if ce, ok := errors.AsType[*upstream.CycleError](p); ok {
+				out = append(out, ce)
+			}
+		}
+		return out
+	}
+	eventually(t, "both served by both, the cycle reported", func() bool {
+		return a.vs("default/from-b") == "b" && b.vs("default/from-a") == "a" && len(cycles(a)) == 1 && len(cycles(b)) == 1
+	})
+	if c := cycles(a)[0]; c.Name != "default/from-a" || c.Source != b.source() {
+		t.Fatalf("a's cycle = %v, want its own default/from-a coming back from %s", c, b.source())
+	}
+	if len(conflicts(a.svc)) != 0 {
+		t.Fatalf("conflicts: %v", conflicts(a.svc))
+	}
+
+	write(t, filepath.Join(a.conf(), "vs.yaml"), "# nothing\n")
+	eventually(t, "the deletion at the origin served by both", func() bool {
+		return a.vs("default/from-a") == "" && b.vs("default/from-a") == "" && len(cycles(a)) == 0
+	})
+	if n := a.msgs.Count("config source cycle"); n != 1 {
+		t.Fatalf("cycle logged %d times, want once", n)
+	}
 }

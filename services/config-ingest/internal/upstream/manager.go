@@ -86,6 +86,7 @@ type Manager struct {
 	restored map[string]bool // layers restored from the saved state, by address
 	problems []error         // sources not read
 	meshSeen bool
+	id       string // instance ID, stamped in PathAnnotation
 }
 
 type running struct {
@@ -113,6 +114,7 @@ func New(cfg Config, out bus.Publisher) *Manager {
 		meshCh: make(chan *meshv1alpha1.MeshConfig, 1), changed: make(chan struct{}, 1), ready: make(chan struct{}),
 		running: map[string]*running{}, restored: map[string]bool{},
 	}
+	m.id = instanceID(cfg.StateDir)
 	m.merger = NewMerger(out, cfg.Logger, m.meshChanged, func(string) {
 		select {
 		case m.changed <- struct{}{}:
@@ -125,7 +127,9 @@ func New(cfg Config, out bus.Publisher) *Manager {
 
 // Local is the Publisher of the local sources (files or Kubernetes): its mesh config says
 // which upstreams to read.
-func (m *Manager) Local() bus.Publisher { return m.merger.Publisher(Local) }
+func (m *Manager) Local() bus.Publisher {
+	return stampPublisher{Publisher: m.merger.Publisher(Local), id: m.id}
+}
 
 // Ready is closed once the mesh config was seen and every upstream it names sent its first full
 // state, or had a saved state, or SyncTimeout passed.
@@ -276,7 +280,7 @@ func (m *Manager) startLocked(ctx context.Context, src mesh.XDSSource, creds cre
 	// State of the world: what istiod's MCP server speaks, and Sailplane's too.
 	client := bus.DialSotW(src.Target, opts...)
 	layer := m.merger.Publisher(src.Address)
-	s := newSource(src.Address, client, layer, func(typ, name string) *bus.Resource { return m.merger.Get(src.Address, typ, name) }, log)
+	s := newSource(src.Address, m.id, client, layer, func(typ, name string) *bus.Resource { return m.merger.Get(src.Address, typ, name) }, log)
 	rctx, cancel := context.WithCancel(ctx)
 	r := &running{src: s, tls: tlsKey, cancel: cancel, done: make(chan struct{})}
 	m.running[src.Address] = r

@@ -29,14 +29,16 @@ type source struct {
 	mu      sync.Mutex
 	seen    map[string]bool         // types whose first full state arrived
 	invalid map[key][]*config.Error // resources refused, keeping their last valid version
+	self    string                  // this config-ingest's instance ID, stamped in PathAnnotation
+	cycles  map[key]bool            // resources dropped as having passed through self already
 }
 
 type key struct{ typ, name string }
 
-func newSource(address string, client bus.Source, pub bus.Publisher, held func(typ, name string) *bus.Resource, log *slog.Logger) *source {
+func newSource(address, self string, client bus.Source, pub bus.Publisher, held func(typ, name string) *bus.Resource, log *slog.Logger) *source {
 	return &source{
-		address: address, client: client, pub: pub, held: held, log: log, synced: make(chan struct{}),
-		seen: map[string]bool{}, invalid: map[key][]*config.Error{},
+		address: address, self: self, client: client, pub: pub, held: held, log: log, synced: make(chan struct{}),
+		seen: map[string]bool{}, invalid: map[key][]*config.Error{}, cycles: map[key]bool{},
 	}
 }
 
@@ -64,7 +66,14 @@ func (s *source) Apply(c bus.Change) error {
 	s.mu.Unlock()
 
 	var accepted []*bus.Resource
+	var cycled []string
 	for _, r := range c.Updated {
+		if onPath(r, s.self) {
+			// It came from here: serving it back would keep it alive after its deletion here.
+			s.cycle(kind, r.Name)
+			cycled = append(cycled, r.Name)
+			continue
+		}
 		if kind.TypeURL == schema.ServiceEntry.TypeURL && synthetic(r) {
 			// istiod adds a ServiceEntry for each of its Kubernetes services; the registry
 			// (endpoint-watcher) has those services already.
@@ -79,10 +88,13 @@ func (s *source) Apply(c bus.Change) error {
 			continue
 		}
 		s.drop(kind.TypeURL, r.Name)
-		accepted = append(accepted, own)
+		accepted = append(accepted, stamp(own, s.self))
 	}
 	for _, n := range c.Removed {
 		s.drop(kind.TypeURL, n)
+	}
+	if !first && len(cycled) > 0 {
+		s.pub.Delete(kind.TypeURL, cycled...) // a version that had not passed here may be held
 	}
 	if first {
 		return s.report(kind, s.pub.Replace(kind.TypeURL, accepted))
@@ -143,7 +155,21 @@ func (s *source) validate(kind schema.Kind, r *bus.Resource) (*bus.Resource, err
 func (s *source) drop(typ, name string) {
 	s.mu.Lock()
 	delete(s.invalid, key{typ, name})
+	delete(s.cycles, key{typ, name})
 	s.mu.Unlock()
+}
+
+// cycle records a resource dropped as a cycle, logged once.
+func (s *source) cycle(kind schema.Kind, name string) {
+	s.mu.Lock()
+	delete(s.invalid, key{kind.TypeURL, name})
+	known := s.cycles[key{kind.TypeURL, name}]
+	s.cycles[key{kind.TypeURL, name}] = true
+	s.mu.Unlock()
+	if !known {
+		s.log.Warn("config source cycle: a resource that passed through this config-ingest came back from an upstream; it is not served from it",
+			"source", s.address, "kind", kind.Kind, "name", name)
+	}
 }
 
 // problems returns the invalid resources, sorted.
@@ -158,6 +184,12 @@ func (s *source) problems() []error {
 		for _, e := range s.invalid[k] {
 			out = append(out, e)
 		}
+	}
+	cycles := slices.SortedFunc(maps.Keys(s.cycles), func(a, b key) int {
+		return cmp.Or(strings.Compare(a.typ, b.typ), strings.Compare(a.name, b.name))
+	})
+	for _, k := range cycles {
+		out = append(out, &CycleError{Kind: kindName(k.typ), Name: k.name, Source: s.address})
 	}
 	return out
 }
