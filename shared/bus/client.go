@@ -58,6 +58,7 @@ type dialConfig struct {
 	creds                      credentials.TransportCredentials
 	backoffInitial, backoffMax time.Duration
 	grpcOpts                   []grpc.DialOption
+	plaintextDialOut           bool
 	meterProvider              metric.MeterProvider
 	// maxInitialVersions is maxInitialVersionsBytes; tests lower it.
 	maxInitialVersions int
@@ -307,6 +308,13 @@ func (dc *deltaClient) session(ctx context.Context, conn *grpc.ClientConn, cs *c
 	if err != nil {
 		return false, err
 	}
+	return deltaSession(stream, cs, dc.cfg)
+}
+
+// deltaSession is one delta ADS session of a consumer on stream: it subscribes to cs's types and
+// applies every response until the stream fails. The stream is one the consumer dialed, or one a
+// producer dialed in (DialOut) with the roles swapped.
+func deltaSession(stream grpc.BidiStreamingClient[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse], cs *consumerState, cfg *dialConfig) (bool, error) {
 	// Types subscribed without their initial versions (too many to send): the names their
 	// initial state brought, to find what was deleted while the consumer was away.
 	reconcile := map[string]map[string]struct{}{}
@@ -317,14 +325,14 @@ func (dc *deltaClient) session(ctx context.Context, conn *grpc.ClientConn, cs *c
 			ResourceNamesSubscribe:  []string{"*"},
 			InitialResourceVersions: maps.Clone(v.have),
 		}
-		if size := mapField(v.have); size > dc.cfg.maxInitialVersions {
-			dc.cfg.log.Info("bus: resubscribing without initial versions, too many to send; receiving the whole state",
+		if size := mapField(v.have); size > cfg.maxInitialVersions {
+			cfg.log.Info("bus: resubscribing without initial versions, too many to send; receiving the whole state",
 				"type", v.wireURL, "resources", len(v.have), "bytes", size)
 			req.InitialResourceVersions = nil
 			reconcile[typ] = map[string]struct{}{}
 		}
 		if i == 0 {
-			req.Node = dc.cfg.node()
+			req.Node = cfg.node()
 		}
 		if err := stream.Send(req); err != nil {
 			return false, err

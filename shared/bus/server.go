@@ -83,7 +83,8 @@ func (n *nonces) next() uint64 {
 // server defaults (panic recovery, keepalive, large messages), protected as sec says, with the
 // gRPC health service SERVING once the store's producers synced (Store.WaitSynced). A
 // plaintext listener on an address other than loopback, not allowed by sec, is ErrPlaintext.
-func ServeGRPC(store *Store, addr string, log *slog.Logger, sec Security) (*grpcserver.Server, error) {
+// extra services (an Acceptor) are registered beside the bus's.
+func ServeGRPC(store *Store, addr string, log *slog.Logger, sec Security, extra ...Registrar) (*grpcserver.Server, error) {
 	log = log.With("component", "bus-server")
 	opts, err := sec.serverOptions(addr, log)
 	if err != nil {
@@ -91,5 +92,13 @@ func ServeGRPC(store *Store, addr string, log *slog.Logger, sec Security) (*grpc
 	}
 	gs := grpcserver.New(log, opts...)
 	NewServer(store, WithServerLogger(log)).Register(gs)
+	for _, r := range extra {
+		r.Register(gs)
+	}
 	return &grpcserver.Server{Addr: addr, GRPC: gs, Logger: log, WaitReady: store.WaitSynced}, nil
+}
+
+// Registrar is a gRPC service served beside the bus (an Acceptor).
+type Registrar interface {
+	Register(*grpc.Server)
 }

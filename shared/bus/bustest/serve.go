@@ -11,9 +11,9 @@ import (
 
 // Serve serves s over gRPC (bus.ServeGRPC) on 127.0.0.1 until the test ends and returns its
 // address.
-func Serve(t testing.TB, s *bus.Store, log *slog.Logger, sec bus.Security) string {
+func Serve(t testing.TB, s *bus.Store, log *slog.Logger, sec bus.Security, extra ...bus.Registrar) string {
 	t.Helper()
-	srv, err := bus.ServeGRPC(s, "127.0.0.1:0", log, sec)
+	srv, err := bus.ServeGRPC(s, "127.0.0.1:0", log, sec, extra...)
 	if err != nil {
 		t.Fatal(err)
 	}
