@@ -15,10 +15,10 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	discoveryv1 "sailplane.dev/proto/discovery/v1"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/spiffe"
-	discoveryv1 "sailplane.dev/proto/discovery/v1"
 )
 
 // Types are the registry types a remote publishes.

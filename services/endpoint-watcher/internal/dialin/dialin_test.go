@@ -11,8 +11,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"sailplane.dev/services/endpoint-watcher/internal/dialin"
 	discoveryv1 "sailplane.dev/proto/discovery/v1"
+	"sailplane.dev/services/endpoint-watcher/internal/dialin"
 	"sailplane.dev/shared/bus"
 	"sailplane.dev/shared/bus/bustest"
 	"sailplane.dev/shared/pki"
