@@ -3,12 +3,10 @@ package configingest_test
 import (
 	"cmp"
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -311,24 +309,6 @@ func TestUpstreamOrder(t *testing.T) {
 	})
 }
 
-type staticIdentity struct{ c *workloadcert.Credential }
-
-func (s staticIdentity) Current() *workloadcert.Credential { return s.c }
-
-// signIdentity issues a workload certificate for id from auth.
-func signIdentity(t *testing.T, auth *pki.Authority, id spiffe.ID) staticIdentity {
-	t.Helper()
-	key, err := pki.GenerateKey(pki.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{URIs: []*url.URL{id.URL()}, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return staticIdentity{&workloadcert.Credential{ID: id, Key: key, Chain: append([]*x509.Certificate{leaf}, auth.Chain()...), Roots: auth.Roots, Received: time.Now()}}
-}
-
 // An upstream without tlsSettings is read over mutual TLS with the service's workload
 // certificate (ISTIO_MUTUAL): the upstream's bus authenticates the downstream's identity, and
 // the downstream accepts the upstream's certificate only if it chains to the mesh's roots and
@@ -345,13 +325,13 @@ func TestUpstreamMutualTLS(t *testing.T) {
 	downID := id("istio-system", "config-ingest-downstream")
 
 	up := newIngest(t, "rootNamespace: istio-system\n")
-	up.identity = signIdentity(t, auth, id("istio-system", "config-ingest"))
+	up.identity = bustest.SignIdentity(t, auth, id("istio-system", "config-ingest"))
 	up.sec = bus.Security{Identity: up.identity, Peers: []spiffe.ID{downID}}
 	write(t, filepath.Join(up.conf(), "vs.yaml"), virtualService("remote", "over-mtls"))
 	up.start(true)
 
 	down := newIngest(t, "configSources:\n- address: "+up.source()+"\n")
-	down.identity = signIdentity(t, auth, downID)
+	down.identity = bustest.SignIdentity(t, auth, downID)
 	down.start(true)
 	if got := down.vs("default/remote"); got != "over-mtls" {
 		t.Fatalf("upstream over mTLS: served %q", got)
@@ -360,7 +340,7 @@ func TestUpstreamMutualTLS(t *testing.T) {
 	// The same upstream, asked to name another identity: refused at the handshake, so nothing
 	// it sends is taken; the refusal is logged with the reason.
 	other := newIngest(t, "configSources:\n- address: "+up.source()+"\n  tlsSettings:\n    mode: ISTIO_MUTUAL\n    subjectAltNames: [spiffe://cluster.local/ns/istio-system/sa/istiod]\n")
-	other.identity = signIdentity(t, auth, downID)
+	other.identity = bustest.SignIdentity(t, auth, downID)
 	other.start(false)
 	eventually(t, "the unexpected server identity refused", func() bool { return other.msgs.Count("peer unreachable or stream failed") > 1 })
 	if got := other.vs("default/remote"); got != "" {
@@ -373,7 +353,7 @@ func TestUpstreamMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	stranger := newIngest(t, "configSources:\n- address: "+up.source()+"\n")
-	stranger.identity = signIdentity(t, foreign, downID)
+	stranger.identity = bustest.SignIdentity(t, foreign, downID)
 	stranger.start(false)
 	eventually(t, "the server of another root refused", func() bool { return stranger.msgs.Count("peer unreachable or stream failed") > 1 })
 	if got := stranger.vs("default/remote"); got != "" {

@@ -2,9 +2,7 @@ package dialin_test
 
 import (
 	"context"
-	"crypto/x509"
 	"log/slog"
-	"net/url"
 	"os"
 	"testing"
 	"time"
@@ -19,7 +17,6 @@ import (
 	"sailplane.dev/shared/schema"
 	"sailplane.dev/shared/spiffe"
 	"sailplane.dev/shared/testlog"
-	"sailplane.dev/shared/workloadcert"
 )
 
 func TestMain(m *testing.M) {
@@ -31,23 +28,6 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
-}
-
-type staticID struct{ c *workloadcert.Credential }
-
-func (s staticID) Current() *workloadcert.Credential { return s.c }
-
-func identity(t *testing.T, auth *pki.Authority, id spiffe.ID) workloadcert.Source {
-	t.Helper()
-	key, err := pki.GenerateKey(pki.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := auth.Issue(key.Public(), pki.LeafOptions{URIs: []*url.URL{id.URL()}, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return staticID{&workloadcert.Credential{ID: id, Key: key, Chain: append([]*x509.Certificate{leaf}, auth.Chain()...), Roots: auth.Roots, Received: time.Now()}}
 }
 
 const host = "ns/web.ns.svc.cluster.local"
@@ -118,7 +98,7 @@ func TestDialedInRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	acceptor := bus.NewAcceptor([]spiffe.ID{westID}, dialin.Accept(m, map[spiffe.ID]string{westID: "west"}, log), bus.WithAcceptorLogger(log))
-	addr := bustest.Serve(t, central, log, bus.Security{Identity: identity(t, auth, centralID), Peers: []spiffe.ID{}}, acceptor)
+	addr := bustest.Serve(t, central, log, bus.Security{Identity: bustest.SignIdentity(t, auth, centralID), Peers: []spiffe.ID{}}, acceptor)
 
 	remote := bus.NewStore(bus.WithLogger(log))
 	if err := remote.Upsert(schema.Service.TypeURL, service("west", "http", "grpc")); err != nil {
@@ -127,7 +107,7 @@ func TestDialedInRegistry(t *testing.T) {
 	if err := remote.Upsert(schema.Endpoints.TypeURL, endpoints(host, "west", "198.18.1.1"), endpoints("ns/only-west", "west", "198.18.1.2")); err != nil {
 		t.Fatal(err)
 	}
-	westIdentity := identity(t, auth, westID)
+	westIdentity := bustest.SignIdentity(t, auth, westID)
 	dial := func() (stop func()) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
